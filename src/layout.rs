@@ -1,0 +1,516 @@
+//! The model's KV geometry and the object set it implies.
+//!
+//! A [`Layout`] says how one page of KV cache is cut into physical *objects*: one per
+//! `(pp_rank, tp_rank, part)`. Layers are split over pipeline stages (evenly, or by an
+//! explicit per-stage list), KV heads over tensor-parallel ranks (a TP size above the
+//! head count replicates heads), and MLA keeps one latent object per PP stage that all
+//! TP ranks share. Everything that needs object sizes or counts asks the layout.
+
+use serde::{Deserialize, Serialize};
+
+/// Largest number of objects one page may have. Keeps per-page bitmaps bounded.
+pub const MAX_OBJECTS_PER_PAGE: usize = 4096;
+/// Largest single object kvtier accepts (1 GiB); anything larger is a configuration error.
+pub const MAX_OBJECT_BYTES: u64 = 1 << 30;
+
+/// Attention kind: decides whether a page has K and V objects per rank or one latent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionKind {
+    /// Multi-head or grouped-query attention: separate K and V per TP rank.
+    Mha,
+    /// Multi-head latent attention: one latent object per PP stage, shared by all TP ranks.
+    Mla,
+}
+
+/// Byte order of one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ByteOrder {
+    /// `[layer][token][head][dim]`: one contiguous run per layer, as engines keep GPU KV.
+    LayerFirst,
+    /// `[token][layer][head][dim]`: HiCache's `page_first` host layout, used on Mooncake.
+    PageFirst,
+}
+
+/// Which tensor of a page an object holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Part {
+    K,
+    V,
+    Latent,
+}
+
+impl Part {
+    /// Key suffix in HiCache's Mooncake scheme (MLA latents are stored under `_k`).
+    pub fn key_suffix(self) -> &'static str {
+        match self {
+            Part::K | Part::Latent => "k",
+            Part::V => "v",
+        }
+    }
+}
+
+/// One physical piece of a page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ObjectId {
+    pub pp_rank: u16,
+    pub tp_rank: u16,
+    pub part: Part,
+}
+
+/// Why a layout was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LayoutError {
+    #[error("{field} must be at least 1")]
+    Zero { field: &'static str },
+    #[error("{field} = {value} is beyond the supported maximum {max}")]
+    TooLarge { field: &'static str, value: u64, max: u64 },
+    #[error("{layers} layers do not split evenly over {pp_size} PP stages; give pp_layers explicitly")]
+    UnevenPipeline { layers: u32, pp_size: u16 },
+    #[error("pp_layers has {got} stages, pp_size is {pp_size}")]
+    PipelineStages { got: usize, pp_size: u16 },
+    #[error("pp_layers sums to {sum}, the model has {layers} layers")]
+    PipelineSum { sum: u64, layers: u32 },
+    #[error("a PP stage has no layers")]
+    EmptyStage,
+    #[error("{kv_heads} KV heads cannot be split over TP size {tp_size}")]
+    HeadSplit { kv_heads: u32, tp_size: u16 },
+    #[error("MLA keeps one latent head; got kv_heads = {0}")]
+    MlaHeads(u32),
+    #[error("a page would have {0} objects, more than {MAX_OBJECTS_PER_PAGE}")]
+    TooManyObjects(usize),
+    #[error("rank tp={tp_rank} pp={pp_rank} is outside tp_size={tp_size} pp_size={pp_size}")]
+    RankOutOfRange {
+        tp_rank: u16,
+        pp_rank: u16,
+        tp_size: u16,
+        pp_size: u16,
+    },
+}
+
+/// The geometry a page follows, as given by the engine. Validate with [`LayoutSpec::build`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LayoutSpec {
+    pub layers: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub dtype_bytes: u32,
+    pub page_tokens: u32,
+    pub tp_size: u16,
+    pub pp_size: u16,
+    pub attention: AttentionKind,
+    pub byte_order: ByteOrder,
+    /// Layers per PP stage, when the split is uneven. Empty means an even split.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pp_layers: Vec<u32>,
+}
+
+impl LayoutSpec {
+    /// A plain MHA/GQA spec, TP=1, PP=1, layer-first.
+    pub fn mha(layers: u32, kv_heads: u32, head_dim: u32, dtype_bytes: u32, page_tokens: u32) -> Self {
+        Self {
+            layers,
+            kv_heads,
+            head_dim,
+            dtype_bytes,
+            page_tokens,
+            tp_size: 1,
+            pp_size: 1,
+            attention: AttentionKind::Mha,
+            byte_order: ByteOrder::LayerFirst,
+            pp_layers: Vec::new(),
+        }
+    }
+
+    /// An MLA spec: `latent_dim` is the compressed KV width (kv_lora_rank + rope dim).
+    pub fn mla(layers: u32, latent_dim: u32, dtype_bytes: u32, page_tokens: u32) -> Self {
+        Self {
+            attention: AttentionKind::Mla,
+            ..Self::mha(layers, 1, latent_dim, dtype_bytes, page_tokens)
+        }
+    }
+
+    pub fn with_parallel(mut self, tp_size: u16, pp_size: u16) -> Self {
+        self.tp_size = tp_size;
+        self.pp_size = pp_size;
+        self
+    }
+
+    pub fn with_byte_order(mut self, order: ByteOrder) -> Self {
+        self.byte_order = order;
+        self
+    }
+
+    /// Explicit layers per stage, for an uneven pipeline split. Default: even split.
+    pub fn with_pp_layers(mut self, pp_layers: Vec<u32>) -> Self {
+        self.pp_layers = pp_layers;
+        self
+    }
+
+    /// Validates the spec and derives the object set.
+    pub fn build(self) -> Result<Layout, LayoutError> {
+        Layout::new(self)
+    }
+}
+
+/// A validated layout with its derived object set. Cheap to clone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    spec: LayoutSpec,
+    stage_layers: Vec<u32>,
+    heads_per_rank: u32,
+    objects: Vec<ObjectId>,
+    object_bytes: Vec<u64>,
+}
+
+impl Layout {
+    fn new(spec: LayoutSpec) -> Result<Self, LayoutError> {
+        for (field, v) in [
+            ("layers", spec.layers as u64),
+            ("kv_heads", spec.kv_heads as u64),
+            ("head_dim", spec.head_dim as u64),
+            ("dtype_bytes", spec.dtype_bytes as u64),
+            ("page_tokens", spec.page_tokens as u64),
+            ("tp_size", spec.tp_size as u64),
+            ("pp_size", spec.pp_size as u64),
+        ] {
+            if v == 0 {
+                return Err(LayoutError::Zero { field });
+            }
+        }
+        for (field, v, max) in [
+            ("layers", spec.layers as u64, 4096),
+            ("kv_heads", spec.kv_heads as u64, 4096),
+            ("head_dim", spec.head_dim as u64, 65536),
+            ("dtype_bytes", spec.dtype_bytes as u64, 8),
+            ("page_tokens", spec.page_tokens as u64, 1 << 20),
+            ("tp_size", spec.tp_size as u64, 1024),
+            ("pp_size", spec.pp_size as u64, 256),
+        ] {
+            if v > max {
+                return Err(LayoutError::TooLarge { field, value: v, max });
+            }
+        }
+        let pp = spec.pp_size as usize;
+        let stage_layers = if spec.pp_layers.is_empty() {
+            if spec.layers % spec.pp_size as u32 != 0 {
+                return Err(LayoutError::UnevenPipeline {
+                    layers: spec.layers,
+                    pp_size: spec.pp_size,
+                });
+            }
+            vec![spec.layers / spec.pp_size as u32; pp]
+        } else {
+            if spec.pp_layers.len() != pp {
+                return Err(LayoutError::PipelineStages {
+                    got: spec.pp_layers.len(),
+                    pp_size: spec.pp_size,
+                });
+            }
+            if spec.pp_layers.contains(&0) {
+                return Err(LayoutError::EmptyStage);
+            }
+            let sum: u64 = spec.pp_layers.iter().map(|&l| l as u64).sum();
+            if sum != spec.layers as u64 {
+                return Err(LayoutError::PipelineSum {
+                    sum,
+                    layers: spec.layers,
+                });
+            }
+            spec.pp_layers.clone()
+        };
+        let tp = spec.tp_size as u32;
+        let heads_per_rank = match spec.attention {
+            AttentionKind::Mla => {
+                if spec.kv_heads != 1 {
+                    return Err(LayoutError::MlaHeads(spec.kv_heads));
+                }
+                1
+            }
+            AttentionKind::Mha if tp <= spec.kv_heads => {
+                if spec.kv_heads % tp != 0 {
+                    return Err(LayoutError::HeadSplit {
+                        kv_heads: spec.kv_heads,
+                        tp_size: spec.tp_size,
+                    });
+                }
+                spec.kv_heads / tp
+            }
+            // More ranks than heads: each head is replicated on tp / kv_heads ranks.
+            AttentionKind::Mha => {
+                if tp % spec.kv_heads != 0 {
+                    return Err(LayoutError::HeadSplit {
+                        kv_heads: spec.kv_heads,
+                        tp_size: spec.tp_size,
+                    });
+                }
+                1
+            }
+        };
+        let count = match spec.attention {
+            AttentionKind::Mha => pp * spec.tp_size as usize * 2,
+            AttentionKind::Mla => pp,
+        };
+        if count > MAX_OBJECTS_PER_PAGE {
+            return Err(LayoutError::TooManyObjects(count));
+        }
+        let mut objects = Vec::with_capacity(count);
+        let mut object_bytes = Vec::with_capacity(count);
+        for (pp_rank, &layers) in stage_layers.iter().enumerate() {
+            let bytes = layers as u64
+                * spec.page_tokens as u64
+                * heads_per_rank as u64
+                * spec.head_dim as u64
+                * spec.dtype_bytes as u64;
+            if bytes > MAX_OBJECT_BYTES {
+                return Err(LayoutError::TooLarge {
+                    field: "object_bytes",
+                    value: bytes,
+                    max: MAX_OBJECT_BYTES,
+                });
+            }
+            let pp_rank = pp_rank as u16;
+            match spec.attention {
+                AttentionKind::Mha => {
+                    for tp_rank in 0..spec.tp_size {
+                        for part in [Part::K, Part::V] {
+                            objects.push(ObjectId { pp_rank, tp_rank, part });
+                            object_bytes.push(bytes);
+                        }
+                    }
+                }
+                AttentionKind::Mla => {
+                    objects.push(ObjectId {
+                        pp_rank,
+                        tp_rank: 0,
+                        part: Part::Latent,
+                    });
+                    object_bytes.push(bytes);
+                }
+            }
+        }
+        Ok(Self {
+            spec,
+            stage_layers,
+            heads_per_rank,
+            objects,
+            object_bytes,
+        })
+    }
+
+    pub fn spec(&self) -> &LayoutSpec {
+        &self.spec
+    }
+
+    pub fn attention(&self) -> AttentionKind {
+        self.spec.attention
+    }
+
+    pub fn byte_order(&self) -> ByteOrder {
+        self.spec.byte_order
+    }
+
+    pub fn tp_size(&self) -> u16 {
+        self.spec.tp_size
+    }
+
+    pub fn pp_size(&self) -> u16 {
+        self.spec.pp_size
+    }
+
+    pub fn page_tokens(&self) -> u32 {
+        self.spec.page_tokens
+    }
+
+    /// Layers held by PP stage `pp_rank`.
+    pub fn stage_layers(&self, pp_rank: u16) -> u32 {
+        self.stage_layers[pp_rank as usize]
+    }
+
+    /// KV heads each TP rank holds (1 when heads are replicated, and for MLA).
+    pub fn heads_per_rank(&self) -> u32 {
+        self.heads_per_rank
+    }
+
+    /// Bytes of one token of one layer of one object: `heads_per_rank * head_dim * dtype`.
+    pub fn token_layer_bytes(&self) -> usize {
+        (self.heads_per_rank * self.spec.head_dim * self.spec.dtype_bytes) as usize
+    }
+
+    /// Every object of a page, in canonical order (pp, tp, K before V).
+    pub fn objects(&self) -> &[ObjectId] {
+        &self.objects
+    }
+
+    pub fn object_count(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// Size in bytes of object number `index` (canonical order).
+    pub fn object_bytes(&self, index: usize) -> u64 {
+        self.object_bytes[index]
+    }
+
+    /// The largest object: what a fixed-size slot must hold.
+    pub fn max_object_bytes(&self) -> u64 {
+        self.object_bytes.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Sum of all object sizes: the bytes of one page across every rank.
+    pub fn page_bytes(&self) -> u64 {
+        self.object_bytes.iter().sum()
+    }
+
+    /// Canonical index of an object, or `None` when it is not part of this layout.
+    pub fn object_index(&self, id: ObjectId) -> Option<usize> {
+        if id.pp_rank >= self.spec.pp_size {
+            return None;
+        }
+        match (self.spec.attention, id.part) {
+            (AttentionKind::Mha, Part::K | Part::V) if id.tp_rank < self.spec.tp_size => {
+                let base = (id.pp_rank as usize * self.spec.tp_size as usize + id.tp_rank as usize) * 2;
+                Some(base + usize::from(id.part == Part::V))
+            }
+            (AttentionKind::Mla, Part::Latent) if id.tp_rank == 0 => Some(id.pp_rank as usize),
+            _ => None,
+        }
+    }
+
+    /// The objects one engine rank writes: K and V of its own (pp, tp), or the stage
+    /// latent for MLA (only TP rank 0 writes it; the other ranks hold the same bytes).
+    pub fn rank_objects(&self, tp_rank: u16, pp_rank: u16) -> Result<Vec<usize>, LayoutError> {
+        if tp_rank >= self.spec.tp_size || pp_rank >= self.spec.pp_size {
+            return Err(LayoutError::RankOutOfRange {
+                tp_rank,
+                pp_rank,
+                tp_size: self.spec.tp_size,
+                pp_size: self.spec.pp_size,
+            });
+        }
+        Ok(match self.spec.attention {
+            AttentionKind::Mha => [Part::K, Part::V]
+                .iter()
+                .filter_map(|&part| self.object_index(ObjectId { pp_rank, tp_rank, part }))
+                .collect(),
+            AttentionKind::Mla if tp_rank == 0 => vec![pp_rank as usize],
+            AttentionKind::Mla => Vec::new(),
+        })
+    }
+
+    /// The parts one rank's device region holds (MLA ranks all hold the latent).
+    pub fn rank_parts(&self) -> &'static [Part] {
+        match self.spec.attention {
+            AttentionKind::Mha => &[Part::K, Part::V],
+            AttentionKind::Mla => &[Part::Latent],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tp4_pp2_mha_has_16_objects_summing_to_page_bytes() {
+        let l = LayoutSpec::mha(32, 8, 128, 2, 16).with_parallel(4, 2).build().unwrap();
+        assert_eq!(l.object_count(), 16);
+        // 16 layers per stage * 16 tokens * 2 heads * 128 dim * 2 bytes
+        assert_eq!(l.object_bytes(0), 16 * 16 * 2 * 128 * 2);
+        let sum: u64 = (0..16).map(|i| l.object_bytes(i)).sum();
+        assert_eq!(sum, l.page_bytes());
+        // All heads of all layers, K and V: 32 * 16 * 8 * 128 * 2 * 2.
+        assert_eq!(l.page_bytes(), 32 * 16 * 8 * 128 * 2 * 2);
+        let mut seen = std::collections::HashSet::new();
+        for (i, id) in l.objects().iter().enumerate() {
+            assert_eq!(l.object_index(*id), Some(i));
+            assert!(seen.insert(*id));
+        }
+    }
+
+    #[test]
+    fn mla_at_tp8_has_one_object_per_stage() {
+        let l = LayoutSpec::mla(60, 576, 2, 64).with_parallel(8, 1).build().unwrap();
+        assert_eq!(l.object_count(), 1);
+        assert_eq!(l.objects()[0].part, Part::Latent);
+        let l2 = LayoutSpec::mla(61, 576, 2, 64)
+            .with_parallel(8, 2)
+            .with_pp_layers(vec![31, 30])
+            .build()
+            .unwrap();
+        assert_eq!(l2.object_count(), 2);
+        assert_eq!(l2.object_bytes(0), 31 * 64 * 576 * 2);
+        assert_eq!(l2.object_bytes(1), 30 * 64 * 576 * 2);
+        assert_eq!(l2.rank_objects(0, 1).unwrap(), vec![1]);
+        assert!(l2.rank_objects(3, 1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn tp_above_heads_replicates() {
+        let l = LayoutSpec::mha(4, 2, 64, 2, 16).with_parallel(8, 1).build().unwrap();
+        assert_eq!(l.heads_per_rank(), 1);
+        assert_eq!(l.object_count(), 16);
+        assert_eq!(
+            LayoutSpec::mha(4, 3, 64, 2, 16).with_parallel(8, 1).build(),
+            Err(LayoutError::HeadSplit {
+                kv_heads: 3,
+                tp_size: 8
+            })
+        );
+    }
+
+    #[test]
+    fn uneven_pipeline_must_be_explicit() {
+        let spec = LayoutSpec::mha(61, 8, 128, 2, 16).with_parallel(1, 2);
+        assert_eq!(
+            spec.clone().build(),
+            Err(LayoutError::UnevenPipeline { layers: 61, pp_size: 2 })
+        );
+        let l = spec.clone().with_pp_layers(vec![31, 30]).build().unwrap();
+        assert_eq!(l.stage_layers(0), 31);
+        assert!(l.object_bytes(0) > l.object_bytes(2));
+        assert_eq!(
+            spec.clone().with_pp_layers(vec![31, 31]).build(),
+            Err(LayoutError::PipelineSum { sum: 62, layers: 61 })
+        );
+        assert_eq!(
+            spec.with_pp_layers(vec![61]).build(),
+            Err(LayoutError::PipelineStages { got: 1, pp_size: 2 })
+        );
+    }
+
+    #[test]
+    fn zero_and_absurd_layouts_are_typed_errors() {
+        assert_eq!(
+            LayoutSpec::mha(0, 8, 128, 2, 16).build(),
+            Err(LayoutError::Zero { field: "layers" })
+        );
+        assert_eq!(
+            LayoutSpec::mha(32, 8, 128, 2, 16).with_parallel(1024, 4).build(),
+            Err(LayoutError::TooManyObjects(8192))
+        );
+        assert!(matches!(
+            LayoutSpec::mha(32, 8, 128, 2, 16).with_parallel(2048, 1).build(),
+            Err(LayoutError::TooLarge { field: "tp_size", .. })
+        ));
+        assert!(matches!(
+            LayoutSpec::mha(4000, 4000, 60000, 8, 1 << 20).build(),
+            Err(LayoutError::TooLarge {
+                field: "object_bytes",
+                ..
+            })
+        ));
+        assert_eq!(
+            LayoutSpec::mla(8, 512, 2, 16)
+                .with_parallel(1, 1)
+                .build()
+                .unwrap()
+                .object_count(),
+            1
+        );
+        let mut bad = LayoutSpec::mla(8, 512, 2, 16);
+        bad.kv_heads = 4;
+        assert_eq!(bad.build(), Err(LayoutError::MlaHeads(4)));
+    }
+}

@@ -1,0 +1,17 @@
+//! kvtier: a per-node KV-cache tier manager for LLM inference engines.
+//!
+//! The core (this crate's library) knows pages, layouts and tiers: it keeps a directory of
+//! which objects of which page are present in which tier, moves pages between an engine's
+//! device memory, a shared-memory host arena and a shared pool, executes KV hints and
+//! evicts by watermark. The daemon, protocol, client and FFI are thin layers above it.
+
+pub mod clock;
+pub mod directory;
+pub mod events;
+pub mod layout;
+pub mod page;
+pub mod tier;
+
+pub use layout::{AttentionKind, ByteOrder, Layout, LayoutError, LayoutSpec, ObjectId, Part};
+pub use page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};
+pub use tier::TierKind;

@@ -1,0 +1,306 @@
+//! Page identity: opaque page hashes, the namespace that scopes them, and object keys.
+//!
+//! A page hash is what the engine says it is (a u64 block hash, a SHA-256 chain hash, …):
+//! 8 to 32 bytes, compared byte for byte, rendered as lowercase hex. Pages of different
+//! models, LoRA adapters or salts never meet because every hash lives in a [`Namespace`].
+//! Object keys follow SGLang HiCache's Mooncake scheme so pages interoperate on a pool.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::{AttentionKind, Layout, ObjectId, Part};
+
+pub const MIN_HASH_BYTES: usize = 8;
+pub const MAX_HASH_BYTES: usize = 32;
+
+/// Why a hash or key was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PageError {
+    #[error("a page hash has {0} bytes; it must have {MIN_HASH_BYTES} to {MAX_HASH_BYTES}")]
+    HashLength(usize),
+    #[error("a page hash in hex must be an even number of hex digits: {0:?}")]
+    BadHex(String),
+    #[error("object key {0:?} does not follow the HiCache scheme for this layout")]
+    BadKey(String),
+}
+
+/// An opaque page hash of 8 to 32 bytes, stored inline.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageHash {
+    len: u8,
+    bytes: [u8; MAX_HASH_BYTES],
+}
+
+impl PageHash {
+    pub fn new(bytes: &[u8]) -> Result<Self, PageError> {
+        if !(MIN_HASH_BYTES..=MAX_HASH_BYTES).contains(&bytes.len()) {
+            return Err(PageError::HashLength(bytes.len()));
+        }
+        let mut out = [0u8; MAX_HASH_BYTES];
+        out[..bytes.len()].copy_from_slice(bytes);
+        Ok(Self {
+            len: bytes.len() as u8,
+            bytes: out,
+        })
+    }
+
+    /// An 8-byte hash from a u64 block id (big-endian), as the Mooncake traces use.
+    pub fn from_u64(v: u64) -> Self {
+        let mut bytes = [0u8; MAX_HASH_BYTES];
+        bytes[..8].copy_from_slice(&v.to_be_bytes());
+        Self { len: 8, bytes }
+    }
+
+    pub fn from_hex(s: &str) -> Result<Self, PageError> {
+        if s.len() % 2 != 0 {
+            return Err(PageError::BadHex(s.chars().take(80).collect()));
+        }
+        let mut buf = Vec::with_capacity(s.len() / 2);
+        for pair in s.as_bytes().chunks(2) {
+            let hi = hex_val(pair[0]);
+            let lo = hex_val(pair[1]);
+            match (hi, lo) {
+                (Some(h), Some(l)) => buf.push(h << 4 | l),
+                _ => return Err(PageError::BadHex(s.chars().take(80).collect())),
+            }
+        }
+        Self::new(&buf)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Lowercase hex, as used in object keys and events.
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(self.len() * 2);
+        for b in self.as_bytes() {
+            s.push(HEX[(b >> 4) as usize] as char);
+            s.push(HEX[(b & 15) as usize] as char);
+        }
+        s
+    }
+
+    /// The first 8 bytes as a u64 (big-endian): the integer block hash vLLM events carry.
+    pub fn prefix_u64(&self) -> u64 {
+        u64::from_be_bytes(self.bytes[..8].try_into().expect("8 bytes"))
+    }
+
+    /// A well-mixed 64-bit hash of the page hash within a namespace, for hash tables.
+    pub fn table_hash(&self, ns: NamespaceId) -> u64 {
+        xxhash_rust::xxh3::xxh3_64_with_seed(self.as_bytes(), ns.0 as u64)
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn hex_val(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+impl fmt::Debug for PageHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PageHash({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for PageHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl Serialize for PageHash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for PageHash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        PageHash::from_hex(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// What scopes page hashes: the same hash under two namespaces is two different pages.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Namespace {
+    pub model: String,
+    #[serde(default)]
+    pub lora: String,
+    #[serde(default)]
+    pub salt: String,
+}
+
+impl Namespace {
+    pub fn model(model: impl Into<String>) -> Self {
+        Self {
+            model: model.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// A namespace interned by the directory: a small integer stored per page.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NamespaceId(pub u16);
+
+/// Renders object keys in SGLang HiCache's Mooncake scheme:
+/// `[{tag}_{model}_]{hash_hex}_{tp}[_{pp}]_{k|v}` for MHA, and
+/// `[{tag}_{model}_]{hash_hex}_[{pp}]_k` for MLA (one latent per PP stage; with PP=1 the
+/// stage suffix is empty, which leaves HiCache's double underscore).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyScheme {
+    /// Optional `{tag}_{model}_` prefix shared by every key.
+    pub prefix: String,
+}
+
+impl KeyScheme {
+    pub fn with_prefix(tag: &str, model: &str) -> Self {
+        Self {
+            prefix: format!("{tag}_{model}_"),
+        }
+    }
+
+    pub fn object_key(&self, layout: &Layout, hash: &PageHash, id: ObjectId) -> String {
+        let hex = hash.to_hex();
+        let pp = layout.pp_size() > 1;
+        match layout.attention() {
+            AttentionKind::Mha if pp => {
+                format!(
+                    "{}{hex}_{}_{}_{}",
+                    self.prefix,
+                    id.tp_rank,
+                    id.pp_rank,
+                    id.part.key_suffix()
+                )
+            }
+            AttentionKind::Mha => format!("{}{hex}_{}_{}", self.prefix, id.tp_rank, id.part.key_suffix()),
+            AttentionKind::Mla if pp => format!("{}{hex}_{}_k", self.prefix, id.pp_rank),
+            AttentionKind::Mla => format!("{}{hex}__k", self.prefix),
+        }
+    }
+
+    /// Every object key of a page, in the layout's canonical object order.
+    pub fn page_keys(&self, layout: &Layout, hash: &PageHash) -> Vec<String> {
+        layout
+            .objects()
+            .iter()
+            .map(|&id| self.object_key(layout, hash, id))
+            .collect()
+    }
+
+    /// Parses a key written in this scheme back into its page hash and object index.
+    pub fn parse(&self, layout: &Layout, key: &str) -> Result<(PageHash, usize), PageError> {
+        let bad = || PageError::BadKey(key.chars().take(120).collect());
+        let rest = key.strip_prefix(self.prefix.as_str()).ok_or_else(bad)?;
+        let mut fields = rest.split('_');
+        let hex = fields.next().ok_or_else(bad)?;
+        let hash = PageHash::from_hex(hex).map_err(|_| bad())?;
+        let tail: Vec<&str> = fields.collect();
+        let num = |s: &str| s.parse::<u16>().map_err(|_| bad());
+        let id = match (layout.attention(), layout.pp_size() > 1, tail.as_slice()) {
+            (AttentionKind::Mha, false, [tp, part]) => ObjectId {
+                tp_rank: num(tp)?,
+                pp_rank: 0,
+                part: parse_part(part).ok_or_else(bad)?,
+            },
+            (AttentionKind::Mha, true, [tp, pp, part]) => ObjectId {
+                tp_rank: num(tp)?,
+                pp_rank: num(pp)?,
+                part: parse_part(part).ok_or_else(bad)?,
+            },
+            (AttentionKind::Mla, false, ["", "k"]) => ObjectId {
+                tp_rank: 0,
+                pp_rank: 0,
+                part: Part::Latent,
+            },
+            (AttentionKind::Mla, true, [pp, "k"]) => ObjectId {
+                tp_rank: 0,
+                pp_rank: num(pp)?,
+                part: Part::Latent,
+            },
+            _ => return Err(bad()),
+        };
+        let index = layout.object_index(id).ok_or_else(bad)?;
+        Ok((hash, index))
+    }
+}
+
+fn parse_part(s: &str) -> Option<Part> {
+    match s {
+        "k" => Some(Part::K),
+        "v" => Some(Part::V),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::LayoutSpec;
+
+    #[test]
+    fn hash_length_bounds_are_typed_errors() {
+        assert_eq!(PageHash::new(&[1; 7]), Err(PageError::HashLength(7)));
+        assert_eq!(PageHash::new(&[1; 33]), Err(PageError::HashLength(33)));
+        assert_eq!(PageHash::new(&[0xab; 8]).unwrap().to_hex(), "abababababababab");
+        assert_eq!(PageHash::new(&[7; 32]).unwrap().len(), 32);
+        assert!(PageHash::from_hex("abc").is_err());
+        assert!(PageHash::from_hex("zz00000000000000").is_err());
+        let h = PageHash::from_hex("00112233445566778899").unwrap();
+        assert_eq!(h.as_bytes(), &[0, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99]);
+        assert_eq!(PageHash::from_u64(0x0102030405060708).prefix_u64(), 0x0102030405060708);
+    }
+
+    #[test]
+    fn hicache_keys_round_trip() {
+        let h = PageHash::from_u64(0xdead_beef);
+        let s = KeyScheme::default();
+        let tp2 = LayoutSpec::mha(4, 4, 64, 2, 16).with_parallel(2, 1).build().unwrap();
+        assert_eq!(
+            s.page_keys(&tp2, &h),
+            vec![
+                "00000000deadbeef_0_k",
+                "00000000deadbeef_0_v",
+                "00000000deadbeef_1_k",
+                "00000000deadbeef_1_v"
+            ]
+        );
+        let pp2 = LayoutSpec::mha(4, 4, 64, 2, 16).with_parallel(2, 2).build().unwrap();
+        assert_eq!(s.page_keys(&pp2, &h)[7], "00000000deadbeef_1_1_v");
+        let mla = LayoutSpec::mla(4, 512, 2, 16).with_parallel(4, 1).build().unwrap();
+        assert_eq!(s.page_keys(&mla, &h), vec!["00000000deadbeef__k"]);
+        let mla2 = LayoutSpec::mla(4, 512, 2, 16).with_parallel(4, 2).build().unwrap();
+        assert_eq!(
+            s.page_keys(&mla2, &h),
+            vec!["00000000deadbeef_0_k", "00000000deadbeef_1_k"]
+        );
+        let tagged = KeyScheme::with_prefix("kv", "qwen");
+        for layout in [&tp2, &pp2, &mla, &mla2] {
+            for scheme in [&s, &tagged] {
+                for (i, key) in scheme.page_keys(layout, &h).iter().enumerate() {
+                    assert_eq!(scheme.parse(layout, key).unwrap(), (h, i), "{key}");
+                }
+            }
+        }
+        assert!(s.parse(&tp2, "00000000deadbeef_2_k").is_err());
+        assert!(s.parse(&tp2, "00000000deadbeef_0_x").is_err());
+        assert!(tagged.parse(&tp2, "00000000deadbeef_0_k").is_err());
+    }
+}

@@ -1,0 +1,369 @@
+//! One rank's device KV region, and the emulated device that stands in for a GPU.
+//!
+//! An engine keeps KV the way attention kernels want it: per layer, a tensor of
+//! `[pages][page_tokens][heads][head_dim]`. An object is one part (K, V or the MLA latent)
+//! of one page across the layers of the rank's PP stage, in the layout's byte order. The
+//! [`DeviceRegion`] trait gathers objects out of that region (D2H) and scatters them back
+//! (H2D). [`EmulatedDevice`] does it on a host buffer, so every path runs without a GPU;
+//! the CUDA implementation (feature `cuda`) implements the same trait.
+
+use std::cell::UnsafeCell;
+
+use crate::layout::{ByteOrder, Layout, Part};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DeviceError {
+    #[error("device page {slot} is outside the region's {pages} pages")]
+    BadSlot { slot: u32, pages: u32 },
+    #[error("part {0:?} is not held by this rank's region")]
+    BadPart(Part),
+    #[error("object buffer has {got} bytes, the object has {want}")]
+    WrongSize { got: usize, want: usize },
+    #[error("layer {layer} is outside the stage's {layers} layers")]
+    BadLayer { layer: u32, layers: u32 },
+    #[error("device copy failed: {0}")]
+    Copy(String),
+}
+
+/// One object copy between a device page and a host buffer.
+pub struct ObjectCopy<B> {
+    pub slot: u32,
+    pub part: Part,
+    pub host: B,
+}
+
+impl<B> ObjectCopy<B> {
+    pub fn new(slot: u32, part: Part, host: B) -> Self {
+        Self { slot, part, host }
+    }
+}
+
+/// One rank's KV region on a device.
+pub trait DeviceRegion: Send + Sync {
+    /// `"emulated"` or `"cuda"`.
+    fn kind(&self) -> &'static str;
+    /// Number of pages the region holds.
+    fn pages(&self) -> u32;
+    /// Bytes of one object of this rank.
+    fn object_bytes(&self) -> usize;
+    /// Device → host: gathers each object into its host buffer. All copies of the batch
+    /// have finished when this returns `Ok`.
+    fn copy_to_host(&self, batch: &mut [ObjectCopy<&mut [u8]>]) -> Result<(), DeviceError>;
+    /// Host → device: scatters each host buffer into its device page.
+    fn copy_from_host(&self, batch: &[ObjectCopy<&[u8]>]) -> Result<(), DeviceError>;
+}
+
+/// A host buffer standing in for one rank's GPU KV region, laid out as engines lay out
+/// GPU KV: `[part][layer][page][token][heads*head_dim*dtype]`.
+pub struct EmulatedDevice {
+    buf: Box<[UnsafeCell<u8>]>,
+    parts: &'static [Part],
+    layers: u32,
+    pages: u32,
+    page_tokens: usize,
+    token_bytes: usize,
+    order: ByteOrder,
+}
+
+// SAFETY: the buffer is only reached through raw copies of whole, disjoint page ranges;
+// the manager never runs two copies on the same device page at once (in-flight pages are
+// fenced by the directory), which is the same discipline a GPU region needs.
+unsafe impl Sync for EmulatedDevice {}
+
+impl std::fmt::Debug for EmulatedDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmulatedDevice")
+            .field("pages", &self.pages)
+            .field("layers", &self.layers)
+            .field("object_bytes", &self.object_bytes())
+            .finish()
+    }
+}
+
+impl EmulatedDevice {
+    /// A region of `pages` pages for the rank `(tp_rank, pp_rank)` of `layout`.
+    pub fn new(layout: &Layout, pp_rank: u16, pages: u32) -> Self {
+        let layers = layout.stage_layers(pp_rank);
+        let parts = layout.rank_parts();
+        let token_bytes = layout.token_layer_bytes();
+        let page_tokens = layout.page_tokens() as usize;
+        let len = parts.len() * layers as usize * pages as usize * page_tokens * token_bytes;
+        let buf = (0..len)
+            .map(|_| UnsafeCell::new(0u8))
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        Self {
+            buf,
+            parts,
+            layers,
+            pages,
+            page_tokens,
+            token_bytes,
+            order: layout.byte_order(),
+        }
+    }
+
+    fn base(&self) -> *mut u8 {
+        UnsafeCell::raw_get(self.buf.as_ptr())
+    }
+
+    fn page_layer_bytes(&self) -> usize {
+        self.page_tokens * self.token_bytes
+    }
+
+    fn part_index(&self, part: Part) -> Result<usize, DeviceError> {
+        self.parts
+            .iter()
+            .position(|&p| p == part)
+            .ok_or(DeviceError::BadPart(part))
+    }
+
+    /// Offset of (part, layer, page) in the buffer.
+    fn chunk(&self, part: usize, layer: u32, slot: u32) -> usize {
+        ((part * self.layers as usize + layer as usize) * self.pages as usize + slot as usize) * self.page_layer_bytes()
+    }
+
+    fn check(&self, slot: u32, part: Part, len: usize) -> Result<usize, DeviceError> {
+        if slot >= self.pages {
+            return Err(DeviceError::BadSlot {
+                slot,
+                pages: self.pages,
+            });
+        }
+        let p = self.part_index(part)?;
+        if len != self.object_bytes() {
+            return Err(DeviceError::WrongSize {
+                got: len,
+                want: self.object_bytes(),
+            });
+        }
+        Ok(p)
+    }
+
+    /// Copies between the object's bytes and its place in the region. `to_host` picks the
+    /// direction. Layer-first is one run per layer; page-first interleaves per token.
+    ///
+    /// # Safety
+    /// `host` must be valid for `object_bytes()` bytes in the chosen direction, and no
+    /// other copy may touch the same device page concurrently.
+    unsafe fn copy_object(&self, part: usize, slot: u32, host: *mut u8, to_host: bool) {
+        let run = self.page_layer_bytes();
+        let base = self.base();
+        let mv = |dev_off: usize, host_off: usize, n: usize| {
+            // SAFETY: offsets are inside the region and the host buffer (checked sizes).
+            unsafe {
+                if to_host {
+                    std::ptr::copy_nonoverlapping(base.add(dev_off), host.add(host_off), n);
+                } else {
+                    std::ptr::copy_nonoverlapping(host.add(host_off), base.add(dev_off), n);
+                }
+            }
+        };
+        match self.order {
+            ByteOrder::LayerFirst => {
+                for layer in 0..self.layers {
+                    mv(self.chunk(part, layer, slot), layer as usize * run, run);
+                }
+            }
+            ByteOrder::PageFirst => {
+                let layers = self.layers as usize;
+                for layer in 0..self.layers {
+                    let chunk = self.chunk(part, layer, slot);
+                    for t in 0..self.page_tokens {
+                        let host_off = (t * layers + layer as usize) * self.token_bytes;
+                        mv(chunk + t * self.token_bytes, host_off, self.token_bytes);
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the engine's attention kernel would write: the bytes of one layer of one page.
+    pub fn write_layer(&self, slot: u32, part: Part, layer: u32, data: &[u8]) -> Result<(), DeviceError> {
+        let p = self.part_index(part)?;
+        self.check_layer(slot, layer, data.len())?;
+        // SAFETY: bounds checked; the engine owns this device page while writing it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.base().add(self.chunk(p, layer, slot)), data.len());
+        }
+        Ok(())
+    }
+
+    /// What the engine's attention kernel would read: one layer of one page.
+    pub fn read_layer(&self, slot: u32, part: Part, layer: u32) -> Result<Vec<u8>, DeviceError> {
+        let p = self.part_index(part)?;
+        self.check_layer(slot, layer, self.page_layer_bytes())?;
+        let mut out = vec![0u8; self.page_layer_bytes()];
+        // SAFETY: bounds checked.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.base().add(self.chunk(p, layer, slot)), out.as_mut_ptr(), out.len());
+        }
+        Ok(out)
+    }
+
+    /// Fills every layer and part of a page with bytes derived from `seed` (tests, benches
+    /// and the C++ test engine use the same rule to check what comes back).
+    pub fn fill_page(&self, slot: u32, seed: u64) -> Result<(), DeviceError> {
+        for (pi, &part) in self.parts.iter().enumerate() {
+            for layer in 0..self.layers {
+                let data = pattern(
+                    seed ^ ((pi as u64) << 56) ^ ((layer as u64) << 40),
+                    self.page_layer_bytes(),
+                );
+                self.write_layer(slot, part, layer, &data)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a page holds exactly what `fill_page(_, seed)` wrote.
+    pub fn page_matches(&self, slot: u32, seed: u64) -> Result<bool, DeviceError> {
+        for (pi, &part) in self.parts.iter().enumerate() {
+            for layer in 0..self.layers {
+                let want = pattern(
+                    seed ^ ((pi as u64) << 56) ^ ((layer as u64) << 40),
+                    self.page_layer_bytes(),
+                );
+                if self.read_layer(slot, part, layer)? != want {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn check_layer(&self, slot: u32, layer: u32, len: usize) -> Result<(), DeviceError> {
+        if slot >= self.pages {
+            return Err(DeviceError::BadSlot {
+                slot,
+                pages: self.pages,
+            });
+        }
+        if layer >= self.layers {
+            return Err(DeviceError::BadLayer {
+                layer,
+                layers: self.layers,
+            });
+        }
+        if len != self.page_layer_bytes() {
+            return Err(DeviceError::WrongSize {
+                got: len,
+                want: self.page_layer_bytes(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Deterministic bytes from a seed (splitmix64), so any side can check content.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    let mut x = seed;
+    while out.len() < len {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+impl DeviceRegion for EmulatedDevice {
+    fn kind(&self) -> &'static str {
+        "emulated"
+    }
+
+    fn pages(&self) -> u32 {
+        self.pages
+    }
+
+    fn object_bytes(&self) -> usize {
+        self.layers as usize * self.page_layer_bytes()
+    }
+
+    fn copy_to_host(&self, batch: &mut [ObjectCopy<&mut [u8]>]) -> Result<(), DeviceError> {
+        for c in batch.iter() {
+            self.check(c.slot, c.part, c.host.len())?;
+        }
+        for c in batch.iter_mut() {
+            let p = self.part_index(c.part)?;
+            // SAFETY: sizes checked above; `host` is an exclusive borrow.
+            unsafe { self.copy_object(p, c.slot, c.host.as_mut_ptr(), true) };
+        }
+        Ok(())
+    }
+
+    fn copy_from_host(&self, batch: &[ObjectCopy<&[u8]>]) -> Result<(), DeviceError> {
+        for c in batch {
+            self.check(c.slot, c.part, c.host.len())?;
+        }
+        for c in batch {
+            let p = self.part_index(c.part)?;
+            // SAFETY: sizes checked; the host slice is only read (the cast is for the
+            // shared copy routine, which reads from it in this direction).
+            unsafe { self.copy_object(p, c.slot, c.host.as_ptr() as *mut u8, false) };
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::LayoutSpec;
+
+    #[test]
+    fn objects_round_trip_in_both_byte_orders() {
+        for order in [ByteOrder::LayerFirst, ByteOrder::PageFirst] {
+            let layout = LayoutSpec::mha(4, 4, 16, 2, 8)
+                .with_parallel(2, 2)
+                .with_byte_order(order)
+                .build()
+                .unwrap();
+            let dev = EmulatedDevice::new(&layout, 1, 4);
+            assert_eq!(dev.object_bytes() as u64, layout.object_bytes(0));
+            dev.fill_page(2, 77).unwrap();
+            let mut k = vec![0u8; dev.object_bytes()];
+            let mut v = vec![0u8; dev.object_bytes()];
+            dev.copy_to_host(&mut [
+                ObjectCopy::new(2, Part::K, &mut k[..]),
+                ObjectCopy::new(2, Part::V, &mut v[..]),
+            ])
+            .unwrap();
+            assert_ne!(k, v);
+            dev.copy_from_host(&[ObjectCopy::new(3, Part::K, &k[..]), ObjectCopy::new(3, Part::V, &v[..])])
+                .unwrap();
+            assert!(dev.page_matches(3, 77).unwrap());
+            assert!(!dev.page_matches(3, 78).unwrap());
+            // Byte order decides where a token of a layer sits in the object.
+            let l1 = dev.read_layer(2, Part::K, 1).unwrap();
+            let tb = layout.token_layer_bytes();
+            let at = match order {
+                ByteOrder::LayerFirst => 8 * tb,
+                ByteOrder::PageFirst => tb,
+            };
+            assert_eq!(&k[at..at + tb], &l1[..tb]);
+        }
+    }
+
+    #[test]
+    fn bad_copies_are_typed_errors() {
+        let layout = LayoutSpec::mla(2, 64, 2, 4).build().unwrap();
+        let dev = EmulatedDevice::new(&layout, 0, 2);
+        let mut buf = vec![0u8; dev.object_bytes()];
+        assert_eq!(
+            dev.copy_to_host(&mut [ObjectCopy::new(2, Part::Latent, &mut buf[..])]),
+            Err(DeviceError::BadSlot { slot: 2, pages: 2 })
+        );
+        assert_eq!(
+            dev.copy_to_host(&mut [ObjectCopy::new(0, Part::K, &mut buf[..])]),
+            Err(DeviceError::BadPart(Part::K))
+        );
+        assert!(matches!(
+            dev.copy_from_host(&[ObjectCopy::new(0, Part::Latent, &buf[1..])]),
+            Err(DeviceError::WrongSize { .. })
+        ));
+    }
+}

@@ -1,0 +1,379 @@
+//! The host arena: a shared-memory file cut into fixed-size object slots.
+//!
+//! The daemon creates the file (under `/dev/shm` by default) and maps it; engine processes
+//! map the same file to copy device pages in and out without the bytes ever crossing the
+//! control socket. Slots are allocated from a free stack in O(1). The mapping is touched
+//! in parallel at start so that the first copies do not pay page faults, and locked in
+//! memory where the system allows it (when it does not, that is reported, not fatal).
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use memmap2::{MmapOptions, MmapRaw};
+use parking_lot::Mutex;
+
+/// Index of one fixed-size slot in the arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotId(pub u32);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArenaError {
+    #[error("arena file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("arena of {capacity} bytes holds no slot of {slot_bytes} bytes")]
+    TooSmall { capacity: u64, slot_bytes: u64 },
+    #[error("slot size must be a non-zero multiple of 64 bytes, got {0}")]
+    SlotSize(u64),
+    #[error("slot {0} is outside the arena")]
+    BadSlot(u32),
+    #[error("{len} bytes do not fit a slot of {slot_bytes} bytes")]
+    WrongSize { len: usize, slot_bytes: usize },
+}
+
+/// How the mapping went, for logs and `bench`.
+#[derive(Clone, Debug)]
+pub struct MapReport {
+    pub bytes: u64,
+    pub touch_threads: usize,
+    pub map_time: Duration,
+    /// `Ok(())` when locked; otherwise why not (e.g. `RLIMIT_MEMLOCK`).
+    pub locked: Result<(), String>,
+}
+
+/// Options for [`HostArena::create`].
+#[derive(Clone, Debug)]
+pub struct ArenaOptions {
+    /// Lock the mapping in memory. Default: true.
+    pub lock: bool,
+    /// Touch every page at start, in parallel. Default: true.
+    pub prefault: bool,
+    /// Threads for the first touch. Default: the machine's parallelism, at most 8.
+    pub touch_threads: usize,
+}
+
+impl Default for ArenaOptions {
+    fn default() -> Self {
+        Self {
+            lock: true,
+            prefault: true,
+            touch_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
+        }
+    }
+}
+
+/// A mapped arena of `slots` slots of `slot_bytes` each.
+#[derive(Debug)]
+pub struct HostArena {
+    path: PathBuf,
+    map: MmapRaw,
+    slot_bytes: usize,
+    slots: u32,
+    free: Mutex<Vec<u32>>,
+    report: MapReport,
+}
+
+impl HostArena {
+    /// Creates (or truncates) the file at `path` with room for as many `slot_bytes` slots
+    /// as fit in `capacity` bytes, and maps it.
+    pub fn create(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Self, ArenaError> {
+        if slot_bytes == 0 || slot_bytes % 64 != 0 {
+            return Err(ArenaError::SlotSize(slot_bytes));
+        }
+        let slots = (capacity / slot_bytes).min(u32::MAX as u64 - 1);
+        if slots == 0 {
+            return Err(ArenaError::TooSmall { capacity, slot_bytes });
+        }
+        let io = |source| ArenaError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(io)?;
+        file.set_len(slots * slot_bytes).map_err(io)?;
+        Self::map(path, file, slot_bytes as usize, slots as u32, opts, true)
+    }
+
+    /// Maps an existing arena file (the daemon after a restart, or an engine process).
+    /// Every slot starts free; the caller recovers ownership from its own records.
+    pub fn open(path: &Path, slot_bytes: u64, opts: &ArenaOptions) -> Result<Self, ArenaError> {
+        if slot_bytes == 0 || slot_bytes % 64 != 0 {
+            return Err(ArenaError::SlotSize(slot_bytes));
+        }
+        let io = |source| ArenaError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let slots = len / slot_bytes;
+        if slots == 0 {
+            return Err(ArenaError::TooSmall {
+                capacity: len,
+                slot_bytes,
+            });
+        }
+        Self::map(path, file, slot_bytes as usize, slots as u32, opts, false)
+    }
+
+    fn map(
+        path: &Path,
+        file: File,
+        slot_bytes: usize,
+        slots: u32,
+        opts: &ArenaOptions,
+        fresh: bool,
+    ) -> Result<Self, ArenaError> {
+        let start = Instant::now();
+        let bytes = slot_bytes as u64 * slots as u64;
+        let map = MmapOptions::new()
+            .len(bytes as usize)
+            .map_raw(&file)
+            .map_err(|source| ArenaError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
+        let threads = opts.touch_threads.max(1);
+        if opts.prefault {
+            prefault(map.as_mut_ptr(), bytes as usize, threads, fresh);
+        }
+        let locked = if opts.lock {
+            // SAFETY: the range is exactly our live mapping.
+            let rc = unsafe { libc::mlock(map.as_ptr().cast(), bytes as usize) };
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(format!("mlock: {}", std::io::Error::last_os_error()))
+            }
+        } else {
+            Err("locking disabled by configuration".into())
+        };
+        let report = MapReport {
+            bytes,
+            touch_threads: threads,
+            map_time: start.elapsed(),
+            locked,
+        };
+        tracing::info!(
+            path = %path.display(),
+            bytes,
+            slots,
+            ms = report.map_time.as_millis() as u64,
+            locked = report.locked.is_ok(),
+            "host arena mapped"
+        );
+        if let Err(why) = &report.locked {
+            tracing::warn!(%why, "host arena is not locked in memory; pages may be swapped");
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            map,
+            slot_bytes,
+            slots,
+            free: Mutex::new((0..slots).rev().collect()),
+            report,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    pub fn report(&self) -> &MapReport {
+        &self.report
+    }
+
+    /// Slots currently allocated.
+    pub fn used(&self) -> u32 {
+        self.slots - self.free.lock().len() as u32
+    }
+
+    pub fn free_slots(&self) -> u32 {
+        self.free.lock().len() as u32
+    }
+
+    /// Allocates one slot, O(1).
+    pub fn alloc(&self) -> Option<SlotId> {
+        self.free.lock().pop().map(SlotId)
+    }
+
+    /// Allocates `n` slots, all or none.
+    pub fn alloc_n(&self, n: usize) -> Option<Vec<SlotId>> {
+        let mut free = self.free.lock();
+        if free.len() < n {
+            return None;
+        }
+        let at = free.len() - n;
+        Some(free.drain(at..).map(SlotId).collect())
+    }
+
+    /// Takes a specific slot out of the free stack (recovery after a restart). O(n); only
+    /// for start-up.
+    pub fn claim(&self, slot: SlotId) -> bool {
+        let mut free = self.free.lock();
+        match free.iter().position(|&s| s == slot.0) {
+            Some(i) => {
+                free.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Replaces the free stack with every slot not in `used` (recovery, O(slots)).
+    pub fn reset_free(&self, used: &[SlotId]) {
+        let mut taken = vec![false; self.slots as usize];
+        for s in used {
+            if let Some(t) = taken.get_mut(s.0 as usize) {
+                *t = true;
+            }
+        }
+        *self.free.lock() = (0..self.slots).rev().filter(|&s| !taken[s as usize]).collect();
+    }
+
+    pub fn free(&self, slot: SlotId) {
+        debug_assert!(slot.0 < self.slots);
+        self.free.lock().push(slot.0);
+    }
+
+    pub fn free_all(&self, slots: impl IntoIterator<Item = SlotId>) {
+        let mut free = self.free.lock();
+        free.extend(slots.into_iter().map(|s| s.0));
+    }
+
+    /// Byte offset of a slot within the arena file.
+    pub fn offset(&self, slot: SlotId) -> u64 {
+        slot.0 as u64 * self.slot_bytes as u64
+    }
+
+    fn ptr(&self, slot: SlotId) -> Result<*mut u8, ArenaError> {
+        if slot.0 >= self.slots {
+            return Err(ArenaError::BadSlot(slot.0));
+        }
+        // SAFETY: in bounds of the mapping, checked above.
+        Ok(unsafe { self.map.as_mut_ptr().add(slot.0 as usize * self.slot_bytes) })
+    }
+
+    /// The first `len` bytes of a slot, for reading.
+    ///
+    /// # Safety
+    /// The caller must own the slot (it allocated it and has not freed it) and no one may
+    /// write the slot while the slice lives.
+    pub unsafe fn slot(&self, slot: SlotId, len: usize) -> Result<&[u8], ArenaError> {
+        self.check_len(len)?;
+        let p = self.ptr(slot)?;
+        // SAFETY: bounds checked; exclusivity is the caller's contract.
+        Ok(unsafe { std::slice::from_raw_parts(p, len) })
+    }
+
+    /// The first `len` bytes of a slot, for writing.
+    ///
+    /// # Safety
+    /// The caller must own the slot and be its only reader or writer while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slot_mut(&self, slot: SlotId, len: usize) -> Result<&mut [u8], ArenaError> {
+        self.check_len(len)?;
+        let p = self.ptr(slot)?;
+        // SAFETY: bounds checked; exclusivity is the caller's contract.
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+    }
+
+    fn check_len(&self, len: usize) -> Result<(), ArenaError> {
+        if len > self.slot_bytes {
+            return Err(ArenaError::WrongSize {
+                len,
+                slot_bytes: self.slot_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Flushes the mapping to its file (a no-op for tmpfs, useful on disk-backed paths).
+    pub fn flush(&self) -> std::io::Result<()> {
+        self.map.flush()
+    }
+}
+
+/// Touches one byte per 4 KiB page, spread over `threads` threads. On a fresh file the
+/// write allocates the page; on a reopened one a read faults it in without changing it.
+fn prefault(base: *mut u8, len: usize, threads: usize, fresh: bool) {
+    const PAGE: usize = 4096;
+    let pages = len.div_ceil(PAGE);
+    let per = pages.div_ceil(threads);
+    let base = base as usize;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let first = t * per;
+            let last = ((t + 1) * per).min(pages);
+            s.spawn(move || {
+                for p in first..last {
+                    let at = (base + p * PAGE) as *mut u8;
+                    // SAFETY: `at` lies inside the mapping; volatile so it is not elided.
+                    unsafe {
+                        if fresh {
+                            std::ptr::write_volatile(at, 0);
+                        } else {
+                            std::ptr::read_volatile(at);
+                        }
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_allocate_and_hold_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("arena");
+        let a = HostArena::create(&path, 1 << 20, 64 << 10, &ArenaOptions::default()).unwrap();
+        assert_eq!(a.slots(), 16);
+        let s = a.alloc_n(16).unwrap();
+        assert!(a.alloc().is_none());
+        assert!(a.alloc_n(1).is_none());
+        unsafe { a.slot_mut(s[3], 5).unwrap() }.copy_from_slice(b"hello");
+        // A second mapping of the same file (another process would do the same) sees it.
+        let b = HostArena::open(&path, 64 << 10, &ArenaOptions::default()).unwrap();
+        assert_eq!(unsafe { b.slot(s[3], 5).unwrap() }, b"hello");
+        a.free(s[3]);
+        assert_eq!(a.used(), 15);
+        assert!(matches!(unsafe { a.slot(SlotId(16), 1) }, Err(ArenaError::BadSlot(16))));
+        assert!(matches!(
+            unsafe { a.slot(SlotId(0), (64 << 10) + 1) },
+            Err(ArenaError::WrongSize { .. })
+        ));
+        assert!(matches!(
+            HostArena::create(&path, 100, 64, &ArenaOptions::default()),
+            Ok(_)
+        ));
+        assert!(matches!(
+            HostArena::create(&path, 10, 64, &ArenaOptions::default()),
+            Err(ArenaError::TooSmall { .. })
+        ));
+        assert!(matches!(
+            HostArena::create(&path, 1000, 100, &ArenaOptions::default()),
+            Err(ArenaError::SlotSize(100))
+        ));
+    }
+}
