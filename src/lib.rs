@@ -8,8 +8,10 @@
 pub mod clock;
 pub mod directory;
 pub mod events;
+pub mod hints;
 pub mod layout;
 pub mod page;
+pub mod policy;
 pub mod tier;
 
 pub use layout::{AttentionKind, ByteOrder, Layout, LayoutError, LayoutSpec, ObjectId, Part};
