@@ -1,1 +1,44 @@
-fn main() {}
+//! The `kvtier` binary: one command with subcommands. Thin: each subcommand's code lives
+//! in the library.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kvtier",
+    version,
+    about = "Per-node KV-cache tier manager for LLM inference engines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Measure kvtier against a physical reference taken in the same run.
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Page-move throughput between tiers against single-thread memcpy.
+    Transfer(kvtier::bench::transfer::TransferArgs),
+    /// Prefix-lookup throughput and directory bytes per page.
+    Index(kvtier::bench::index::IndexArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Bench(Bench::Transfer(a)) => kvtier::bench::transfer::run(a),
+        Command::Bench(Bench::Index(a)) => kvtier::bench::index::run(a),
+    }
+}
