@@ -60,7 +60,7 @@ pub fn measure(args: &IndexArgs) -> IndexReport {
     for i in 0..args.pages {
         let id = dir.find_or_insert(ns, &hash(i)).expect("room for every page");
         dir.set_page(id, TierKind::Host, true);
-        if (i / chain) % 4 == 0 && i % chain < chain / 2 {
+        if (i / chain).is_multiple_of(4) && i % chain < chain / 2 {
             dir.set_page(id, TierKind::Device, true);
         }
     }

@@ -84,14 +84,12 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     let slots: Vec<u32> = (0..pages as u32).collect();
     let bytes = pages as u64 * page;
     let wait = Duration::from_secs(120);
-    let mut round = 0u64;
     let mut hashes = Vec::new();
     let mut t_d2h = Vec::new();
     let mut t_h2d = Vec::new();
     let mut t_h2p = Vec::new();
     let mut t_p2h = Vec::new();
-    for _ in 0..args.runs.max(1) {
-        round += 1;
+    for round in 1..=args.runs.max(1) as u64 {
         hashes = (0..pages as u64).map(|i| PageHash::from_u64(round << 40 | i)).collect();
         // Device → host.
         let t = std::time::Instant::now();
@@ -203,7 +201,7 @@ pub fn run(args: TransferArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for &kib in &args.sizes_kib {
         anyhow::ensure!(
-            kib >= 1 && kib <= 64 * 1024,
+            (1..=64 * 1024).contains(&kib),
             "object size {kib} KiB is out of range (1 KiB to 64 MiB)"
         );
         rows.extend(rows_for(kib, &args, &dir)?);
