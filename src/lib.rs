@@ -15,6 +15,7 @@ pub mod manager;
 pub mod page;
 pub mod policy;
 pub mod pool;
+pub mod router_hint;
 pub mod tier;
 pub mod transfer;
 

@@ -27,6 +27,8 @@ enum Bench {
     Transfer(kvtier::bench::transfer::TransferArgs),
     /// Prefix-lookup throughput and directory bytes per page.
     Index(kvtier::bench::index::IndexArgs),
+    /// Host arena mapping time with parallel first touch against one thread.
+    Arena(kvtier::bench::arena::ArenaArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,5 +42,6 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Bench(Bench::Transfer(a)) => kvtier::bench::transfer::run(a),
         Command::Bench(Bench::Index(a)) => kvtier::bench::index::run(a),
+        Command::Bench(Bench::Arena(a)) => kvtier::bench::arena::run(a),
     }
 }
