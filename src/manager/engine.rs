@@ -279,6 +279,7 @@ impl Manager {
         let mut st = self.inner.state.lock();
         let mut pages = Vec::new();
         let mut grant_pages = Vec::new();
+        let mut earned = Vec::new();
         for (req_index, hash) in hashes.iter().enumerate() {
             let Some(id) = st.dir.find(ns, hash) else { break };
             if !st.dir.is_complete(id, TierKind::Host) {
@@ -296,6 +297,12 @@ impl Manager {
             }
             st.lease(id);
             st.dir.touch(id, true);
+            // Write-through-selective: a page hit often enough earns its pool copy now.
+            if let crate::policy::WritePolicy::WriteThroughSelective { hits } = st.tun.host_to_pool {
+                if st.dir.info(id).hits == hits && !st.dir.is_complete(id, TierKind::Pool) {
+                    earned.push(id);
+                }
+            }
             grant_pages.push(GrantPage {
                 req_index,
                 page: id,
@@ -309,6 +316,10 @@ impl Manager {
             pages: grant_pages,
             owner,
         });
+        drop(st);
+        if !earned.is_empty() {
+            self.spawn_copy_to_pool(ns, earned);
+        }
         Ok(LoadGrant { id, pages })
     }
 
