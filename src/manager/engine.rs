@@ -298,10 +298,11 @@ impl Manager {
             st.lease(id);
             st.dir.touch(id, true);
             // Write-through-selective: a page hit often enough earns its pool copy now.
-            if let crate::policy::WritePolicy::WriteThroughSelective { hits } = st.tun.host_to_pool {
-                if st.dir.info(id).hits == hits && !st.dir.is_complete(id, TierKind::Pool) {
-                    earned.push(id);
-                }
+            if let crate::policy::WritePolicy::WriteThroughSelective { hits } = st.tun.host_to_pool
+                && st.dir.info(id).hits == hits
+                && !st.dir.is_complete(id, TierKind::Pool)
+            {
+                earned.push(id);
             }
             grant_pages.push(GrantPage {
                 req_index,
