@@ -14,6 +14,7 @@ pub mod manager;
 pub mod page;
 pub mod policy;
 pub mod pool;
+pub mod replay;
 pub mod session;
 pub mod tier;
 pub mod transfer;

@@ -1,9 +1,9 @@
 //! Session lineage: a radix tree over page-hash chains.
 //!
 //! Every session's current chain (the page hashes of its context, in order) is a path from
-//! the root. A node is one page; it counts how many chains ever passed through it (`uses`,
-//! the reuse history that survives sessions) and how many live sessions pass through it now
-//! (`live`). From that the policy learns which pages are shared prefixes, which session a
+//! the root. A node is one page; it counts how many chains ever passed through it (`uses`),
+//! how many distinct sessions did (`sessions`; both are history that survives the sessions)
+//! and how many live sessions pass through it now (`live`). From that the policy learns which pages are shared prefixes, which session a
 //! new request continues (its chain extends that session's chain) and how much of a
 //! parent's prefix a child (a subagent) needs again.
 //!
@@ -20,12 +20,25 @@ const ROOT: u32 = 0;
 struct Node {
     /// Chains that ever passed through this page (saturating).
     uses: u32,
+    /// Distinct sessions that ever passed through this page (saturating).
+    sessions: u32,
     /// Live sessions whose current chain passes through this page.
     live: u32,
     /// Live sessions whose current chain ends exactly here.
     ends: Vec<u32>,
     /// The session that last passed through (0: none).
     last_user: u32,
+}
+
+/// What the tree knows of one page of a chain.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageStats {
+    /// Chains that ever passed through the page.
+    pub uses: u32,
+    /// Distinct sessions that ever did: 2 or more means a prefix shared across sessions.
+    pub sessions: u32,
+    /// Live sessions whose current chain holds the page.
+    pub live: u32,
 }
 
 /// How a chain matches the tree.
@@ -89,7 +102,7 @@ impl Lineage {
     /// subagent starts from its parent's prefix). Returns how many pages were inserted;
     /// fewer than `chain.len()` only when the tree is full.
     pub fn insert(&mut self, session: u32, chain: &[PageHash]) -> usize {
-        self.release(session);
+        let old = self.release(session);
         let mut path = Vec::with_capacity(chain.len());
         let mut at = ROOT;
         for h in chain {
@@ -107,6 +120,9 @@ impl Lineage {
             };
             let node = &mut self.nodes[next as usize];
             node.uses = node.uses.saturating_add(1);
+            if old.get(path.len()) != Some(&next) {
+                node.sessions = node.sessions.saturating_add(1);
+            }
             node.live += 1;
             node.last_user = session;
             path.push(next);
@@ -120,16 +136,19 @@ impl Lineage {
         n
     }
 
-    fn release(&mut self, session: u32) {
-        if let Some(path) = self.chains.remove(&session) {
-            for &n in &path {
-                let node = &mut self.nodes[n as usize];
-                node.live = node.live.saturating_sub(1);
-            }
-            if let Some(&last) = path.last() {
-                self.nodes[last as usize].ends.retain(|&s| s != session);
-            }
+    /// Drops the session's current chain from the live counts; returns that chain's path.
+    fn release(&mut self, session: u32) -> Vec<u32> {
+        let Some(path) = self.chains.remove(&session) else {
+            return Vec::new();
+        };
+        for &n in &path {
+            let node = &mut self.nodes[n as usize];
+            node.live = node.live.saturating_sub(1);
         }
+        if let Some(&last) = path.last() {
+            self.nodes[last as usize].ends.retain(|&s| s != session);
+        }
+        path
     }
 
     /// The session ended: it no longer counts as live anywhere. The reuse history stays.
@@ -145,12 +164,31 @@ impl Lineage {
             .enumerate()
             .rev()
             .find_map(|(i, &n)| self.nodes[n as usize].ends.last().map(|&s| (s, i + 1)));
-        let deepest_sharer = path.last().map(|&n| self.nodes[n as usize].last_user).filter(|&s| s != 0);
+        let deepest_sharer = path
+            .last()
+            .map(|&n| self.nodes[n as usize].last_user)
+            .filter(|&s| s != 0);
         PrefixMatch {
             shared: path.len(),
             extends,
             deepest_sharer,
         }
+    }
+
+    /// What the tree knows of each leading page of `chain` (stops at the first page it does
+    /// not know).
+    pub fn stats(&self, chain: &[PageHash]) -> Vec<PageStats> {
+        self.walk(chain)
+            .iter()
+            .map(|&n| {
+                let node = &self.nodes[n as usize];
+                PageStats {
+                    uses: node.uses,
+                    sessions: node.sessions,
+                    live: node.live,
+                }
+            })
+            .collect()
     }
 
     /// How many chains ever used each leading page of `chain` (stops at the first page the
@@ -231,6 +269,11 @@ mod tests {
         assert_eq!(l.sharers(&chain(&[1])), vec![5]);
         assert_eq!(l.needs_parent_prefix(5, 1), 0);
         assert_eq!(l.uses(&chain(&[1, 2, 3, 4])), vec![3, 3, 3, 2]);
+        // Session 1 passed through [1 2 3 4] twice, but it is one session.
+        let st = l.stats(&chain(&[1, 2, 3, 4]));
+        let sessions: Vec<u32> = st.iter().map(|p| p.sessions).collect();
+        let live: Vec<u32> = st.iter().map(|p| p.live).collect();
+        assert_eq!((sessions, live), (vec![2, 2, 2, 1], vec![1, 1, 1, 0]));
     }
 
     #[test]

@@ -176,7 +176,9 @@ impl SessionTable {
     }
 
     pub fn get(&self, idx: u32) -> Option<&Session> {
-        idx.checked_sub(1).and_then(|i| self.slots.get(i as usize)).and_then(Option::as_ref)
+        idx.checked_sub(1)
+            .and_then(|i| self.slots.get(i as usize))
+            .and_then(Option::as_ref)
     }
 
     fn get_mut(&mut self, idx: u32) -> Result<&mut Session, SessionError> {

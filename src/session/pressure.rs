@@ -85,7 +85,11 @@ impl PressureController {
 
     /// Device demand of the live, unpaused sessions, in tokens.
     pub fn demand(&self, sessions: &SessionTable) -> u64 {
-        sessions.iter().filter(|(_, s)| !s.paused).map(|(_, s)| s.context_tokens).sum()
+        sessions
+            .iter()
+            .filter(|(_, s)| !s.paused)
+            .map(|(_, s)| s.context_tokens)
+            .sum()
     }
 
     /// One control step against a device of `capacity_tokens`.
@@ -167,23 +171,33 @@ impl PressureController {
     }
 }
 
+/// Pages a demotion touched.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Demoted {
+    /// Every page of the session that was complete in the warmer tier.
+    pub pages: Vec<PageId>,
+    /// How many of them needed a copy in the colder tier (bytes to move).
+    pub copied: usize,
+}
+
 /// Demotes a session's pages from `from` to `to`: every page the session owns that is
 /// complete in `from` gets a complete copy in `to` (demoted, never dropped) and becomes an
-/// eviction candidate in `from` (lowest retain priority). Returns the pages that needed a
-/// copy (bytes to move).
-pub fn demote_session_pages(dir: &mut Directory, session: u32, from: TierKind, to: TierKind) -> Vec<PageId> {
-    let mut copied = Vec::new();
+/// eviction candidate in `from` (lowest retain priority, which the caller resets once the
+/// warmer copy is gone, since retain is per page, not per tier).
+pub fn demote_session_pages(dir: &mut Directory, session: u32, from: TierKind, to: TierKind) -> Demoted {
+    let mut out = Demoted::default();
     for (id, info) in dir.eviction_candidates(from) {
         if info.session != session {
             continue;
         }
         if !dir.is_complete(id, to) {
             dir.set_page(id, to, true);
-            copied.push(id);
+            out.copied += 1;
         }
         dir.set_retain(id, i8::MIN);
+        out.pages.push(id);
     }
-    copied
+    out
 }
 
 /// Prefetches the leading pages of `chain` held in a colder tier into `to`, stopping at

@@ -249,13 +249,15 @@ mod tests {
         let mut v = serde_json::to_value(sample()).unwrap();
         v["prompt"] = "secret".into();
         let line = serde_json::to_string(&v).unwrap();
-        assert!(matches!(read_traces(line.as_bytes(), 10), Err(TraceError::Parse { line: 1, .. })));
-        let bad = serde_json::to_string(&RequestTrace {
-            end_ms: 1,
-            ..sample()
-        })
-        .unwrap();
-        assert!(matches!(read_traces(bad.as_bytes(), 10), Err(TraceError::Invalid { .. })));
+        assert!(matches!(
+            read_traces(line.as_bytes(), 10),
+            Err(TraceError::Parse { line: 1, .. })
+        ));
+        let bad = serde_json::to_string(&RequestTrace { end_ms: 1, ..sample() }).unwrap();
+        assert!(matches!(
+            read_traces(bad.as_bytes(), 10),
+            Err(TraceError::Invalid { .. })
+        ));
     }
 
     #[test]

@@ -42,8 +42,8 @@ fn paused_pages_are_demoted_not_dropped_and_prefetched_before_the_next_turn() {
     }
     let actions = pc.step(&mut t, 160).unwrap();
     assert_eq!(actions, vec![Action::Pause { session: a }]);
-    let copied = demote_session_pages(&mut dir, a, TierKind::Device, TierKind::Host);
-    assert_eq!(copied.len(), 6);
+    let demoted = demote_session_pages(&mut dir, a, TierKind::Device, TierKind::Host);
+    assert_eq!((demoted.pages.len(), demoted.copied), (6, 6));
     // The engine evicts six pages from the device: the paused session's go first.
     let victims = select_victims(dir.eviction_candidates(TierKind::Device), 6, |s| t.is_idle(s));
     for id in &victims {
@@ -132,7 +132,12 @@ fn the_forced_resume_cap_ends_long_pauses_under_pressure() {
     open(&mut t, "hog", 990, Activity::Reasoning);
     t.pause(a).unwrap();
     clock.advance(29 * 60 * 1000);
-    assert!(!pc.step(&mut t, 1000).unwrap().iter().any(|x| matches!(x, Action::Resume { .. })));
+    assert!(
+        !pc.step(&mut t, 1000)
+            .unwrap()
+            .iter()
+            .any(|x| matches!(x, Action::Resume { .. }))
+    );
     clock.advance(60 * 1000);
     let acts = pc.step(&mut t, 1000).unwrap();
     assert!(acts.contains(&Action::Resume {
