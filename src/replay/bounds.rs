@@ -97,6 +97,7 @@ mod tests {
                     output_tokens: 1,
                     blocks: c.iter().map(|&b| PageHash::from_u64(b)).collect(),
                     tool_end_ms: None,
+                    tool_names: Vec::new(),
                 })
                 .collect(),
         }

@@ -1,18 +1,20 @@
 //! The `kvtier replay` subcommand: flags, workload loading, the run, and its output.
 
 use std::fs::File;
-use std::io::{BufReader, IsTerminal, Write};
+use std::io::{BufReader, BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::engine::{Capacity, CostModel, EngineConfig, PolicyKind};
+use super::engine::{Capacity, CostModel, EngineConfig, PolicyKind, run_policy};
+use super::export::request_traces;
 use super::generate::{AgenticSpec, agentic};
 use super::report::{Report, replay};
 use super::workload::{MAX_REQUESTS, Workload};
 use crate::layout::LayoutSpec;
 use crate::session::pressure::PressureConfig;
+use crate::session::trace::TraceWriter;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Generator {
@@ -133,6 +135,9 @@ pub struct ReplayArgs {
     /// Also sweep device capacity (x1/4 .. x4) and draw the result to this PNG.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Write the request traces of the session-aware run (JSON lines) to this file.
+    #[arg(long)]
+    pub write_traces: Option<PathBuf>,
 }
 
 fn load(args: &ReplayArgs) -> anyhow::Result<Workload> {
@@ -204,6 +209,10 @@ fn config(args: &ReplayArgs, w: &Workload) -> anyhow::Result<EngineConfig> {
             pool_pages: pool,
         },
         page_bytes: layout.page_bytes(),
+        page_layout: format!(
+            "MHA, {} layers, {} KV heads, head dim {}, {} bytes a value, {} tokens a page",
+            args.layers, args.kv_heads, args.head_dim, args.dtype_bytes, w.block_tokens
+        ),
         cost: CostModel {
             prefill_tokens_per_s: args.prefill_tps,
             decode_ms_per_token: args.decode_ms_per_token,
@@ -296,7 +305,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     };
     const SWEEP: [f64; 5] = [0.25, 0.5, 1.0, 2.0, 4.0];
     let runs = 1 + if args.plot.is_some() { SWEEP.len() } else { 0 };
-    let bar = progress_bar((w.requests.len() * policies.len() * runs) as u64);
+    let runs = runs * policies.len() + usize::from(args.write_traces.is_some());
+    let bar = progress_bar((w.requests.len() * runs) as u64);
     let mut tick = || bar.inc(1);
     let report = replay(&w, &cfg, &policies, &mut tick)?;
     if let Some(path) = &args.plot {
@@ -321,6 +331,15 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         }
         let title = format!("kvtier replay: {} ({} requests)", w.name, w.requests.len());
         super::plot::draw(path, &title, &sweep)?;
+    }
+    if let Some(path) = &args.write_traces {
+        let run = run_policy(&w, &cfg, PolicyKind::SessionAware, &mut tick)?;
+        let f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let mut out = TraceWriter::new(BufWriter::new(f));
+        for rec in request_traces(&w, &run) {
+            out.write(&rec)?;
+        }
+        out.into_inner().flush()?;
     }
     bar.finish_and_clear();
     let stdout = std::io::stdout();

@@ -5,7 +5,7 @@
 //! would move are counted as pages times the layout's page bytes. Time is simulated
 //! ([`SimClock`]): requests arrive at their trace times (open loop) and finish after the
 //! cost model's latency. Each tier evicts when it is over capacity, down to capacity minus
-//! a 1/64 slack, the same way for every policy.
+//! a 1/256 slack, the same way for every policy.
 //!
 //! The policies differ only in what they do with a page:
 //! - `device-lru`: one tier, least recently used first (prefix pages are touched last, so
@@ -109,6 +109,8 @@ pub struct EngineConfig {
     pub capacity: Capacity,
     /// Bytes of one page under the stated layout.
     pub page_bytes: u64,
+    /// The model geometry behind `page_bytes`, in words.
+    pub page_layout: String,
     pub cost: CostModel,
     pub pressure: PressureConfig,
     /// Sessions with no activity for this long end. Default: 300 s.
@@ -131,12 +133,14 @@ pub struct BytesMoved {
 }
 
 /// What one request got.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RequestOutcome {
     /// Hit pages per tier (device, host, pool); their sum is the reusable prefix.
     pub hit_pages: [usize; 3],
     pub latency_ms: f64,
     pub end_ms: u64,
+    /// Pauses the session went through since its previous request.
+    pub pause_ms: Vec<u64>,
 }
 
 /// The raw result of one policy on one workload.

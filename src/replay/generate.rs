@@ -18,6 +18,9 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use super::workload::{Request, SessionSpec, Workload};
 use crate::page::PageHash;
 
+/// Tool names the generated sessions call (a subagent fork calls `task`).
+const TOOLS: [&str; 5] = ["bash", "read_file", "edit_file", "search", "run_tests"];
+
 /// Generator settings.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct AgenticSpec {
@@ -125,6 +128,7 @@ impl Gen {
             output_tokens: output,
             blocks,
             tool_end_ms: None,
+            tool_names: Vec::new(),
         });
         self.work.requests.len() - 1
     }
@@ -161,10 +165,13 @@ impl Gen {
                 }
                 let summaries = n * self.range((200, 600));
                 self.append(&mut ctx, summaries);
+                self.work.requests[r].tool_names = vec!["task".into(); n as usize];
                 end + 100
             } else {
                 let tool = self.range(self.spec.tool_tokens);
                 self.append(&mut ctx, tool);
+                let name = TOOLS[self.rng.gen_range(0..TOOLS.len())];
+                self.work.requests[r].tool_names = vec![name.into()];
                 done + self.log_range(self.spec.tool_wait_ms)
             };
             self.work.requests[r].tool_end_ms = Some(next);

@@ -10,6 +10,7 @@
 pub mod bounds;
 pub mod cli;
 pub mod engine;
+pub mod export;
 pub mod generate;
 pub mod plot;
 pub mod report;

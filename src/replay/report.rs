@@ -7,7 +7,7 @@
 //! an infinite cache and no copy cost, and the fairness figure is Jain's index over the
 //! slowdowns (1 is perfectly even).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
@@ -112,6 +112,7 @@ pub struct Report {
     pub workload: WorkloadSummary,
     pub capacity: Capacity,
     pub page_bytes: u64,
+    pub page_layout: String,
     pub cost_model: CostModel,
     pub policies: BTreeMap<&'static str, PolicyReport>,
     pub bounds: Bounds,
@@ -128,24 +129,39 @@ fn tokens(w: &Workload, hits: &[usize]) -> u64 {
 }
 
 /// Per-session completion (ms) and slowdown against the infinite-cache reference.
+///
+/// Arrivals are replayed open loop, so a slow turn would not delay the next one. Where
+/// the workload says a turn waited on the previous one (`tool_end_ms` known: generated
+/// sessions and request traces), each turn's latency beyond the reference delays every
+/// later turn of its session; Mooncake's inferred sessions stay open loop.
 fn sessions(w: &Workload, run: &PolicyRun, reference: &[f64]) -> (Vec<f64>, Vec<f64>) {
-    let mut span: HashMap<usize, (u64, f64, f64)> = HashMap::new();
-    for (i, r) in w.requests.iter().enumerate() {
-        let end = r.arrival_ms as f64 + run.requests[i].latency_ms;
-        let end_ref = r.arrival_ms as f64 + reference[i];
-        let e = span.entry(r.session).or_insert((r.arrival_ms, end, end_ref));
-        e.0 = e.0.min(r.arrival_ms);
-        e.1 = e.1.max(end);
-        e.2 = e.2.max(end_ref);
+    #[derive(Default)]
+    struct Span {
+        first: Option<u64>,
+        end: f64,
+        end_ref: f64,
+        delay: f64,
     }
-    let mut done = Vec::with_capacity(span.len());
-    let mut slow = Vec::with_capacity(span.len());
-    let mut keys: Vec<_> = span.into_iter().collect();
-    keys.sort_unstable_by_key(|(s, _)| *s);
-    for (_, (start, end, end_ref)) in keys {
-        let t = end - start as f64;
+    let mut spans: BTreeMap<usize, Span> = BTreeMap::new();
+    for (i, r) in w.requests.iter().enumerate() {
+        let lat = run.requests[i].latency_ms;
+        let sp = spans.entry(r.session).or_default();
+        let first = *sp.first.get_or_insert(r.arrival_ms);
+        let start = r.arrival_ms as f64 + sp.delay;
+        sp.end = sp.end.max(start + lat);
+        sp.end_ref = sp.end_ref.max(r.arrival_ms as f64 + reference[i]);
+        if r.tool_end_ms.is_some() {
+            sp.delay += (lat - reference[i]).max(0.0);
+        }
+        debug_assert!(first <= r.arrival_ms);
+    }
+    let mut done = Vec::with_capacity(spans.len());
+    let mut slow = Vec::with_capacity(spans.len());
+    for sp in spans.values() {
+        let first = sp.first.unwrap_or(0) as f64;
+        let t = sp.end - first;
         done.push(t);
-        slow.push(t / (end_ref - start as f64).max(1.0));
+        slow.push(t / (sp.end_ref - first).max(1.0));
     }
     (done, slow)
 }
@@ -234,6 +250,7 @@ pub fn replay(
         },
         capacity: cfg.capacity,
         page_bytes: cfg.page_bytes,
+        page_layout: cfg.page_layout.clone(),
         cost_model: cfg.cost,
         policies: out,
         bounds: Bounds {

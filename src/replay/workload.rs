@@ -34,6 +34,8 @@ pub struct Request {
     /// When the session's tool call (or user) finished, if the source knows it: the engine
     /// hears of it through a phase change, a little before the next request arrives.
     pub tool_end_ms: Option<u64>,
+    /// Names of the tools the response called (names only, never arguments or results).
+    pub tool_names: Vec<String>,
 }
 
 /// One session of a workload.
@@ -145,6 +147,7 @@ impl Workload {
                 output_tokens: l.output_length,
                 blocks,
                 tool_end_ms: None,
+                tool_names: Vec::new(),
             });
         }
         Ok(w)
@@ -204,6 +207,7 @@ impl Workload {
                 output_tokens: r.output_tokens,
                 blocks: r.block_hashes.clone(),
                 tool_end_ms: None,
+                tool_names: r.tool_names.clone(),
             });
         }
         Ok(w)

@@ -21,6 +21,9 @@ use crate::tier::TierKind;
 const SHARED: i8 = 1;
 /// Retain priority of a page only an ended session used.
 const ENDED: i8 = -1;
+/// Each eviction frees this fraction of the tier beyond what is needed, so that eviction
+/// scans stay rare; the same for every policy.
+const EVICT_SLACK_DIVISOR: usize = 256;
 /// Most sessions live at once in the emulator.
 const MAX_SESSIONS: usize = 1 << 20;
 
@@ -47,6 +50,8 @@ pub(super) struct Sim<'a> {
     /// Workload session -> its latest request.
     last_req: Vec<Option<usize>>,
     remaining: Vec<usize>,
+    /// Workload session -> pauses finished since its latest request.
+    pauses: Vec<Vec<u64>>,
     events: BinaryHeap<Reverse<(u64, Event)>>,
     out: PolicyRun,
 }
@@ -81,6 +86,7 @@ impl<'a> Sim<'a> {
             idx: vec![0; w.sessions.len()],
             last_req: vec![None; w.sessions.len()],
             remaining,
+            pauses: vec![Vec::new(); w.sessions.len()],
             events,
             out: PolicyRun {
                 requests: vec![RequestOutcome::default(); w.requests.len()],
@@ -199,6 +205,7 @@ impl<'a> Sim<'a> {
             hit_pages: [hit.device, hit.host, hit.pool],
             latency_ms: latency,
             end_ms: end,
+            pause_ms: std::mem::take(&mut self.pauses[r.session]),
         };
         self.last_req[r.session] = Some(i);
         self.events.push(Reverse((end, Event::Finish(i))));
@@ -282,6 +289,7 @@ impl<'a> Sim<'a> {
                     self.out.pauses_ms.push(paused_ms);
                     self.out.forced_resumes += u64::from(forced);
                     if let Some(s) = self.idx.iter().position(|&x| x == session) {
+                        self.pauses[s].push(paused_ms);
                         self.prefetch(s);
                     }
                 }
@@ -293,6 +301,7 @@ impl<'a> Sim<'a> {
     fn resume(&mut self, idx: u32, s: usize) -> Result<(), ReplayError> {
         if let Some(d) = self.table.resume(idx, self.pressure.config().boost_ms)? {
             self.out.pauses_ms.push(d);
+            self.pauses[s].push(d);
         }
         self.prefetch(s);
         Ok(())
@@ -369,7 +378,7 @@ impl<'a> Sim<'a> {
         if used <= cap {
             return;
         }
-        let n = used - cap + (cap / 64).max(1).min(cap);
+        let n = used - cap + (cap / EVICT_SLACK_DIVISOR).max(1).min(cap);
         let cands = self.dir.eviction_candidates(tier);
         let victims = if self.aware() && tier == TierKind::Device {
             let table = &self.table;
