@@ -163,3 +163,6 @@ pub fn run_policy(
 ) -> Result<PolicyRun, ReplayError> {
     sim::Sim::new(w, cfg, policy)?.run(progress)
 }
+
+#[cfg(test)]
+mod tests;

@@ -307,25 +307,19 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// A paused session: the engine follows the demote advice at once, so its device pages
-    /// move to host (the device room goes to active sessions), and with a pool its host pages
-    /// get a pool copy, so that dropping them from host later costs nothing.
+    /// A paused session: its device pages become the first eviction candidates (idle
+    /// sessions go first) and get their host copy on the way out, so the device room goes
+    /// to active sessions only when they need it and nothing is copied twice. With a pool,
+    /// its host pages get a pool copy now, so that host can drop them later for free.
     fn demote(&mut self, idx: u32) {
-        let moved = demote_session_pages(&mut self.dir, idx, TierKind::Device, TierKind::Host);
-        self.out.bytes.device_host += moved.copied as u64 * self.cfg.page_bytes;
-        for &id in &moved.pages {
-            self.dir.set_page(id, TierKind::Device, false);
-            self.dir.set_retain(id, 0);
-        }
         if self.cap(TierKind::Pool) > 0 {
             let backed = demote_session_pages(&mut self.dir, idx, TierKind::Host, TierKind::Pool);
             self.out.bytes.host_pool += backed.copied as u64 * self.cfg.page_bytes;
             for &id in &backed.pages {
                 self.dir.set_retain(id, 0);
             }
+            self.evict(TierKind::Pool);
         }
-        self.evict(TierKind::Host);
-        self.evict(TierKind::Pool);
     }
 
     /// Brings the session's latest chain back to the device ahead of its next turn.
@@ -378,7 +372,7 @@ impl<'a> Sim<'a> {
         if used <= cap {
             return;
         }
-        let n = used - cap + (cap / EVICT_SLACK_DIVISOR).max(1).min(cap);
+        let n = used - cap + cap / EVICT_SLACK_DIVISOR;
         let cands = self.dir.eviction_candidates(tier);
         let victims = if self.aware() && tier == TierKind::Device {
             let table = &self.table;
