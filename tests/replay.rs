@@ -32,7 +32,11 @@ fn config(w: &Workload, device_frac: f64, host_ratio: f64) -> EngineConfig {
 fn run(w: &Workload, cfg: &EngineConfig) -> Report {
     let mut ticks = 0usize;
     let r = replay(w, cfg, &PolicyKind::ALL, &mut || ticks += 1).expect("replay");
-    assert_eq!(ticks, 3 * w.requests.len(), "progress is told once per request and policy");
+    assert_eq!(
+        ticks,
+        3 * w.requests.len(),
+        "progress is told once per request and policy"
+    );
     r
 }
 
@@ -49,7 +53,11 @@ fn check_bounds(r: &Report) {
         assert!(p.fairness_jain > 0.0 && p.fairness_jain <= 1.0 + 1e-9);
     }
     let lru = &r.policies["device-lru"];
-    assert_eq!(lru.hit_tokens_by_tier.host + lru.hit_tokens_by_tier.pool, 0, "device-lru has one tier");
+    assert_eq!(
+        lru.hit_tokens_by_tier.host + lru.hit_tokens_by_tier.pool,
+        0,
+        "device-lru has one tier"
+    );
     assert_eq!(lru.bytes_moved.device_host, 0);
 }
 
@@ -71,7 +79,12 @@ fn generated_agentic_sessions() {
         &r.policies["write-through"],
         &r.policies["device-lru"],
     );
-    assert!(sa.hit_tokens > lru.hit_tokens, "{} vs {}", sa.hit_tokens, lru.hit_tokens);
+    assert!(
+        sa.hit_tokens > lru.hit_tokens,
+        "{} vs {}",
+        sa.hit_tokens,
+        lru.hit_tokens
+    );
     assert!(sa.hit_fraction_of_belady >= 0.90, "{}", sa.hit_fraction_of_belady);
     assert!(
         (sa.recomputed_tokens as f64) <= 0.8 * wt.recomputed_tokens as f64,
@@ -94,7 +107,10 @@ fn mooncake_head(lines: usize) -> Workload {
         )
     });
     let reader = BufReader::new(file);
-    assert!(reader.lines().take(lines).count() == lines, "the trace has fewer than {lines} lines");
+    assert!(
+        reader.lines().take(lines).count() == lines,
+        "the trace has fewer than {lines} lines"
+    );
     let file = File::open(&path).expect("reopen");
     Workload::from_mooncake(BufReader::new(file), 512, lines).expect("parse the trace")
 }
@@ -111,7 +127,12 @@ fn mooncake_trace_head() {
         &r.policies["write-through"],
         &r.policies["device-lru"],
     );
-    assert!(sa.hit_tokens > lru.hit_tokens, "{} vs {}", sa.hit_tokens, lru.hit_tokens);
+    assert!(
+        sa.hit_tokens > lru.hit_tokens,
+        "{} vs {}",
+        sa.hit_tokens,
+        lru.hit_tokens
+    );
     assert!(sa.hit_tokens > wt.hit_tokens, "{} vs {}", sa.hit_tokens, wt.hit_tokens);
     assert!(r.bounds.infinite_hit_tokens > 0);
 }

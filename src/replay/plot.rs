@@ -40,11 +40,11 @@ fn text(area: &Area, x: i32, y: i32, s: &str, color: &RGBColor, scale: i32) -> R
             for col in 0..8 {
                 if bits & (1 << col) != 0 {
                     let (px, py) = (cx + col * scale, y + row as i32 * scale);
-                    area.draw(&Rectangle::new(
-                        [(px, py), (px + scale - 1, py + scale - 1)],
-                        color.filled(),
-                    ))
-                    .map_err(err)?;
+                    for dy in 0..scale {
+                        for dx in 0..scale {
+                            area.draw_pixel((px + dx, py + dy), color).map_err(err)?;
+                        }
+                    }
                 }
             }
         }
@@ -170,7 +170,7 @@ pub fn draw(path: &Path, title: &str, sweep: &[Report]) -> Result<(), ReplayErro
         root.draw(&Rectangle::new([(x, 44), (x + 24, 56)], c.filled()))
             .map_err(err)?;
         text(&root, x + 30, 42, name, &BLACK, 2)?;
-        x += 30 + text_width(name, 2) + 40;
+        x += 30 + text_width(name, 2) + 16;
     }
     root.present().map_err(err)?;
     Ok(())
