@@ -15,7 +15,9 @@ pub mod manager;
 pub mod page;
 pub mod policy;
 pub mod pool;
+pub mod replay;
 pub mod router_hint;
+pub mod session;
 pub mod tier;
 pub mod transfer;
 

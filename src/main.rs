@@ -16,6 +16,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Replay a trace or a generated agentic workload against the cache policies.
+    Replay(Box<kvtier::replay::cli::ReplayArgs>),
     /// Measure kvtier against a physical reference taken in the same run.
     #[command(subcommand)]
     Bench(Bench),
@@ -40,6 +42,7 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Replay(a) => kvtier::replay::cli::run(*a),
         Command::Bench(Bench::Transfer(a)) => kvtier::bench::transfer::run(a),
         Command::Bench(Bench::Index(a)) => kvtier::bench::index::run(a),
         Command::Bench(Bench::Arena(a)) => kvtier::bench::arena::run(a),
