@@ -12,6 +12,7 @@ pub mod hints;
 pub mod layout;
 pub mod page;
 pub mod policy;
+pub mod protocol;
 pub mod tier;
 
 pub use layout::{AttentionKind, ByteOrder, Layout, LayoutError, LayoutSpec, ObjectId, Part};
