@@ -6,6 +6,7 @@
 //! evicts by watermark. The daemon, protocol, client and FFI are thin layers above it.
 
 pub mod clock;
+pub mod daemon;
 pub mod directory;
 pub mod events;
 pub mod hints;

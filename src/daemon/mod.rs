@@ -1,0 +1,15 @@
+//! The per-node daemon (`kvtier serve`): a Unix-socket server in front of a [`Backend`].
+//!
+//! Shaped after mini-redis: [`server::run`] accepts on a listener until a [`Shutdown`]
+//! fires, one [`connection`] handler (a thread) per client, one file per command under
+//! `cmd`, configuration in [`config`], and the CLI entry point in [`cli`].
+
+pub mod backend;
+mod cmd;
+pub mod connection;
+pub mod server;
+pub mod shutdown;
+
+pub use backend::{Backend, BackendError, HostBackend, HostConfig};
+pub use connection::{Limits, Shared};
+pub use shutdown::Shutdown;
