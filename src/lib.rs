@@ -5,6 +5,8 @@
 //! device memory, a shared-memory host arena and a shared pool, executes KV hints and
 //! evicts by watermark. The daemon, protocol, client and FFI are thin layers above it.
 
+pub mod bench;
+pub mod client;
 pub mod clock;
 pub mod daemon;
 pub mod directory;

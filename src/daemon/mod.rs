@@ -5,11 +5,14 @@
 //! `cmd`, configuration in [`config`], and the CLI entry point in [`cli`].
 
 pub mod backend;
+pub mod cli;
 mod cmd;
+pub mod config;
 pub mod connection;
 pub mod server;
 pub mod shutdown;
 
 pub use backend::{Backend, BackendError, HostBackend, HostConfig};
+pub use config::DaemonConfig;
 pub use connection::{Limits, Shared};
 pub use shutdown::Shutdown;
