@@ -163,13 +163,23 @@ impl Client {
     /// `Remote`; a transport error drops the connection.
     fn call(&self, req: Request) -> Result<Response, ClientError> {
         let mut guard = self.conn.lock();
-        let conn = self.ensure(&mut guard)?;
-        match conn.call(&req, self.cfg.max_frame_bytes) {
-            Ok(Response::Error(e)) => Err(ClientError::Remote(e)),
-            Ok(r) => Ok(r),
-            Err(e) => {
-                *guard = None;
-                Err(e)
+        // A kept connection may have been closed by a daemon that restarted since the last
+        // call: that failure says nothing about the daemon now, so reconnect and try once
+        // more. A request the old daemon never answered is safe to resend: its grants died
+        // with the connection.
+        let mut retry = guard.is_some();
+        loop {
+            let conn = self.ensure(&mut guard)?;
+            match conn.call(&req, self.cfg.max_frame_bytes) {
+                Ok(Response::Error(e)) => return Err(ClientError::Remote(e)),
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    *guard = None;
+                    if !(retry && matches!(e, ClientError::Unavailable(_))) {
+                        return Err(e);
+                    }
+                    retry = false;
+                }
             }
         }
     }

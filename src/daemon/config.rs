@@ -176,7 +176,7 @@ impl DaemonConfig {
         if self.arena_bytes < 4096 {
             return bad("arena_bytes must be at least 4096");
         }
-        if self.slot_bytes % 64 != 0 {
+        if !self.slot_bytes.is_multiple_of(64) {
             return bad("slot_bytes must be a multiple of 64");
         }
         if self.max_connections == 0 || self.max_ranks == 0 {

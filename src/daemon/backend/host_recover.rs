@@ -27,7 +27,7 @@ impl HostBackend {
         let Some(replay) = Manifest::replay(&path)? else {
             return Ok(());
         };
-        if !self.cfg.arena_path.exists() || replay.slot_bytes == 0 || replay.slot_bytes % 64 != 0 {
+        if !self.cfg.arena_path.exists() || replay.slot_bytes == 0 || !replay.slot_bytes.is_multiple_of(64) {
             return Ok(());
         }
         let arena = match HostArena::open(&self.cfg.arena_path, replay.slot_bytes, &self.cfg.arena) {
