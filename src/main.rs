@@ -1,8 +1,9 @@
-//! The `kvtier` binary: a thin dispatcher over the library's subcommands.
+//! The `kvtier` binary: one command with subcommands. Thin: each subcommand's code lives
+//! in the library.
 
 use clap::{Parser, Subcommand};
 
-#[derive(Parser)]
+#[derive(Debug, Parser)]
 #[command(
     name = "kvtier",
     version,
@@ -13,28 +14,42 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Subcommand)]
+#[derive(Debug, Subcommand)]
 enum Command {
     /// Run the per-node daemon.
     Serve(kvtier::daemon::cli::ServeArgs),
-    /// Measure.
-    Bench {
-        #[command(subcommand)]
-        which: BenchCommand,
-    },
+    /// Measure kvtier against a physical reference taken in the same run.
+    #[command(subcommand)]
+    Bench(Bench),
 }
 
-#[derive(Subcommand)]
-enum BenchCommand {
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Page-move throughput between tiers against single-thread memcpy.
+    Transfer(kvtier::bench::transfer::TransferArgs),
+    /// Prefix-lookup throughput and directory bytes per page.
+    Index(kvtier::bench::index::IndexArgs),
     /// Control-socket round trips against a raw Unix-socket echo.
     Control(kvtier::bench::control::ControlArgs),
 }
 
 fn main() -> anyhow::Result<()> {
+    // `serve` logs at info by default; the measuring commands only warn.
+    let default = match std::env::args().nth(1).as_deref() {
+        Some("serve") => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match Cli::parse().command {
-        Command::Serve(args) => kvtier::daemon::cli::run(args),
-        Command::Bench { which } => match which {
-            BenchCommand::Control(args) => kvtier::bench::control::run(args),
-        },
+        Command::Serve(a) => kvtier::daemon::cli::run(a),
+        Command::Bench(Bench::Transfer(a)) => kvtier::bench::transfer::run(a),
+        Command::Bench(Bench::Index(a)) => kvtier::bench::index::run(a),
+        Command::Bench(Bench::Control(a)) => kvtier::bench::control::run(a),
     }
 }
