@@ -11,6 +11,7 @@
 mod config;
 mod engine;
 mod hints;
+mod recover;
 mod state;
 mod stats;
 mod tiers;
