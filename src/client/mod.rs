@@ -291,7 +291,8 @@ impl Client {
             r => return Err(Self::unexpected(r)),
         };
         let copied = self.read_pages(&arena, &pages, device_slots);
-        let done = self.call(Request::LoadDone { grant });
+        let loaded = if copied.is_ok() { pages.len() as u32 } else { 0 };
+        let done = self.call(Request::LoadDone { grant, loaded });
         copied?;
         done?;
         Ok(pages.len())

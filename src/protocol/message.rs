@@ -41,9 +41,11 @@ pub enum Request {
         hashes: Vec<PageHash>,
         wait: LoadWait,
     },
-    /// The rank has copied a load grant's pages out; their slots may be evicted again.
+    /// The rank has copied the first `loaded` pages of a load grant into its device; the
+    /// grant's slots may be evicted again.
     LoadDone {
         grant: u64,
+        loaded: u32,
     },
     Poll {
         ticket: u64,
@@ -167,7 +169,11 @@ impl Request {
                 w.count(written.len());
                 written.iter().for_each(|&b| w.bool(b));
             }
-            Request::Abort { grant } | Request::LoadDone { grant } => w.u64(*grant),
+            Request::Abort { grant } => w.u64(*grant),
+            Request::LoadDone { grant, loaded } => {
+                w.u64(*grant);
+                w.u32(*loaded);
+            }
             Request::Load { hashes, wait } => {
                 w.hashes(hashes);
                 wait.encode(w);
@@ -220,7 +226,10 @@ impl Request {
                 hashes: r.hashes(MAX_PAGES)?,
                 wait: LoadWait::decode(&mut r)?,
             },
-            kind::LOAD_DONE => Request::LoadDone { grant: r.u64()? },
+            kind::LOAD_DONE => Request::LoadDone {
+                grant: r.u64()?,
+                loaded: r.u32()?,
+            },
             kind::POLL => Request::Poll { ticket: r.u64()? },
             kind::WAIT => Request::Wait {
                 ticket: r.u64()?,

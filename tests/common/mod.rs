@@ -81,7 +81,14 @@ impl Daemon {
             .arg("--arena-path")
             .arg(&self.arena)
             .args(["--arena-bytes", &arena_bytes.to_string()])
-            .args(["--set", "lock_arena=false", "--set", "prefault=false"])
+            .args([
+                "--set",
+                "lock_arena=false",
+                "--set",
+                "prefault=false",
+                "--set",
+                "pool_bytes=8388608",
+            ])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
