@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kvtier::client::ClientError;
 use kvtier::hints::{Hint, HintOutcome, HintTarget};
-use kvtier::protocol::{ErrorCode, Header, LoadWait, Request, Response, kind, read_frame};
+use kvtier::protocol::{ErrorCode, Header, LoadWait, Request, Response, kind};
 use kvtier::tier::device::EmulatedDevice;
 
 /// Not a test: the body of a rank process (see `common::RankProc`).
@@ -269,31 +269,6 @@ fn thirty_two_clients_times_ten_thousand_ops_lose_nothing() {
         elapsed.as_secs_f64(),
         (CLIENTS * OPS) as f64 / elapsed.as_secs_f64()
     );
-}
-
-fn raw_frame(kind: u8, id: u64, body: &[u8]) -> Vec<u8> {
-    let mut out = Header {
-        kind,
-        body_len: body.len() as u32,
-        request_id: id,
-    }
-    .encode()
-    .to_vec();
-    out.extend_from_slice(body);
-    out
-}
-
-fn answer(s: &mut UnixStream) -> Option<Response> {
-    let mut body = Vec::new();
-    let h = read_frame(s, 1 << 20, &mut body).ok()?;
-    Response::decode(h.kind, &body).ok()
-}
-
-fn code(r: Option<Response>) -> Option<ErrorCode> {
-    match r {
-        Some(Response::Error(e)) => Some(e.code),
-        _ => None,
-    }
 }
 
 #[test]

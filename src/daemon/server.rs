@@ -156,7 +156,10 @@ mod tests {
         drop(b);
         let t = Instant::now();
         while shared.connections() > 1 {
-            assert!(t.elapsed() < Duration::from_secs(2), "a closed connection is not released");
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "a closed connection is not released"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         let mut d = UnixStream::connect(&cfg.socket).unwrap();

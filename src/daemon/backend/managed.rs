@@ -6,12 +6,12 @@
 //! Tickets are committed stores; a ticket is done when every page of the request is
 //! complete on host across all ranks, or can no longer become so.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::clock::Clock;
@@ -26,12 +26,8 @@ use crate::tier::host::{ArenaOptions, SlotId};
 
 use super::journal::{Journal, Recovered};
 use super::manifest::ObjectRecord;
+use super::tickets::Tickets;
 use super::{Backend, BackendError, Registered};
-
-const MAX_TICKETS: usize = 65_536;
-
-/// Committed stores by ticket, with their issue order for the bound.
-type Tickets = (HashMap<u64, (NamespaceId, Vec<PageHash>)>, VecDeque<u64>);
 
 /// Configuration of [`ManagedTiers`].
 #[derive(Clone, Debug)]
@@ -64,10 +60,7 @@ pub struct ManagedTiers {
     cfg: TiersConfig,
     journal: Mutex<Journal>,
     stores: Mutex<HashMap<u64, StoreInfo>>,
-    tickets: Mutex<Tickets>,
-    /// Bumped on every commit; waiters sleep on it.
-    generation: Mutex<u64>,
-    changed: Condvar,
+    tickets: Tickets,
     recovered: Recovered,
 }
 
@@ -102,9 +95,7 @@ impl ManagedTiers {
             mgr,
             journal: Mutex::new(journal),
             stores: Mutex::new(HashMap::new()),
-            tickets: Mutex::new((HashMap::new(), VecDeque::new())),
-            generation: Mutex::new(0),
-            changed: Condvar::new(),
+            tickets: Tickets::default(),
             recovered,
             cfg,
         })
@@ -116,23 +107,6 @@ impl ManagedTiers {
 
     pub fn manifest_path(&self) -> PathBuf {
         self.cfg.arena_path.with_extension("manifest")
-    }
-
-    fn bump(&self) {
-        *self.generation.lock() += 1;
-        self.changed.notify_all();
-    }
-
-    /// Sleeps until the next commit or `deadline`; false when the deadline passed.
-    fn wait_change(&self, deadline: Instant) -> bool {
-        let mut g = self.generation.lock();
-        let seen = *g;
-        while *g == seen {
-            if self.changed.wait_until(&mut g, deadline).timed_out() {
-                return false;
-            }
-        }
-        true
     }
 
     /// (complete on host, on its way to host: some objects there or in flight).
@@ -288,24 +262,15 @@ impl Backend for ManagedTiers {
         self.mgr.commit_store(grant, &flags)?;
         self.journal.lock().commit(&self.mgr, recs);
         let complete = self.complete_on_host(info.ns, &info.hashes);
-        {
-            let mut t = self.tickets.lock();
-            t.0.insert(grant, (info.ns, info.hashes));
-            t.1.push_back(grant);
-            while t.1.len() > MAX_TICKETS {
-                if let Some(old) = t.1.pop_front() {
-                    t.0.remove(&old);
-                }
-            }
-        }
-        self.bump();
+        self.tickets.insert(grant, info.ns, info.hashes);
+        self.tickets.bump();
         Ok((grant, complete))
     }
 
     fn abort_store(&self, grant: u64) -> Result<(), BackendError> {
         self.stores.lock().remove(&grant);
         self.mgr.abort(grant)?;
-        self.bump();
+        self.tickets.bump();
         Ok(())
     }
 
@@ -354,7 +319,7 @@ impl Backend for ManagedTiers {
                 return Ok((g.id, pages));
             }
             self.mgr.finish_load(g.id, 0)?;
-            self.wait_change(deadline);
+            self.tickets.wait_change(deadline);
         }
     }
 
@@ -368,16 +333,10 @@ impl Backend for ManagedTiers {
 
     fn ticket(&self, ticket: u64, timeout: Duration) -> Result<TicketStatus, BackendError> {
         let deadline = Instant::now() + timeout.min(self.cfg.max_wait);
-        let (ns, hashes) = self
-            .tickets
-            .lock()
-            .0
-            .get(&ticket)
-            .cloned()
-            .ok_or(BackendError::UnknownGrant(ticket))?;
+        let (ns, hashes) = self.tickets.get(ticket).ok_or(BackendError::UnknownGrant(ticket))?;
         loop {
             let t = self.ticket_status(ns, &hashes);
-            if t.done() || !self.wait_change(deadline) {
+            if t.done() || !self.tickets.wait_change(deadline) {
                 return Ok(self.ticket_status(ns, &hashes));
             }
         }

@@ -8,6 +8,7 @@
 mod journal;
 pub mod managed;
 pub mod manifest;
+mod tickets;
 
 use std::time::Duration;
 
