@@ -283,6 +283,13 @@ impl Client {
             return Err(ClientError::BadInput("one device slot per page hash".into()));
         }
         let arena = self.arena_map()?;
+        // The daemon must answer before this call times out, so waits are bounded by it.
+        let budget = self.cfg.timeout.saturating_sub(Duration::from_millis(100)).as_millis() as u32;
+        let wait = match wait {
+            LoadWait::WaitComplete => LoadWait::Timeout(budget),
+            LoadWait::Timeout(ms) => LoadWait::Timeout(ms.min(budget)),
+            LoadWait::BestEffort => LoadWait::BestEffort,
+        };
         let (grant, pages) = match self.call(Request::Load {
             hashes: hashes.to_vec(),
             wait,
