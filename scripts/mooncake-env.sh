@@ -18,6 +18,9 @@ LOG="$STATE/mooncake-master.log"
 RPC_PORT="${KVTIER_MOONCAKE_RPC_PORT:-50351}"
 HTTP_PORT="${KVTIER_MOONCAKE_HTTP_PORT:-50352}"
 METRICS_PORT="${KVTIER_MOONCAKE_METRICS_PORT:-50353}"
+# A client that stops heartbeating loses its segment after this many seconds (upstream: 10).
+# Short here, so a killed helper's segment stops receiving objects quickly.
+CLIENT_TTL="${KVTIER_MOONCAKE_CLIENT_TTL:-3}"
 WHEEL="mooncake-transfer-engine-non-cuda"
 
 log() { echo "mooncake-env: $*" >&2; }
@@ -73,6 +76,7 @@ start() {
         --enable_http_metadata_server=true \
         --http_metadata_server_host=127.0.0.1 --http_metadata_server_port="$HTTP_PORT" \
         --metrics_port="$METRICS_PORT" \
+        --client_ttl="$CLIENT_TTL" \
         >"$LOG" 2>&1 </dev/null &
     echo $! >"$PIDFILE"
     for _ in $(seq 1 100); do

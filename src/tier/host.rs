@@ -263,6 +263,12 @@ impl HostArena {
         self.slots as u64 * self.slot_bytes as u64
     }
 
+    /// Base address of the mapping in this process, for registering it with a transport
+    /// (e.g. Mooncake's `register_buffer`). Valid as long as the arena lives.
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
     /// Where `bytes` lies in the arena file, when it lies wholly inside this mapping: lets
     /// another process that maps the same file (a pool helper) reach the same memory.
     pub fn offset_of(&self, bytes: &[u8]) -> Option<u64> {
