@@ -195,7 +195,7 @@ impl Layout {
         }
         let pp = spec.pp_size as usize;
         let stage_layers = if spec.pp_layers.is_empty() {
-            if spec.layers % spec.pp_size as u32 != 0 {
+            if !spec.layers.is_multiple_of(spec.pp_size as u32) {
                 return Err(LayoutError::UnevenPipeline {
                     layers: spec.layers,
                     pp_size: spec.pp_size,
@@ -230,7 +230,7 @@ impl Layout {
                 1
             }
             AttentionKind::Mha if tp <= spec.kv_heads => {
-                if spec.kv_heads % tp != 0 {
+                if !spec.kv_heads.is_multiple_of(tp) {
                     return Err(LayoutError::HeadSplit {
                         kv_heads: spec.kv_heads,
                         tp_size: spec.tp_size,
@@ -240,7 +240,7 @@ impl Layout {
             }
             // More ranks than heads: each head is replicated on tp / kv_heads ranks.
             AttentionKind::Mha => {
-                if tp % spec.kv_heads != 0 {
+                if !tp.is_multiple_of(spec.kv_heads) {
                     return Err(LayoutError::HeadSplit {
                         kv_heads: spec.kv_heads,
                         tp_size: spec.tp_size,

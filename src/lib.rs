@@ -10,10 +10,12 @@ pub mod directory;
 pub mod events;
 pub mod hints;
 pub mod layout;
+pub mod manager;
 pub mod page;
 pub mod policy;
 pub mod pool;
 pub mod tier;
+pub mod transfer;
 
 pub use layout::{AttentionKind, ByteOrder, Layout, LayoutError, LayoutSpec, ObjectId, Part};
 pub use page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};

@@ -53,7 +53,7 @@ impl PageHash {
     }
 
     pub fn from_hex(s: &str) -> Result<Self, PageError> {
-        if s.len() % 2 != 0 {
+        if !s.len().is_multiple_of(2) {
             return Err(PageError::BadHex(s.chars().take(80).collect()));
         }
         let mut buf = Vec::with_capacity(s.len() / 2);

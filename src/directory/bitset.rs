@@ -46,7 +46,8 @@ impl ObjectSet {
         i < self.len && self.words[i / 64] & (1u64 << (i % 64)) != 0
     }
 
-    pub fn len(&self) -> usize {
+    /// Objects in the set (not the page's object count).
+    pub fn count(&self) -> usize {
         self.count
     }
 

@@ -564,6 +564,14 @@ impl Directory {
             .collect()
     }
 
+    /// Every live page last touched by `session`.
+    pub fn pages_of_session(&self, session: u32) -> Vec<PageId> {
+        (0..self.records.len())
+            .filter(|&i| self.live[i] && self.records[i].session == session)
+            .map(|i| PageId(i as u32))
+            .collect()
+    }
+
     /// Every live page holding any object in `tier`.
     pub fn pages_in(&self, tier: TierKind) -> Vec<PageId> {
         (0..self.records.len())

@@ -280,7 +280,7 @@ mod tests {
         let (_d, p) = pool(2);
         p.batch_put_from(&[("k", &pattern(1, 64)[..])]);
         p.batch_put_from(&[("k", &pattern(2, 32)[..])]);
-        let mut buf = vec![0u8; 64];
+        let mut buf = [0u8; 64];
         assert_eq!(p.batch_get_into(&mut [("k", &mut buf[..])])[0], Ok(32));
         assert_eq!(&buf[..32], &pattern(2, 32)[..]);
         assert_eq!(p.usage().objects, 1);

@@ -14,7 +14,7 @@ use memmap2::{MmapOptions, MmapRaw};
 use parking_lot::Mutex;
 
 /// Index of one fixed-size slot in the arena.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct SlotId(pub u32);
 
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +81,7 @@ impl HostArena {
     /// Creates (or truncates) the file at `path` with room for as many `slot_bytes` slots
     /// as fit in `capacity` bytes, and maps it.
     pub fn create(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Self, ArenaError> {
-        if slot_bytes == 0 || slot_bytes % 64 != 0 {
+        if slot_bytes == 0 || !slot_bytes.is_multiple_of(64) {
             return Err(ArenaError::SlotSize(slot_bytes));
         }
         let slots = (capacity / slot_bytes).min(u32::MAX as u64 - 1);
@@ -106,7 +106,7 @@ impl HostArena {
     /// Maps an existing arena file (the daemon after a restart, or an engine process).
     /// Every slot starts free; the caller recovers ownership from its own records.
     pub fn open(path: &Path, slot_bytes: u64, opts: &ArenaOptions) -> Result<Self, ArenaError> {
-        if slot_bytes == 0 || slot_bytes % 64 != 0 {
+        if slot_bytes == 0 || !slot_bytes.is_multiple_of(64) {
             return Err(ArenaError::SlotSize(slot_bytes));
         }
         let io = |source| ArenaError::Io {
@@ -386,10 +386,7 @@ mod tests {
             unsafe { a.slot(SlotId(0), (64 << 10) + 1) },
             Err(ArenaError::WrongSize { .. })
         ));
-        assert!(matches!(
-            HostArena::create(&path, 100, 64, &ArenaOptions::default()),
-            Ok(_)
-        ));
+        assert!(HostArena::create(&path, 100, 64, &ArenaOptions::default()).is_ok());
         assert!(matches!(
             HostArena::create(&path, 10, 64, &ArenaOptions::default()),
             Err(ArenaError::TooSmall { .. })

@@ -1,0 +1,165 @@
+//! The manager's configuration: one struct, documented defaults, validated once.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::ManagerError;
+use crate::policy::{Watermarks, WritePolicy};
+use crate::pool::PoolBackend;
+use crate::tier::host::ArenaOptions;
+
+/// Which shared pool the manager uses.
+#[derive(Clone, Default)]
+pub enum PoolConfig {
+    /// No pool: pages leaving host are dropped.
+    None,
+    /// The embedded node-local pool in a shared-memory file. Default, with 2 GiB.
+    #[default]
+    LocalDefault,
+    /// The embedded node-local pool at `path` with `bytes` of capacity.
+    Local { path: PathBuf, bytes: u64 },
+    /// A backend built by the caller (e.g. Mooncake).
+    Backend(Arc<dyn PoolBackend>),
+}
+
+impl std::fmt::Debug for PoolConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolConfig::None => f.write_str("None"),
+            PoolConfig::LocalDefault => f.write_str("LocalDefault"),
+            PoolConfig::Local { path, bytes } => write!(f, "Local({}, {bytes})", path.display()),
+            PoolConfig::Backend(b) => write!(f, "Backend({})", b.name()),
+        }
+    }
+}
+
+/// Tunables that are safe to change while running (admin `config` endpoint).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Tunables {
+    /// Watermarks of the device tier (advice only). Default: 0.95 / 0.80 / 0.85.
+    pub device_watermarks: Watermarks,
+    /// Watermarks of the host arena. Default: 0.95 / 0.80 / 0.85.
+    pub host_watermarks: Watermarks,
+    /// Watermarks of the pool. Default: 0.95 / 0.80 / 0.85.
+    pub pool_watermarks: Watermarks,
+    /// Share of a tier that pins may hold. Default: 0.25.
+    pub pin_budget: f64,
+    /// Longest pin or retain TTL; longer ones are clipped. Default: 600 000 ms.
+    pub max_pin_ttl_ms: u64,
+    /// When host pages are copied on to the pool. Default: write-back (on eviction).
+    pub host_to_pool: WritePolicy,
+}
+
+impl Default for Tunables {
+    fn default() -> Self {
+        Self {
+            device_watermarks: Watermarks::default(),
+            host_watermarks: Watermarks::default(),
+            pool_watermarks: Watermarks::default(),
+            pin_budget: 0.25,
+            max_pin_ttl_ms: 600_000,
+            host_to_pool: WritePolicy::WriteBack,
+        }
+    }
+}
+
+impl Tunables {
+    pub fn validate(&self) -> Result<(), ManagerError> {
+        for w in [&self.device_watermarks, &self.host_watermarks, &self.pool_watermarks] {
+            w.validate().map_err(|e| ManagerError::Config(e.to_string()))?;
+        }
+        if !(0.0..=1.0).contains(&self.pin_budget) {
+            return Err(ManagerError::Config(format!(
+                "pin_budget {} is not in 0..=1",
+                self.pin_budget
+            )));
+        }
+        if self.max_pin_ttl_ms == 0 {
+            return Err(ManagerError::Config("max_pin_ttl_ms must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Everything the manager needs to start.
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    /// The host arena's shared-memory file. Default: `/dev/shm/kvtier-<pid>-host`.
+    pub host_path: PathBuf,
+    /// Host arena capacity in bytes. Default: 1 GiB.
+    pub host_bytes: u64,
+    /// How the arena is mapped (locking, parallel first touch). Default: lock and touch.
+    pub arena: ArenaOptions,
+    /// The shared pool. Default: the local pool, 2 GiB, beside the arena.
+    pub pool: PoolConfig,
+    /// Tag of the pool key prefix `{tag}_{model}_`; empty gives bare HiCache keys (only
+    /// safe with one model per pool). Default: `kvtier`.
+    pub pool_key_tag: String,
+    /// Most pages in one request. Default: 4096.
+    pub max_batch: usize,
+    /// Transfer worker threads. Default: 2.
+    pub transfer_threads: usize,
+    /// Transfer jobs that may wait in the queue. Default: 256.
+    pub transfer_queue: usize,
+    /// Most pages the directory tracks. Default: 16 Mi.
+    pub max_pages: usize,
+    /// Page events kept for replay. Default: 1 Mi.
+    pub event_ring: usize,
+    /// Operations that may be outstanding (issued, not yet collected). Default: 65 536.
+    pub max_outstanding: usize,
+    pub tunables: Tunables,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            host_path: PathBuf::from(format!("/dev/shm/kvtier-{}-host", std::process::id())),
+            host_bytes: 1 << 30,
+            arena: ArenaOptions::default(),
+            pool: PoolConfig::LocalDefault,
+            pool_key_tag: "kvtier".into(),
+            max_batch: 4096,
+            transfer_threads: 2,
+            transfer_queue: 256,
+            max_pages: 16 << 20,
+            event_ring: 1 << 20,
+            max_outstanding: 65_536,
+            tunables: Tunables::default(),
+        }
+    }
+}
+
+impl ManagerConfig {
+    /// A configuration whose files all live in `dir` (tests, benches, the daemon's state
+    /// directory), with the given host and pool sizes.
+    pub fn in_dir(dir: &std::path::Path, host_bytes: u64, pool_bytes: Option<u64>) -> Self {
+        Self {
+            host_path: dir.join("host.arena"),
+            host_bytes,
+            pool: match pool_bytes {
+                Some(bytes) => PoolConfig::Local {
+                    path: dir.join("pool.arena"),
+                    bytes,
+                },
+                None => PoolConfig::None,
+            },
+            ..Self::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ManagerError> {
+        self.tunables.validate()?;
+        if self.max_batch == 0 || self.transfer_threads == 0 || self.transfer_queue == 0 {
+            return Err(ManagerError::Config(
+                "max_batch, transfer_threads and transfer_queue must be positive".into(),
+            ));
+        }
+        if self.host_bytes == 0 {
+            return Err(ManagerError::Config("host_bytes must be positive".into()));
+        }
+        Ok(())
+    }
+}

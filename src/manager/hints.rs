@@ -1,0 +1,349 @@
+//! Executing KV hints against the tiers. Every well-formed hint gets an outcome; only a
+//! malformed one is an error (see `crate::hints`).
+
+use super::state::{Advice, MAX_DEFERRED, State};
+use super::{Manager, ManagerError};
+use crate::directory::PageId;
+use crate::hints::{Hint, HintError, HintOutcome, HintTarget, Reason};
+use crate::page::NamespaceId;
+use crate::pool::PoolHealth;
+use crate::tier::TierKind;
+
+impl Manager {
+    /// Applies a hint. See DESIGN.md, "KvHints", for the semantics of each kind.
+    pub fn hint(&self, ns: NamespaceId, hint: Hint) -> Result<HintOutcome, ManagerError> {
+        self.validate_hint(&hint)?;
+        let (pages, requested) = self.resolve(ns, hint.target())?;
+        let outcome = match &hint {
+            Hint::Share { .. } => self.share(ns, &pages, requested, &hint),
+            Hint::Prefetch { to, .. } => self.prefetch(ns, &pages, requested, *to, &hint),
+            Hint::Demote { to, .. } => self.demote(ns, &pages, requested, *to, &hint),
+            Hint::Pin { tier, ttl_ms, .. } => self.pin(&pages, requested, *tier, *ttl_ms),
+            Hint::Retain { priority, ttl_ms, .. } => self.retain(&pages, requested, *priority, *ttl_ms),
+        };
+        self.inner.stats.hint(hint.kind(), &outcome);
+        Ok(outcome)
+    }
+
+    fn validate_hint(&self, hint: &Hint) -> Result<(), HintError> {
+        let n = match hint.target() {
+            HintTarget::Pages(h) | HintTarget::Prefix(h) => h.len(),
+            HintTarget::Session(s) => usize::from(!s.is_empty()),
+        };
+        if n == 0 {
+            return Err(HintError::Empty);
+        }
+        if n > self.inner.cfg.max_batch {
+            return Err(HintError::TooMany {
+                got: n,
+                max: self.inner.cfg.max_batch,
+            });
+        }
+        let bad = |kind: &'static str, tier| Err(HintError::BadTier { kind, tier });
+        match *hint {
+            Hint::Prefetch { to: TierKind::Pool, .. } => bad("prefetch", TierKind::Pool),
+            Hint::Demote {
+                to: TierKind::Device, ..
+            } => bad("demote", TierKind::Device),
+            Hint::Pin { ttl_ms: 0, .. } | Hint::Retain { ttl_ms: 0, .. } => Err(HintError::ZeroTtl),
+            _ => Ok(()),
+        }
+    }
+
+    /// The known pages a target names, and how many it asked for.
+    fn resolve(&self, ns: NamespaceId, target: &HintTarget) -> Result<(Vec<PageId>, usize), ManagerError> {
+        let st = self.inner.state.lock();
+        st.dir.layout(ns)?;
+        let (pages, requested): (Vec<PageId>, usize) = match target {
+            HintTarget::Pages(hs) => (hs.iter().filter_map(|h| st.dir.find(ns, h)).collect(), hs.len()),
+            HintTarget::Prefix(hs) => (hs.iter().map_while(|h| st.dir.find(ns, h)).collect(), hs.len()),
+            HintTarget::Session(s) => {
+                let Some(&idx) = st.sessions.get(s) else {
+                    return Err(HintError::UnknownPages(0).into());
+                };
+                let pages: Vec<PageId> = st
+                    .dir
+                    .pages_of_session(idx)
+                    .into_iter()
+                    .filter(|&p| st.dir.info(p).ns == ns)
+                    .collect();
+                let n = pages.len();
+                (pages, n)
+            }
+        };
+        if pages.is_empty() {
+            return Err(HintError::UnknownPages(requested).into());
+        }
+        Ok((pages, requested))
+    }
+
+    fn defer(&self, ns: NamespaceId, hint: &Hint, pages: usize, reason: Reason) -> HintOutcome {
+        let mut st = self.inner.state.lock();
+        if st.deferred.len() >= MAX_DEFERRED {
+            return HintOutcome::Ignored {
+                reason: Reason::QueueFull,
+            };
+        }
+        st.deferred.push_back((ns, hint.clone()));
+        HintOutcome::Deferred { pages, reason }
+    }
+
+    fn share(&self, ns: NamespaceId, pages: &[PageId], requested: usize, hint: &Hint) -> HintOutcome {
+        let Some(pool) = self.pool() else {
+            return HintOutcome::Ignored { reason: Reason::NoPool };
+        };
+        if pool.health() != PoolHealth::Ok {
+            return self.defer(ns, hint, pages.len(), Reason::PoolDegraded);
+        }
+        let (already, on_host, device_only) = {
+            let mut st = self.inner.state.lock();
+            let already = pages.iter().filter(|&&p| st.dir.is_complete(p, TierKind::Pool)).count();
+            let on_host: Vec<PageId> = pages
+                .iter()
+                .copied()
+                .filter(|&p| !st.dir.is_complete(p, TierKind::Pool) && st.dir.is_complete(p, TierKind::Host))
+                .collect();
+            let device_only = offload_advice(&mut st, ns, pages);
+            (already, on_host, device_only)
+        };
+        if !on_host.is_empty() && !self.spawn_copy_to_pool(ns, on_host.clone()) {
+            return self.defer(ns, hint, on_host.len(), Reason::QueueFull);
+        }
+        clip(
+            already + on_host.len(),
+            requested,
+            if device_only > 0 {
+                Reason::NotComplete
+            } else {
+                Reason::UnknownPages
+            },
+        )
+    }
+
+    fn prefetch(&self, ns: NamespaceId, pages: &[PageId], requested: usize, to: TierKind, hint: &Hint) -> HintOutcome {
+        let (on_host, in_pool) = {
+            let st = self.inner.state.lock();
+            let on_host: Vec<PageId> = pages
+                .iter()
+                .copied()
+                .filter(|&p| st.dir.is_complete(p, TierKind::Host))
+                .collect();
+            let in_pool: Vec<_> = pages
+                .iter()
+                .copied()
+                .filter(|&p| !st.dir.is_complete(p, TierKind::Host) && st.dir.is_complete(p, TierKind::Pool))
+                .map(|p| st.dir.info(p).hash)
+                .collect();
+            (on_host, in_pool)
+        };
+        if !in_pool.is_empty() {
+            if self.pool().is_none_or(|p| p.health() != PoolHealth::Ok) {
+                return self.defer(ns, hint, in_pool.len(), Reason::PoolDegraded);
+            }
+            // Staging is synchronous for the hint's own pages so that a prefetch to device
+            // can say which pages are ready; it is bounded by the batch size.
+            self.stage_prefix_from_pool_each(ns, &in_pool);
+        }
+        let mut st = self.inner.state.lock();
+        let ready: Vec<PageId> = pages
+            .iter()
+            .copied()
+            .filter(|&p| st.dir.is_complete(p, TierKind::Host))
+            .collect();
+        if to == TierKind::Device && !ready.is_empty() {
+            let hashes = ready.iter().map(|&p| st.dir.info(p).hash).collect();
+            st.push_advice(Advice::ReadyToLoad { ns, hashes });
+        }
+        let _ = on_host;
+        drop(st);
+        clip(ready.len(), requested, Reason::NotComplete)
+    }
+
+    /// Stages each page on its own (not a prefix): a prefetch names pages, not a chain.
+    fn stage_prefix_from_pool_each(&self, ns: NamespaceId, hashes: &[crate::page::PageHash]) {
+        for h in hashes {
+            self.stage_prefix_from_pool(ns, std::slice::from_ref(h), None);
+        }
+    }
+
+    fn demote(&self, ns: NamespaceId, pages: &[PageId], requested: usize, to: TierKind, hint: &Hint) -> HintOutcome {
+        match to {
+            TierKind::Host => {
+                let mut st = self.inner.state.lock();
+                let on_device: Vec<PageId> = pages
+                    .iter()
+                    .copied()
+                    .filter(|&p| st.dir.is_complete(p, TierKind::Device))
+                    .collect();
+                let covered: Vec<PageId> = on_device
+                    .iter()
+                    .copied()
+                    .filter(|&p| st.dir.is_complete(p, TierKind::Host) || st.dir.is_complete(p, TierKind::Pool))
+                    .collect();
+                offload_advice(&mut st, ns, &on_device);
+                if !covered.is_empty() {
+                    let hashes = covered.iter().map(|&p| st.dir.info(p).hash).collect();
+                    st.push_advice(Advice::EvictFirst { ns, hashes });
+                }
+                clip(covered.len(), requested, Reason::NotComplete)
+            }
+            _ => {
+                let Some(pool) = self.pool() else {
+                    return HintOutcome::Ignored { reason: Reason::NoPool };
+                };
+                if pool.health() != PoolHealth::Ok {
+                    return self.defer(ns, hint, pages.len(), Reason::PoolDegraded);
+                }
+                let on_host: Vec<PageId> = {
+                    let st = self.inner.state.lock();
+                    pages
+                        .iter()
+                        .copied()
+                        .filter(|&p| st.dir.is_complete(p, TierKind::Host))
+                        .collect()
+                };
+                self.copy_to_pool(ns, &on_host, false);
+                let mut st = self.inner.state.lock();
+                let mut done = 0;
+                for &p in &on_host {
+                    if st.dir.is_complete(p, TierKind::Pool) {
+                        // The host copy goes first when host needs room.
+                        st.dir.set_retain(p, i8::MIN);
+                        done += 1;
+                    }
+                }
+                clip(done, requested, Reason::NoSpace)
+            }
+        }
+    }
+
+    fn pin(&self, pages: &[PageId], requested: usize, tier: TierKind, ttl_ms: u64) -> HintOutcome {
+        let mut st = self.inner.state.lock();
+        let (ttl, ttl_clipped) = clip_ttl(&st, ttl_ms);
+        let budget = (st.tun.pin_budget * self.capacity_pages(&st, tier) as f64).floor() as usize;
+        let mut room = budget.saturating_sub(st.pins_in(tier));
+        let expires = self.inner.clock.now_ms() + ttl;
+        let mut pinned = 0;
+        let mut over_budget = false;
+        for &p in pages {
+            if !st.dir.is_complete(p, tier) {
+                continue;
+            }
+            let key = (p.0, tier as u8);
+            let hash = st.dir.info(p).hash;
+            if let Some(entry) = st.pins.get_mut(&key) {
+                entry.0 = entry.0.max(expires);
+                pinned += 1;
+                continue;
+            }
+            if room == 0 {
+                over_budget = true;
+                continue;
+            }
+            room -= 1;
+            st.pins.insert(key, (expires, hash));
+            st.dir.set_pinned(p, tier, true);
+            pinned += 1;
+        }
+        let reason = if over_budget {
+            Reason::PinBudget
+        } else if pinned < requested {
+            Reason::NotComplete
+        } else {
+            Reason::MaxTtl
+        };
+        if pinned == requested && ttl_clipped {
+            return HintOutcome::Clipped {
+                applied: pinned,
+                requested,
+                reason: Reason::MaxTtl,
+            };
+        }
+        clip(pinned, requested, reason)
+    }
+
+    fn retain(&self, pages: &[PageId], requested: usize, priority: i8, ttl_ms: u64) -> HintOutcome {
+        let mut st = self.inner.state.lock();
+        let (ttl, ttl_clipped) = clip_ttl(&st, ttl_ms);
+        let expires = self.inner.clock.now_ms() + ttl;
+        for &p in pages {
+            let hash = st.dir.info(p).hash;
+            st.dir.set_retain(p, priority);
+            st.retains.insert(p.0, (expires, hash));
+        }
+        if ttl_clipped {
+            return HintOutcome::Clipped {
+                applied: pages.len(),
+                requested,
+                reason: Reason::MaxTtl,
+            };
+        }
+        clip(pages.len(), requested, Reason::UnknownPages)
+    }
+
+    /// A tier's capacity in pages of the namespace layouts (the largest page if several).
+    fn capacity_pages(&self, st: &State, tier: TierKind) -> usize {
+        let objs = st
+            .dir
+            .namespaces()
+            .map(|(_, _, l)| l.object_count())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        match tier {
+            TierKind::Device => st.device_pages.values().copied().max().unwrap_or(0),
+            TierKind::Host => self.arena().map_or(0, |a| a.slots() as usize / objs),
+            TierKind::Pool => self.pool().map_or(0, |p| {
+                let slot = self.arena().map_or(1, |a| a.slot_bytes() as u64).max(1);
+                (p.usage().capacity_bytes / slot) as usize / objs
+            }),
+        }
+    }
+
+    /// Re-runs deferred hints once each; those still blocked go back in the queue.
+    pub(crate) fn retry_deferred(&self) {
+        let pending: Vec<_> = self.inner.state.lock().deferred.drain(..).collect();
+        for (ns, hint) in pending {
+            let _ = self.hint(ns, hint);
+        }
+    }
+}
+
+/// Advises the engine to store pages that are complete only on device, so a colder copy
+/// can be made. Returns how many.
+fn offload_advice(st: &mut State, ns: NamespaceId, pages: &[PageId]) -> usize {
+    let hashes: Vec<_> = pages
+        .iter()
+        .copied()
+        .filter(|&p| {
+            st.dir.is_complete(p, TierKind::Device)
+                && !st.dir.is_complete(p, TierKind::Host)
+                && !st.dir.is_complete(p, TierKind::Pool)
+        })
+        .map(|p| st.dir.info(p).hash)
+        .collect();
+    let n = hashes.len();
+    if n > 0 {
+        st.push_advice(Advice::Offload { ns, hashes });
+    }
+    n
+}
+
+fn clip_ttl(st: &State, ttl_ms: u64) -> (u64, bool) {
+    let max = st.tun.max_pin_ttl_ms;
+    (ttl_ms.min(max), ttl_ms > max)
+}
+
+fn clip(applied: usize, requested: usize, reason: Reason) -> HintOutcome {
+    if applied >= requested {
+        HintOutcome::Accepted { pages: applied }
+    } else if applied == 0 {
+        HintOutcome::Ignored { reason }
+    } else {
+        HintOutcome::Clipped {
+            applied,
+            requested,
+            reason,
+        }
+    }
+}

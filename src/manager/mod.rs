@@ -1,0 +1,392 @@
+//! The in-process tier manager: the directory, the host arena, the pool and the transfer
+//! engine behind one API. The daemon is a thin layer over it.
+//!
+//! Engine ranks store and load through *grants*: `begin_store` reserves host slots for
+//! the rank's objects and marks them in flight; the rank (or a transfer worker, in
+//! process) copies the bytes; `commit_store` makes them present. A page becomes complete
+//! in a tier only when every object of every rank is present there, so no rank needs a
+//! collective with the others. A failed or abandoned grant frees its slots and leaves
+//! the source intact. Loads lease the host slots they read so eviction cannot reuse them.
+
+mod config;
+mod engine;
+mod hints;
+mod state;
+mod stats;
+mod tiers;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+pub use config::{ManagerConfig, PoolConfig, Tunables};
+pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, PageObjects, StoreGrant, StorePage, StoreStatus};
+pub use state::Advice;
+pub use stats::{Stats, StatsSnapshot};
+
+use crate::clock::Clock;
+use crate::directory::{Directory, DirectoryError, PrefixHit};
+use crate::events::{EventLog, PageEvent};
+use crate::hints::HintError;
+use crate::layout::Layout;
+use crate::page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};
+use crate::pool::local::LocalPool;
+use crate::pool::{PoolBackend, PoolError};
+use crate::tier::TierKind;
+use crate::tier::device::{DeviceError, DeviceRegion};
+use crate::tier::host::{ArenaError, HostArena};
+use crate::transfer::{TicketError, Tickets, TransferEngine};
+use state::State;
+
+/// Errors of the manager's API. Each is a caller's mistake or a resource problem; none
+/// leaves the manager in a bad state.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Directory(#[from] DirectoryError),
+    #[error(transparent)]
+    Page(#[from] PageError),
+    #[error(transparent)]
+    Arena(#[from] ArenaError),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    #[error(transparent)]
+    Hint(#[from] HintError),
+    #[error(transparent)]
+    Ticket(#[from] TicketError),
+    #[error("a batch of {got} pages exceeds the maximum of {max}")]
+    BatchTooLarge { got: usize, max: usize },
+    #[error("{hashes} hashes but {slots} device slots")]
+    LengthMismatch { hashes: usize, slots: usize },
+    #[error("object of {got} bytes where the layout says {want}")]
+    ObjectSize { got: usize, want: u64 },
+    #[error("objects of {need} bytes do not fit the host arena's {slot} byte slots")]
+    SlotTooSmall { need: u64, slot: usize },
+    #[error("no device region is attached for namespace {ns} rank tp={tp} pp={pp}")]
+    NoDevice { ns: u16, tp: u16, pp: u16 },
+    #[error("unknown grant {0}")]
+    UnknownGrant(u64),
+    #[error("grant {id} covers {pages} pages, the result names {got}")]
+    GrantMismatch { id: u64, pages: usize, got: usize },
+    #[error("the transfer queue is full")]
+    Busy,
+    #[error("no namespace is registered yet")]
+    NoNamespace,
+}
+
+/// The tier manager. Cheap to clone; all clones share one state.
+#[derive(Clone)]
+pub struct Manager {
+    inner: Arc<Inner>,
+}
+
+/// Attached device regions by (namespace, tp rank, pp rank).
+type DeviceMap = std::collections::HashMap<(NamespaceId, u16, u16), Arc<dyn DeviceRegion>>;
+
+pub(crate) struct Inner {
+    cfg: ManagerConfig,
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+    events: EventLog,
+    xfer: TransferEngine,
+    tickets: Arc<Tickets<OpResult>>,
+    stats: Stats,
+    arena: OnceLock<Arc<HostArena>>,
+    pool: OnceLock<Option<Arc<dyn PoolBackend>>>,
+    devices: Mutex<DeviceMap>,
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager").field("config", &self.inner.cfg).finish()
+    }
+}
+
+impl Manager {
+    pub fn new(cfg: ManagerConfig, clock: Arc<dyn Clock>) -> Result<Self, ManagerError> {
+        cfg.validate()?;
+        let state = State::new(Directory::new(cfg.max_pages), cfg.tunables);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                events: EventLog::new(cfg.event_ring),
+                xfer: TransferEngine::new(cfg.transfer_threads, cfg.transfer_queue),
+                tickets: Tickets::new(cfg.max_outstanding),
+                stats: Stats::default(),
+                arena: OnceLock::new(),
+                pool: OnceLock::new(),
+                devices: Mutex::new(Default::default()),
+                state: Mutex::new(state),
+                clock,
+                cfg,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &ManagerConfig {
+        &self.inner.cfg
+    }
+
+    /// Registers a namespace and its layout. The first registration creates the host
+    /// arena (slot size: the layout's largest object) and the pool.
+    pub fn register_namespace(&self, ns: Namespace, layout: Layout) -> Result<NamespaceId, ManagerError> {
+        let need = layout.max_object_bytes();
+        let arena = self.ensure_arena(need)?;
+        if need > arena.slot_bytes() as u64 {
+            return Err(ManagerError::SlotTooSmall {
+                need,
+                slot: arena.slot_bytes(),
+            });
+        }
+        self.ensure_pool(arena.slot_bytes() as u64)?;
+        let mut st = self.inner.state.lock();
+        let scheme = pool_key_scheme(&self.inner.cfg.pool_key_tag, &ns);
+        let id = st.dir.register(ns, layout)?;
+        if st.keys.len() <= id.0 as usize {
+            st.keys.push(scheme);
+        }
+        Ok(id)
+    }
+
+    fn ensure_arena(&self, slot_bytes: u64) -> Result<Arc<HostArena>, ManagerError> {
+        if let Some(a) = self.inner.arena.get() {
+            return Ok(a.clone());
+        }
+        let _guard = self.inner.state.lock();
+        if let Some(a) = self.inner.arena.get() {
+            return Ok(a.clone());
+        }
+        let slot = slot_bytes.div_ceil(64) * 64;
+        let cfg = &self.inner.cfg;
+        let a = Arc::new(HostArena::create(&cfg.host_path, cfg.host_bytes, slot, &cfg.arena)?);
+        let _ = self.inner.arena.set(a.clone());
+        Ok(a)
+    }
+
+    fn ensure_pool(&self, slot_bytes: u64) -> Result<(), ManagerError> {
+        if self.inner.pool.get().is_some() {
+            return Ok(());
+        }
+        let _guard = self.inner.state.lock();
+        if self.inner.pool.get().is_some() {
+            return Ok(());
+        }
+        let cfg = &self.inner.cfg;
+        let local = |path: &std::path::Path, bytes| -> Result<Option<Arc<dyn PoolBackend>>, ManagerError> {
+            Ok(Some(Arc::new(LocalPool::create(path, bytes, slot_bytes, &cfg.arena)?)))
+        };
+        let pool = match &cfg.pool {
+            PoolConfig::None => None,
+            PoolConfig::LocalDefault => {
+                let mut p = cfg.host_path.clone().into_os_string();
+                p.push(".pool");
+                local(std::path::Path::new(&p), 2 << 30)?
+            }
+            PoolConfig::Local { path, bytes } => local(path, *bytes)?,
+            PoolConfig::Backend(b) => Some(b.clone()),
+        };
+        let _ = self.inner.pool.set(pool);
+        Ok(())
+    }
+
+    /// The host arena, once a namespace is registered.
+    pub fn arena(&self) -> Option<Arc<HostArena>> {
+        self.inner.arena.get().cloned()
+    }
+
+    /// The pool backend, if any.
+    pub fn pool(&self) -> Option<Arc<dyn PoolBackend>> {
+        self.inner.pool.get().cloned().flatten()
+    }
+
+    pub fn layout(&self, ns: NamespaceId) -> Result<Layout, ManagerError> {
+        Ok(self.inner.state.lock().dir.layout(ns)?.clone())
+    }
+
+    /// The pool key scheme of a namespace.
+    pub fn key_scheme(&self, ns: NamespaceId) -> Result<KeyScheme, ManagerError> {
+        let st = self.inner.state.lock();
+        st.dir.layout(ns)?;
+        Ok(st.keys[ns.0 as usize].clone())
+    }
+
+    /// Attaches one rank's device region, so in-process `store`/`load` can copy.
+    pub fn attach_device(
+        &self,
+        ns: NamespaceId,
+        tp_rank: u16,
+        pp_rank: u16,
+        region: Arc<dyn DeviceRegion>,
+    ) -> Result<(), ManagerError> {
+        let layout = self.layout(ns)?;
+        layout
+            .rank_objects(tp_rank, pp_rank)
+            .map_err(|e| ManagerError::Config(e.to_string()))?;
+        // Every rank's region holds its stage's layers of its parts (MLA ranks all hold the
+        // latent, though only TP rank 0 stores it).
+        let want =
+            layout.stage_layers(pp_rank) as u64 * layout.page_tokens() as u64 * layout.token_layer_bytes() as u64;
+        if region.object_bytes() as u64 != want {
+            return Err(ManagerError::ObjectSize {
+                got: region.object_bytes(),
+                want,
+            });
+        }
+        self.inner.state.lock().device_pages.insert(ns, region.pages() as usize);
+        self.inner.devices.lock().insert((ns, tp_rank, pp_rank), region);
+        Ok(())
+    }
+
+    /// Contiguous-prefix lookup with per-tier credit (see [`PrefixHit`]).
+    pub fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, ManagerError> {
+        self.check_batch(hashes.len())?;
+        let st = self.inner.state.lock();
+        st.dir.layout(ns)?;
+        let hit = st.dir.lookup_prefix(ns, hashes);
+        drop(st);
+        self.inner.stats.record_lookup(hashes.len(), &hit);
+        Ok(hit)
+    }
+
+    /// The page event log (the one internal stream publishers read).
+    pub fn events(&self) -> &EventLog {
+        &self.inner.events
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        let st = self.inner.state.lock();
+        let arena = self.arena();
+        let pool = self.pool().map(|p| p.usage());
+        self.inner.stats.snapshot(&st, arena.as_deref(), pool)
+    }
+
+    /// Completeness of a page per tier, and which objects are missing where.
+    pub fn page_status(&self, ns: NamespaceId, hash: &PageHash) -> Result<Option<PageStatus>, ManagerError> {
+        let st = self.inner.state.lock();
+        st.dir.layout(ns)?;
+        let Some(id) = st.dir.find(ns, hash) else {
+            return Ok(None);
+        };
+        let per_tier = TierKind::ALL.map(|t| TierStatus {
+            tier: t,
+            complete: st.dir.is_complete(id, t),
+            missing: st.dir.missing_objects(id, t),
+            inflight: st.dir.inflight_objects(id, t),
+            pinned: st.dir.is_pinned(id, t),
+        });
+        let info = st.dir.info(id);
+        Ok(Some(PageStatus {
+            hash: *hash,
+            tiers: per_tier.to_vec(),
+            hits: info.hits,
+            retain: info.retain,
+        }))
+    }
+
+    /// The index pages of session `id` carry, interned on first use (never 0).
+    pub fn session_index(&self, id: &str) -> u32 {
+        let mut st = self.inner.state.lock();
+        let next = st.sessions.len() as u32 + 1;
+        *st.sessions.entry(id.to_owned()).or_insert(next)
+    }
+
+    /// Marks a session idle (paused, or acting: waiting on a tool) or busy. Idle
+    /// sessions' pages are evicted before others.
+    pub fn set_session_idle(&self, session: u32, idle: bool) {
+        let mut st = self.inner.state.lock();
+        if idle {
+            st.idle_sessions.insert(session);
+        } else {
+            st.idle_sessions.remove(&session);
+        }
+    }
+
+    /// Waits up to `timeout` until every queued transfer has finished. Returns whether it
+    /// did (shutdown, tests).
+    pub fn quiesce(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while !self.inner.xfer.idle() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    }
+
+    /// Takes the advice for engines gathered since the last call.
+    pub fn take_advice(&self) -> Vec<Advice> {
+        self.inner.state.lock().advice.drain(..).collect()
+    }
+
+    /// Current tunables.
+    pub fn tunables(&self) -> Tunables {
+        self.inner.state.lock().tun
+    }
+
+    /// Changes the tunables that are safe to change while running.
+    pub fn set_tunables(&self, t: Tunables) -> Result<(), ManagerError> {
+        t.validate()?;
+        self.inner.state.lock().tun = t;
+        Ok(())
+    }
+
+    fn check_batch(&self, n: usize) -> Result<(), ManagerError> {
+        if n > self.inner.cfg.max_batch {
+            return Err(ManagerError::BatchTooLarge {
+                got: n,
+                max: self.inner.cfg.max_batch,
+            });
+        }
+        Ok(())
+    }
+
+    /// Moves the directory's new events into the event log. Call with the state locked,
+    /// so events enter the log in sequence order.
+    fn publish(&self, st: &mut State) {
+        st.dir.set_now(self.inner.clock.now_ms());
+        let evs: Vec<PageEvent> = st.dir.drain_events();
+        self.inner.events.append(&evs);
+    }
+}
+
+/// Where a page stands in one tier.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TierStatus {
+    pub tier: TierKind,
+    pub complete: bool,
+    pub missing: Vec<usize>,
+    pub inflight: Vec<usize>,
+    pub pinned: bool,
+}
+
+/// Where a page stands in every tier.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PageStatus {
+    pub hash: PageHash,
+    pub tiers: Vec<TierStatus>,
+    pub hits: u8,
+    pub retain: i8,
+}
+
+/// The pool key scheme for a namespace: `{tag}_{model}_` (LoRA and salt appended to the
+/// model part), or bare HiCache keys when the tag is empty.
+pub fn pool_key_scheme(tag: &str, ns: &Namespace) -> KeyScheme {
+    if tag.is_empty() {
+        return KeyScheme::default();
+    }
+    let mut model = ns.model.replace('_', "-");
+    for extra in [&ns.lora, &ns.salt] {
+        if !extra.is_empty() {
+            model.push('+');
+            model.push_str(&extra.replace('_', "-"));
+        }
+    }
+    KeyScheme::with_prefix(tag, &model)
+}

@@ -1,0 +1,177 @@
+//! Counters the manager keeps for operators: hits and misses by tier, bytes moved per
+//! tier pair, hint outcomes by kind, evictions. Lock-free; read as a [`StatsSnapshot`].
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+use super::state::State;
+use crate::directory::PrefixHit;
+use crate::hints::{HintKind, HintOutcome};
+use crate::pool::PoolUsage;
+use crate::tier::TierKind;
+use crate::tier::host::HostArena;
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    lookups: AtomicU64,
+    looked_up_pages: AtomicU64,
+    hit_pages: [AtomicU64; 3],
+    miss_pages: AtomicU64,
+    moved: [[AtomicU64; 3]; 3],
+    hints: [[AtomicU64; 4]; 5],
+    evictions: [AtomicU64; 3],
+}
+
+impl Stats {
+    pub(crate) fn record_lookup(&self, pages: usize, hit: &PrefixHit) {
+        self.lookups.fetch_add(1, Relaxed);
+        self.looked_up_pages.fetch_add(pages as u64, Relaxed);
+        for t in TierKind::ALL {
+            self.hit_pages[t.index()].fetch_add(hit.get(t) as u64, Relaxed);
+        }
+        self.miss_pages.fetch_add((pages - hit.total()) as u64, Relaxed);
+    }
+
+    pub(crate) fn moved(&self, from: TierKind, to: TierKind, bytes: u64) {
+        if bytes > 0 {
+            self.moved[from.index()][to.index()].fetch_add(bytes, Relaxed);
+        }
+    }
+
+    pub(crate) fn hint(&self, kind: HintKind, outcome: &HintOutcome) {
+        let o = match outcome {
+            HintOutcome::Accepted { .. } => 0,
+            HintOutcome::Clipped { .. } => 1,
+            HintOutcome::Deferred { .. } => 2,
+            HintOutcome::Ignored { .. } => 3,
+        };
+        self.hints[kind as usize][o].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn evicted(&self, tier: TierKind) {
+        self.evictions[tier.index()].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self, st: &State, arena: Option<&HostArena>, pool: Option<PoolUsage>) -> StatsSnapshot {
+        let mut moved = Vec::new();
+        for from in TierKind::ALL {
+            for to in TierKind::ALL {
+                let b = self.moved[from.index()][to.index()].load(Relaxed);
+                if from != to {
+                    moved.push(MovedBytes { from, to, bytes: b });
+                }
+            }
+        }
+        let mut hints = Vec::new();
+        for kind in HintKind::ALL {
+            for (i, name) in ["accepted", "clipped", "deferred", "ignored"].iter().enumerate() {
+                hints.push(HintCount {
+                    kind,
+                    outcome: name,
+                    count: self.hints[kind as usize][i].load(Relaxed),
+                });
+            }
+        }
+        let tiers = TierKind::ALL
+            .iter()
+            .map(|&t| {
+                let (capacity, used, unit) = match t {
+                    TierKind::Device => (
+                        st.device_pages.values().sum::<usize>() as u64,
+                        st.dir.complete_count(t) as u64,
+                        "pages",
+                    ),
+                    TierKind::Host => arena.map_or((0, 0, "bytes"), |a| {
+                        (
+                            a.slots() as u64 * a.slot_bytes() as u64,
+                            a.used() as u64 * a.slot_bytes() as u64,
+                            "bytes",
+                        )
+                    }),
+                    TierKind::Pool => pool.map_or((0, 0, "bytes"), |p| (p.capacity_bytes, p.used_bytes, "bytes")),
+                };
+                TierStats {
+                    tier: t,
+                    unit,
+                    capacity,
+                    used,
+                    complete_pages: st.dir.complete_count(t) as u64,
+                    pinned_pages: st.pins_in(t) as u64,
+                    evictions: self.evictions[t.index()].load(Relaxed),
+                }
+            })
+            .collect();
+        StatsSnapshot {
+            lookups: self.lookups.load(Relaxed),
+            looked_up_pages: self.looked_up_pages.load(Relaxed),
+            hit_pages: TierKind::ALL.map(|t| self.hit_pages[t.index()].load(Relaxed)),
+            miss_pages: self.miss_pages.load(Relaxed),
+            moved,
+            hints,
+            tiers,
+            pages: st.dir.len() as u64,
+            open_grants: st.grants.len() as u64,
+            leased_pages: st.leases.len() as u64,
+            deferred_hints: st.deferred.len() as u64,
+            event_seq: st.dir.last_seq(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MovedBytes {
+    pub from: TierKind,
+    pub to: TierKind,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct HintCount {
+    pub kind: HintKind,
+    pub outcome: &'static str,
+    pub count: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TierStats {
+    pub tier: TierKind,
+    /// What `capacity` and `used` count: bytes, or device pages.
+    pub unit: &'static str,
+    pub capacity: u64,
+    pub used: u64,
+    pub complete_pages: u64,
+    pub pinned_pages: u64,
+    pub evictions: u64,
+}
+
+/// A point-in-time view of the manager's counters and tiers.
+#[derive(Clone, Debug, Serialize)]
+pub struct StatsSnapshot {
+    pub lookups: u64,
+    pub looked_up_pages: u64,
+    /// Pages credited to device, host, pool.
+    pub hit_pages: [u64; 3],
+    pub miss_pages: u64,
+    pub moved: Vec<MovedBytes>,
+    pub hints: Vec<HintCount>,
+    pub tiers: Vec<TierStats>,
+    pub pages: u64,
+    pub open_grants: u64,
+    pub leased_pages: u64,
+    pub deferred_hints: u64,
+    pub event_seq: u64,
+}
+
+impl StatsSnapshot {
+    pub fn moved_bytes(&self, from: TierKind, to: TierKind) -> u64 {
+        self.moved
+            .iter()
+            .find(|m| m.from == from && m.to == to)
+            .map_or(0, |m| m.bytes)
+    }
+
+    pub fn tier(&self, t: TierKind) -> &TierStats {
+        &self.tiers[t.index()]
+    }
+}

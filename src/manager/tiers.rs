@@ -1,0 +1,494 @@
+//! Moves between host and pool, eviction by watermark, and the periodic `tick`.
+//!
+//! Each move runs in three phases so bytes are never copied under the state lock:
+//! reserve (locked: pick pages, allocate destination slots, mark objects in flight),
+//! copy (unlocked), settle (locked: mark what arrived present, free what did not). In-
+//! flight objects keep their pages out of eviction, so a page is never evicted mid-move.
+
+use std::time::Instant;
+
+use super::state::{Advice, State};
+use super::{Manager, ManagerError};
+use crate::directory::PageId;
+use crate::page::{NamespaceId, PageHash};
+use crate::policy::select_victims;
+use crate::pool::{PoolError, PoolHealth};
+use crate::tier::TierKind;
+use crate::tier::host::SlotId;
+
+/// Pages handled per pool batch.
+const POOL_BATCH: usize = 64;
+
+/// One object moving between host and pool.
+struct ObjMove {
+    page: PageId,
+    obj: usize,
+    slot: SlotId,
+    len: usize,
+    key: String,
+}
+
+impl Manager {
+    /// Frees at least `slots` host slots if it can, by watermark order, writing pages
+    /// back to the pool when it has room. Returns slots freed.
+    pub(crate) fn make_host_room(&self, slots: usize) -> usize {
+        let Some(arena) = self.arena() else { return 0 };
+        let mut freed = 0;
+        // Bounded rounds: each round evicts a batch; stop when nothing is evictable.
+        for _ in 0..64 {
+            if freed >= slots {
+                break;
+            }
+            let (victims, ns_of) = {
+                let st = self.inner.state.lock();
+                let cands: Vec<_> = st
+                    .dir
+                    .eviction_candidates(TierKind::Host)
+                    .into_iter()
+                    .filter(|(id, _)| !st.leased(*id))
+                    .collect();
+                let per_page = cands
+                    .first()
+                    .and_then(|(_, i)| st.dir.layout(i.ns).ok().map(|l| l.object_count()))
+                    .unwrap_or(1)
+                    .max(1);
+                let want = (slots - freed).div_ceil(per_page).clamp(1, POOL_BATCH);
+                let v = select_victims(cands, want, |s| st.idle_sessions.contains(&s));
+                let ns: Vec<(PageId, NamespaceId)> = v.iter().map(|&id| (id, st.dir.info(id).ns)).collect();
+                (v, ns)
+            };
+            if victims.is_empty() {
+                break;
+            }
+            let before = arena.free_slots();
+            for (ns, pages) in group_by_ns(&ns_of) {
+                self.copy_to_pool(ns, &pages, true);
+            }
+            let after = arena.free_slots();
+            if after <= before {
+                break;
+            }
+            freed += (after - before) as usize;
+        }
+        freed
+    }
+
+    /// Copies host-complete pages to the pool in the background (write-through, share).
+    pub(crate) fn spawn_copy_to_pool(&self, ns: NamespaceId, pages: Vec<PageId>) -> bool {
+        if self.pool().is_none() {
+            return false;
+        }
+        let m = self.clone();
+        self.inner
+            .xfer
+            .try_submit(Box::new(move || {
+                m.copy_to_pool(ns, &pages, false);
+            }))
+            .is_ok()
+    }
+
+    /// Writes the objects of host-complete pages that the pool lacks, then (when `evict`)
+    /// drops the host copies. A page whose pool write failed is still dropped when
+    /// evicting: the pool had no room, and the event says so. Returns pages now complete
+    /// in the pool.
+    pub(crate) fn copy_to_pool(&self, ns: NamespaceId, pages: &[PageId], evict: bool) -> usize {
+        let Some(arena) = self.arena() else { return 0 };
+        let pool = self.pool().filter(|p| p.health() == PoolHealth::Ok);
+        // Reserve.
+        let mut moves = Vec::new();
+        let mut settled = Vec::new();
+        {
+            let mut st = self.inner.state.lock();
+            let Ok(layout) = st.dir.layout(ns).cloned() else {
+                return 0;
+            };
+            for &page in pages {
+                if !st.dir.is_complete(page, TierKind::Host) || st.dir.info(page).ns != ns {
+                    continue;
+                }
+                if pool.is_some() {
+                    let hash = st.dir.info(page).hash;
+                    for obj in st.dir.missing_objects(page, TierKind::Pool) {
+                        if st.dir.inflight_objects(page, TierKind::Pool).contains(&obj) {
+                            continue;
+                        }
+                        let Some(slot) = st.host_slot(page, obj) else { continue };
+                        let key = st.keys[ns.0 as usize].object_key(&layout, &hash, layout.objects()[obj]);
+                        let _ = st.dir.set_inflight(page, TierKind::Pool, obj, true);
+                        moves.push(ObjMove {
+                            page,
+                            obj,
+                            slot,
+                            len: layout.object_bytes(obj) as usize,
+                            key,
+                        });
+                    }
+                }
+                st.lease(page);
+                settled.push(page);
+            }
+        }
+        // Copy, straight from the arena slots.
+        let mut results: Vec<Result<(), PoolError>> = Vec::new();
+        if let Some(pool) = pool.as_ref().filter(|_| !moves.is_empty()) {
+            let mut items = Vec::with_capacity(moves.len());
+            let mut at = Vec::with_capacity(moves.len());
+            results = vec![Err(PoolError::Unavailable("arena slot".into())); moves.len()];
+            for (i, m) in moves.iter().enumerate() {
+                // SAFETY: the page is leased: its host slots are neither freed nor
+                // rewritten until we unlease it below.
+                if let Ok(s) = unsafe { arena.slot(m.slot, m.len) } {
+                    items.push((m.key.as_str(), s));
+                    at.push(i);
+                }
+            }
+            for (r, i) in pool.batch_put_from(&items).into_iter().zip(at) {
+                results[i] = r;
+            }
+        }
+        // Settle.
+        let mut st = self.inner.state.lock();
+        let mut bytes = 0u64;
+        for (m, r) in moves.iter().zip(&results) {
+            let _ = st.dir.set_inflight(m.page, TierKind::Pool, m.obj, false);
+            if r.is_ok() {
+                let _ = st.dir.set_object(m.page, TierKind::Pool, m.obj, true);
+                bytes += m.len as u64;
+            }
+        }
+        let mut complete = 0;
+        for &page in &settled {
+            st.unlease(page);
+            complete += usize::from(st.dir.is_complete(page, TierKind::Pool));
+            if evict && !st.leased(page) && !st.dir.is_pinned(page, TierKind::Host) {
+                self.drop_host_page(&mut st, page);
+                self.inner.stats.evicted(TierKind::Host);
+            }
+        }
+        self.publish(&mut st);
+        drop(st);
+        self.inner.stats.moved(TierKind::Host, TierKind::Pool, bytes);
+        complete
+    }
+
+    /// Frees a page's host slots and marks it gone from host.
+    pub(crate) fn drop_host_page(&self, st: &mut State, page: PageId) {
+        let Some(arena) = self.arena() else { return };
+        if let Some(slots) = st.host.remove(&page.0) {
+            arena.free_all(
+                slots
+                    .iter()
+                    .filter(|&&s| s != super::state::NO_SLOT)
+                    .map(|&s| SlotId(s)),
+            );
+        }
+        st.dir.set_page(page, TierKind::Host, false);
+    }
+
+    /// Brings the leading pool-complete pages of `hashes` that are not on host into host,
+    /// until `deadline`. Returns pages staged.
+    pub(crate) fn stage_prefix_from_pool(
+        &self,
+        ns: NamespaceId,
+        hashes: &[PageHash],
+        deadline: Option<Instant>,
+    ) -> usize {
+        let Some(pool) = self.pool().filter(|p| p.health() == PoolHealth::Ok) else {
+            return 0;
+        };
+        let Some(arena) = self.arena() else { return 0 };
+        let mut staged = 0;
+        for chunk in hashes.chunks(POOL_BATCH) {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            // Which pages need staging, and how many slots.
+            let need: usize = {
+                let st = self.inner.state.lock();
+                let Ok(layout) = st.dir.layout(ns) else { return staged };
+                chunk
+                    .iter()
+                    .filter_map(|h| st.dir.find(ns, h))
+                    .filter(|&id| st.dir.is_complete(id, TierKind::Pool) && !st.dir.is_complete(id, TierKind::Host))
+                    .map(|id| st.dir.missing_objects(id, TierKind::Host).len())
+                    .sum::<usize>()
+                    .min(layout.object_count() * POOL_BATCH)
+            };
+            if need > arena.free_slots() as usize {
+                self.make_host_room(need - arena.free_slots() as usize);
+            }
+            let mut moves = Vec::new();
+            let mut stop = false;
+            {
+                let mut st = self.inner.state.lock();
+                let Ok(layout) = st.dir.layout(ns).cloned() else {
+                    return staged;
+                };
+                for h in chunk {
+                    let Some(id) = st.dir.find(ns, h) else {
+                        stop = true;
+                        break;
+                    };
+                    if st.dir.is_complete(id, TierKind::Host) {
+                        continue;
+                    }
+                    if !st.dir.is_complete(id, TierKind::Pool) {
+                        stop = true;
+                        break;
+                    }
+                    let missing: Vec<usize> = st
+                        .dir
+                        .missing_objects(id, TierKind::Host)
+                        .into_iter()
+                        .filter(|o| !st.dir.inflight_objects(id, TierKind::Host).contains(o))
+                        .collect();
+                    let Some(slots) = arena.alloc_n(missing.len()) else {
+                        stop = true;
+                        break;
+                    };
+                    for (obj, slot) in missing.into_iter().zip(slots) {
+                        let _ = st.dir.set_inflight(id, TierKind::Host, obj, true);
+                        moves.push(ObjMove {
+                            page: id,
+                            obj,
+                            slot,
+                            len: layout.object_bytes(obj) as usize,
+                            key: st.keys[ns.0 as usize].object_key(&layout, h, layout.objects()[obj]),
+                        });
+                    }
+                }
+            }
+            let mut results: Vec<Result<usize, PoolError>> =
+                vec![Err(PoolError::Unavailable("arena slot".into())); moves.len()];
+            {
+                let mut items = Vec::with_capacity(moves.len());
+                let mut at = Vec::with_capacity(moves.len());
+                for (i, m) in moves.iter().enumerate() {
+                    // SAFETY: freshly allocated slots, in flight, owned by this move.
+                    if let Ok(s) = unsafe { arena.slot_mut(m.slot, m.len) } {
+                        items.push((m.key.as_str(), s));
+                        at.push(i);
+                    }
+                }
+                for (r, i) in pool.batch_get_into(&mut items).into_iter().zip(at) {
+                    results[i] = r;
+                }
+            }
+            let mut st = self.inner.state.lock();
+            let count = st.dir.layout(ns).map_or(0, |l| l.object_count());
+            let mut bytes = 0u64;
+            for (m, r) in moves.iter().zip(&results) {
+                let _ = st.dir.set_inflight(m.page, TierKind::Host, m.obj, false);
+                match r {
+                    Ok(n) if *n == m.len => {
+                        st.set_host_slot(m.page, m.obj, count, Some(m.slot));
+                        let _ = st.dir.set_object(m.page, TierKind::Host, m.obj, true);
+                        bytes += m.len as u64;
+                    }
+                    other => {
+                        arena.free(m.slot);
+                        // The pool lost the object (or it is the wrong size): not complete there.
+                        if matches!(other, Err(PoolError::NotFound) | Ok(_)) {
+                            let _ = st.dir.set_object(m.page, TierKind::Pool, m.obj, false);
+                        }
+                    }
+                }
+            }
+            let mut pages: Vec<PageId> = moves.iter().map(|m| m.page).collect();
+            pages.dedup();
+            staged += pages.iter().filter(|&&p| st.dir.is_complete(p, TierKind::Host)).count();
+            self.publish(&mut st);
+            drop(st);
+            self.inner.stats.moved(TierKind::Pool, TierKind::Host, bytes);
+            if stop {
+                break;
+            }
+        }
+        staged
+    }
+
+    /// Stages the prefix in the background (a best-effort load, a prefetch).
+    pub(crate) fn spawn_stage_prefix(&self, ns: NamespaceId, hashes: &[PageHash]) -> bool {
+        if self.pool().is_none() {
+            return true;
+        }
+        let needed = {
+            let st = self.inner.state.lock();
+            hashes.iter().any(|h| {
+                st.dir
+                    .find(ns, h)
+                    .is_some_and(|id| st.dir.is_complete(id, TierKind::Pool) && !st.dir.is_complete(id, TierKind::Host))
+            })
+        };
+        if !needed {
+            return true;
+        }
+        let m = self.clone();
+        let hashes = hashes.to_vec();
+        self.inner
+            .xfer
+            .try_submit(Box::new(move || {
+                m.stage_prefix_from_pool(ns, &hashes, None);
+            }))
+            .is_ok()
+    }
+
+    /// Periodic upkeep: expire pins and retains, evict by watermark, reconcile the pool's
+    /// own evictions, retry deferred hints, and refresh device advice.
+    pub fn tick(&self) -> Result<(), ManagerError> {
+        let now = self.inner.clock.now_ms();
+        self.expire(now);
+        self.sync_pool_evictions();
+        // Host watermark.
+        if let Some(arena) = self.arena() {
+            let tun = self.tunables();
+            let reclaim = tun
+                .host_watermarks
+                .reclaim(arena.used() as usize, arena.slots() as usize);
+            if reclaim > 0 {
+                self.make_host_room(reclaim);
+            }
+        }
+        self.evict_pool_by_watermark();
+        self.retry_deferred();
+        self.device_advice();
+        Ok(())
+    }
+
+    fn expire(&self, now: u64) {
+        let mut st = self.inner.state.lock();
+        let pins: Vec<(u32, u8)> = st
+            .pins
+            .iter()
+            .filter(|(_, (t, _))| *t <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in pins {
+            let (_, hash) = st.pins.remove(&key).expect("listed above");
+            let page = PageId(key.0);
+            if let Some(tier) = TierKind::from_index(key.1 as usize) {
+                let ns = st.dir.info(page).ns;
+                if st.same_page(page, &hash, ns) {
+                    st.dir.set_pinned(page, tier, false);
+                }
+            }
+        }
+        let retains: Vec<u32> = st
+            .retains
+            .iter()
+            .filter(|(_, (t, _))| *t <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for p in retains {
+            let (_, hash) = st.retains.remove(&p).expect("listed above");
+            let page = PageId(p);
+            let ns = st.dir.info(page).ns;
+            if st.same_page(page, &hash, ns) {
+                st.dir.set_retain(page, 0);
+            }
+        }
+        self.publish(&mut st);
+    }
+
+    /// Objects the pool dropped on its own: their pages are no longer pool-complete.
+    fn sync_pool_evictions(&self) {
+        let Some(pool) = self.pool() else { return };
+        let keys = pool.take_evicted();
+        if keys.is_empty() {
+            return;
+        }
+        let mut st = self.inner.state.lock();
+        for key in keys {
+            for i in 0..st.keys.len() {
+                let ns = NamespaceId(i as u16);
+                let Ok(layout) = st.dir.layout(ns) else { continue };
+                if let Ok((hash, obj)) = st.keys[i].parse(layout, &key) {
+                    if let Some(id) = st.dir.find(ns, &hash) {
+                        let _ = st.dir.set_object(id, TierKind::Pool, obj, false);
+                    }
+                    break;
+                }
+            }
+        }
+        self.publish(&mut st);
+    }
+
+    fn evict_pool_by_watermark(&self) {
+        let Some(pool) = self.pool() else { return };
+        let usage = pool.usage();
+        if usage.capacity_bytes == 0 {
+            return;
+        }
+        let tun = self.tunables();
+        // Work in KiB so the watermark math stays in usize on 32-bit too.
+        let reclaim = tun
+            .pool_watermarks
+            .reclaim((usage.used_bytes >> 10) as usize, (usage.capacity_bytes >> 10) as usize);
+        if reclaim == 0 {
+            return;
+        }
+        let mut st = self.inner.state.lock();
+        let cands = st.dir.eviction_candidates(TierKind::Pool);
+        let slot_kib = self.arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
+        let per_page = cands
+            .first()
+            .and_then(|(_, i)| st.dir.layout(i.ns).ok().map(|l| l.object_count()))
+            .unwrap_or(1);
+        let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
+        for id in select_victims(cands, pages, |_| false) {
+            let info = st.dir.info(id);
+            let Ok(layout) = st.dir.layout(info.ns).cloned() else {
+                continue;
+            };
+            for (obj, &oid) in layout.objects().iter().enumerate() {
+                let key = st.keys[info.ns.0 as usize].object_key(&layout, &info.hash, oid);
+                let _ = pool.remove(&key, true);
+                if st.dir.find(info.ns, &info.hash) == Some(id) {
+                    let _ = st.dir.set_object(id, TierKind::Pool, obj, false);
+                }
+            }
+            self.inner.stats.evicted(TierKind::Pool);
+        }
+        self.publish(&mut st);
+    }
+
+    /// Device tier: kvtier cannot evict engine memory, so above the high watermark it
+    /// advises the engine which pages to evict first (those with a colder copy).
+    fn device_advice(&self) {
+        let mut st = self.inner.state.lock();
+        let tun = st.tun;
+        let nss: Vec<(NamespaceId, usize)> = st.device_pages.iter().map(|(&k, &v)| (k, v)).collect();
+        for (ns, capacity) in nss {
+            let cands: Vec<_> = st
+                .dir
+                .eviction_candidates(TierKind::Device)
+                .into_iter()
+                .filter(|(_, i)| i.ns == ns)
+                .collect();
+            let reclaim = tun.device_watermarks.reclaim(cands.len(), capacity);
+            if reclaim == 0 {
+                continue;
+            }
+            let cold: Vec<_> = cands
+                .into_iter()
+                .filter(|(id, _)| st.dir.is_complete(*id, TierKind::Host) || st.dir.is_complete(*id, TierKind::Pool))
+                .collect();
+            let victims = select_victims(cold, reclaim, |_| false);
+            let hashes: Vec<PageHash> = victims.iter().map(|&id| st.dir.info(id).hash).collect();
+            if !hashes.is_empty() {
+                st.push_advice(Advice::EvictFirst { ns, hashes });
+            }
+        }
+    }
+}
+
+fn group_by_ns(pages: &[(PageId, NamespaceId)]) -> Vec<(NamespaceId, Vec<PageId>)> {
+    let mut out: Vec<(NamespaceId, Vec<PageId>)> = Vec::new();
+    for &(p, ns) in pages {
+        match out.iter_mut().find(|(n, _)| *n == ns) {
+            Some((_, v)) => v.push(p),
+            None => out.push((ns, vec![p])),
+        }
+    }
+    out
+}

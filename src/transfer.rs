@@ -1,0 +1,289 @@
+//! The transfer engine: page moves on worker threads, behind a bounded queue.
+//!
+//! A job is one batch of page moves, built by the manager with everything it needs (slot
+//! reservations, buffers) and committed by itself when done; the engine only runs jobs.
+//! The queue is bounded: when it is full, [`TransferEngine::try_submit`] hands the job
+//! back, and the caller defers the work (a hint becomes `deferred`), never drops it.
+//! [`Tickets`] lets callers wait, with a timeout, for a job's result.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
+use parking_lot::{Condvar, Mutex};
+
+/// A unit of work for a transfer worker.
+pub type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// A fixed pool of transfer workers fed by a bounded queue.
+pub struct TransferEngine {
+    tx: Option<Sender<Job>>,
+    workers: Vec<JoinHandle<()>>,
+    capacity: usize,
+    queued: Receiver<Job>,
+    /// Jobs submitted and not yet finished (queued or running).
+    pending: Arc<AtomicUsize>,
+}
+
+/// Counts a job as pending from submission until it has run or been dropped unrun.
+struct Pending(Arc<AtomicUsize>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("workers", &self.workers.len())
+            .field("capacity", &self.capacity)
+            .field("queued", &self.queued.len())
+            .finish()
+    }
+}
+
+impl TransferEngine {
+    /// `threads` workers and a queue of `capacity` jobs.
+    pub fn new(threads: usize, capacity: usize) -> Self {
+        let (tx, rx) = bounded::<Job>(capacity.max(1));
+        let workers = (0..threads.max(1))
+            .map(|i| {
+                let rx = rx.clone();
+                std::thread::Builder::new()
+                    .name(format!("kvtier-xfer-{i}"))
+                    .spawn(move || {
+                        while let Ok(job) = rx.recv() {
+                            // A panicking job must not take the worker down with it; the job's
+                            // own guard (see the manager) fails its ticket.
+                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                        }
+                    })
+                    .expect("spawning a transfer worker")
+            })
+            .collect();
+        Self {
+            tx: Some(tx),
+            workers,
+            capacity,
+            queued: rx,
+            pending: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn counted(&self, job: Job) -> Job {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        let p = Pending(self.pending.clone());
+        Box::new(move || {
+            let _p = p;
+            job();
+        })
+    }
+
+    /// Whether every submitted job has finished.
+    pub fn idle(&self) -> bool {
+        self.pending.load(Ordering::SeqCst) == 0
+    }
+
+    /// Queues a job, or gives it back when the queue is full.
+    pub fn try_submit(&self, job: Job) -> Result<(), Job> {
+        let job = self.counted(job);
+        match self.tx.as_ref() {
+            Some(tx) => tx.try_send(job).map_err(|e| match e {
+                TrySendError::Full(j) | TrySendError::Disconnected(j) => j,
+            }),
+            None => Err(job),
+        }
+    }
+
+    /// Queues a job, waiting up to `timeout` for room.
+    pub fn submit_timeout(&self, job: Job, timeout: Duration) -> Result<(), Job> {
+        let job = self.counted(job);
+        match self.tx.as_ref() {
+            Some(tx) => tx.send_timeout(job, timeout).map_err(|e| e.into_inner()),
+            None => Err(job),
+        }
+    }
+
+    /// Jobs waiting for a worker.
+    pub fn queued(&self) -> usize {
+        self.queued.len()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+impl Drop for TransferEngine {
+    fn drop(&mut self) {
+        // Closing the queue lets workers finish what is queued and exit.
+        self.tx.take();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Identifies one asynchronous operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct Ticket(pub u64);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TicketError {
+    #[error("unknown ticket {0}")]
+    Unknown(u64),
+    #[error("timed out waiting for ticket {0}")]
+    Timeout(u64),
+    #[error("too many operations in flight ({0}); collect completions first")]
+    TooMany(usize),
+}
+
+/// Results of asynchronous operations, waited for by ticket. Bounded: at most `max`
+/// operations may be outstanding (issued and not yet collected).
+#[derive(Debug)]
+pub struct Tickets<T> {
+    inner: Mutex<TicketState<T>>,
+    cond: Condvar,
+    max: usize,
+}
+
+#[derive(Debug)]
+struct TicketState<T> {
+    next: u64,
+    pending: HashMap<u64, Option<T>>,
+}
+
+impl<T: Clone> Tickets<T> {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(TicketState {
+                next: 1,
+                pending: HashMap::new(),
+            }),
+            cond: Condvar::new(),
+            max,
+        })
+    }
+
+    /// Issues a ticket for an operation that will be completed later.
+    pub fn issue(&self) -> Result<Ticket, TicketError> {
+        let mut s = self.inner.lock();
+        if s.pending.len() >= self.max {
+            return Err(TicketError::TooMany(self.max));
+        }
+        let t = s.next;
+        s.next += 1;
+        s.pending.insert(t, None);
+        Ok(Ticket(t))
+    }
+
+    /// Records the result of an operation.
+    pub fn complete(&self, t: Ticket, result: T) {
+        let mut s = self.inner.lock();
+        if let Some(slot) = s.pending.get_mut(&t.0) {
+            *slot = Some(result);
+        }
+        drop(s);
+        self.cond.notify_all();
+    }
+
+    /// Waits up to `timeout` for the result and collects it.
+    pub fn wait(&self, t: Ticket, timeout: Duration) -> Result<T, TicketError> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.inner.lock();
+        loop {
+            match s.pending.get(&t.0) {
+                None => return Err(TicketError::Unknown(t.0)),
+                Some(Some(_)) => {
+                    let r = s.pending.remove(&t.0).flatten().expect("checked above");
+                    return Ok(r);
+                }
+                Some(None) => {
+                    if self.cond.wait_until(&mut s, deadline).timed_out() {
+                        return Err(TicketError::Timeout(t.0));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Collects every finished result without waiting.
+    pub fn poll(&self) -> Vec<(Ticket, T)> {
+        let mut s = self.inner.lock();
+        let done: Vec<u64> = s.pending.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| *k).collect();
+        done.into_iter()
+            .filter_map(|k| s.pending.remove(&k).flatten().map(|v| (Ticket(k), v)))
+            .collect()
+    }
+
+    pub fn outstanding(&self) -> usize {
+        self.inner.lock().pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn full_queue_hands_the_job_back_and_all_queued_jobs_run() {
+        let engine = TransferEngine::new(1, 2);
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let g = gate.clone();
+        // Block the only worker.
+        assert!(
+            engine
+                .try_submit(Box::new(move || {
+                    let mut open = g.0.lock();
+                    while !*open {
+                        g.1.wait(&mut open);
+                    }
+                }))
+                .is_ok()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        for _ in 0..2 {
+            let r = ran.clone();
+            assert!(
+                engine
+                    .try_submit(Box::new(move || {
+                        r.fetch_add(1, Ordering::SeqCst);
+                    }))
+                    .is_ok()
+            );
+        }
+        let r = ran.clone();
+        let back = engine.try_submit(Box::new(move || {
+            r.fetch_add(100, Ordering::SeqCst);
+        }));
+        assert!(back.is_err(), "a full queue must hand the job back");
+        *gate.0.lock() = true;
+        gate.1.notify_all();
+        drop(engine);
+        assert_eq!(ran.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn tickets_wait_time_out_and_are_bounded() {
+        let t: Arc<Tickets<u32>> = Tickets::new(2);
+        let a = t.issue().unwrap();
+        let b = t.issue().unwrap();
+        assert_eq!(t.issue(), Err(TicketError::TooMany(2)));
+        assert_eq!(t.wait(a, Duration::from_millis(5)), Err(TicketError::Timeout(a.0)));
+        let t2 = t.clone();
+        let h = std::thread::spawn(move || t2.complete(a, 7));
+        assert_eq!(t.wait(a, Duration::from_secs(5)), Ok(7));
+        h.join().unwrap();
+        assert_eq!(t.wait(a, Duration::ZERO), Err(TicketError::Unknown(a.0)));
+        t.complete(b, 9);
+        assert_eq!(t.poll(), vec![(b, 9)]);
+        assert_eq!(t.outstanding(), 0);
+    }
+}
