@@ -328,6 +328,15 @@ impl MooncakePool {
         out
     }
 
+    /// Removes many keys in bounded batches, one answer per key; lease conflicts are not
+    /// retried here (use [`PoolBackend::remove`] for the configured policy).
+    pub fn remove_batch(&self, keys: &[&str], force: bool) -> Vec<Result<(), PoolError>> {
+        let res = self.keys_op(Op::Remove, Some(force as u8), keys);
+        res.into_iter()
+            .map(|r| r.and_then(|c| if c == 0 { Ok(()) } else { Err(codes::to_error(c, 0)) }))
+            .collect()
+    }
+
     fn arena_offset(&self, bytes: &[u8]) -> Option<u64> {
         self.arena.as_ref().and_then(|a| a.offset_of(bytes))
     }
