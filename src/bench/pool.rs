@@ -113,7 +113,7 @@ fn gbps(bytes: usize, secs: f64) -> f64 {
 
 fn bench_size(args: &PoolBenchArgs, size: usize) -> anyhow::Result<Vec<Row>> {
     let n = (args.bytes / size).max(1);
-    let batch = (args.batch_bytes / size).clamp(1, 256);
+    let batch = (args.batch_bytes / size).clamp(1, 1024);
     let opts = ArenaOptions {
         lock: false,
         ..ArenaOptions::default()
@@ -181,70 +181,79 @@ fn bench_mooncake(
         );
     }
     let (mut kp, mut kg, mut rp, mut rg) = (vec![], vec![], vec![], vec![]);
+    let chunks = n.div_ceil(batch);
     // Round 0 warms both sides up (first touch of the store's segment) and is not counted.
     for round in 0..=args.rounds {
         let kkeys: Vec<String> = (0..n).map(|i| format!("kvb-{tag}-{round}-{i}")).collect();
-        let rprefix = format!("kvbraw-{tag}-{round}-");
-        let kv_put = || -> anyhow::Result<f64> {
+        let rprefix = |c: usize| format!("kvbraw-{tag}-{round}-{c}-");
+        let kv_put = |c: usize| -> anyhow::Result<f64> {
+            let span = c * batch..((c + 1) * batch).min(n);
+            let items: Vec<(&str, &[u8])> = span.map(|i| (kkeys[i].as_str(), src[i])).collect();
             let t = Instant::now();
-            for (ks, objs) in kkeys.chunks(batch).zip(src.chunks(batch)) {
-                let items: Vec<(&str, &[u8])> = ks.iter().map(String::as_str).zip(objs.iter().copied()).collect();
-                if let Some(e) = pool.batch_put_from(&items).into_iter().find_map(Result::err) {
-                    bail!("kvtier put: {e}");
-                }
+            if let Some(e) = pool.batch_put_from(&items).into_iter().find_map(Result::err) {
+                bail!("kvtier put: {e}");
             }
             Ok(t.elapsed().as_secs_f64())
         };
-        let kv_get = || -> anyhow::Result<f64> {
+        let kv_get = |c: usize, zero: bool| -> anyhow::Result<f64> {
+            let mut items: Vec<(&str, &mut [u8])> = Vec::with_capacity(batch);
+            for i in c * batch..((c + 1) * batch).min(n) {
+                // SAFETY: destination slots are written only here, one batch at a time.
+                let buf = unsafe { arena.slot_mut(SlotId((n + i) as u32), size)? };
+                if zero {
+                    buf.fill(0);
+                }
+                items.push((kkeys[i].as_str(), buf));
+            }
             let t = Instant::now();
-            for (c, ks) in kkeys.chunks(batch).enumerate() {
-                let mut items: Vec<(&str, &mut [u8])> = Vec::with_capacity(ks.len());
-                for (j, k) in ks.iter().enumerate() {
-                    let slot = SlotId((n + c * batch + j) as u32);
-                    // SAFETY: destination slots are written only here, one batch at a time.
-                    items.push((k.as_str(), unsafe { arena.slot_mut(slot, size)? }));
-                }
-                if let Some(e) = pool.batch_get_into(&mut items).into_iter().find_map(Result::err) {
-                    bail!("kvtier get: {e}");
-                }
+            if let Some(e) = pool.batch_get_into(&mut items).into_iter().find_map(Result::err) {
+                bail!("kvtier get: {e}");
             }
             Ok(t.elapsed().as_secs_f64())
         };
-        let raw = |put: bool| -> anyhow::Result<f64> {
-            let r = pool.raw_bench(put, &rprefix, if put { src } else { dst }, batch)?;
+        let raw = |put: bool, c: usize| -> anyhow::Result<f64> {
+            let span = c * batch..((c + 1) * batch).min(n);
+            let objs = if put { &src[span] } else { &dst[span] };
+            let r = pool.raw_bench(put, &rprefix(c), objs, batch)?;
             if r.failed > 0 {
-                bail!("raw client: {} of {n} failed", r.failed);
+                bail!("raw client: {} of {} failed", r.failed, objs.len());
             }
             Ok(r.seconds)
         };
-        // Same phase side by side, alternating which goes first.
-        let ((k_put, r_put), (k_get, r_get)) = if round % 2 == 1 {
-            ((kv_put()?, raw(true)?), (kv_get()?, raw(false)?))
-        } else {
-            let r_put = raw(true)?;
-            let k_put = kv_put()?;
-            let r_get = raw(false)?;
-            if round == 0 {
-                for i in n..2 * n {
-                    // SAFETY: no get is running; the bench owns the slot.
-                    unsafe { arena.slot_mut(SlotId(i as u32), size)? }.fill(0);
-                }
+        // Batch by batch, side by side, alternating which goes first, so both sides meet
+        // the same machine load. In the warm-up round kvtier's get goes last, into zeroed
+        // slots, and its bytes are checked against the source.
+        let (mut t_kp, mut t_rp, mut t_kg, mut t_rg) = (0.0, 0.0, 0.0, 0.0);
+        for c in 0..chunks {
+            if round > 0 && (c + round) % 2 == 0 {
+                t_kp += kv_put(c)?;
+                t_rp += raw(true, c)?;
+            } else {
+                t_rp += raw(true, c)?;
+                t_kp += kv_put(c)?;
             }
-            ((k_put, r_put), (kv_get()?, r_get))
-        };
+        }
+        for c in 0..chunks {
+            if round > 0 && (c + round) % 2 == 0 {
+                t_kg += kv_get(c, false)?;
+                t_rg += raw(false, c)?;
+            } else {
+                t_rg += raw(false, c)?;
+                t_kg += kv_get(c, round == 0)?;
+            }
+        }
         if round == 0 {
-            // kvtier's get ran last, into zeroed slots: its bytes must be the source's.
             if src.iter().zip(dst).any(|(a, b)| a != b) {
                 bail!("kvtier get returned different bytes");
             }
         } else {
-            kp.push(k_put);
-            rp.push(r_put);
-            kg.push(k_get);
-            rg.push(r_get);
+            kp.push(t_kp);
+            rp.push(t_rp);
+            kg.push(t_kg);
+            rg.push(t_rg);
         }
-        let mut all: Vec<String> = kkeys;
-        all.extend((0..n).map(|i| format!("{rprefix}{i}")));
+        let mut all: Vec<String> = (0..n).map(|i| format!("{}{}", rprefix(i / batch), i % batch)).collect();
+        all.extend(kkeys.iter().cloned());
         let refs: Vec<&str> = all.iter().map(String::as_str).collect();
         pool.remove_batch(&refs, true);
     }

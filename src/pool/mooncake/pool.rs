@@ -170,13 +170,28 @@ impl MooncakePool {
         Ok(())
     }
 
-    /// Sends one request of items and returns Mooncake's per-item codes.
+    /// Sends one request of items and returns Mooncake's per-item codes. The body is
+    /// column-wise (`u32 n`, key lengths, regions, offsets, lengths, then the keys), so the
+    /// helper decodes a batch with a handful of calls.
     fn send(&self, op: Op, items: &[Item]) -> Result<Vec<i64>, PoolError> {
         let conn = self.conn()?;
-        let mut body = Body::with_capacity(4 + items.iter().map(|i| i.key.len() + 19).sum::<usize>());
+        let keys: usize = items.iter().map(|i| i.key.len()).sum();
+        let mut body = Body::with_capacity(4 + items.len() * 19 + keys);
         body.u32(items.len() as u32);
         for it in items {
-            body.key(it.key).u8(it.region).u64(it.off).u64(it.len);
+            body.u16(it.key.len() as u16);
+        }
+        for it in items {
+            body.u8(it.region);
+        }
+        for it in items {
+            body.u64(it.off);
+        }
+        for it in items {
+            body.u64(it.len);
+        }
+        for it in items {
+            body.bytes(it.key.as_bytes());
         }
         let bytes: u64 = items.iter().map(|i| i.len).sum();
         self.reply(conn.call(op, &body, self.cfg.deadline_for(bytes)), items.len(), true)
