@@ -197,13 +197,14 @@ fn bench_mooncake(
         };
         let kv_get = |c: usize, zero: bool| -> anyhow::Result<f64> {
             let mut items: Vec<(&str, &mut [u8])> = Vec::with_capacity(batch);
-            for i in c * batch..((c + 1) * batch).min(n) {
+            let first = c * batch;
+            for (i, key) in kkeys.iter().enumerate().skip(first).take(batch) {
                 // SAFETY: destination slots are written only here, one batch at a time.
                 let buf = unsafe { arena.slot_mut(SlotId((n + i) as u32), size)? };
                 if zero {
                     buf.fill(0);
                 }
-                items.push((kkeys[i].as_str(), buf));
+                items.push((key.as_str(), buf));
             }
             let t = Instant::now();
             if let Some(e) = pool.batch_get_into(&mut items).into_iter().find_map(Result::err) {
