@@ -332,3 +332,32 @@ fn killed_helper_is_restarted_and_the_pool_comes_back() {
     assert_eq!(pool.batch_get_into(&mut [(&s.prefix, &mut buf[..])])[0], Ok(data.len()));
     assert_eq!(buf, data);
 }
+
+/// The C ABI path, where a site built `libmooncake_store.so`.
+#[cfg(feature = "mooncake-c")]
+#[test]
+fn c_abi_pool_round_trips_a_page() {
+    use kvtier::pool::mooncake::cabi::{LIBRARY_ENV, MooncakeCPool};
+    let _g = SERIAL.lock();
+    if std::env::var_os(LIBRARY_ENV).is_none() {
+        eprintln!("SKIPPED: MOONCAKE_STORE_LIBRARY not set; the C ABI path was built but not run");
+        return;
+    }
+    let Some(cfg) = config() else { return };
+    let pool = MooncakeCPool::open(cfg, None, None).unwrap();
+    assert_eq!(pool.health(), PoolHealth::Ok);
+    let (l, s) = (layout(), scheme("cabi"));
+    let keys = s.page_keys(&l, &PageHash::from_u64(0x5eed_0004));
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let objs: Vec<Vec<u8>> = (0..4)
+        .map(|i| pattern(600 + i, l.object_bytes(i as usize) as usize))
+        .collect();
+    let views: Vec<&[u8]> = objs.iter().map(Vec::as_slice).collect();
+    assert_eq!(page::put_missing(&pool, &refs, &views).unwrap().written, 4);
+    assert!(page::is_complete(&pool, &refs).unwrap());
+    let mut buf = vec![0u8; objs[2].len()];
+    assert_eq!(pool.batch_get_into(&mut [(refs[2], &mut buf[..])])[0], Ok(buf.len()));
+    assert_eq!(buf, objs[2]);
+    assert_eq!(pool.remove(refs[2], true), Ok(()));
+    assert!(!page::is_complete(&pool, &refs).unwrap());
+}
