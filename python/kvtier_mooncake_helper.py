@@ -244,6 +244,9 @@ def handle(op, body, state, regions):
         return ST_BAD, f"unknown op {op}".encode()
     except (ValueError, KeyError, IndexError, struct.error, UnicodeDecodeError) as e:
         return ST_BAD, str(e).encode()
+    except Exception as e:  # the client raised: answer, so one bad call never kills the helper
+        log(f"op {op} raised {type(e).__name__}")
+        return ST_BAD, f"{type(e).__name__}: {e}".encode()
 
 
 def main():

@@ -361,3 +361,75 @@ fn c_abi_pool_round_trips_a_page() {
     assert_eq!(pool.remove(refs[2], true), Ok(()));
     assert!(!page::is_complete(&pool, &refs).unwrap());
 }
+
+/// The manager with a Mooncake pool: a Share hint makes a TP=2 page pool-complete under the
+/// manager's HiCache keys; with the master gone the hint is deferred with its reason.
+#[test]
+fn manager_shares_to_mooncake_and_defers_while_the_master_is_down() {
+    use kvtier::TierKind;
+    use kvtier::clock::SystemClock;
+    use kvtier::hints::{Hint, HintOutcome, HintTarget, Reason};
+    use kvtier::manager::{Manager, ManagerConfig, PoolConfig, pool_key_scheme};
+    use kvtier::tier::device::EmulatedDevice;
+    let _g = SERIAL.lock();
+    let Some(mc) = config() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let l = layout();
+    let mut cfg = ManagerConfig::in_dir(dir.path(), 32 * l.page_bytes(), None);
+    cfg.arena.lock = false;
+    cfg.pool = PoolConfig::Mooncake(Box::new(mc));
+    let m = Manager::new(cfg, SystemClock::new()).unwrap();
+    let name = kvtier::Namespace::model(scheme("m").prefix.trim_end_matches('_'));
+    let ns = m.register_namespace(name.clone(), l.clone()).unwrap();
+    let hs: Vec<PageHash> = (0..4).map(|i| PageHash::from_u64(0x5eed_1000 + i)).collect();
+    let slots: Vec<u32> = (0..4).collect();
+    for r in 0..2u16 {
+        let dev = Arc::new(EmulatedDevice::new(&l, 0, 8));
+        for (h, &s) in hs.iter().zip(&slots) {
+            dev.fill_page(s, h.prefix_u64() ^ r as u64).unwrap();
+        }
+        m.attach_device(ns, r, 0, dev).unwrap();
+        let t = m.store(ns, r, 0, &hs, &slots, 0).unwrap();
+        assert_eq!(m.wait(t, Duration::from_secs(10)).unwrap().pages, hs.len());
+    }
+    let pool = m.pool().expect("a pool");
+    assert!(eventually(Duration::from_secs(30), || pool.health() == PoolHealth::Ok));
+    let share = || {
+        m.hint(
+            ns,
+            Hint::Share {
+                target: HintTarget::Prefix(hs.clone()),
+            },
+        )
+        .unwrap()
+    };
+    assert_eq!(share(), HintOutcome::Accepted { pages: 4 });
+    m.quiesce(Duration::from_secs(30));
+    let in_pool = |h: &PageHash| {
+        m.page_status(ns, h)
+            .unwrap()
+            .is_some_and(|s| s.tiers[TierKind::Pool.index()].complete)
+    };
+    assert!(hs.iter().all(in_pool), "every shared page is pool-complete");
+    // Another client sees every object under the manager's HiCache keys, at its full size.
+    let keys = pool_key_scheme(&m.config().pool_key_tag, &name);
+    let items: Vec<_> = keys
+        .page_keys(&l, &hs[0])
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| (k, dir.path().join(format!("obj{i}")), l.object_bytes(i) as usize))
+        .collect();
+    hicache_client("get", &items);
+
+    env_script("stop");
+    assert!(eventually(Duration::from_secs(10), || pool.health() != PoolHealth::Ok));
+    assert!(matches!(
+        share(),
+        HintOutcome::Deferred {
+            reason: Reason::PoolDegraded,
+            ..
+        }
+    ));
+    env_script("start");
+    assert!(eventually(Duration::from_secs(30), || pool.health() == PoolHealth::Ok));
+}

@@ -45,7 +45,7 @@ pub struct PoolBenchArgs {
     #[arg(long, default_value_t = 64 << 20)]
     pub batch_bytes: usize,
     /// Rounds per size; figures are medians.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 7)]
     pub rounds: usize,
     /// Mooncake master `host:port`.
     #[arg(long, env = "KVTIER_MOONCAKE_MASTER", default_value = "127.0.0.1:50051")]

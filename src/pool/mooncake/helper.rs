@@ -262,7 +262,10 @@ fn spawn(l: &Launch, n: u64) -> std::io::Result<(Child, Arc<Conn>)> {
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock)?;
     listener.set_nonblocking(true)?;
-    let log = std::fs::File::create(l.run_dir.join("helper.log"))?;
+    // Keep the previous helper's log: it says why that one died.
+    let log_path = l.run_dir.join("helper.log");
+    let _ = std::fs::rename(&log_path, l.run_dir.join("helper.log.1"));
+    let log = std::fs::File::create(&log_path)?;
     let mut cmd = Command::new(&l.python);
     cmd.arg(&l.script)
         .arg("--socket")
