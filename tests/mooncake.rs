@@ -301,6 +301,39 @@ fn master_restart_degrades_then_recovers_without_corruption() {
 }
 
 #[test]
+fn master_down_at_start_is_degraded_until_it_comes() {
+    let _g = SERIAL.lock();
+    let Some(cfg) = config() else { return };
+    env_script("stop");
+    let pool = MooncakePool::start(cfg, None).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(matches!(pool.health(), PoolHealth::Degraded { .. }));
+    let t = Instant::now();
+    let data = pattern(450, 4096);
+    assert!(matches!(
+        pool.batch_put_from(&[("down-at-start", &data[..])])[0],
+        Err(PoolError::Unavailable(_))
+    ));
+    assert!(matches!(
+        pool.remove("down-at-start", true),
+        Err(PoolError::Unavailable(_))
+    ));
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "calls must fail fast while degraded"
+    );
+    env_script("start");
+    healthy(&pool);
+    let key = format!("{}late", scheme("late").prefix);
+    assert!(
+        eventually(Duration::from_secs(15), || pool.batch_put_from(&[(&key, &data[..])])[0]
+            .is_ok()),
+        "no successful put once the master came"
+    );
+    assert_eq!(pool.batch_exists(&[&key]), vec![Ok(true)]);
+}
+
+#[test]
 fn killed_helper_is_restarted_and_the_pool_comes_back() {
     let _g = SERIAL.lock();
     let Some(cfg) = config() else { return };
