@@ -15,6 +15,7 @@
 //! (HiCache's scheme); objects hold HiCache's page-first bytes. Error codes map to
 //! [`PoolError`](super::PoolError) in [`codes`].
 
+mod batch;
 #[cfg(feature = "mooncake-c")]
 pub mod cabi;
 pub mod codes;
