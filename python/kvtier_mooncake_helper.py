@@ -271,7 +271,10 @@ def main():
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(args.socket)
     log(f"serving {len(regions)} regions for master {args.master}")
-    serve(conn, state, regions)
+    try:
+        serve(conn, state, regions)
+    except OSError as e:
+        log(f"control socket failed: {e}")
     log("control socket closed; exiting")
     # Unmount our segment so the master stops placing objects in it, but never hang on a
     # dead master; the store's threads would keep the process alive, so leave with _exit.

@@ -217,6 +217,8 @@ fn supervise(sh: &Shared) {
                         st.health = PoolHealth::Degraded { reason };
                     }
                 }
+                // Busy with a long transfer, not hung: it answered something recently.
+                Err(WireError::Timeout(t)) if conn.since_last_reply() < t * 2 => last_answer = Instant::now(),
                 Err(WireError::Timeout(_)) if last_answer.elapsed() > HUNG_AFTER => sh.kill("not answering"),
                 Err(e) => sh.degrade(format!("Mooncake helper not answering: {e}")),
             }
@@ -275,6 +277,11 @@ fn spawn(l: &Launch, n: u64) -> std::io::Result<(Child, Arc<Conn>)> {
         .args(["--device", &l.cfg.device])
         .args(["--segment-bytes", &l.cfg.segment_bytes.to_string()])
         .args(["--local-buffer-bytes", &l.cfg.local_buffer_bytes.to_string()])
+        // Mooncake's INFO lines would grow the log without bound in a long-running daemon.
+        .env(
+            "GLOG_minloglevel",
+            std::env::var("GLOG_minloglevel").unwrap_or_else(|_| "1".into()),
+        )
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);

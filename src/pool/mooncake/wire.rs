@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 use parking_lot::Mutex;
@@ -122,6 +122,9 @@ pub struct Conn {
     pending: Pending,
     next_id: AtomicU64,
     open: Arc<AtomicBool>,
+    born: Instant,
+    /// Milliseconds after `born` of the last reply of any kind.
+    last_reply: Arc<AtomicU64>,
 }
 
 impl Conn {
@@ -131,16 +134,27 @@ impl Conn {
         stream.set_write_timeout(Some(Duration::from_secs(5)))?;
         let pending: Pending = Arc::default();
         let open = Arc::new(AtomicBool::new(true));
-        let (p, o) = (pending.clone(), open.clone());
+        let born = Instant::now();
+        let last_reply = Arc::new(AtomicU64::new(0));
+        let (p, o, l) = (pending.clone(), open.clone(), last_reply.clone());
         std::thread::Builder::new()
             .name("kvtier-mooncake-reader".into())
-            .spawn(move || read_loop(reader, p, o))?;
+            .spawn(move || read_loop(reader, p, o, l, born))?;
         Ok(Arc::new(Self {
             writer: Mutex::new(stream),
             pending,
             next_id: AtomicU64::new(1),
             open,
+            born,
+            last_reply,
         }))
+    }
+
+    /// How long ago the helper last answered anything: a helper busy with a long transfer
+    /// answers a probe late but is not hung.
+    pub fn since_last_reply(&self) -> Duration {
+        let at = Duration::from_millis(self.last_reply.load(Ordering::Relaxed));
+        self.born.elapsed().saturating_sub(at)
     }
 
     pub fn is_open(&self) -> bool {
@@ -197,7 +211,7 @@ impl Drop for Conn {
     }
 }
 
-fn read_loop(mut s: UnixStream, pending: Pending, open: Arc<AtomicBool>) {
+fn read_loop(mut s: UnixStream, pending: Pending, open: Arc<AtomicBool>, last: Arc<AtomicU64>, born: Instant) {
     let mut head = [0u8; 13];
     loop {
         if s.read_exact(&mut head).is_err() {
@@ -218,6 +232,7 @@ fn read_loop(mut s: UnixStream, pending: Pending, open: Arc<AtomicBool>) {
             1 => Reply::Unavailable(String::from_utf8_lossy(&body).into_owned()),
             _ => Reply::Bad(String::from_utf8_lossy(&body).into_owned()),
         };
+        last.store(born.elapsed().as_millis() as u64, Ordering::Relaxed);
         // A caller that timed out has removed its entry; its late reply is dropped here.
         if let Some(tx) = pending.lock().remove(&id) {
             let _ = tx.try_send(reply);
