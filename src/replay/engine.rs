@@ -94,6 +94,19 @@ impl Default for CostModel {
 }
 
 impl CostModel {
+    /// Speeds and bandwidths must be positive and finite, decode time finite and not negative.
+    pub fn validate(&self) -> Result<(), ReplayError> {
+        let positive = [self.prefill_tokens_per_s, self.host_device_gbps, self.pool_host_gbps];
+        if positive.iter().all(|v| v.is_finite() && *v > 0.0)
+            && self.decode_ms_per_token.is_finite()
+            && self.decode_ms_per_token >= 0.0
+        {
+            Ok(())
+        } else {
+            Err(ReplayError::Config(format!("invalid cost model {self:?}")))
+        }
+    }
+
     /// Latency of one request, ms: recompute, copies on the critical path, decode.
     pub fn latency_ms(&self, recomputed_tokens: u64, host_bytes: u64, pool_bytes: u64, output_tokens: u64) -> f64 {
         let prefill = recomputed_tokens as f64 / self.prefill_tokens_per_s.max(1e-9) * 1e3;

@@ -139,10 +139,8 @@ impl<'a> Sim<'a> {
 
     fn arrive(&mut self, i: usize) -> Result<(), ReplayError> {
         let r = &self.w.requests[i];
-        if self.aware() {
-            for (idx, _) in self.table.expire_idle() {
-                self.on_end(idx);
-            }
+        for (idx, _) in self.table.expire_idle() {
+            self.on_end(idx);
         }
         let idx = self.session_index(r.session)?;
         self.table.set_activity(idx, Activity::Reasoning)?;
@@ -166,6 +164,10 @@ impl<'a> Sim<'a> {
                     self.dir.set_page(id, TierKind::Host, false);
                 }
             } else if k >= hit.total() {
+                // Recomputed: a stray colder copy behind the missing prefix is redundant now.
+                if self.aware() {
+                    self.dir.set_page(id, TierKind::Host, false);
+                }
                 self.store_new(id);
             }
             ids.push(id);
@@ -200,7 +202,7 @@ impl<'a> Sim<'a> {
             hit.pool as u64 * page_bytes,
             r.output_tokens,
         );
-        let end = r.arrival_ms + latency.ceil() as u64;
+        let end = r.arrival_ms.saturating_add(latency.ceil() as u64);
         self.out.requests[i] = RequestOutcome {
             hit_pages: [hit.device, hit.host, hit.pool],
             latency_ms: latency,
@@ -250,14 +252,10 @@ impl<'a> Sim<'a> {
             self.table.end(idx)?;
             self.on_end(idx);
         } else if let Some(t) = r.tool_end_ms {
-            let at = t.saturating_sub(self.cfg.tool_end_lead_ms).max(self.clock_now());
+            let at = t.saturating_sub(self.cfg.tool_end_lead_ms).max(self.table.now_ms());
             self.events.push(Reverse((at, Event::ToolEnd(s))));
         }
         self.control()
-    }
-
-    fn clock_now(&self) -> u64 {
-        self.table.now_ms()
     }
 
     fn tool_end(&mut self, s: usize) -> Result<(), ReplayError> {
@@ -342,15 +340,18 @@ impl<'a> Sim<'a> {
         self.evict(TierKind::Host);
     }
 
-    /// An ended session: pages no live session holds and at most two sessions ever used
-    /// (its own, or a parent's and a child's) go first from now on. Prefixes that many
-    /// sessions used (system prompts) keep their priority.
+    /// An ended session: of its latest chain, the pages no live session holds go first from
+    /// now on when only this session ever used them, and lose their shared priority (plain
+    /// LRU from now on) when others did. Pages a live session holds keep theirs.
     fn on_end(&mut self, idx: u32) {
-        self.lineage.remove(idx);
         let Some(s) = self.idx.iter().position(|&x| x == idx) else {
             return;
         };
         self.idx[s] = 0;
+        if !self.aware() {
+            return;
+        }
+        self.lineage.remove(idx);
         let Some(i) = self.last_req[s] else { return };
         let blocks = &self.w.requests[i].blocks;
         let stats = self.lineage.stats(blocks);
