@@ -3,7 +3,7 @@
 //!
 //! Nothing is copied: a page moving between tiers is a directory change, and the bytes it
 //! would move are counted as pages times the layout's page bytes. Time is simulated
-//! ([`SimClock`]): requests arrive at their trace times (open loop) and finish after the
+//! ([`SimClock`](crate::clock::SimClock)): requests arrive at their trace times (open loop) and finish after the
 //! cost model's latency. Each tier evicts when it is over capacity, down to capacity minus
 //! a 1/256 slack, the same way for every policy.
 //!

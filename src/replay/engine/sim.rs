@@ -238,6 +238,18 @@ impl<'a> Sim<'a> {
             return Ok(());
         }
         self.table.record_tokens(idx, r.input_tokens, r.output_tokens)?;
+        // The session's working set per tier: where its latest chain's pages are now.
+        let mut ws = [0u64; 3];
+        for hash in &r.blocks {
+            if let Some(id) = self.dir.find(self.ns, hash) {
+                for t in TierKind::ALL.into_iter().filter(|&t| self.dir.is_complete(id, t)) {
+                    ws[t.index()] += u64::from(self.w.block_tokens);
+                }
+            }
+        }
+        for t in TierKind::ALL {
+            self.table.set_working_set(idx, t, ws[t.index()].min(r.input_tokens))?;
+        }
         let paused_now = self.table.set_activity(idx, Activity::Acting)?;
         if !self.aware() {
             if self.remaining[s] == 0 {
