@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 pub use config::{ManagerConfig, PoolConfig, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, PageObjects, StoreGrant, StorePage, StoreStatus};
 pub use state::Advice;
-pub use stats::{Stats, StatsSnapshot};
+pub use stats::{COPY_BUCKETS_S, CopyLatency, Stats, StatsSnapshot, TierStats};
 
 use crate::clock::Clock;
 use crate::directory::{Directory, DirectoryError, PrefixHit};
