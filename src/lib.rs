@@ -5,7 +5,9 @@
 //! device memory, a shared-memory host arena and a shared pool, executes KV hints and
 //! evicts by watermark. The daemon, protocol, client and FFI are thin layers above it.
 
+pub mod admin;
 pub mod bench;
+pub mod cli;
 pub mod clock;
 pub mod directory;
 pub mod events;
@@ -15,6 +17,8 @@ pub mod manager;
 pub mod page;
 pub mod policy;
 pub mod pool;
+pub mod publish;
+pub mod shutdown;
 pub mod tier;
 pub mod transfer;
 
