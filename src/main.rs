@@ -19,6 +19,8 @@ enum Command {
     /// Measure kvtier against a physical reference taken in the same run.
     #[command(subcommand)]
     Bench(Bench),
+    #[command(flatten)]
+    Admin(kvtier::cli::AdminCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -27,6 +29,8 @@ enum Bench {
     Transfer(kvtier::bench::transfer::TransferArgs),
     /// Prefix-lookup throughput and directory bytes per page.
     Index(kvtier::bench::index::IndexArgs),
+    /// Page events per second delivered to and decoded by a live vLLM-format subscriber.
+    Events(kvtier::bench::events::EventsBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,8 +41,18 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    // Usage errors exit 64, so that 2 and 3 keep their admin meanings (unreachable, refused).
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            std::process::exit(if e.use_stderr() { kvtier::cli::EXIT_USAGE } else { 0 });
+        }
+    };
+    match cli.command {
         Command::Bench(Bench::Transfer(a)) => kvtier::bench::transfer::run(a),
         Command::Bench(Bench::Index(a)) => kvtier::bench::index::run(a),
+        Command::Bench(Bench::Events(a)) => kvtier::bench::events::run(a),
+        Command::Admin(cmd) => std::process::exit(kvtier::cli::run(cmd)?),
     }
 }
