@@ -116,26 +116,17 @@ fn subscribe(
     Ok(r)
 }
 
-/// Decodes a positional or named batch fully and returns its event count.
+/// Decodes a batch fully (every field of every event, with kvtier's own consumer-side
+/// decoder) and returns its event count.
 fn decode_batch(payload: &[u8]) -> anyhow::Result<u64> {
-    let v = rmpv::decode::read_value(&mut &payload[..])?;
-    let events = match &v {
-        rmpv::Value::Array(a) if a.len() == 3 => &a[1],
-        rmpv::Value::Map(m) if m.len() == 3 => &m[1].1,
-        _ => bail!("not an event batch"),
-    };
-    let events = events.as_array().context("events is not an array")?;
-    for e in events {
-        let tag = match e {
-            rmpv::Value::Array(a) => a.first().and_then(|t| t.as_str()),
-            rmpv::Value::Map(m) => m.first().and_then(|(_, t)| t.as_str()),
-            _ => None,
-        };
-        if !matches!(tag, Some("BlockStored" | "BlockRemoved" | "AllBlocksCleared")) {
-            bail!("an event without a known tag");
-        }
+    let b = vllm::decode_batch(payload)?;
+    if b.events
+        .iter()
+        .any(|e| e.kind != PageEventKind::Cleared && (e.hashes.len() != 1 || e.medium.is_none()))
+    {
+        bail!("an event without its hash or medium");
     }
-    Ok(events.len() as u64)
+    Ok(b.events.len() as u64)
 }
 
 /// Runs the measurement.
@@ -180,7 +171,8 @@ pub fn measure(args: &EventsBenchArgs) -> anyhow::Result<EventsReport> {
             if Instant::now() > deadline {
                 bail!("the publisher stopped consuming events");
             }
-            std::thread::yield_now();
+            // Sleep rather than spin: the publisher and subscriber need the cores.
+            std::thread::sleep(Duration::from_micros(200));
         }
         chunk.clear();
         for _ in 0..4096u64.min(first + want - seq) {
