@@ -485,3 +485,27 @@ fn put_objects_writes_whole_pages_and_reads_back() {
     assert_eq!(buf, v);
     assert!(!f.m.read_host_object(f.ns, &PageHash::from_u64(6), 1, &mut buf).unwrap());
 }
+
+#[test]
+fn copies_are_timed_per_tier_pair() {
+    let f = fixture(1, 32, Some(32));
+    let hs = hashes(0..4);
+    f.store_all(&hs, &[0, 1, 2, 3]);
+    let demote = Hint::Demote {
+        target: HintTarget::Pages(hs.clone()),
+        to: TierKind::Pool,
+    };
+    assert_eq!(f.m.hint(f.ns, demote).unwrap(), HintOutcome::Accepted { pages: 4 });
+    let s = f.m.stats();
+    let count = |from, to| {
+        let c = s.copy_latency.iter().find(|c| c.from == from && c.to == to).unwrap();
+        assert_eq!(c.buckets.iter().sum::<u64>(), c.count);
+        assert_eq!(c.buckets.len(), COPY_BUCKETS_S.len() + 1);
+        c.count
+    };
+    // One timed copy per page stored from device, one per batch written to the pool.
+    assert_eq!(count(TierKind::Device, TierKind::Host), 4);
+    assert_eq!(count(TierKind::Host, TierKind::Pool), 1);
+    assert_eq!(count(TierKind::Pool, TierKind::Host), 0);
+    assert_eq!(s.copy_latency.len(), 6);
+}
