@@ -35,9 +35,9 @@ impl EngineView for Engines {
         vec![SessionInfo {
             session_id: "s1".into(),
             parent_session_id: None,
-            phase: "acting".into(),
-            paused: false,
-            pages: 3,
+            phase: Some("acting".into()),
+            idle: true,
+            pages: Some(3),
         }]
     }
 }
@@ -129,6 +129,10 @@ fn endpoints_limits_metrics_and_cli() {
         0o700
     );
 
+    let kv = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_kvtier")).args(args).output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned())
+    };
     let (code, st) = get(&sock, "/v1/status");
     assert_eq!(code, 200);
     assert_eq!(st["version"], env!("CARGO_PKG_VERSION"));
@@ -141,6 +145,12 @@ fn endpoints_limits_metrics_and_cli() {
     let (_, tiers) = get(&sock, "/v1/tiers");
     assert_eq!(tiers["tiers"].as_array().unwrap().len(), 3);
     assert_eq!(get(&sock, "/v1/sessions").1["sessions"][0]["session_id"], "s1");
+    let (code, out) = kv(&["sessions", "--socket", sock.to_str().unwrap()]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        out.lines().nth(1).map(|l| l.split_whitespace().collect::<Vec<_>>()),
+        Some(vec!["s1", "-", "acting", "true", "3"])
+    );
 
     let (code, p) = get(&sock, &format!("/v1/pages?hash={}", hs[3]));
     assert_eq!(code, 200);
@@ -260,10 +270,6 @@ fn endpoints_limits_metrics_and_cli() {
     assert_eq!(parsed["families"]["kvtier_evictions"], "counter");
 
     // The CLI: tables, JSON, and exit codes.
-    let kv = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_kvtier")).args(args).output().unwrap();
-        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned())
-    };
     let s = sock.to_str().unwrap();
     let (code, out) = kv(&["status", "--socket", s]);
     assert_eq!(code, Some(0));
@@ -290,6 +296,21 @@ fn endpoints_limits_metrics_and_cli() {
     let gone = dir.path().join("nothing.sock");
     assert_eq!(kv(&["status", "--socket", gone.to_str().unwrap()]).0, Some(2));
     assert_eq!(kv(&["status", "--bogus"]).0, Some(64));
+
+    // Without the daemon's view of sessions, the manager's own are listed.
+    let idle = m.session_index("agent-7");
+    m.set_session_idle(idle, true);
+    m.session_index("agent-2");
+    let plain_cfg = AdminConfig::at(dir.path().join("run/plain.sock"));
+    let plain = admin::spawn(plain_cfg, m.clone(), Arc::new(admin::NoEngines), Shutdown::new()).unwrap();
+    let none = json!(null);
+    let want = json!({"sessions": [
+        {"session_id": "agent-2", "parent_session_id": none, "phase": none, "idle": false, "pages": none},
+        {"session_id": "agent-7", "parent_session_id": none, "phase": none, "idle": true, "pages": none},
+    ]});
+    assert_eq!(get(&plain.socket(), "/v1/sessions"), (200, want));
+    assert_eq!(get(&plain.socket(), "/v1/status").1["engines"], json!([]));
+    plain.stop();
 
     server.stop();
     assert!(!sock.exists());

@@ -124,19 +124,21 @@ pub struct EngineInfo {
     pub connected_ms: u64,
 }
 
-/// One session, as the daemon knows it.
+/// One session, as the daemon (or, failing that, the manager) knows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SessionInfo {
     pub session_id: String,
     pub parent_session_id: Option<String>,
-    /// `reasoning` or `acting`.
-    pub phase: String,
-    pub paused: bool,
-    pub pages: u64,
+    /// `reasoning` or `acting`, when the daemon knows.
+    pub phase: Option<String>,
+    /// Paused or waiting on a tool: its pages are evicted first.
+    pub idle: bool,
+    pub pages: Option<u64>,
 }
 
 /// What the admin server may ask the daemon beyond the manager: who is connected, and
-/// which sessions it tracks. The default methods report nothing.
+/// which sessions it tracks. The default methods report nothing (for sessions, the admin
+/// server then lists the manager's own).
 pub trait EngineView: Send + Sync {
     fn engines(&self) -> Vec<EngineInfo> {
         Vec::new()

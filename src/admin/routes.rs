@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::SessionInfo;
 use super::http::{self, Chunked, Request};
 use super::metrics;
 use super::server::Ctx;
@@ -37,7 +38,7 @@ pub(crate) fn handle(ctx: &Ctx, req: &Request, s: &mut UnixStream) -> std::io::R
     let r = match (req.method.as_str(), req.path.trim_end_matches('/')) {
         ("GET", "/v1/status") => Ok(status(ctx)),
         ("GET", "/v1/tiers") => Ok(json!({ "tiers": ctx.manager.stats().tiers })),
-        ("GET", "/v1/sessions") => Ok(json!({ "sessions": ctx.engines.sessions() })),
+        ("GET", "/v1/sessions") => Ok(json!({ "sessions": sessions(ctx) })),
         ("GET", "/v1/pages") => pages(ctx, req),
         ("POST", "/v1/hints") => hint(ctx, req),
         ("GET", "/v1/config") => Ok(json!(ctx.manager.tunables())),
@@ -111,6 +112,25 @@ fn status(ctx: &Ctx) -> Value {
         "event_seq": stats.event_seq,
         "engines": ctx.engines.engines(),
     })
+}
+
+/// The daemon's sessions, or the manager's when the daemon reports none.
+fn sessions(ctx: &Ctx) -> Vec<SessionInfo> {
+    let from_daemon = ctx.engines.sessions();
+    if !from_daemon.is_empty() {
+        return from_daemon;
+    }
+    ctx.manager
+        .sessions()
+        .into_iter()
+        .map(|(session_id, idle)| SessionInfo {
+            session_id,
+            parent_session_id: None,
+            phase: None,
+            idle,
+            pages: None,
+        })
+        .collect()
 }
 
 fn namespace(req: &Request) -> Result<NamespaceId, ApiError> {

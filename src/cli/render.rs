@@ -115,13 +115,13 @@ pub fn sessions(v: &Value) -> String {
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|x| {
-            ["session_id", "parent_session_id", "phase", "paused", "pages"]
+            ["session_id", "parent_session_id", "phase", "idle", "pages"]
                 .iter()
                 .map(|k| s(&x[*k]))
                 .collect()
         })
         .collect();
-    table(&["SESSION", "PARENT", "PHASE", "PAUSED", "PAGES"], &rows)
+    table(&["SESSION", "PARENT", "PHASE", "IDLE", "PAGES"], &rows)
 }
 
 pub fn pages(v: &Value) -> String {

@@ -296,6 +296,18 @@ impl Manager {
         *st.sessions.entry(id.to_owned()).or_insert(next)
     }
 
+    /// Sessions the manager has interned, sorted by id, each with whether it is idle.
+    pub fn sessions(&self) -> Vec<(String, bool)> {
+        let st = self.inner.state.lock();
+        let mut out: Vec<(String, bool)> = st
+            .sessions
+            .iter()
+            .map(|(id, idx)| (id.clone(), st.idle_sessions.contains(idx)))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Marks a session idle (paused, or acting: waiting on a tool) or busy. Idle
     /// sessions' pages are evicted before others.
     pub fn set_session_idle(&self, session: u32, idle: bool) {
