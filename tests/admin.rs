@@ -319,6 +319,12 @@ fn endpoints_limits_metrics_and_cli() {
 #[test]
 fn a_peer_not_on_the_allowlist_is_refused() {
     const NOBODY: u32 = 65534;
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    assert_eq!(
+        me, 0,
+        "this test runs curl as uid {NOBODY}, which needs root (the CI runs tests as root)"
+    );
     let dir = tempfile::tempdir().unwrap();
     // The socket is reachable by everyone at the file level (only in this test), so the
     // peer credential check is what stands between user `nobody` and the daemon.
