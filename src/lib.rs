@@ -5,7 +5,9 @@
 //! device memory, a shared-memory host arena and a shared pool, executes KV hints and
 //! evicts by watermark. The daemon, protocol, client and FFI are thin layers above it.
 
+pub mod admin;
 pub mod bench;
+pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod daemon;
@@ -18,9 +20,11 @@ pub mod page;
 pub mod policy;
 pub mod pool;
 pub mod protocol;
+pub mod publish;
 pub mod replay;
 pub mod router_hint;
 pub mod session;
+pub mod shutdown;
 pub mod tier;
 pub mod transfer;
 

@@ -23,6 +23,8 @@ enum Command {
     /// Measure kvtier against a physical reference taken in the same run.
     #[command(subcommand)]
     Bench(Bench),
+    #[command(flatten)]
+    Admin(kvtier::cli::AdminCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -37,10 +39,12 @@ enum Bench {
     Control(kvtier::bench::control::ControlArgs),
     /// Put and get throughput of the shared pool against the backend's raw client.
     Pool(kvtier::bench::pool::PoolBenchArgs),
+    /// Page events per second delivered to and decoded by a live vLLM-format subscriber.
+    Events(kvtier::bench::events::EventsBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
-    // `serve` logs at info by default; the measuring commands only warn.
+    // `serve` logs at info by default; the other commands only warn.
     let default = match std::env::args().nth(1).as_deref() {
         Some("serve") => "info",
         _ => "warn",
@@ -52,7 +56,15 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    // Usage errors exit 64, so that 2 and 3 keep their admin meanings (unreachable, refused).
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            std::process::exit(if e.use_stderr() { kvtier::cli::EXIT_USAGE } else { 0 });
+        }
+    };
+    match cli.command {
         Command::Serve(a) => kvtier::daemon::cli::run(a),
         Command::Replay(a) => kvtier::replay::cli::run(*a),
         Command::Bench(Bench::Transfer(a)) => kvtier::bench::transfer::run(a),
@@ -60,5 +72,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Arena(a)) => kvtier::bench::arena::run(a),
         Command::Bench(Bench::Control(a)) => kvtier::bench::control::run(a),
         Command::Bench(Bench::Pool(a)) => kvtier::bench::pool::run(a),
+        Command::Bench(Bench::Events(a)) => kvtier::bench::events::run(a),
+        Command::Admin(cmd) => std::process::exit(kvtier::cli::run(cmd)?),
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod arena;
 pub mod control;
+pub mod events;
 pub mod index;
 pub mod pool;
 pub mod transfer;

@@ -297,6 +297,11 @@ impl Directory {
         (0..n).filter(|&i| !self.has_object(id, tier, i)).collect()
     }
 
+    /// Pages with at least one object being written into `tier`.
+    pub fn inflight_pages(&self, tier: TierKind) -> usize {
+        self.inflight.keys().filter(|&&(_, t)| t == tier as u8).count()
+    }
+
     /// Objects of the page that are being written into `tier`.
     pub fn inflight_objects(&self, id: PageId, tier: TierKind) -> Vec<usize> {
         self.inflight

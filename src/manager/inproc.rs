@@ -8,6 +8,7 @@ use super::engine::{LoadWait, OpResult, StoreStatus};
 use super::{Manager, ManagerError};
 use crate::layout::Layout;
 use crate::page::{NamespaceId, PageHash};
+use crate::tier::TierKind;
 use crate::tier::device::{DeviceRegion, ObjectCopy};
 use crate::tier::host::{HostArena, SlotId};
 use crate::transfer::Ticket;
@@ -52,7 +53,9 @@ impl Manager {
                     failed += usize::from(page.status == StoreStatus::NoSpace);
                     continue;
                 }
+                let t = std::time::Instant::now();
                 written[i] = copy_page(&layout, &*device, &arena, slots[i], &page.objects, true).is_ok();
+                m.inner.stats.copied(TierKind::Device, TierKind::Host, t.elapsed());
                 failed += usize::from(!written[i]);
             }
             let result = match m.commit_store(grant.id, &written) {
@@ -114,9 +117,11 @@ impl Manager {
             let mut loaded = 0;
             for (i, page) in grant.pages.iter().enumerate() {
                 let objs: Vec<(usize, SlotId)> = page.objects.iter().map(|&(o, s, _)| (o, s)).collect();
+                let t = std::time::Instant::now();
                 if copy_page(&layout, &*device, &arena, slots[i], &objs, false).is_err() {
                     break;
                 }
+                m.inner.stats.copied(TierKind::Host, TierKind::Device, t.elapsed());
                 loaded += 1;
             }
             let result = match m.finish_load(grant.id, loaded) {

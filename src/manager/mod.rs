@@ -29,7 +29,7 @@ pub use config::{ManagerConfig, PoolConfig, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
 pub use state::Advice;
-pub use stats::{Stats, StatsSnapshot};
+pub use stats::{COPY_BUCKETS_S, CopyLatency, Stats, StatsSnapshot, TierStats};
 
 use crate::clock::Clock;
 use crate::directory::{Directory, DirectoryError, PrefixHit};
@@ -306,6 +306,18 @@ impl Manager {
         let mut st = self.inner.state.lock();
         let next = st.sessions.len() as u32 + 1;
         *st.sessions.entry(id.to_owned()).or_insert(next)
+    }
+
+    /// Sessions the manager has interned, sorted by id, each with whether it is idle.
+    pub fn sessions(&self) -> Vec<(String, bool)> {
+        let st = self.inner.state.lock();
+        let mut out: Vec<(String, bool)> = st
+            .sessions
+            .iter()
+            .map(|(id, idx)| (id.clone(), st.idle_sessions.contains(idx)))
+            .collect();
+        out.sort();
+        out
     }
 
     /// Marks a session idle (paused, or acting: waiting on a tool) or busy. Idle

@@ -1,7 +1,9 @@
 //! Counters the manager keeps for operators: hits and misses by tier, bytes moved per
-//! tier pair, hint outcomes by kind, evictions. Lock-free; read as a [`StatsSnapshot`].
+//! tier pair, hint outcomes by kind, evictions, copy latency per tier pair. Lock-free;
+//! read as a [`StatsSnapshot`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -21,6 +23,33 @@ pub struct Stats {
     moved: [[AtomicU64; 3]; 3],
     hints: [[AtomicU64; 4]; 5],
     evictions: [AtomicU64; 3],
+    copies: [[Histogram; 3]; 3],
+}
+
+/// Upper bounds (seconds) of the copy latency histogram's buckets; a last `+Inf` bucket
+/// is implied.
+pub const COPY_BUCKETS_S: [f64; 12] = [
+    0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
+];
+
+/// A fixed-bucket latency histogram (non-cumulative counts; the last is `+Inf`).
+#[derive(Debug, Default)]
+struct Histogram {
+    buckets: [AtomicU64; COPY_BUCKETS_S.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    fn record(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = COPY_BUCKETS_S
+            .iter()
+            .position(|&b| s <= b)
+            .unwrap_or(COPY_BUCKETS_S.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_ns
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
 }
 
 impl Stats {
@@ -37,6 +66,11 @@ impl Stats {
         if bytes > 0 {
             self.moved[from.index()][to.index()].fetch_add(bytes, Relaxed);
         }
+    }
+
+    /// One copy between tiers (a page, or a batch of objects) took `d`.
+    pub(crate) fn copied(&self, from: TierKind, to: TierKind, d: Duration) {
+        self.copies[from.index()][to.index()].record(d);
     }
 
     pub(crate) fn hint(&self, kind: HintKind, outcome: &HintOutcome) {
@@ -60,6 +94,22 @@ impl Stats {
                 let b = self.moved[from.index()][to.index()].load(Relaxed);
                 if from != to {
                     moved.push(MovedBytes { from, to, bytes: b });
+                }
+            }
+        }
+        let mut copy_latency = Vec::new();
+        for from in TierKind::ALL {
+            for to in TierKind::ALL {
+                let h = &self.copies[from.index()][to.index()];
+                if from != to {
+                    let buckets: Vec<u64> = h.buckets.iter().map(|b| b.load(Relaxed)).collect();
+                    copy_latency.push(CopyLatency {
+                        from,
+                        to,
+                        count: buckets.iter().sum(),
+                        sum_s: h.sum_ns.load(Relaxed) as f64 / 1e9,
+                        buckets,
+                    });
                 }
             }
         }
@@ -98,6 +148,7 @@ impl Stats {
                     used,
                     complete_pages: st.dir.complete_count(t) as u64,
                     pinned_pages: st.pins_in(t) as u64,
+                    inflight_pages: st.dir.inflight_pages(t) as u64,
                     evictions: self.evictions[t.index()].load(Relaxed),
                 }
             })
@@ -108,6 +159,7 @@ impl Stats {
             hit_pages: TierKind::ALL.map(|t| self.hit_pages[t.index()].load(Relaxed)),
             miss_pages: self.miss_pages.load(Relaxed),
             moved,
+            copy_latency,
             hints,
             tiers,
             pages: st.dir.len() as u64,
@@ -142,7 +194,20 @@ pub struct TierStats {
     pub used: u64,
     pub complete_pages: u64,
     pub pinned_pages: u64,
+    /// Pages with objects being written into the tier.
+    pub inflight_pages: u64,
     pub evictions: u64,
+}
+
+/// Copy latency between two tiers: counts per bucket of [`COPY_BUCKETS_S`] (not
+/// cumulative; one more for `+Inf`), their total and the sum of latencies.
+#[derive(Clone, Debug, Serialize)]
+pub struct CopyLatency {
+    pub from: TierKind,
+    pub to: TierKind,
+    pub buckets: Vec<u64>,
+    pub count: u64,
+    pub sum_s: f64,
 }
 
 /// A point-in-time view of the manager's counters and tiers.
@@ -154,6 +219,8 @@ pub struct StatsSnapshot {
     pub hit_pages: [u64; 3],
     pub miss_pages: u64,
     pub moved: Vec<MovedBytes>,
+    /// Copy latency per tier pair (from ≠ to).
+    pub copy_latency: Vec<CopyLatency>,
     pub hints: Vec<HintCount>,
     pub tiers: Vec<TierStats>,
     pub pages: u64,

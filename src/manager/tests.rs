@@ -582,3 +582,27 @@ fn a_full_transfer_queue_defers_a_hint_and_tick_applies_it_later() {
     let st = m.page_status(ns, &hs[1]).unwrap().unwrap();
     assert!(st.tiers[TierKind::Pool.index()].complete, "the deferred share ran");
 }
+
+#[test]
+fn copies_are_timed_per_tier_pair() {
+    let f = fixture(1, 32, Some(32));
+    let hs = hashes(0..4);
+    f.store_all(&hs, &[0, 1, 2, 3]);
+    let demote = Hint::Demote {
+        target: HintTarget::Pages(hs.clone()),
+        to: TierKind::Pool,
+    };
+    assert_eq!(f.m.hint(f.ns, demote).unwrap(), HintOutcome::Accepted { pages: 4 });
+    let s = f.m.stats();
+    let count = |from, to| {
+        let c = s.copy_latency.iter().find(|c| c.from == from && c.to == to).unwrap();
+        assert_eq!(c.buckets.iter().sum::<u64>(), c.count);
+        assert_eq!(c.buckets.len(), COPY_BUCKETS_S.len() + 1);
+        c.count
+    };
+    // One timed copy per page stored from device, one per batch written to the pool.
+    assert_eq!(count(TierKind::Device, TierKind::Host), 4);
+    assert_eq!(count(TierKind::Host, TierKind::Pool), 1);
+    assert_eq!(count(TierKind::Pool, TierKind::Host), 0);
+    assert_eq!(s.copy_latency.len(), 6);
+}

@@ -142,9 +142,11 @@ impl Manager {
                     at.push(i);
                 }
             }
+            let t = std::time::Instant::now();
             for (r, i) in pool.batch_put_from(&items).into_iter().zip(at) {
                 results[i] = r;
             }
+            self.inner.stats.copied(TierKind::Host, TierKind::Pool, t.elapsed());
         }
         // Settle.
         let mut st = self.inner.state.lock();
@@ -270,9 +272,11 @@ impl Manager {
                         at.push(i);
                     }
                 }
+                let t = std::time::Instant::now();
                 for (r, i) in pool.batch_get_into(&mut items).into_iter().zip(at) {
                     results[i] = r;
                 }
+                self.inner.stats.copied(TierKind::Pool, TierKind::Host, t.elapsed());
             }
             let mut st = self.inner.state.lock();
             let count = st.dir.layout(ns).map_or(0, |l| l.object_count());

@@ -1,0 +1,214 @@
+//! `/metrics`: the manager's counters in the Prometheus text exposition format (0.0.4).
+//!
+//! Families: tier capacity/usage (bytes for host and pool, pages for device), complete,
+//! pinned and in-flight pages, hit and miss pages, bytes moved and copy latency per tier
+//! pair, hint outcomes by kind, evictions, the event sequence, uptime and engines.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use crate::manager::{COPY_BUCKETS_S, StatsSnapshot};
+use crate::tier::TierKind;
+
+/// Renders the whole exposition.
+pub fn render(s: &StatsSnapshot, uptime: Duration, engines: usize) -> String {
+    let mut o = String::with_capacity(8 << 10);
+    let bytes_tiers: Vec<_> = s.tiers.iter().filter(|t| t.unit == "bytes").collect();
+    family(
+        &mut o,
+        "kvtier_tier_capacity_bytes",
+        "gauge",
+        "Capacity of a byte-counted tier.",
+    );
+    for t in &bytes_tiers {
+        sample(
+            &mut o,
+            "kvtier_tier_capacity_bytes",
+            &[("tier", t.tier.name())],
+            t.capacity as f64,
+        );
+    }
+    family(
+        &mut o,
+        "kvtier_tier_used_bytes",
+        "gauge",
+        "Bytes in use in a byte-counted tier.",
+    );
+    for t in &bytes_tiers {
+        sample(
+            &mut o,
+            "kvtier_tier_used_bytes",
+            &[("tier", t.tier.name())],
+            t.used as f64,
+        );
+    }
+    let d = s.tier(TierKind::Device);
+    family(
+        &mut o,
+        "kvtier_device_capacity_pages",
+        "gauge",
+        "Device pages attached (one rank's region per namespace).",
+    );
+    sample(&mut o, "kvtier_device_capacity_pages", &[], d.capacity as f64);
+    for (name, help, get) in [
+        (
+            "kvtier_tier_complete_pages",
+            "Pages complete in a tier.",
+            (|t| t.complete_pages) as fn(&crate::manager::TierStats) -> u64,
+        ),
+        ("kvtier_tier_pinned_pages", "Pages pinned in a tier.", |t| {
+            t.pinned_pages
+        }),
+        (
+            "kvtier_tier_inflight_pages",
+            "Pages with objects being written into a tier.",
+            |t| t.inflight_pages,
+        ),
+    ] {
+        family(&mut o, name, "gauge", help);
+        for t in &s.tiers {
+            sample(&mut o, name, &[("tier", t.tier.name())], get(t) as f64);
+        }
+    }
+    family(
+        &mut o,
+        "kvtier_evictions_total",
+        "counter",
+        "Pages evicted from a tier.",
+    );
+    for t in &s.tiers {
+        sample(
+            &mut o,
+            "kvtier_evictions_total",
+            &[("tier", t.tier.name())],
+            t.evictions as f64,
+        );
+    }
+    family(&mut o, "kvtier_lookups_total", "counter", "Prefix lookups.");
+    sample(&mut o, "kvtier_lookups_total", &[], s.lookups as f64);
+    family(
+        &mut o,
+        "kvtier_hit_pages_total",
+        "counter",
+        "Looked-up pages credited to a tier.",
+    );
+    for t in TierKind::ALL {
+        sample(
+            &mut o,
+            "kvtier_hit_pages_total",
+            &[("tier", t.name())],
+            s.hit_pages[t.index()] as f64,
+        );
+    }
+    family(
+        &mut o,
+        "kvtier_miss_pages_total",
+        "counter",
+        "Looked-up pages found in no tier.",
+    );
+    sample(&mut o, "kvtier_miss_pages_total", &[], s.miss_pages as f64);
+    family(
+        &mut o,
+        "kvtier_moved_bytes_total",
+        "counter",
+        "Bytes moved between tiers.",
+    );
+    for m in &s.moved {
+        sample(
+            &mut o,
+            "kvtier_moved_bytes_total",
+            &[("from", m.from.name()), ("to", m.to.name())],
+            m.bytes as f64,
+        );
+    }
+    let h = "kvtier_copy_duration_seconds";
+    family(
+        &mut o,
+        h,
+        "histogram",
+        "Latency of one copy between tiers (a page, or a batch of pool objects).",
+    );
+    for c in &s.copy_latency {
+        let (from, to) = (c.from.name(), c.to.name());
+        let mut cum = 0u64;
+        for (i, n) in c.buckets.iter().enumerate() {
+            cum += n;
+            let le = COPY_BUCKETS_S
+                .get(i)
+                .map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
+            sample(
+                &mut o,
+                &format!("{h}_bucket"),
+                &[("from", from), ("to", to), ("le", &le)],
+                cum as f64,
+            );
+        }
+        sample(&mut o, &format!("{h}_sum"), &[("from", from), ("to", to)], c.sum_s);
+        sample(
+            &mut o,
+            &format!("{h}_count"),
+            &[("from", from), ("to", to)],
+            c.count as f64,
+        );
+    }
+    family(&mut o, "kvtier_hints_total", "counter", "Hint outcomes by hint kind.");
+    for c in &s.hints {
+        sample(
+            &mut o,
+            "kvtier_hints_total",
+            &[("kind", c.kind.name()), ("outcome", c.outcome)],
+            c.count as f64,
+        );
+    }
+    for (name, help, v) in [
+        (
+            "kvtier_event_seq",
+            "Sequence number of the newest page event.",
+            s.event_seq,
+        ),
+        ("kvtier_pages", "Pages the directory tracks.", s.pages),
+        (
+            "kvtier_open_grants",
+            "Store and load grants in progress.",
+            s.open_grants,
+        ),
+        ("kvtier_deferred_hints", "Hints waiting to apply.", s.deferred_hints),
+        (
+            "kvtier_connected_engines",
+            "Engine ranks connected to the daemon.",
+            engines as u64,
+        ),
+    ] {
+        family(&mut o, name, "gauge", help);
+        sample(&mut o, name, &[], v as f64);
+    }
+    family(
+        &mut o,
+        "kvtier_uptime_seconds",
+        "gauge",
+        "Seconds since the admin server started.",
+    );
+    sample(&mut o, "kvtier_uptime_seconds", &[], uptime.as_secs_f64());
+    o
+}
+
+fn family(o: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn sample(o: &mut String, name: &str, labels: &[(&str, &str)], v: f64) {
+    o.push_str(name);
+    if !labels.is_empty() {
+        o.push('{');
+        for (i, (k, val)) in labels.iter().enumerate() {
+            if i > 0 {
+                o.push(',');
+            }
+            // Label values here are fixed identifiers; escape anyway to stay well-formed.
+            let esc = val.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+            let _ = write!(o, "{k}=\"{esc}\"");
+        }
+        o.push('}');
+    }
+    let _ = writeln!(o, " {v}");
+}

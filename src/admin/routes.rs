@@ -1,0 +1,325 @@
+//! The admin endpoints. Each reads the manager (or the daemon's [`EngineView`]) and
+//! answers JSON; errors are `{"code": <stable string>, "message": …}`.
+//!
+//! | method | path | answer |
+//! | --- | --- | --- |
+//! | GET | `/v1/status` | version, uptime, tiers, connected engines and ranks |
+//! | GET | `/v1/tiers` | per tier: capacity, used, complete/pinned/in-flight pages, evictions |
+//! | GET | `/v1/sessions` | sessions the daemon tracks |
+//! | GET | `/v1/pages?hash=<hex>` or `?prefix=<hex,hex,…>` | per-tier completeness, missing objects |
+//! | POST | `/v1/hints` | a JSON hint → its outcome, as on the engine path |
+//! | GET, PUT | `/v1/config` | the tunables; PUT changes only those, validated |
+//! | GET | `/v1/events?from=<seq>&limit=<n>` | page events as JSON lines (chunked) |
+//! | GET | `/metrics` | Prometheus text format |
+//!
+//! Pages and hints take `ns=<namespace id>` (default 0).
+
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::SessionInfo;
+use super::http::{self, Chunked, Request};
+use super::metrics;
+use super::server::Ctx;
+use crate::hints::Hint;
+use crate::manager::{ManagerError, Tunables};
+use crate::page::{NamespaceId, PageHash};
+use crate::tier::TierKind;
+
+/// Events read from the log per chunk of the stream, and how long one read waits.
+const EVENTS_PER_READ: usize = 512;
+const EVENTS_WAIT: Duration = Duration::from_millis(200);
+
+/// Answers one request on `s`.
+pub(crate) fn handle(ctx: &Ctx, req: &Request, s: &mut UnixStream) -> std::io::Result<()> {
+    let r = match (req.method.as_str(), req.path.trim_end_matches('/')) {
+        ("GET", "/v1/status") => Ok(status(ctx)),
+        ("GET", "/v1/tiers") => Ok(json!({ "tiers": ctx.manager.stats().tiers })),
+        ("GET", "/v1/sessions") => Ok(json!({ "sessions": sessions(ctx) })),
+        ("GET", "/v1/pages") => pages(ctx, req),
+        ("POST", "/v1/hints") => hint(ctx, req),
+        ("GET", "/v1/config") => Ok(json!(ctx.manager.tunables())),
+        ("PUT", "/v1/config") => put_config(ctx, req),
+        ("GET", "/v1/events") => return events(ctx, req, s),
+        ("GET", "/metrics" | "/v1/metrics") => {
+            let text = metrics::render(&ctx.manager.stats(), ctx.started.elapsed(), ctx.engines.engines().len());
+            return http::write_response(s, 200, "text/plain; version=0.0.4; charset=utf-8", text.as_bytes());
+        }
+        (
+            _,
+            "/v1/status" | "/v1/tiers" | "/v1/sessions" | "/v1/pages" | "/v1/hints" | "/v1/config" | "/v1/events"
+            | "/metrics",
+        ) => Err(ApiError::new(
+            405,
+            "method_not_allowed",
+            format!("{} is not served here", req.method),
+        )),
+        _ => Err(ApiError::new(404, "not_found", format!("no endpoint {}", req.path))),
+    };
+    match r {
+        Ok(v) => http::write_json(s, 200, &v),
+        Err(e) => http::write_error(s, e.status, e.code, &e.message),
+    }
+}
+
+/// An error answer: status, stable code, message.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: u16,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ManagerError> for ApiError {
+    fn from(e: ManagerError) -> Self {
+        let (status, code) = match &e {
+            ManagerError::Hint(_) => (400, "malformed_hint"),
+            ManagerError::Directory(_) => (404, "unknown_namespace"),
+            ManagerError::Page(_) => (400, "bad_hash"),
+            ManagerError::Config(_) => (422, "invalid_config"),
+            ManagerError::BatchTooLarge { .. } => (413, "batch_too_large"),
+            ManagerError::Busy => (503, "busy"),
+            ManagerError::NoNamespace => (404, "no_namespace"),
+            _ => (500, "internal"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+fn status(ctx: &Ctx) -> Value {
+    let stats = ctx.manager.stats();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_s": ctx.started.elapsed().as_secs_f64(),
+        "tiers": stats.tiers,
+        "pages": stats.pages,
+        "open_grants": stats.open_grants,
+        "leased_pages": stats.leased_pages,
+        "deferred_hints": stats.deferred_hints,
+        "event_seq": stats.event_seq,
+        "engines": ctx.engines.engines(),
+    })
+}
+
+/// The daemon's sessions, or the manager's when the daemon reports none.
+fn sessions(ctx: &Ctx) -> Vec<SessionInfo> {
+    let from_daemon = ctx.engines.sessions();
+    if !from_daemon.is_empty() {
+        return from_daemon;
+    }
+    ctx.manager
+        .sessions()
+        .into_iter()
+        .map(|(session_id, idle)| SessionInfo {
+            session_id,
+            parent_session_id: None,
+            phase: None,
+            idle,
+            pages: None,
+        })
+        .collect()
+}
+
+fn namespace(req: &Request) -> Result<NamespaceId, ApiError> {
+    match req.param("ns") {
+        None => Ok(NamespaceId(0)),
+        Some(v) => v
+            .parse()
+            .map(NamespaceId)
+            .map_err(|_| ApiError::new(400, "bad_namespace", "ns must be a namespace id (0..65535)")),
+    }
+}
+
+fn parse_hashes(list: &str, max: usize) -> Result<Vec<PageHash>, ApiError> {
+    let parts: Vec<&str> = list.split(',').filter(|p| !p.trim().is_empty()).collect();
+    if parts.is_empty() {
+        return Err(ApiError::new(400, "bad_hash", "no page hash given"));
+    }
+    if parts.len() > max {
+        return Err(ApiError::new(
+            413,
+            "batch_too_large",
+            format!("{} hashes; at most {max}", parts.len()),
+        ));
+    }
+    parts
+        .iter()
+        .map(|p| PageHash::from_hex(p.trim()).map_err(|e| ApiError::new(400, "bad_hash", e.to_string())))
+        .collect()
+}
+
+fn pages(ctx: &Ctx, req: &Request) -> Result<Value, ApiError> {
+    let ns = namespace(req)?;
+    let (hashes, is_prefix) = match (req.param("hash"), req.param("prefix")) {
+        (Some(h), None) => (parse_hashes(h, 1)?, false),
+        (None, Some(p)) => (parse_hashes(p, ctx.cfg.max_prefix)?, true),
+        _ => {
+            return Err(ApiError::new(
+                400,
+                "bad_query",
+                "give exactly one of hash=<hex> or prefix=<hex,hex,…>",
+            ));
+        }
+    };
+    let layout = ctx.manager.layout(ns)?;
+    let mut run = [true; 3];
+    let mut prefix = [0usize; 3];
+    let mut out = Vec::with_capacity(hashes.len());
+    for h in &hashes {
+        let st = ctx.manager.page_status(ns, h)?;
+        for t in TierKind::ALL {
+            let complete = st.as_ref().is_some_and(|s| s.tiers[t.index()].complete);
+            run[t.index()] &= complete;
+            prefix[t.index()] += usize::from(run[t.index()]);
+        }
+        out.push(match st {
+            None => json!({ "hash": h, "known": false }),
+            Some(s) => {
+                let tiers: Vec<Value> = s
+                    .tiers
+                    .iter()
+                    .map(|t| {
+                        let missing: Vec<Value> = t
+                            .missing
+                            .iter()
+                            .map(|&i| json!({ "index": i, "object": layout.objects().get(i) }))
+                            .collect();
+                        json!({
+                            "tier": t.tier, "complete": t.complete, "pinned": t.pinned,
+                            "missing": missing, "inflight": t.inflight,
+                        })
+                    })
+                    .collect();
+                json!({ "hash": h, "known": true, "hits": s.hits, "retain": s.retain, "tiers": tiers })
+            }
+        });
+    }
+    let mut v = json!({ "ns": ns.0, "objects_per_page": layout.object_count(), "pages": out });
+    if is_prefix {
+        v["complete_prefix"] = json!({ "device": prefix[0], "host": prefix[1], "pool": prefix[2] });
+    }
+    Ok(v)
+}
+
+fn hint(ctx: &Ctx, req: &Request) -> Result<Value, ApiError> {
+    let ns = namespace(req)?;
+    let h: Hint = serde_json::from_slice(&req.body).map_err(|e| ApiError::new(400, "malformed_hint", e.to_string()))?;
+    let kind = h.kind();
+    let outcome = ctx.manager.hint(ns, h)?;
+    let mut v = serde_json::to_value(&outcome).map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
+    v["kind"] = json!(kind);
+    Ok(v)
+}
+
+fn put_config(ctx: &Ctx, req: &Request) -> Result<Value, ApiError> {
+    let patch: Value = serde_json::from_slice(&req.body).map_err(|e| ApiError::new(400, "bad_json", e.to_string()))?;
+    let mut cur =
+        serde_json::to_value(ctx.manager.tunables()).map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
+    merge(&mut cur, &patch, "")?;
+    let t: Tunables = serde_json::from_value(cur).map_err(|e| ApiError::new(422, "invalid_config", e.to_string()))?;
+    ctx.manager.set_tunables(t)?;
+    tracing::info!("admin: tunables changed");
+    Ok(json!(ctx.manager.tunables()))
+}
+
+/// Applies `patch` onto `cur`, refusing keys `cur` does not have (they are not tunable).
+fn merge(cur: &mut Value, patch: &Value, at: &str) -> Result<(), ApiError> {
+    let Value::Object(p) = patch else {
+        *cur = patch.clone();
+        return Ok(());
+    };
+    let Value::Object(c) = cur else {
+        return Err(ApiError::new(422, "invalid_config", format!("{at} is not an object")));
+    };
+    if p.contains_key("mode") {
+        // A tagged enum (the write policy): replace it whole.
+        *cur = patch.clone();
+        return Ok(());
+    }
+    for (k, v) in p {
+        let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+        match c.get_mut(k) {
+            Some(slot) => merge(slot, v, &path)?,
+            None => {
+                return Err(ApiError::new(
+                    422,
+                    "not_tunable",
+                    format!("{path} is not a tunable setting"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Streams page events as JSON lines until the client leaves, `limit` events were sent,
+/// or the server stops.
+fn events(ctx: &Ctx, req: &Request, s: &mut UnixStream) -> std::io::Result<()> {
+    let log = ctx.manager.events();
+    let parse = |name: &str| req.param(name).map(|v| v.parse::<u64>());
+    let (from, limit) = match (parse("from"), parse("limit")) {
+        (Some(Err(_)), _) | (_, Some(Err(_))) => {
+            return http::write_error(s, 400, "bad_query", "from and limit must be integers");
+        }
+        (f, l) => (
+            f.and_then(Result::ok).unwrap_or(log.last_seq() + 1),
+            l.and_then(Result::ok).unwrap_or(u64::MAX),
+        ),
+    };
+    let mut next = from.max(1);
+    let mut sent = 0u64;
+    let mut out = Chunked::start(s, "application/x-ndjson")?;
+    let mut line = Vec::with_capacity(64 * EVENTS_PER_READ);
+    while sent < limit && !ctx.stopping() {
+        let want = (limit - sent).min(EVENTS_PER_READ as u64) as usize;
+        let batch = log.read_from(next, want, EVENTS_WAIT);
+        next = batch.next;
+        line.clear();
+        if batch.lost > 0 {
+            serde_json::to_writer(&mut line, &json!({ "lost": batch.lost })).map_err(std::io::Error::other)?;
+            line.push(b'\n');
+        }
+        for ev in &batch.events {
+            serde_json::to_writer(&mut line, ev).map_err(std::io::Error::other)?;
+            line.push(b'\n');
+        }
+        sent += batch.events.len() as u64;
+        if line.is_empty() {
+            if peer_closed(out_fd(&out)) {
+                return Ok(());
+            }
+            continue;
+        }
+        out.send(&line)?;
+    }
+    out.finish()
+}
+
+fn out_fd(out: &Chunked<'_, UnixStream>) -> i32 {
+    out.inner().as_raw_fd()
+}
+
+/// Whether the client hung up (its end reads as closed), without blocking.
+fn peer_closed(fd: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; zero timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n > 0 && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}

@@ -1,0 +1,150 @@
+//! The admin socket's security: where it may live, who may create it, who may talk to it.
+//!
+//! - The parent directory must not be world-writable (anyone could replace the socket).
+//!   A directory we create is made `0700`.
+//! - The socket is bound under a temporary name, given its mode, then renamed into place,
+//!   so it never appears at its path with looser permissions.
+//! - Every connection's peer credentials (`SO_PEERCRED`) are checked against the uid/gid
+//!   allowlist before a byte of the request is read.
+
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+
+use super::{AdminConfig, AdminError};
+
+/// The credentials of the process at the other end of a Unix socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCred {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Reads `SO_PEERCRED` of a connected stream.
+pub fn peer_cred(stream: &UnixStream) -> std::io::Result<PeerCred> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given; the fd is open.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(PeerCred {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
+
+/// Whether a peer is on the allowlist (its uid, or its gid).
+pub fn allowed(cfg: &AdminConfig, peer: &PeerCred) -> bool {
+    cfg.allow_uids.contains(&peer.uid) || cfg.allow_gids.contains(&peer.gid)
+}
+
+/// Makes sure the socket's directory exists and is not world-writable.
+pub fn prepare_dir(dir: &Path) -> Result<(), AdminError> {
+    let err = |m: String| AdminError::Directory(dir.to_path_buf(), m);
+    match std::fs::metadata(dir) {
+        Ok(md) => {
+            if !md.is_dir() {
+                return Err(err("is not a directory".into()));
+            }
+            let mode = md.permissions().mode();
+            if mode & 0o002 != 0 {
+                return Err(err(format!(
+                    "is world-writable (mode {:o}); refusing to start",
+                    mode & 0o7777
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| err(e.to_string())),
+        Err(e) => Err(err(e.to_string())),
+    }
+}
+
+/// Binds the admin socket at `cfg.socket` with `cfg.mode`. A stale socket (nobody
+/// listening) is replaced; a live one, or any other file at the path, is an error.
+pub fn bind(cfg: &AdminConfig) -> Result<UnixListener, AdminError> {
+    let path = &cfg.socket;
+    let err = |m: String| AdminError::Socket(path.to_path_buf(), m);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    prepare_dir(&dir)?;
+    match std::fs::symlink_metadata(path) {
+        Ok(md) if md.file_type().is_socket() => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(AdminError::InUse(path.to_path_buf()));
+            }
+            std::fs::remove_file(path).map_err(|e| err(format!("removing a stale socket: {e}")))?;
+        }
+        Ok(_) => return Err(err("exists and is not a socket".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e.to_string())),
+    }
+    let name = path
+        .file_name()
+        .ok_or_else(|| err("has no file name".into()))?
+        .to_string_lossy()
+        .into_owned();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(|e| err(format!("bind: {e}")))?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(cfg.mode))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(err(format!("setting mode and placing the socket: {e}")));
+    }
+    Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_world_writable_dir_and_creates_private_one() {
+        let t = tempfile::tempdir().unwrap();
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(matches!(prepare_dir(&open), Err(AdminError::Directory(..))));
+        let new = t.path().join("a/b");
+        prepare_dir(&new).unwrap();
+        assert_eq!(std::fs::metadata(&new).unwrap().permissions().mode() & 0o777, 0o700);
+    }
+
+    #[test]
+    fn binds_with_mode_and_replaces_only_stale_sockets() {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = AdminConfig::at(t.path().join("s/admin.sock"));
+        let l = bind(&cfg).unwrap();
+        let md = std::fs::metadata(&cfg.socket).unwrap();
+        assert_eq!(md.permissions().mode() & 0o777, 0o600);
+        assert!(matches!(bind(&cfg), Err(AdminError::InUse(_))));
+        drop(l);
+        let _l2 = bind(&cfg).unwrap();
+        let me = UnixStream::connect(&cfg.socket).unwrap();
+        let cred = peer_cred(&me).unwrap();
+        // SAFETY: no preconditions.
+        assert_eq!(cred.uid, unsafe { libc::getuid() });
+        assert!(allowed(&cfg, &cred));
+    }
+}

@@ -1,0 +1,196 @@
+//! Readable tables for the admin commands' answers.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+/// Left-aligned columns, two spaces apart.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, cells: Vec<&str>| {
+        let s: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<0$}", w[i]))
+            .collect();
+        let _ = writeln!(out, "{}", s.join("  ").trim_end());
+    };
+    line(&mut out, header.to_vec());
+    for r in rows {
+        line(&mut out, r.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+pub fn status(v: &Value) -> String {
+    let mut out = format!(
+        "kvtier {}  up {:.1} s  {} pages  event seq {}  open grants {}\n\n",
+        s(&v["version"]),
+        v["uptime_s"].as_f64().unwrap_or(0.0),
+        s(&v["pages"]),
+        s(&v["event_seq"]),
+        s(&v["open_grants"]),
+    );
+    out.push_str(&tiers(&v["tiers"]));
+    let engines = v["engines"].as_array().cloned().unwrap_or_default();
+    if engines.is_empty() {
+        out.push_str("\nno engines connected\n");
+    } else {
+        let rows: Vec<Vec<String>> = engines
+            .iter()
+            .map(|e| {
+                vec![
+                    s(&e["instance"]),
+                    s(&e["namespace"]),
+                    format!("{}/{}", s(&e["tp_rank"]), s(&e["tp_size"])),
+                    format!("{}/{}", s(&e["pp_rank"]), s(&e["pp_size"])),
+                    s(&e["dp_rank"]),
+                    s(&e["pid"]),
+                ]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(&["INSTANCE", "NAMESPACE", "TP", "PP", "DP", "PID"], &rows));
+    }
+    out
+}
+
+fn tiers(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| {
+                    [
+                        "tier",
+                        "unit",
+                        "capacity",
+                        "used",
+                        "complete_pages",
+                        "pinned_pages",
+                        "inflight_pages",
+                        "evictions",
+                    ]
+                    .iter()
+                    .map(|k| s(&t[*k]))
+                    .collect()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    table(
+        &[
+            "TIER",
+            "UNIT",
+            "CAPACITY",
+            "USED",
+            "COMPLETE",
+            "PINNED",
+            "IN-FLIGHT",
+            "EVICTIONS",
+        ],
+        &rows,
+    )
+}
+
+pub fn sessions(v: &Value) -> String {
+    let list = v["sessions"].as_array().cloned().unwrap_or_default();
+    if list.is_empty() {
+        return "no sessions\n".into();
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|x| {
+            ["session_id", "parent_session_id", "phase", "idle", "pages"]
+                .iter()
+                .map(|k| s(&x[*k]))
+                .collect()
+        })
+        .collect();
+    table(&["SESSION", "PARENT", "PHASE", "IDLE", "PAGES"], &rows)
+}
+
+pub fn pages(v: &Value) -> String {
+    let per_page = v["objects_per_page"].as_u64().unwrap_or(0);
+    let rows: Vec<Vec<String>> = v["pages"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    let mut row = vec![s(&p["hash"])];
+                    if p["known"] != Value::Bool(true) {
+                        row.extend(["unknown".to_string(), String::new(), String::new()]);
+                        return row;
+                    }
+                    for t in p["tiers"].as_array().into_iter().flatten() {
+                        let missing = t["missing"].as_array().map_or(0, |m| m.len());
+                        let mut cell = if t["complete"] == Value::Bool(true) {
+                            "complete".to_string()
+                        } else if missing as u64 == per_page {
+                            "-".to_string()
+                        } else {
+                            format!("missing {missing}/{per_page}")
+                        };
+                        if t["pinned"] == Value::Bool(true) {
+                            cell.push_str(" pinned");
+                        }
+                        row.push(cell);
+                    }
+                    row
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = table(&["HASH", "DEVICE", "HOST", "POOL"], &rows);
+    if let Some(p) = v.get("complete_prefix") {
+        let _ = writeln!(
+            out,
+            "\ncomplete prefix: device {}  host {}  pool {}",
+            s(&p["device"]),
+            s(&p["host"]),
+            s(&p["pool"])
+        );
+    }
+    out
+}
+
+pub fn outcome(v: &Value) -> String {
+    let mut out = format!("{}: {}", s(&v["kind"]), s(&v["outcome"]));
+    for k in ["pages", "applied", "requested", "reason"] {
+        if let Some(x) = v.get(k) {
+            let _ = write!(out, "  {k}={}", s(x));
+        }
+    }
+    out.push('\n');
+    out
+}
+
+/// One JSON event line as `seq kind tier ns hash`.
+pub fn event_line(line: &str) -> String {
+    match serde_json::from_str::<Value>(line) {
+        Ok(v) if v.get("lost").is_some() => format!("(lost {} events)", s(&v["lost"])),
+        Ok(v) => format!(
+            "{:>8}  {:<7}  {:<6}  ns {}  {}",
+            s(&v["seq"]),
+            s(&v["kind"]),
+            s(&v["tier"]),
+            s(&v["ns"]),
+            s(&v["hash"])
+        ),
+        Err(_) => line.to_string(),
+    }
+}

@@ -1,0 +1,142 @@
+//! Event publishers: kvtier's page events, re-encoded in formats that routers and
+//! indexers already consume.
+//!
+//! - [`vllm`]: vLLM-compatible KV events (ZMQ PUB `[topic, seq, msgpack batch]` plus a
+//!   ROUTER replay socket), with `medium` naming the tier.
+//! - [`mooncake`]: per pool object key `stored`/`removed` events, in the Mooncake store
+//!   event shape, for a shared-pool indexer.
+//!
+//! Publishers read only [`Manager::events`](crate::manager::Manager::events), from the
+//! sequence at which they start, on their own thread; the ZMQ sockets never leave it.
+//! Every wait is bounded, so a stop or a daemon shutdown is seen within one poll.
+
+pub mod mooncake;
+pub mod msgpack;
+pub mod vllm;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+/// How long a publisher waits for new events before looking at its stop signals.
+pub(crate) const POLL: Duration = Duration::from_millis(20);
+
+/// Why a publisher could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("zmq {what}: {source}")]
+    Zmq {
+        what: String,
+        #[source]
+        source: zmq::Error,
+    },
+    #[error("publisher configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+pub(crate) fn zmq_err(what: impl Into<String>) -> impl FnOnce(zmq::Error) -> PublishError {
+    let what = what.into();
+    move |source| PublishError::Zmq { what, source }
+}
+
+/// Counters of one publisher.
+#[derive(Debug, Default)]
+pub struct PublisherStats {
+    batches: AtomicU64,
+    events: AtomicU64,
+    /// Page events the publisher fell too far behind to read (the ring dropped them).
+    lost: AtomicU64,
+    replays: AtomicU64,
+    /// The page event sequence the publisher has read up to (exclusive).
+    next_event: AtomicU64,
+}
+
+/// A point-in-time copy of [`PublisherStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PublisherCounts {
+    /// Batches (messages) sent; the next batch carries this sequence number.
+    pub batches: u64,
+    /// Events sent (vLLM: page events; Mooncake: object events).
+    pub events: u64,
+    pub lost: u64,
+    pub replays: u64,
+    pub next_event: u64,
+}
+
+impl PublisherStats {
+    pub fn counts(&self) -> PublisherCounts {
+        PublisherCounts {
+            batches: self.batches.load(Relaxed),
+            events: self.events.load(Relaxed),
+            lost: self.lost.load(Relaxed),
+            replays: self.replays.load(Relaxed),
+            next_event: self.next_event.load(Relaxed),
+        }
+    }
+}
+
+/// A running publisher.
+pub struct PublisherHandle {
+    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) stats: Arc<PublisherStats>,
+    pub(crate) thread: Option<JoinHandle<()>>,
+    pub(crate) endpoint: String,
+    pub(crate) replay_endpoint: Option<String>,
+}
+
+impl PublisherHandle {
+    /// The endpoint the PUB socket is bound to (with the real port when `*` was asked).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The replay ROUTER endpoint, if any.
+    pub fn replay_endpoint(&self) -> Option<&str> {
+        self.replay_endpoint.as_deref()
+    }
+
+    pub fn counts(&self) -> PublisherCounts {
+        self.stats.counts()
+    }
+
+    /// Stops the publisher thread and waits for it (it notices within one poll).
+    pub fn stop(mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for PublisherHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+    }
+}
+
+/// Binds a socket and returns the endpoint it is bound to.
+pub(crate) fn bind(sock: &zmq::Socket, endpoint: &str) -> Result<String, PublishError> {
+    sock.bind(endpoint).map_err(zmq_err(format!("bind {endpoint}")))?;
+    match sock.get_last_endpoint() {
+        Ok(Ok(e)) => Ok(e),
+        _ => Ok(endpoint.to_owned()),
+    }
+}
+
+/// Sends one `[topic, seq (8 bytes, big-endian), payload]` message.
+pub(crate) fn send_batch(sock: &zmq::Socket, topic: &[u8], seq: u64, payload: &[u8]) -> Result<(), zmq::Error> {
+    sock.send(topic, zmq::SNDMORE)?;
+    sock.send(&seq.to_be_bytes()[..], zmq::SNDMORE)?;
+    sock.send(payload, 0)
+}
+
+/// Wall-clock time since the Unix epoch (event timestamps are for consumers, who compare
+/// them with their own clocks).
+pub(crate) fn wall_clock() -> Duration {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
+}

@@ -1,0 +1,373 @@
+//! The admin socket driven by real clients: curl over the Unix socket (also as another
+//! user, to be refused), the `kvtier` CLI, and Python's Prometheus text parser.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use kvtier::admin::{self, AdminConfig, EngineInfo, EngineView, SessionInfo};
+use kvtier::manager::{Manager, ManagerConfig};
+use kvtier::shutdown::Shutdown;
+use kvtier::tier::device::pattern;
+use kvtier::{LayoutSpec, Namespace, NamespaceId, PageHash};
+use serde_json::{Value, json};
+
+struct Engines;
+
+impl EngineView for Engines {
+    fn engines(&self) -> Vec<EngineInfo> {
+        vec![EngineInfo {
+            instance: "vllm-0".into(),
+            namespace: "m".into(),
+            tp_rank: 1,
+            tp_size: 2,
+            pp_rank: 0,
+            pp_size: 1,
+            dp_rank: 0,
+            pid: Some(4242),
+            connected_ms: 10,
+        }]
+    }
+
+    fn sessions(&self) -> Vec<SessionInfo> {
+        vec![SessionInfo {
+            session_id: "s1".into(),
+            parent_session_id: None,
+            phase: Some("acting".into()),
+            idle: true,
+            pages: Some(3),
+        }]
+    }
+}
+
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("KVTIER_PYTHON") {
+        return p.into();
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
+    assert!(
+        p.exists(),
+        "no Python test environment at {}: run scripts/test.sh (it creates .venv)",
+        p.display()
+    );
+    p
+}
+
+/// A manager with one TP=2 namespace (four objects per page) and pages 1..=3 complete on
+/// host, page 4 stored there by TP rank 0 only.
+fn manager(dir: &Path) -> (Manager, NamespaceId, Vec<PageHash>) {
+    let mut cfg = ManagerConfig::in_dir(dir, 1 << 20, Some(1 << 20));
+    cfg.arena.lock = false;
+    let m = Manager::new(cfg, kvtier::clock::SystemClock::new()).unwrap();
+    let layout = LayoutSpec::mha(2, 2, 16, 2, 16).with_parallel(2, 1).build().unwrap();
+    let ns = m.register_namespace(Namespace::model("m"), layout.clone()).unwrap();
+    let hs: Vec<PageHash> = (1..=4).map(PageHash::from_u64).collect();
+    let obj = pattern(7, layout.object_bytes(0) as usize);
+    let pages: Vec<_> = hs[..3]
+        .iter()
+        .map(|h| (*h, (0..4).map(|o| (o, &obj[..])).collect()))
+        .collect();
+    assert_eq!(m.put_objects(ns, &pages).unwrap(), 3);
+    let g = m.begin_store(ns, 0, 0, &hs[3..], 0, 0).unwrap();
+    assert_eq!(m.commit_store(g.id, &[true]).unwrap(), 1);
+    (m, ns, hs)
+}
+
+/// Runs curl against the socket; returns (HTTP status, body).
+fn curl(sock: &Path, args: &[&str], uid: Option<u32>) -> (u16, String) {
+    let mut c = Command::new("curl");
+    c.args(["-sS", "--max-time", "10", "--unix-socket"])
+        .arg(sock)
+        .args(["-w", "\n%{http_code}"]);
+    c.args(args);
+    if let Some(u) = uid {
+        c.uid(u).gid(u);
+    }
+    let out = c.output().expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').expect("status line from -w");
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn get(sock: &Path, path: &str) -> (u16, Value) {
+    let (code, body) = curl(sock, &[&format!("http://kvtier{path}")], None);
+    (code, serde_json::from_str(&body).unwrap_or(Value::String(body)))
+}
+
+fn send(sock: &Path, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let url = format!("http://kvtier{path}");
+    let (code, body) = curl(
+        sock,
+        &[
+            "-X",
+            method,
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            body,
+            &url,
+        ],
+        None,
+    );
+    (code, serde_json::from_str(&body).unwrap_or(Value::String(body)))
+}
+
+#[test]
+fn endpoints_limits_metrics_and_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _ns, hs) = manager(dir.path());
+    let mut cfg = AdminConfig::at(dir.path().join("run/admin.sock"));
+    cfg.max_body = 1024;
+    let sock = cfg.socket.clone();
+    let server = admin::spawn(cfg, m.clone(), Arc::new(Engines), Shutdown::new()).unwrap();
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert_eq!(
+        std::fs::metadata(sock.parent().unwrap()).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+
+    let kv = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_kvtier")).args(args).output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let (code, st) = get(&sock, "/v1/status");
+    assert_eq!(code, 200);
+    assert_eq!(st["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(st["tiers"][1]["tier"], "host");
+    assert_eq!(st["tiers"][1]["complete_pages"], 3);
+    assert_eq!(st["tiers"][2]["complete_pages"], 0);
+    assert_eq!(st["engines"][0]["instance"], "vllm-0");
+    assert_eq!(st["engines"][0]["tp_rank"], 1);
+    assert_eq!(st["event_seq"], 3);
+    let (_, tiers) = get(&sock, "/v1/tiers");
+    assert_eq!(tiers["tiers"].as_array().unwrap().len(), 3);
+    assert_eq!(get(&sock, "/v1/sessions").1["sessions"][0]["session_id"], "s1");
+    let (code, out) = kv(&["sessions", "--socket", sock.to_str().unwrap()]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        out.lines().nth(1).map(|l| l.split_whitespace().collect::<Vec<_>>()),
+        Some(vec!["s1", "-", "acting", "true", "3"])
+    );
+
+    let (code, p) = get(&sock, &format!("/v1/pages?hash={}", hs[3]));
+    assert_eq!(code, 200);
+    let host = &p["pages"][0]["tiers"][1];
+    assert_eq!(
+        (host["complete"].clone(), host["missing"].clone()),
+        (
+            json!(false),
+            json!([
+                {"index": 2, "object": {"pp_rank": 0, "tp_rank": 1, "part": "k"}},
+                {"index": 3, "object": {"pp_rank": 0, "tp_rank": 1, "part": "v"}},
+            ])
+        )
+    );
+    let q = format!(
+        "/v1/pages?prefix={},{},{},{}",
+        hs[0],
+        hs[1],
+        PageHash::from_u64(99),
+        hs[2]
+    );
+    let (_, p) = get(&sock, &q);
+    assert_eq!(p["complete_prefix"], json!({"device": 0, "host": 2, "pool": 0}));
+    assert_eq!(
+        p["pages"][2],
+        json!({"hash": PageHash::from_u64(99).to_hex(), "known": false})
+    );
+    assert_eq!(get(&sock, "/v1/pages?hash=xyz").1["code"], "bad_hash");
+
+    let pin = json!({"kind": "pin", "target": {"pages": [hs[0], hs[1]]}, "tier": "host", "ttl_ms": 1000}).to_string();
+    let (code, out) = send(&sock, "POST", "/v1/hints", &pin);
+    assert_eq!(
+        (code, out),
+        (200, json!({"outcome": "accepted", "pages": 2, "kind": "pin"}))
+    );
+    let (code, out) = send(&sock, "POST", "/v1/hints", r#"{"kind": "pin"}"#);
+    assert_eq!((code, out["code"].as_str()), (400, Some("malformed_hint")));
+
+    let (code, out) = send(
+        &sock,
+        "PUT",
+        "/v1/config",
+        r#"{"pin_budget": 0.5, "host_watermarks": {"high": 0.9}}"#,
+    );
+    assert_eq!(code, 200);
+    assert_eq!(
+        (out["pin_budget"].as_f64(), out["host_watermarks"]["high"].as_f64()),
+        (Some(0.5), Some(0.9))
+    );
+    assert_eq!(m.tunables().pin_budget, 0.5);
+    assert_eq!(
+        send(&sock, "PUT", "/v1/config", r#"{"max_batch": 1}"#).1["code"],
+        "not_tunable"
+    );
+    assert_eq!(
+        send(&sock, "PUT", "/v1/config", r#"{"pin_budget": 2.0}"#).1["code"],
+        "invalid_config"
+    );
+    assert_eq!(m.tunables().pin_budget, 0.5);
+    assert_eq!(
+        get(&sock, "/v1/nope"),
+        (404, json!({"code": "not_found", "message": "no endpoint /v1/nope"}))
+    );
+
+    // A body over the limit: 413, and the server keeps serving.
+    let big = "x".repeat(4096);
+    let (code, out) = send(&sock, "POST", "/v1/hints", &big);
+    assert_eq!((code, out["code"].as_str()), (413, Some("body_too_large")));
+    assert_eq!(get(&sock, "/v1/status").0, 200);
+
+    // Events: the three stores and the partial page's nothing, as JSON lines.
+    let (code, body) = curl(&sock, &["http://kvtier/v1/events?from=1&limit=3"], None);
+    assert_eq!(code, 200);
+    let lines: Vec<Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let want: Vec<Value> = (0..3)
+        .map(|i| json!({"seq": i + 1, "kind": "stored", "tier": "host", "ns": 0, "hash": hs[i as usize]}))
+        .map(|mut v| {
+            v["at_ms"] = lines[0]["at_ms"].clone();
+            v
+        })
+        .collect();
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        v["at_ms"] = json!(0);
+        v
+    };
+    assert_eq!(
+        lines.iter().map(strip).collect::<Vec<_>>(),
+        want.iter().map(strip).collect::<Vec<_>>()
+    );
+
+    // /metrics through prometheus_client's parser.
+    let (code, text) = curl(&sock, &["http://kvtier/metrics"], None);
+    assert_eq!(code, 200);
+    let mut py = Command::new(python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("python/tests/check_metrics.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(py.stdin.as_mut().unwrap(), text.as_bytes()).unwrap();
+    let out = py.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "prometheus_client could not parse /metrics:\n{text}"
+    );
+    let parsed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &parsed["samples"];
+    assert_eq!(s["kvtier_tier_complete_pages{tier=host}"], 3.0);
+    assert_eq!(s["kvtier_tier_pinned_pages{tier=host}"], 2.0);
+    assert_eq!(s["kvtier_hints_total{kind=pin,outcome=accepted}"], 1.0);
+    assert_eq!(s["kvtier_event_seq{}"], 3.0);
+    assert_eq!(s["kvtier_connected_engines{}"], 1.0);
+    assert_eq!(s["kvtier_moved_bytes_total{from=host,to=pool}"], 0.0);
+    assert_eq!(s["kvtier_copy_duration_seconds_count{from=host,to=pool}"], 0.0);
+    assert_eq!(parsed["families"]["kvtier_copy_duration_seconds"], "histogram");
+    assert_eq!(parsed["families"]["kvtier_evictions"], "counter");
+
+    // The CLI: tables, JSON, and exit codes.
+    let s = sock.to_str().unwrap();
+    let (code, out) = kv(&["status", "--socket", s]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("host") && out.contains("vllm-0"), "{out}");
+    let (code, out) = kv(&["status", "--socket", s, "--json"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["tiers"][1]["complete_pages"],
+        3
+    );
+    let (code, out) = kv(&["pages", "--socket", s, &hs[3].to_hex()]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("missing 2/4"), "{out}");
+    let prefix = format!("{},{}", hs[0], hs[1]);
+    let (code, out) = kv(&["pages", "--socket", s, "--prefix", &prefix]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("complete prefix: device 0  host 2  pool 0"), "{out}");
+    let (code, out) = kv(&["hint", "retain", "--socket", s, "--priority", "3", &hs[2].to_hex()]);
+    assert_eq!((code, out.trim()), (Some(0), "retain: accepted  pages=1"));
+    assert_eq!(kv(&["hint", "pin", "--socket", s, "zz"]).0, Some(3));
+    let (code, out) = kv(&["events", "--socket", s, "--from", "2", "--limit", "1", "--json"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(serde_json::from_str::<Value>(out.trim()).unwrap()["seq"], 2);
+    let gone = dir.path().join("nothing.sock");
+    assert_eq!(kv(&["status", "--socket", gone.to_str().unwrap()]).0, Some(2));
+    assert_eq!(kv(&["status", "--bogus"]).0, Some(64));
+
+    // Without the daemon's view of sessions, the manager's own are listed.
+    let idle = m.session_index("agent-7");
+    m.set_session_idle(idle, true);
+    m.session_index("agent-2");
+    let plain_cfg = AdminConfig::at(dir.path().join("run/plain.sock"));
+    let plain = admin::spawn(plain_cfg, m.clone(), Arc::new(admin::NoEngines), Shutdown::new()).unwrap();
+    let none = json!(null);
+    let want = json!({"sessions": [
+        {"session_id": "agent-2", "parent_session_id": none, "phase": none, "idle": false, "pages": none},
+        {"session_id": "agent-7", "parent_session_id": none, "phase": none, "idle": true, "pages": none},
+    ]});
+    assert_eq!(get(&plain.socket(), "/v1/sessions"), (200, want));
+    assert_eq!(get(&plain.socket(), "/v1/status").1["engines"], json!([]));
+    plain.stop();
+
+    server.stop();
+    assert!(!sock.exists());
+}
+
+#[test]
+fn a_peer_not_on_the_allowlist_is_refused() {
+    const NOBODY: u32 = 65534;
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    assert_eq!(
+        me, 0,
+        "this test runs curl as uid {NOBODY}, which needs root (the CI runs tests as root)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // The socket is reachable by everyone at the file level (only in this test), so the
+    // peer credential check is what stands between user `nobody` and the daemon.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (m, _, _) = manager(dir.path());
+    let open = |name: &str, uids: Vec<u32>| {
+        let mut cfg = AdminConfig::at(dir.path().join(name));
+        cfg.mode = 0o666;
+        cfg.allow_uids = uids;
+        cfg
+    };
+    let strict = admin::spawn(
+        open("strict.sock", vec![0]),
+        m.clone(),
+        Arc::new(Engines),
+        Shutdown::new(),
+    )
+    .unwrap();
+    let (code, body) = curl(
+        &strict.socket(),
+        &["-d", "{\"secret\": 1}", "http://kvtier/v1/hints"],
+        Some(NOBODY),
+    );
+    assert_eq!(code, 403, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v,
+        json!({"code": "peer_not_allowed", "message": "uid 65534 is not allowed on this socket"})
+    );
+    // The owner is still served.
+    assert_eq!(curl(&strict.socket(), &["http://kvtier/v1/status"], None).0, 200);
+
+    let shared = admin::spawn(
+        open("shared.sock", vec![0, NOBODY]),
+        m,
+        Arc::new(Engines),
+        Shutdown::new(),
+    )
+    .unwrap();
+    assert_eq!(
+        curl(&shared.socket(), &["http://kvtier/v1/status"], Some(NOBODY)).0,
+        200
+    );
+    strict.stop();
+    shared.stop();
+}
