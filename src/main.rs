@@ -35,6 +35,8 @@ enum Bench {
     Arena(kvtier::bench::arena::ArenaArgs),
     /// Control-socket round trips against a raw Unix-socket echo.
     Control(kvtier::bench::control::ControlArgs),
+    /// Put and get throughput of the shared pool against the backend's raw client.
+    Pool(kvtier::bench::pool::PoolBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -57,5 +59,6 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Index(a)) => kvtier::bench::index::run(a),
         Command::Bench(Bench::Arena(a)) => kvtier::bench::arena::run(a),
         Command::Bench(Bench::Control(a)) => kvtier::bench::control::run(a),
+        Command::Bench(Bench::Pool(a)) => kvtier::bench::pool::run(a),
     }
 }

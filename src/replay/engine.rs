@@ -3,7 +3,7 @@
 //!
 //! Nothing is copied: a page moving between tiers is a directory change, and the bytes it
 //! would move are counted as pages times the layout's page bytes. Time is simulated
-//! ([`SimClock`]): requests arrive at their trace times (open loop) and finish after the
+//! ([`SimClock`](crate::clock::SimClock)): requests arrive at their trace times (open loop) and finish after the
 //! cost model's latency. Each tier evicts when it is over capacity, down to capacity minus
 //! a 1/256 slack, the same way for every policy.
 //!
@@ -94,6 +94,19 @@ impl Default for CostModel {
 }
 
 impl CostModel {
+    /// Speeds and bandwidths must be positive and finite, decode time finite and not negative.
+    pub fn validate(&self) -> Result<(), ReplayError> {
+        let positive = [self.prefill_tokens_per_s, self.host_device_gbps, self.pool_host_gbps];
+        if positive.iter().all(|v| v.is_finite() && *v > 0.0)
+            && self.decode_ms_per_token.is_finite()
+            && self.decode_ms_per_token >= 0.0
+        {
+            Ok(())
+        } else {
+            Err(ReplayError::Config(format!("invalid cost model {self:?}")))
+        }
+    }
+
     /// Latency of one request, ms: recompute, copies on the critical path, decode.
     pub fn latency_ms(&self, recomputed_tokens: u64, host_bytes: u64, pool_bytes: u64, output_tokens: u64) -> f64 {
         let prefill = recomputed_tokens as f64 / self.prefill_tokens_per_s.max(1e-9) * 1e3;

@@ -177,6 +177,7 @@ pub fn replay(
     if cfg.capacity.device_pages == 0 {
         return Err(ReplayError::Config("the device needs at least one page".into()));
     }
+    cfg.cost.validate()?;
     let inf = infinite_hits(w);
     let inf_tokens = tokens(w, &inf);
     let belady_cap = cfg.capacity.total();

@@ -10,7 +10,8 @@
 //! boundary. At or below the resume watermark, paused sessions come back smallest first,
 //! each with a buffer, and get a short priority boost; a forced-resume cap ends any pause
 //! that lasted too long, whatever the utilisation. Between the watermarks nothing changes
-//! (hysteresis).
+//! (hysteresis); lowering priority early in that band is left to the caller
+//! ([`Watermarks::in_early_band`]).
 
 use serde::{Deserialize, Serialize};
 

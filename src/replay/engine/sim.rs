@@ -6,14 +6,13 @@ use std::sync::Arc;
 
 use super::{EngineConfig, PolicyKind, PolicyRun, RequestOutcome};
 use crate::clock::SimClock;
-use crate::directory::{Directory, PageId};
+use crate::directory::Directory;
 use crate::layout::LayoutSpec;
 use crate::page::{Namespace, NamespaceId};
-use crate::policy::select_victims;
 use crate::replay::ReplayError;
 use crate::replay::workload::Workload;
 use crate::session::lineage::Lineage;
-use crate::session::pressure::{Action, PressureController, demote_session_pages, prefetch_chain};
+use crate::session::pressure::{Action, PressureController};
 use crate::session::{Activity, SessionTable};
 use crate::tier::TierKind;
 
@@ -21,9 +20,6 @@ use crate::tier::TierKind;
 const SHARED: i8 = 1;
 /// Retain priority of a page only an ended session used.
 const ENDED: i8 = -1;
-/// Each eviction frees this fraction of the tier beyond what is needed, so that eviction
-/// scans stay rare; the same for every policy.
-const EVICT_SLACK_DIVISOR: usize = 256;
 /// Most sessions live at once in the emulator.
 const MAX_SESSIONS: usize = 1 << 20;
 
@@ -55,6 +51,8 @@ pub(super) struct Sim<'a> {
     events: BinaryHeap<Reverse<(u64, Event)>>,
     out: PolicyRun,
 }
+
+mod moves;
 
 impl<'a> Sim<'a> {
     pub(super) fn new(w: &'a Workload, cfg: &'a EngineConfig, policy: PolicyKind) -> Result<Self, ReplayError> {
@@ -139,10 +137,8 @@ impl<'a> Sim<'a> {
 
     fn arrive(&mut self, i: usize) -> Result<(), ReplayError> {
         let r = &self.w.requests[i];
-        if self.aware() {
-            for (idx, _) in self.table.expire_idle() {
-                self.on_end(idx);
-            }
+        for (idx, _) in self.table.expire_idle() {
+            self.on_end(idx);
         }
         let idx = self.session_index(r.session)?;
         self.table.set_activity(idx, Activity::Reasoning)?;
@@ -166,6 +162,10 @@ impl<'a> Sim<'a> {
                     self.dir.set_page(id, TierKind::Host, false);
                 }
             } else if k >= hit.total() {
+                // Recomputed: a stray colder copy behind the missing prefix is redundant now.
+                if self.aware() {
+                    self.dir.set_page(id, TierKind::Host, false);
+                }
                 self.store_new(id);
             }
             ids.push(id);
@@ -200,7 +200,7 @@ impl<'a> Sim<'a> {
             hit.pool as u64 * page_bytes,
             r.output_tokens,
         );
-        let end = r.arrival_ms + latency.ceil() as u64;
+        let end = r.arrival_ms.saturating_add(latency.ceil() as u64);
         self.out.requests[i] = RequestOutcome {
             hit_pages: [hit.device, hit.host, hit.pool],
             latency_ms: latency,
@@ -212,21 +212,6 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// A freshly computed page: write-through copies it on at once.
-    fn store_new(&mut self, id: PageId) {
-        if self.policy != PolicyKind::WriteThrough {
-            return;
-        }
-        if self.cap(TierKind::Host) > 0 {
-            self.dir.set_page(id, TierKind::Host, true);
-            self.out.bytes.device_host += self.cfg.page_bytes;
-        }
-        if self.cap(TierKind::Pool) > 0 {
-            self.dir.set_page(id, TierKind::Pool, true);
-            self.out.bytes.host_pool += self.cfg.page_bytes;
-        }
-    }
-
     fn finish(&mut self, i: usize) -> Result<(), ReplayError> {
         let r = &self.w.requests[i];
         let s = r.session;
@@ -236,6 +221,18 @@ impl<'a> Sim<'a> {
             return Ok(());
         }
         self.table.record_tokens(idx, r.input_tokens, r.output_tokens)?;
+        // The session's working set per tier: where its latest chain's pages are now.
+        let mut ws = [0u64; 3];
+        for hash in &r.blocks {
+            if let Some(id) = self.dir.find(self.ns, hash) {
+                for t in TierKind::ALL.into_iter().filter(|&t| self.dir.is_complete(id, t)) {
+                    ws[t.index()] += u64::from(self.w.block_tokens);
+                }
+            }
+        }
+        for t in TierKind::ALL {
+            self.table.set_working_set(idx, t, ws[t.index()].min(r.input_tokens))?;
+        }
         let paused_now = self.table.set_activity(idx, Activity::Acting)?;
         if !self.aware() {
             if self.remaining[s] == 0 {
@@ -250,14 +247,10 @@ impl<'a> Sim<'a> {
             self.table.end(idx)?;
             self.on_end(idx);
         } else if let Some(t) = r.tool_end_ms {
-            let at = t.saturating_sub(self.cfg.tool_end_lead_ms).max(self.clock_now());
+            let at = t.saturating_sub(self.cfg.tool_end_lead_ms).max(self.table.now_ms());
             self.events.push(Reverse((at, Event::ToolEnd(s))));
         }
         self.control()
-    }
-
-    fn clock_now(&self) -> u64 {
-        self.table.now_ms()
     }
 
     fn tool_end(&mut self, s: usize) -> Result<(), ReplayError> {
@@ -307,50 +300,18 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// A paused session: its device pages become the first eviction candidates (idle
-    /// sessions go first) and get their host copy on the way out, so the device room goes
-    /// to active sessions only when they need it and nothing is copied twice. With a pool,
-    /// its host pages get a pool copy now, so that host can drop them later for free.
-    fn demote(&mut self, idx: u32) {
-        if self.cap(TierKind::Pool) > 0 {
-            let backed = demote_session_pages(&mut self.dir, idx, TierKind::Host, TierKind::Pool);
-            self.out.bytes.host_pool += backed.copied as u64 * self.cfg.page_bytes;
-            for &id in &backed.pages {
-                self.dir.set_retain(id, 0);
-            }
-            self.evict(TierKind::Pool);
-        }
-    }
-
-    /// Brings the session's latest chain back to the device ahead of its next turn.
-    fn prefetch(&mut self, s: usize) {
-        let Some(i) = self.last_req[s] else { return };
-        let blocks = &self.w.requests[i].blocks;
-        let copied = prefetch_chain(&mut self.dir, self.ns, blocks, TierKind::Device);
-        for &(id, src) in &copied {
-            self.out.bytes.host_device += self.cfg.page_bytes;
-            if src == TierKind::Pool {
-                self.out.bytes.pool_host += self.cfg.page_bytes;
-            } else {
-                self.dir.set_page(id, TierKind::Host, false);
-            }
-        }
-        for (id, _) in copied.iter().rev() {
-            self.dir.touch(*id, false);
-        }
-        self.evict(TierKind::Device);
-        self.evict(TierKind::Host);
-    }
-
-    /// An ended session: pages no live session holds and at most two sessions ever used
-    /// (its own, or a parent's and a child's) go first from now on. Prefixes that many
-    /// sessions used (system prompts) keep their priority.
+    /// An ended session: of its latest chain, the pages no live session holds go first from
+    /// now on when only this session ever used them, and lose their shared priority (plain
+    /// LRU from now on) when others did. Pages a live session holds keep theirs.
     fn on_end(&mut self, idx: u32) {
-        self.lineage.remove(idx);
         let Some(s) = self.idx.iter().position(|&x| x == idx) else {
             return;
         };
         self.idx[s] = 0;
+        if !self.aware() {
+            return;
+        }
+        self.lineage.remove(idx);
         let Some(i) = self.last_req[s] else { return };
         let blocks = &self.w.requests[i].blocks;
         let stats = self.lineage.stats(blocks);
@@ -362,50 +323,6 @@ impl<'a> Sim<'a> {
                 self.dir.set_session(id, 0);
                 self.dir.set_retain(id, if st.sessions >= 2 { 0 } else { ENDED });
             }
-        }
-    }
-
-    /// Evicts `tier` down to its capacity minus a small slack.
-    fn evict(&mut self, tier: TierKind) {
-        let cap = self.cap(tier);
-        let used = self.dir.complete_count(tier);
-        if used <= cap {
-            return;
-        }
-        let n = used - cap + cap / EVICT_SLACK_DIVISOR;
-        let cands = self.dir.eviction_candidates(tier);
-        let victims = if self.aware() && tier == TierKind::Device {
-            let table = &self.table;
-            select_victims(cands, n, |s| table.is_idle(s))
-        } else {
-            select_victims(cands, n, |_| false)
-        };
-        let mut spilled = false;
-        for id in victims {
-            let colder = tier.colder().filter(|&c| self.cap(c) > 0);
-            let spill_to = match (self.policy, colder) {
-                (PolicyKind::SessionAware, Some(c)) => Some(c),
-                (PolicyKind::WriteThrough, Some(TierKind::Pool)) => Some(TierKind::Pool),
-                _ => None,
-            };
-            if let Some(c) = spill_to {
-                let held = TierKind::ALL.iter().any(|&t| t >= c && self.dir.is_complete(id, t));
-                if !held {
-                    self.dir.set_page(id, c, true);
-                    spilled = true;
-                    match tier {
-                        TierKind::Device => self.out.bytes.device_host += self.cfg.page_bytes,
-                        _ => self.out.bytes.host_pool += self.cfg.page_bytes,
-                    }
-                }
-            }
-            if self.dir.info(id).retain == i8::MIN {
-                self.dir.set_retain(id, 0);
-            }
-            self.dir.set_page(id, tier, false);
-        }
-        if let (true, Some(c)) = (spilled, tier.colder()) {
-            self.evict(c);
         }
     }
 }

@@ -119,4 +119,10 @@ fn costs_follow_the_model() {
         PolicyKind::ALL.map(PolicyKind::name),
         ["device-lru", "write-through", "session-aware"]
     );
+    assert!(c.validate().is_ok());
+    let bad = CostModel {
+        prefill_tokens_per_s: 0.0,
+        ..c
+    };
+    assert!(matches!(bad.validate(), Err(ReplayError::Config(_))));
 }
