@@ -10,6 +10,9 @@ pub mod managed;
 pub mod manifest;
 mod tickets;
 
+#[cfg(test)]
+mod tests;
+
 use std::time::Duration;
 
 use crate::directory::PrefixHit;
