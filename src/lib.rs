@@ -5,6 +5,7 @@
 //! device memory, a shared-memory host arena and a shared pool, executes KV hints and
 //! evicts by watermark. The daemon, protocol, client and FFI are thin layers above it.
 
+pub mod bench;
 pub mod clock;
 pub mod directory;
 pub mod events;
@@ -14,6 +15,9 @@ pub mod manager;
 pub mod page;
 pub mod policy;
 pub mod pool;
+pub mod replay;
+pub mod router_hint;
+pub mod session;
 pub mod tier;
 pub mod transfer;
 

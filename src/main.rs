@@ -1,35 +1,53 @@
-//! The `kvtier` binary: a thin command line over the library.
-
-mod bench;
+//! The `kvtier` binary: one command with subcommands. Thin: each subcommand's code lives
+//! in the library.
 
 use clap::{Parser, Subcommand};
 
-#[derive(Parser)]
-#[command(name = "kvtier", version, about = "Per-node KV-cache tier manager")]
+#[derive(Debug, Parser)]
+#[command(
+    name = "kvtier",
+    version,
+    about = "Per-node KV-cache tier manager for LLM inference engines"
+)]
 struct Cli {
     #[command(subcommand)]
-    cmd: Cmd,
+    command: Command,
 }
 
-#[derive(Subcommand)]
-enum Cmd {
-    /// Measure kvtier against a reference in the same run.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay a trace or a generated agentic workload against the cache policies.
+    Replay(Box<kvtier::replay::cli::ReplayArgs>),
+    /// Measure kvtier against a physical reference taken in the same run.
     #[command(subcommand)]
-    Bench(BenchCmd),
+    Bench(Bench),
 }
 
-#[derive(Subcommand)]
-enum BenchCmd {
-    /// Put and get throughput of the shared pool against the backend's raw client.
-    Pool(bench::pool::PoolBenchArgs),
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Page-move throughput between tiers against single-thread memcpy.
+    Transfer(kvtier::bench::transfer::TransferArgs),
+    /// Prefix-lookup throughput and directory bytes per page.
+    Index(kvtier::bench::index::IndexArgs),
+    /// Host arena mapping time with parallel first touch against one thread.
+    Arena(kvtier::bench::arena::ArenaArgs),
+    /// Pool put/get throughput through kvtier against the backend's own client.
+    Pool(kvtier::bench::pool::PoolBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().cmd {
-        Cmd::Bench(BenchCmd::Pool(args)) => bench::pool::run(args),
+    match Cli::parse().command {
+        Command::Replay(a) => kvtier::replay::cli::run(*a),
+        Command::Bench(Bench::Transfer(a)) => kvtier::bench::transfer::run(a),
+        Command::Bench(Bench::Index(a)) => kvtier::bench::index::run(a),
+        Command::Bench(Bench::Arena(a)) => kvtier::bench::arena::run(a),
+        Command::Bench(Bench::Pool(a)) => kvtier::bench::pool::run(a),
     }
 }

@@ -11,13 +11,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::pool::PoolBackend;
+use crate::pool::local::LocalPool;
+use crate::pool::mooncake::{MooncakeConfig, MooncakePool};
+use crate::tier::device::pattern;
+use crate::tier::host::{ArenaOptions, HostArena, SlotId};
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use kvtier::pool::PoolBackend;
-use kvtier::pool::local::LocalPool;
-use kvtier::pool::mooncake::{MooncakeConfig, MooncakePool};
-use kvtier::tier::device::pattern;
-use kvtier::tier::host::{ArenaOptions, HostArena, SlotId};
 use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -174,7 +174,7 @@ fn bench_mooncake(
     }
     let pool = MooncakePool::start(cfg, Some(arena.clone()))?;
     let h = pool.wait_healthy(Duration::from_secs(30));
-    if h != kvtier::pool::PoolHealth::Ok {
+    if h != crate::pool::PoolHealth::Ok {
         bail!(
             "Mooncake pool not healthy: {h:?} (helper log in {})",
             pool.run_dir().display()

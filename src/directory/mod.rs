@@ -10,10 +10,10 @@
 //! addressing index, and side tables only for the rare pages that are partial or in flight.
 
 mod bitset;
+mod index;
 
 use std::collections::HashMap;
 
-use hashbrown::HashTable;
 use serde::Serialize;
 
 pub use bitset::ObjectSet;
@@ -22,6 +22,7 @@ use crate::events::{PageEvent, PageEventKind};
 use crate::layout::Layout;
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::tier::TierKind;
+use index::PageIndex;
 
 const ABSENT: u8 = 0;
 const PARTIAL: u8 = 1;
@@ -120,7 +121,7 @@ pub struct PageInfo {
 #[derive(Debug, Default)]
 pub struct Directory {
     layouts: Vec<(Namespace, Layout)>,
-    table: HashTable<u32>,
+    table: PageIndex,
     records: Vec<PageRecord>,
     live: Vec<bool>,
     free: Vec<u32>,
@@ -198,14 +199,17 @@ impl Directory {
     }
 
     pub fn find(&self, ns: NamespaceId, hash: &PageHash) -> Option<PageId> {
-        let h = hash.table_hash(ns);
-        let records = &self.records;
+        self.find_hashed(ns, hash, hash.table_hash(ns))
+    }
+
+    #[inline]
+    fn find_hashed(&self, ns: NamespaceId, hash: &PageHash, h: u64) -> Option<PageId> {
         self.table
-            .find(h, |&i| {
-                let r = &records[i as usize];
+            .find(h, |i| {
+                let r = &self.records[i as usize];
                 r.ns == ns && r.hash == *hash
             })
-            .map(|&i| PageId(i))
+            .map(PageId)
     }
 
     /// Finds a page, creating an empty record when it is new.
@@ -240,10 +244,7 @@ impl Directory {
                 self.records.len() as u32 - 1
             }
         };
-        let records = &self.records;
-        self.table.insert_unique(hash.table_hash(ns), idx, |&i| {
-            records[i as usize].hash.table_hash(records[i as usize].ns)
-        });
+        self.table.insert(hash.table_hash(ns), idx);
         Ok(PageId(idx))
     }
 
@@ -477,10 +478,7 @@ impl Directory {
         if !rec.is_empty() || !self.live[id.0 as usize] {
             return;
         }
-        let h = rec.hash.table_hash(rec.ns);
-        if let Ok(entry) = self.table.find_entry(h, |&i| i == id.0) {
-            entry.remove();
-        }
+        self.table.remove(rec.hash.table_hash(rec.ns), id.0);
         self.live[id.0 as usize] = false;
         self.free.push(id.0);
     }
@@ -527,11 +525,25 @@ impl Directory {
     pub fn lookup_prefix(&self, ns: NamespaceId, hashes: &[PageHash]) -> PrefixHit {
         // Prefix lengths where every page so far is complete on device, on device-or-host,
         // and anywhere. Each is monotone, so credit per tier is a difference.
-        let (mut d, mut h, mut p) = (0usize, 0usize, 0usize);
+        let (mut d, mut hn, mut p) = (0usize, 0usize, 0usize);
         let mut d_open = true;
         let mut h_open = true;
-        for hash in hashes {
-            let Some(id) = self.find(ns, hash) else { break };
+        // Hash a window ahead and prefetch its index slots, so that the misses of several
+        // pages are in flight at once.
+        const AHEAD: usize = 8;
+        let mut ring = [0u64; AHEAD];
+        for (i, hash) in hashes.iter().take(AHEAD).enumerate() {
+            ring[i] = hash.table_hash(ns);
+            self.table.prefetch(ring[i]);
+        }
+        for (i, hash) in hashes.iter().enumerate() {
+            let h = ring[i % AHEAD];
+            if let Some(next) = hashes.get(i + AHEAD) {
+                let nh = next.table_hash(ns);
+                ring[i % AHEAD] = nh;
+                self.table.prefetch(nh);
+            }
+            let Some(id) = self.find_hashed(ns, hash, h) else { break };
             let s = self.records[id.0 as usize].state;
             let dev = s & 3 == COMPLETE;
             let host = (s >> 2) & 3 == COMPLETE;
@@ -542,13 +554,13 @@ impl Directory {
             d_open &= dev;
             h_open &= dev || host;
             d += usize::from(d_open);
-            h += usize::from(h_open);
+            hn += usize::from(h_open);
             p += 1;
         }
         PrefixHit {
             device: d,
-            host: h - d,
-            pool: p - h,
+            host: hn - d,
+            pool: p - hn,
         }
     }
 
@@ -583,7 +595,7 @@ impl Directory {
     /// Approximate heap bytes held by the directory's structures.
     pub fn heap_bytes(&self) -> usize {
         let rec = self.records.capacity() * std::mem::size_of::<PageRecord>() + self.live.capacity();
-        let table = self.table.capacity() * (std::mem::size_of::<u32>() + 1);
+        let table = self.table.heap_bytes();
         let side = (self.partial.capacity() + self.inflight.capacity())
             * (std::mem::size_of::<((u32, u8), ObjectSet)>() + 1)
             + self
