@@ -6,7 +6,9 @@
 //! evicts by watermark. The daemon, protocol, client and FFI are thin layers above it.
 
 pub mod bench;
+pub mod client;
 pub mod clock;
+pub mod daemon;
 pub mod directory;
 pub mod events;
 pub mod hints;
@@ -15,6 +17,7 @@ pub mod manager;
 pub mod page;
 pub mod policy;
 pub mod pool;
+pub mod protocol;
 pub mod replay;
 pub mod router_hint;
 pub mod session;

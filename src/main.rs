@@ -16,6 +16,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the per-node daemon.
+    Serve(kvtier::daemon::cli::ServeArgs),
     /// Replay a trace or a generated agentic workload against the cache policies.
     Replay(Box<kvtier::replay::cli::ReplayArgs>),
     /// Measure kvtier against a physical reference taken in the same run.
@@ -33,21 +35,30 @@ enum Bench {
     Arena(kvtier::bench::arena::ArenaArgs),
     /// Pool put/get throughput through kvtier against the backend's own client.
     Pool(kvtier::bench::pool::PoolBenchArgs),
+    /// Control-socket round trips against a raw Unix-socket echo.
+    Control(kvtier::bench::control::ControlArgs),
 }
 
 fn main() -> anyhow::Result<()> {
+    // `serve` logs at info by default; the measuring commands only warn.
+    let default = match std::env::args().nth(1).as_deref() {
+        Some("serve") => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Serve(a) => kvtier::daemon::cli::run(a),
         Command::Replay(a) => kvtier::replay::cli::run(*a),
         Command::Bench(Bench::Transfer(a)) => kvtier::bench::transfer::run(a),
         Command::Bench(Bench::Index(a)) => kvtier::bench::index::run(a),
         Command::Bench(Bench::Arena(a)) => kvtier::bench::arena::run(a),
         Command::Bench(Bench::Pool(a)) => kvtier::bench::pool::run(a),
+        Command::Bench(Bench::Control(a)) => kvtier::bench::control::run(a),
     }
 }

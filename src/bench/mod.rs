@@ -3,6 +3,7 @@
 //! shared machine means little.
 
 pub mod arena;
+pub mod control;
 pub mod index;
 pub mod pool;
 pub mod transfer;

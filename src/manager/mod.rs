@@ -13,6 +13,7 @@ mod engine;
 mod hints;
 mod host_io;
 mod inproc;
+mod recover;
 mod state;
 mod stats;
 mod tiers;

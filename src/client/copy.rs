@@ -1,0 +1,84 @@
+//! The rank's side of a transfer: device → arena slots for a store, arena slots →
+//! device for a load, through the registered [`DeviceRegion`].
+
+use std::sync::Arc;
+
+use crate::protocol::ObjectSlot;
+use crate::tier::device::ObjectCopy;
+use crate::tier::host::{HostArena, SlotId};
+
+use super::{Client, ClientError, StorePlan};
+
+impl Client {
+    fn device(&self) -> Result<Arc<dyn crate::tier::device::DeviceRegion>, ClientError> {
+        self.device
+            .read()
+            .clone()
+            .ok_or_else(|| ClientError::BadInput("register a device region first".into()))
+    }
+
+    fn check_slots(&self, arena: &HostArena, slots: &[ObjectSlot]) -> Result<(), ClientError> {
+        for s in slots {
+            let o = s.object as usize;
+            if o >= self.layout.object_count() || s.slot >= arena.slots() {
+                return Err(ClientError::Protocol(format!(
+                    "grant names object {o} in slot {}",
+                    s.slot
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the plan's objects from the device into their slots. Returns, per granted
+    /// page, whether it was written.
+    pub fn write_plan(&self, plan: &StorePlan, device_slots: &[u32]) -> Result<Vec<bool>, ClientError> {
+        let dev = self.device()?;
+        let objects = self.layout.objects();
+        for page in &plan.pages {
+            let dev_slot = *device_slots
+                .get(page.index as usize)
+                .ok_or_else(|| ClientError::Protocol(format!("grant names page {}", page.index)))?;
+            self.check_slots(&plan.arena, &page.slots)?;
+            let mut batch = Vec::with_capacity(page.slots.len());
+            for s in &page.slots {
+                let o = s.object as usize;
+                let len = self.layout.object_bytes(o) as usize;
+                // SAFETY: the grant gives this rank the slot exclusively until commit/abort.
+                let host = unsafe { plan.arena.slot_mut(SlotId(s.slot), len)? };
+                batch.push(ObjectCopy::new(dev_slot, objects[o].part, host));
+            }
+            dev.copy_to_host(&mut batch)?;
+        }
+        Ok(vec![true; plan.pages.len()])
+    }
+
+    /// Copies granted pages from their slots into the device.
+    pub(super) fn read_pages(
+        &self,
+        arena: &HostArena,
+        pages: &[Vec<ObjectSlot>],
+        device_slots: &[u32],
+    ) -> Result<(), ClientError> {
+        let dev = self.device()?;
+        let objects = self.layout.objects();
+        for (slots, &dev_slot) in pages.iter().zip(device_slots) {
+            self.check_slots(arena, slots)?;
+            let mut batch = Vec::with_capacity(slots.len());
+            for s in slots {
+                let o = s.object as usize;
+                let len = self.layout.object_bytes(o) as usize;
+                // SAFETY: the load grant holds the page against eviction; nobody writes it.
+                let host = unsafe { arena.slot(SlotId(s.slot), len)? };
+                let part = if self.layout.attention() == crate::layout::AttentionKind::Mla {
+                    crate::layout::Part::Latent
+                } else {
+                    objects[o].part
+                };
+                batch.push(ObjectCopy::new(dev_slot, part, host));
+            }
+            dev.copy_from_host(&batch)?;
+        }
+        Ok(())
+    }
+}

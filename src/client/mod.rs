@@ -1,0 +1,362 @@
+//! `kvtier::client`: the engine-side library one rank links.
+//!
+//! Blocking and thread-safe (calls on one client are serialised; share it behind an
+//! `Arc`). Every call has a timeout. The client maps the daemon's host arena and runs the
+//! device↔host copies of its own rank through the [`DeviceRegion`] trait (the emulated
+//! device here, CUDA later), then reports completion; bulk bytes never cross the socket.
+//! A dead daemon is a typed [`ClientError::Unavailable`] returned at once, and the next
+//! call reconnects when the daemon is back.
+
+mod conn;
+mod copy;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::directory::PrefixHit;
+use crate::hints::{Hint, HintOutcome};
+use crate::layout::{Layout, LayoutError, LayoutSpec};
+use crate::page::PageHash;
+use crate::protocol::{
+    ArenaInfo, DaemonStats, DeviceInfo, GrantPage, Identity, LoadWait, RemoteError, Request, Response, SessionPhase,
+    TicketStatus,
+};
+use crate::tier::device::{DeviceError, DeviceRegion};
+use crate::tier::host::{ArenaError, HostArena};
+
+use conn::Conn;
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The daemon is not reachable (not running, restarting, or the connection broke).
+    #[error("kvtier daemon unavailable: {0}")]
+    Unavailable(String),
+    #[error("the daemon did not answer in time")]
+    Timeout,
+    /// The daemon refused the request.
+    #[error("daemon refused: {0}")]
+    Remote(#[from] RemoteError),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error(transparent)]
+    Arena(#[from] ArenaError),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("{0}")]
+    BadInput(String),
+}
+
+/// How to reach the daemon, and who this rank is.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub socket: PathBuf,
+    pub identity: Identity,
+    pub layout: LayoutSpec,
+    /// Timeout of every call (and of the daemon-side waits it asks for). Default: 5 s.
+    pub timeout: Duration,
+    /// Largest response frame accepted. Default: 4 MiB.
+    pub max_frame_bytes: usize,
+}
+
+impl ClientConfig {
+    pub fn new(socket: impl Into<PathBuf>, identity: Identity, layout: LayoutSpec) -> Self {
+        Self {
+            socket: socket.into(),
+            identity,
+            layout,
+            timeout: Duration::from_secs(5),
+            max_frame_bytes: crate::protocol::DEFAULT_MAX_BODY,
+        }
+    }
+
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// Slots granted for a store; write them, then [`Client::commit`] or [`Client::abort`].
+#[derive(Debug)]
+pub struct StorePlan {
+    pub grant: u64,
+    /// Pages (by position in the request) whose objects this rank must write.
+    pub pages: Vec<GrantPage>,
+    arena: Arc<HostArena>,
+}
+
+/// What a finished store did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreReceipt {
+    /// Wait on it for the pages to be complete across every rank.
+    pub ticket: u64,
+    /// Pages this rank wrote objects for (the others were already on host).
+    pub written: usize,
+    /// Pages of the request complete across every rank at commit time.
+    pub complete: u32,
+}
+
+/// The rank of a connected client.
+pub struct Client {
+    cfg: ClientConfig,
+    layout: Layout,
+    conn: Mutex<Option<Conn>>,
+    device: RwLock<Option<Arc<dyn DeviceRegion>>>,
+}
+
+impl Client {
+    /// Connects (the daemon must be up: otherwise `Unavailable` at once).
+    pub fn connect(cfg: ClientConfig) -> Result<Self, ClientError> {
+        let layout = cfg.layout.clone().build()?;
+        layout.rank_objects(cfg.identity.tp_rank, cfg.identity.pp_rank)?;
+        let c = Self {
+            cfg,
+            layout,
+            conn: Mutex::new(None),
+            device: RwLock::new(None),
+        };
+        c.call(Request::Ping { payload: Vec::new() })?;
+        Ok(c)
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.cfg.identity
+    }
+
+    fn device_request(dev: &dyn DeviceRegion) -> Request {
+        Request::RegisterDevice(DeviceInfo {
+            kind: dev.kind().into(),
+            pages: dev.pages(),
+            object_bytes: dev.object_bytes() as u64,
+        })
+    }
+
+    fn ensure<'a>(&self, slot: &'a mut Option<Conn>) -> Result<&'a mut Conn, ClientError> {
+        if slot.is_none() {
+            let hello = Request::Connect {
+                identity: self.cfg.identity.clone(),
+                layout: self.cfg.layout.clone(),
+            };
+            let dev = self.device.read().as_deref().map(Self::device_request);
+            *slot = Some(Conn::open(
+                &self.cfg.socket,
+                self.cfg.timeout,
+                self.cfg.max_frame_bytes,
+                hello,
+                dev,
+            )?);
+        }
+        slot.as_mut()
+            .ok_or_else(|| ClientError::Unavailable("no connection".into()))
+    }
+
+    /// One round trip; reconnects first when needed. A remote error is returned as
+    /// `Remote`; a transport error drops the connection.
+    fn call(&self, req: Request) -> Result<Response, ClientError> {
+        let mut guard = self.conn.lock();
+        // A kept connection may have been closed by a daemon that restarted since the last
+        // call: that failure says nothing about the daemon now, so reconnect and try once
+        // more. A request the old daemon never answered is safe to resend: its grants died
+        // with the connection.
+        let mut retry = guard.is_some();
+        loop {
+            let conn = self.ensure(&mut guard)?;
+            match conn.call(&req, self.cfg.max_frame_bytes) {
+                Ok(Response::Error(e)) => return Err(ClientError::Remote(e)),
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    *guard = None;
+                    if !(retry && matches!(e, ClientError::Unavailable(_))) {
+                        return Err(e);
+                    }
+                    retry = false;
+                }
+            }
+        }
+    }
+
+    fn unexpected(r: Response) -> ClientError {
+        ClientError::Protocol(format!("unexpected response {r:?}"))
+    }
+
+    /// Where the daemon's arena is (connects if needed).
+    pub fn arena(&self) -> Result<ArenaInfo, ClientError> {
+        let mut guard = self.conn.lock();
+        Ok(self.ensure(&mut guard)?.arena_info.clone())
+    }
+
+    /// The daemon's id for the current connection, and the objects this rank writes.
+    pub fn connection(&self) -> Result<(u64, Vec<u16>), ClientError> {
+        let mut guard = self.conn.lock();
+        let c = self.ensure(&mut guard)?;
+        Ok((c.connection, c.objects.clone()))
+    }
+
+    fn arena_map(&self) -> Result<Arc<HostArena>, ClientError> {
+        let mut guard = self.conn.lock();
+        Ok(self.ensure(&mut guard)?.arena.clone())
+    }
+
+    /// Registers this rank's device region; copies go through it from now on.
+    pub fn register_device(&self, dev: Arc<dyn DeviceRegion>) -> Result<(), ClientError> {
+        let req = Self::device_request(dev.as_ref());
+        *self.device.write() = Some(dev);
+        match self.call(req)? {
+            Response::Ok => Ok(()),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    pub fn lookup(&self, hashes: &[PageHash]) -> Result<PrefixHit, ClientError> {
+        match self.call(Request::Lookup {
+            hashes: hashes.to_vec(),
+        })? {
+            Response::Lookup(h) => Ok(h),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Asks for slots to store this rank's objects of `hashes`.
+    pub fn begin_store(&self, hashes: &[PageHash], session: &str) -> Result<StorePlan, ClientError> {
+        let arena = self.arena_map()?;
+        match self.call(Request::Store {
+            hashes: hashes.to_vec(),
+            session: session.into(),
+        })? {
+            Response::StoreGrant { grant, pages } => Ok(StorePlan { grant, pages, arena }),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Marks the plan's pages written (`written[i]` for `plan.pages[i]`).
+    pub fn commit(&self, plan: &StorePlan, written: &[bool]) -> Result<StoreReceipt, ClientError> {
+        match self.call(Request::Commit {
+            grant: plan.grant,
+            written: written.to_vec(),
+        })? {
+            Response::Committed { ticket, complete } => Ok(StoreReceipt {
+                ticket,
+                written: written.iter().filter(|&&w| w).count(),
+                complete,
+            }),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    pub fn abort(&self, plan: &StorePlan) -> Result<(), ClientError> {
+        match self.call(Request::Abort { grant: plan.grant })? {
+            Response::Ok => Ok(()),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Offloads pages: `device_slots[i]` holds page `hashes[i]` in this rank's region.
+    /// Copies the rank's objects into the arena, then commits them.
+    pub fn store(&self, hashes: &[PageHash], device_slots: &[u32], session: &str) -> Result<StoreReceipt, ClientError> {
+        if hashes.len() != device_slots.len() {
+            return Err(ClientError::BadInput("one device slot per page hash".into()));
+        }
+        let plan = self.begin_store(hashes, session)?;
+        let written = match self.write_plan(&plan, device_slots) {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = self.abort(&plan);
+                return Err(e);
+            }
+        };
+        self.commit(&plan, &written)
+    }
+
+    /// Loads the leading pages that are complete on host into `device_slots`. Returns how
+    /// many leading pages were loaded: exactly those, never a partial prefix taken whole.
+    pub fn load(&self, hashes: &[PageHash], device_slots: &[u32], wait: LoadWait) -> Result<usize, ClientError> {
+        if hashes.len() != device_slots.len() {
+            return Err(ClientError::BadInput("one device slot per page hash".into()));
+        }
+        let arena = self.arena_map()?;
+        // The daemon must answer before this call times out, so waits are bounded by it.
+        let budget = self.cfg.timeout.saturating_sub(Duration::from_millis(100)).as_millis() as u32;
+        let wait = match wait {
+            LoadWait::WaitComplete => LoadWait::Timeout(budget),
+            LoadWait::Timeout(ms) => LoadWait::Timeout(ms.min(budget)),
+            LoadWait::BestEffort => LoadWait::BestEffort,
+        };
+        let (grant, pages) = match self.call(Request::Load {
+            hashes: hashes.to_vec(),
+            wait,
+        })? {
+            Response::LoadGrant { grant, pages } => (grant, pages),
+            r => return Err(Self::unexpected(r)),
+        };
+        let copied = self.read_pages(&arena, &pages, device_slots);
+        let loaded = if copied.is_ok() { pages.len() as u32 } else { 0 };
+        let done = self.call(Request::LoadDone { grant, loaded });
+        copied?;
+        done?;
+        Ok(pages.len())
+    }
+
+    pub fn poll(&self, ticket: u64) -> Result<TicketStatus, ClientError> {
+        match self.call(Request::Poll { ticket })? {
+            Response::Ticket(t) => Ok(t),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Waits (at most `timeout`, bounded by the call timeout) for a store's pages to be
+    /// complete across every rank.
+    pub fn wait(&self, ticket: u64, timeout: Duration) -> Result<TicketStatus, ClientError> {
+        let ms = timeout.min(self.cfg.timeout.saturating_sub(Duration::from_millis(50)));
+        match self.call(Request::Wait {
+            ticket,
+            timeout_ms: ms.as_millis() as u32,
+        })? {
+            Response::Ticket(t) => Ok(t),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    pub fn removed(&self, hashes: &[PageHash]) -> Result<(), ClientError> {
+        self.expect_ok(Request::Removed {
+            hashes: hashes.to_vec(),
+        })
+    }
+
+    pub fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase) -> Result<(), ClientError> {
+        self.expect_ok(Request::Session {
+            id: id.into(),
+            parent: parent.map(str::to_owned),
+            phase,
+        })
+    }
+
+    pub fn hint(&self, hint: Hint) -> Result<HintOutcome, ClientError> {
+        match self.call(Request::Hint(hint))? {
+            Response::Hint(o) => Ok(o),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    pub fn stats(&self) -> Result<DaemonStats, ClientError> {
+        match self.call(Request::Stats)? {
+            Response::Stats(s) => Ok(s),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    fn expect_ok(&self, req: Request) -> Result<(), ClientError> {
+        match self.call(req)? {
+            Response::Ok => Ok(()),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! The arena manifest: an append-only log of which host slots hold which committed object.
+//!
+//! It lives beside the arena file. Each record is `[u32 body length][u64 xxh3 of the
+//! body][body]`; a torn or corrupt tail (a crash mid-write) ends the replay there. Bodies:
+//!
+//! * `1` namespace: `u16 id`, model, lora, salt, layout (protocol encoding)
+//! * `2` object: `u16 ns`, hash, `u16 object`, `u32 slot`, `u64 len`, `u64 xxh3 of the bytes`
+//! * `3` release: `u32 slot`, hash (only undoes the slot's record when it names that page)
+//!
+//! The file starts with `KVTMANI1` and the arena's slot size. On a clean shutdown the
+//! daemon rewrites it with only the live objects (compaction).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::layout::LayoutSpec;
+use crate::page::{Namespace, PageHash};
+use crate::protocol::codec::{DecodeError, Reader, Writer};
+use crate::protocol::types::{MAX_STR, decode_layout, encode_layout};
+
+use super::BackendError;
+
+const MAGIC: &[u8; 8] = b"KVTMANI1";
+const MAX_RECORD: usize = 1 << 16;
+
+/// One committed object as the manifest remembers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectRecord {
+    pub ns: u16,
+    pub hash: PageHash,
+    pub object: u16,
+    pub slot: u32,
+    pub len: u64,
+    pub checksum: u64,
+}
+
+/// What a replay found.
+#[derive(Debug, Default)]
+pub struct Replay {
+    pub slot_bytes: u64,
+    pub namespaces: Vec<(u16, Namespace, LayoutSpec)>,
+    /// Live objects by slot (a later record for a slot replaces an earlier one).
+    pub objects: HashMap<u32, ObjectRecord>,
+    /// Records after the first unreadable one, which were ignored.
+    pub torn_tail: bool,
+}
+
+/// An open manifest being appended to.
+#[derive(Debug)]
+pub struct Manifest {
+    path: PathBuf,
+    file: File,
+    buf: Vec<u8>,
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> BackendError + '_ {
+    move |source| BackendError::Manifest {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+impl Manifest {
+    /// Writes a fresh manifest (atomically, through a temporary file) holding `namespaces`
+    /// and `objects`, and opens it for appending.
+    pub fn create(
+        path: &Path,
+        slot_bytes: u64,
+        namespaces: &[(u16, Namespace, LayoutSpec)],
+        objects: &[ObjectRecord],
+    ) -> Result<Self, BackendError> {
+        let tmp = path.with_extension("tmp");
+        let mut m = Self {
+            path: path.to_owned(),
+            file: File::create(&tmp).map_err(io(path))?,
+            buf: Vec::with_capacity(4096),
+        };
+        m.buf.extend_from_slice(MAGIC);
+        m.buf.extend_from_slice(&slot_bytes.to_le_bytes());
+        for (id, ns, spec) in namespaces {
+            m.namespace(*id, ns, spec);
+        }
+        for o in objects {
+            m.object(o);
+        }
+        m.flush()?;
+        m.file.sync_all().map_err(io(path))?;
+        std::fs::rename(&tmp, path).map_err(io(path))?;
+        m.file = OpenOptions::new().append(true).open(path).map_err(io(path))?;
+        Ok(m)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn record(&mut self, body: impl FnOnce(&mut Writer)) {
+        let start = self.buf.len();
+        self.buf.extend_from_slice(&[0u8; 12]);
+        body(&mut Writer::new(&mut self.buf));
+        let len = (self.buf.len() - start - 12) as u32;
+        let sum = xxh3_64(&self.buf[start + 12..]);
+        self.buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        self.buf[start + 4..start + 12].copy_from_slice(&sum.to_le_bytes());
+    }
+
+    /// Buffers a namespace record.
+    pub fn namespace(&mut self, id: u16, ns: &Namespace, spec: &LayoutSpec) {
+        self.record(|w| {
+            w.u8(1);
+            w.u16(id);
+            w.str(&ns.model);
+            w.str(&ns.lora);
+            w.str(&ns.salt);
+            encode_layout(w, spec);
+        });
+    }
+
+    /// Buffers an object record.
+    pub fn object(&mut self, o: &ObjectRecord) {
+        self.record(|w| {
+            w.u8(2);
+            w.u16(o.ns);
+            w.hash(&o.hash);
+            w.u16(o.object);
+            w.u32(o.slot);
+            w.u64(o.len);
+            w.u64(o.checksum);
+        });
+    }
+
+    /// Buffers a release record: the slot no longer holds `hash`'s object.
+    pub fn release(&mut self, slot: u32, hash: &PageHash) {
+        self.record(|w| {
+            w.u8(3);
+            w.u32(slot);
+            w.hash(hash);
+        });
+    }
+
+    /// Writes the buffered records with one system call.
+    pub fn flush(&mut self) -> Result<(), BackendError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let r = self.file.write_all(&self.buf).map_err(io(&self.path));
+        self.buf.clear();
+        r
+    }
+
+    /// Reads a manifest back. A missing file is `Ok(None)`.
+    pub fn replay(path: &Path) -> Result<Option<Replay>, BackendError> {
+        let mut bytes = Vec::new();
+        match File::open(path) {
+            Ok(mut f) => f.read_to_end(&mut bytes).map_err(io(path))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(path)(e)),
+        };
+        if bytes.len() < 16 || &bytes[..8] != MAGIC {
+            return Ok(None);
+        }
+        let mut out = Replay {
+            slot_bytes: u64::from_le_bytes(bytes[8..16].try_into().unwrap_or_default()),
+            ..Replay::default()
+        };
+        let mut at = 16;
+        while at < bytes.len() {
+            let Some(body) = next_record(&bytes, at) else {
+                out.torn_tail = true;
+                break;
+            };
+            at += 12 + body.len();
+            if apply(&mut out, body).is_err() {
+                out.torn_tail = true;
+                break;
+            }
+        }
+        Ok(Some(out))
+    }
+}
+
+fn next_record(bytes: &[u8], at: usize) -> Option<&[u8]> {
+    let head = bytes.get(at..at + 12)?;
+    let len = u32::from_le_bytes(head[..4].try_into().ok()?) as usize;
+    let sum = u64::from_le_bytes(head[4..12].try_into().ok()?);
+    if len > MAX_RECORD {
+        return None;
+    }
+    let body = bytes.get(at + 12..at + 12 + len)?;
+    (xxh3_64(body) == sum).then_some(body)
+}
+
+fn apply(out: &mut Replay, body: &[u8]) -> Result<(), DecodeError> {
+    let mut r = Reader::new(body);
+    match r.u8()? {
+        1 => {
+            let id = r.u16()?;
+            let ns = Namespace {
+                model: r.str("model", MAX_STR)?,
+                lora: r.str("lora", MAX_STR)?,
+                salt: r.str("salt", MAX_STR)?,
+            };
+            let spec = decode_layout(&mut r)?;
+            out.namespaces.push((id, ns, spec));
+        }
+        2 => {
+            let o = ObjectRecord {
+                ns: r.u16()?,
+                hash: r.hash()?,
+                object: r.u16()?,
+                slot: r.u32()?,
+                len: r.u64()?,
+                checksum: r.u64()?,
+            };
+            out.objects.insert(o.slot, o);
+        }
+        3 => {
+            let slot = r.u32()?;
+            let hash = r.hash()?;
+            if out.objects.get(&slot).is_some_and(|o| o.hash == hash) {
+                out.objects.remove(&slot);
+            }
+        }
+        tag => {
+            return Err(DecodeError::BadTag {
+                what: "manifest record",
+                tag,
+            });
+        }
+    }
+    r.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_keeps_live_objects_and_stops_at_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("arena.manifest");
+        let spec = LayoutSpec::mha(2, 2, 32, 2, 4);
+        let rec = |slot, n| ObjectRecord {
+            ns: 0,
+            hash: PageHash::from_u64(n),
+            object: 0,
+            slot,
+            len: 512,
+            checksum: n * 7,
+        };
+        let mut m = Manifest::create(&path, 512, &[(0, Namespace::model("m"), spec.clone())], &[rec(1, 1)]).unwrap();
+        m.object(&rec(2, 2));
+        m.object(&rec(3, 3));
+        m.release(2, &PageHash::from_u64(2));
+        m.object(&rec(1, 4)); // slot 1 reused
+        m.release(1, &PageHash::from_u64(1)); // a late release of the old page: ignored
+        m.flush().unwrap();
+        drop(m);
+        // A half-written record at the end.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(&[40, 0, 0, 0, 1, 2, 3]).unwrap();
+        let r = Manifest::replay(&path).unwrap().unwrap();
+        assert_eq!(r.slot_bytes, 512);
+        assert_eq!(r.namespaces, vec![(0, Namespace::model("m"), spec)]);
+        assert!(r.torn_tail);
+        let mut live: Vec<_> = r.objects.values().map(|o| (o.slot, o.hash.prefix_u64())).collect();
+        live.sort();
+        assert_eq!(live, vec![(1, 4), (3, 3)]);
+        assert!(Manifest::replay(&dir.path().join("none")).unwrap().is_none());
+    }
+}

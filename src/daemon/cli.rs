@@ -1,0 +1,153 @@
+//! `kvtier serve`: flags, start-up report, and the daemon's life from bind to clean exit.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use crate::clock::SystemClock;
+
+use super::backend::{Backend, ManagedTiers};
+use super::config::{ConfigError, DaemonConfig};
+use super::connection::Shared;
+use super::server;
+use super::shutdown::Shutdown;
+
+/// Run the per-node daemon.
+#[derive(Args, Debug, Default, Clone)]
+pub struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Control socket path.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Host arena file (shared memory).
+    #[arg(long, value_name = "PATH")]
+    pub arena_path: Option<PathBuf>,
+    /// Host arena size in bytes.
+    #[arg(long, value_name = "BYTES")]
+    pub arena_bytes: Option<u64>,
+    /// Any configuration key: `--set max_connections=64` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl ServeArgs {
+    fn flag_pairs(&self) -> Result<Vec<(String, String)>, ConfigError> {
+        let mut out = Vec::new();
+        for s in &self.set {
+            let (k, v) = s.split_once('=').ok_or_else(|| ConfigError::BadSet(s.clone()))?;
+            out.push((k.trim().to_owned(), v.trim().to_owned()));
+        }
+        let quote = |p: &Path| format!("{:?}", p.display().to_string());
+        if let Some(p) = &self.socket {
+            out.push(("socket".into(), quote(p)));
+        }
+        if let Some(p) = &self.arena_path {
+            out.push(("arena_path".into(), quote(p)));
+        }
+        if let Some(b) = self.arena_bytes {
+            out.push(("arena_bytes".into(), b.to_string()));
+        }
+        Ok(out)
+    }
+}
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default `info`).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let cfg = DaemonConfig::load(args.config.as_deref(), std::env::vars(), &args.flag_pairs()?)?;
+    if args.print_config {
+        print!("{}", toml::to_string(&cfg)?);
+        return Ok(());
+    }
+    serve(cfg, Shutdown::with_signals()?)
+}
+
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    if !dir.as_os_str().is_empty() && !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Binds the control socket, refusing to steal it from a live daemon.
+fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        private_dir(dir)?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            bail!("another daemon is serving {}", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    let listener = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Runs the daemon with a ready configuration until `shutdown` fires.
+pub fn serve(cfg: DaemonConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+    let listener = bind(&cfg.socket)?;
+    if let Some(dir) = cfg.arena_path.parent() {
+        private_dir(dir)?;
+    }
+    let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).context("opening the tiers")?);
+    let stats = backend.stats();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "kvtier serve: control socket {}", cfg.socket.display())?;
+    writeln!(
+        out,
+        "kvtier serve: host arena {} ({} MiB{}), manifest {}",
+        cfg.arena_path.display(),
+        cfg.arena_bytes >> 20,
+        if stats.recovered_pages > 0 {
+            format!(
+                ", {} pages recovered, {} discarded",
+                stats.recovered_pages, stats.discarded_pages
+            )
+        } else {
+            String::new()
+        },
+        backend.manifest_path().display()
+    )?;
+    writeln!(
+        out,
+        "kvtier serve: device {}, local pool {} MiB",
+        cfg.device,
+        cfg.pool_bytes >> 20
+    )?;
+    out.flush()?;
+    drop(out);
+    tracing::info!(socket = %cfg.socket.display(), "serving");
+    let shared = Arc::new(Shared::new(backend.clone(), cfg.limits()));
+    let served = server::run(listener, shutdown, shared, Duration::from_millis(cfg.tick_ms.max(1)));
+    let _ = std::fs::remove_file(&cfg.socket);
+    backend.shutdown().context("compacting the manifest")?;
+    served.context("serving")?;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! One file per command. [`dispatch`] routes a decoded request to its handler; every
+//! handler answers with a response (an error response is still an answer) and never
+//! panics on client input.
+
+mod connect;
+mod hint;
+mod load;
+mod lookup;
+mod removed;
+mod session;
+mod stats;
+mod store;
+mod ticket;
+
+use crate::directory::DirectoryError;
+use crate::manager::ManagerError;
+use crate::protocol::{ErrorCode, Request, Response};
+
+use super::backend::BackendError;
+use super::connection::{Conn, Rank, Shared};
+
+pub(crate) fn dispatch(shared: &Shared, conn: &mut Conn, req: Request) -> Response {
+    match req {
+        Request::Connect { identity, layout } => connect::connect(shared, conn, identity, layout),
+        Request::Ping { payload } => Response::Pong { payload },
+        Request::Stats => stats::stats(shared),
+        other => {
+            if conn.rank.is_none() {
+                return Response::error(ErrorCode::NotConnected, "send Connect first");
+            }
+            run(shared, conn, other).unwrap_or_else(|e| error_response(&e))
+        }
+    }
+}
+
+fn run(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Response, BackendError> {
+    match req {
+        Request::RegisterDevice(d) => connect::register_device(rank(conn)?, d),
+        Request::Lookup { hashes } => lookup::lookup(shared, rank(conn)?, &hashes),
+        Request::Store { hashes, session } => store::store(shared, conn, &hashes, &session),
+        Request::Commit { grant, written } => store::commit(shared, conn, grant, &written),
+        Request::Abort { grant } => store::abort(shared, conn, grant),
+        Request::Load { hashes, wait } => load::load(shared, conn, &hashes, wait),
+        Request::LoadDone { grant, loaded } => load::done(shared, conn, grant, loaded),
+        Request::Poll { ticket } => ticket::status(shared, ticket, 0),
+        Request::Wait { ticket, timeout_ms } => ticket::status(shared, ticket, timeout_ms),
+        Request::Removed { hashes } => removed::removed(shared, conn, &hashes),
+        Request::Session { id, parent, phase } => session::session(shared, &id, parent.as_deref(), phase),
+        Request::Hint(h) => hint::hint(shared, rank(conn)?, &h),
+        Request::Connect { .. } | Request::Ping { .. } | Request::Stats => unreachable_request(),
+    }
+}
+
+fn unreachable_request() -> Result<Response, BackendError> {
+    Ok(Response::error(ErrorCode::Internal, "request routed twice"))
+}
+
+/// The rank a command runs for (`dispatch` has checked that there is one).
+pub(crate) fn rank(conn: &Conn) -> Result<&Rank, BackendError> {
+    conn.rank.as_ref().ok_or(BackendError::UnknownGrant(0))
+}
+
+/// The stable error code of a backend failure.
+pub(crate) fn error_response(e: &BackendError) -> Response {
+    let code = match e {
+        BackendError::Manager(m) => match m {
+            ManagerError::Directory(DirectoryError::LayoutMismatch(_)) => ErrorCode::LayoutMismatch,
+            ManagerError::Directory(DirectoryError::Full(_)) | ManagerError::Busy => ErrorCode::NoSpace,
+            ManagerError::Config(_) | ManagerError::SlotTooSmall { .. } | ManagerError::ObjectSize { .. } => {
+                ErrorCode::BadLayout
+            }
+            ManagerError::UnknownGrant(_) => ErrorCode::UnknownGrant,
+            ManagerError::Hint(_) => ErrorCode::BadHint,
+            ManagerError::Directory(_)
+            | ManagerError::Page(_)
+            | ManagerError::BatchTooLarge { .. }
+            | ManagerError::LengthMismatch { .. }
+            | ManagerError::GrantMismatch { .. }
+            | ManagerError::NoDevice { .. }
+            | ManagerError::NoNamespace => ErrorCode::BadRequest,
+            ManagerError::Arena(_)
+            | ManagerError::Device(_)
+            | ManagerError::Pool(_)
+            | ManagerError::Mooncake(_)
+            | ManagerError::Ticket(_) => ErrorCode::Internal,
+        },
+        BackendError::Hint(_) => ErrorCode::BadHint,
+        BackendError::UnknownGrant(_) => ErrorCode::UnknownGrant,
+        BackendError::FlagCount { .. } => ErrorCode::BadRequest,
+        BackendError::NoSpace => ErrorCode::NoSpace,
+        BackendError::Manifest { .. } => ErrorCode::Internal,
+    };
+    Response::error(code, e.to_string())
+}

@@ -1,0 +1,248 @@
+//! `kvtier serve` configuration: one struct, documented defaults, three sources.
+//!
+//! Precedence, lowest first: the defaults below, a TOML file (`--config`), `KVTIER_*`
+//! environment variables (the key in upper case: `KVTIER_ARENA_BYTES=…`), then flags
+//! (`--socket`, `--arena-path`, `--arena-bytes`, and `--set key=value` for any key).
+//! The daemon runs with no configuration at all.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::manager::Tunables;
+use crate::tier::host::ArenaOptions;
+
+use super::backend::TiersConfig;
+use super::connection::Limits;
+
+/// Every key the daemon reads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Control socket. Default: `$XDG_RUNTIME_DIR/kvtier/kvtier.sock`, or
+    /// `./.kvtier/kvtier.sock` when `XDG_RUNTIME_DIR` is unset.
+    pub socket: PathBuf,
+    /// Host arena file (shared memory). Default: `/dev/shm/kvtier-<uid>/arena` where
+    /// `/dev/shm` exists, else `arena` beside the socket. The manifest sits beside it.
+    pub arena_path: PathBuf,
+    /// Host arena size in bytes. Default: 1 GiB.
+    pub arena_bytes: u64,
+    /// Local shared-memory pool size in bytes (G3), beside the arena (`<arena>.pool`);
+    /// 0 runs without a pool. Default: 2 GiB.
+    pub pool_bytes: u64,
+    /// Device kind engines use when they have no GPU. Default: `"emulated"`.
+    pub device: String,
+    /// Most client connections at once. Default: 256.
+    pub max_connections: usize,
+    /// Most ranks one instance may connect. Default: 64.
+    pub max_ranks: usize,
+    /// Largest frame body accepted. Default: 4 MiB.
+    pub max_frame_bytes: usize,
+    /// Most pages the directory tracks. Default: 4,194,304.
+    pub max_pages: usize,
+    /// Longest a load or ticket wait may block, in ms. Default: 5000.
+    pub max_wait_ms: u64,
+    /// Longest pin/retain TTL in ms; longer ones are clipped. Default: 600,000.
+    pub max_pin_ttl_ms: u64,
+    /// Share of host slots pins may hold. Default: 0.25.
+    pub pin_budget: f64,
+    /// Recover the arena from its manifest at start. Default: true.
+    pub recover: bool,
+    /// Lock the arena in memory (failure is reported, not fatal). Default: true.
+    pub lock_arena: bool,
+    /// Touch the arena at start so first copies do not fault. Default: true.
+    pub prefault: bool,
+    /// Period of background work (TTL expiry), in ms. Default: 100.
+    pub tick_ms: u64,
+}
+
+fn runtime_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("kvtier"),
+        _ => PathBuf::from(".kvtier"),
+    }
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        let dir = runtime_dir();
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        let shm = Path::new("/dev/shm");
+        let arena_path = if shm.is_dir() {
+            shm.join(format!("kvtier-{uid}")).join("arena")
+        } else {
+            dir.join("arena")
+        };
+        Self {
+            socket: dir.join("kvtier.sock"),
+            arena_path,
+            arena_bytes: 1 << 30,
+            pool_bytes: 2 << 30,
+            device: "emulated".into(),
+            max_connections: 256,
+            max_ranks: 64,
+            max_frame_bytes: crate::protocol::DEFAULT_MAX_BODY,
+            max_pages: 1 << 22,
+            max_wait_ms: 5_000,
+            max_pin_ttl_ms: 600_000,
+            pin_budget: 0.25,
+            recover: true,
+            lock_arena: true,
+            prefault: true,
+            tick_ms: 100,
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config: {0}")]
+    Parse(String),
+    #[error("--set {0:?}: expected key=value")]
+    BadSet(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A value as given in the environment or a flag: a TOML literal when it parses as one
+/// (numbers, booleans), a string otherwise.
+fn value(raw: &str) -> toml::Value {
+    format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_owned()))
+}
+
+impl DaemonConfig {
+    /// Builds the configuration from a file, the environment (`KVTIER_*`) and flag pairs.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &[(String, String)],
+    ) -> Result<Self, ConfigError> {
+        let mut table = toml::Table::new();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
+            table = text
+                .parse::<toml::Table>()
+                .map_err(|e| ConfigError::Parse(e.to_string()))?;
+        }
+        let keys = Self::keys();
+        for (k, v) in env {
+            if let Some(key) = k.strip_prefix("KVTIER_").map(str::to_ascii_lowercase)
+                && keys.contains(&key)
+            {
+                table.insert(key, value(&v));
+            }
+        }
+        for (k, v) in flags {
+            table.insert(k.replace('-', "_"), value(v));
+        }
+        let cfg: Self = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Every key, as written in the file.
+    pub fn keys() -> Vec<String> {
+        match toml::Value::try_from(Self::default()) {
+            Ok(toml::Value::Table(t)) => t.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.into()));
+        if self.arena_bytes < 4096 {
+            return bad("arena_bytes must be at least 4096");
+        }
+        if self.max_connections == 0 || self.max_ranks == 0 {
+            return bad("max_connections and max_ranks must be at least 1");
+        }
+        if self.max_frame_bytes < 1024 || self.max_frame_bytes > crate::protocol::DEFAULT_MAX_BODY * 16 {
+            return bad("max_frame_bytes must be between 1 KiB and 64 MiB");
+        }
+        if !(0.0..=1.0).contains(&self.pin_budget) {
+            return bad("pin_budget must be between 0 and 1");
+        }
+        if self.device != "emulated" && self.device != "cuda" {
+            return bad("device must be \"emulated\" or \"cuda\"");
+        }
+        Ok(())
+    }
+
+    pub fn tiers(&self) -> TiersConfig {
+        TiersConfig {
+            arena_path: self.arena_path.clone(),
+            arena_bytes: self.arena_bytes,
+            pool_bytes: self.pool_bytes,
+            max_pages: self.max_pages,
+            max_wait: Duration::from_millis(self.max_wait_ms),
+            recover: self.recover,
+            arena: ArenaOptions {
+                lock: self.lock_arena,
+                prefault: self.prefault,
+                ..ArenaOptions::default()
+            },
+            tunables: Tunables {
+                max_pin_ttl_ms: self.max_pin_ttl_ms,
+                pin_budget: self.pin_budget,
+                ..Tunables::default()
+            },
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_connections: self.max_connections,
+            max_frame_bytes: self.max_frame_bytes,
+            max_ranks: self.max_ranks,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_env_and_flags_layer_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kvtier.toml");
+        std::fs::write(&file, "arena_bytes = 8192\nmax_connections = 7\nsocket = \"/a.sock\"\n").unwrap();
+        let env = vec![
+            ("KVTIER_MAX_CONNECTIONS".to_string(), "9".to_string()),
+            ("KVTIER_RECOVER".to_string(), "false".to_string()),
+            ("KVTIER_UNRELATED".to_string(), "x".to_string()),
+        ];
+        let flags = vec![("socket".to_string(), "/b.sock".to_string())];
+        let c = DaemonConfig::load(Some(&file), env, &flags).unwrap();
+        assert_eq!(c.arena_bytes, 8192);
+        assert_eq!(c.max_connections, 9);
+        assert!(!c.recover);
+        assert_eq!(c.socket, PathBuf::from("/b.sock"));
+        assert_eq!(c.pool_bytes, 2 << 30);
+        let d = DaemonConfig::load(None, Vec::new(), &[]).unwrap();
+        assert_eq!(d, DaemonConfig::default());
+        assert_eq!(d.arena_bytes, 1 << 30);
+        assert!(d.socket.ends_with("kvtier/kvtier.sock") || d.socket.ends_with(".kvtier/kvtier.sock"));
+        assert!(DaemonConfig::load(None, Vec::new(), &[("nope".into(), "1".into())]).is_err());
+        assert!(DaemonConfig::load(None, Vec::new(), &[("pin_budget".into(), "2.0".into())]).is_err());
+        assert!(DaemonConfig::keys().contains(&"arena_path".to_string()));
+    }
+}

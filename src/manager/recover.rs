@@ -1,0 +1,108 @@
+//! Re-adopting host pages after a daemon restart.
+//!
+//! The host arena is a shared-memory file that outlives the daemon process. A restarted
+//! daemon reopens it without truncating ([`Manager::open_existing_arena`]), verifies its
+//! own records of what each slot held, and hands every page that checked out back to the
+//! manager ([`Manager::adopt_host_page`]). What is in the file is the caller's to vouch
+//! for: the manager only books the slots and marks the pages complete on host.
+
+use std::sync::Arc;
+
+use super::{Manager, ManagerError};
+use crate::layout::Layout;
+use crate::page::{Namespace, NamespaceId, PageHash};
+use crate::tier::TierKind;
+use crate::tier::host::{HostArena, SlotId};
+
+impl Manager {
+    /// Every registered namespace with its id and layout (what a journal must record).
+    pub fn namespaces(&self) -> Vec<(NamespaceId, Namespace, Layout)> {
+        let st = self.inner.state.lock();
+        st.dir
+            .namespaces()
+            .map(|(id, n, l)| (id, n.clone(), l.clone()))
+            .collect()
+    }
+
+    /// Maps the existing arena file at the configured path, keeping its bytes, with every
+    /// slot free until pages are adopted. Must run before the first namespace is
+    /// registered (which would otherwise create a fresh, empty arena).
+    pub fn open_existing_arena(&self, slot_bytes: u64) -> Result<Arc<HostArena>, ManagerError> {
+        let _guard = self.inner.state.lock();
+        if self.inner.arena.get().is_some() {
+            return Err(ManagerError::Config("the host arena is already open".into()));
+        }
+        let cfg = &self.inner.cfg;
+        let arena = Arc::new(HostArena::open(&cfg.host_path, slot_bytes, &cfg.arena)?);
+        let _ = self.inner.arena.set(arena.clone());
+        Ok(arena)
+    }
+
+    /// Marks a page complete on host whose objects already sit in `slots` (one per object
+    /// of the layout, in canonical order). The slots are taken out of the free list.
+    pub fn adopt_host_page(&self, ns: NamespaceId, hash: &PageHash, slots: &[SlotId]) -> Result<(), ManagerError> {
+        let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
+        let mut st = self.inner.state.lock();
+        let count = st.dir.layout(ns)?.object_count();
+        if slots.len() != count {
+            return Err(ManagerError::GrantMismatch {
+                id: 0,
+                pages: count,
+                got: slots.len(),
+            });
+        }
+        if let Some(bad) = slots.iter().find(|s| s.0 >= arena.slots()) {
+            return Err(ManagerError::Arena(crate::tier::host::ArenaError::BadSlot(bad.0)));
+        }
+        let id = st.dir.find_or_insert(ns, hash)?;
+        for (o, &slot) in slots.iter().enumerate() {
+            if !arena.claim(slot) {
+                return Err(ManagerError::Config(format!("slot {} is adopted twice", slot.0)));
+            }
+            st.set_host_slot(id, o, count, Some(slot));
+            st.dir.set_object(id, TierKind::Host, o, true)?;
+        }
+        self.publish(&mut st);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SimClock;
+    use crate::layout::LayoutSpec;
+    use crate::manager::ManagerConfig;
+
+    #[test]
+    fn adopted_pages_are_host_hits_and_keep_their_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ManagerConfig::in_dir(dir.path(), 1 << 20, None);
+        let layout = LayoutSpec::mha(2, 2, 32, 2, 4).build().unwrap();
+        let slot = layout.max_object_bytes().div_ceil(64) * 64;
+        // A first life writes the arena file.
+        std::fs::write(&cfg.host_path, vec![7u8; 1 << 20]).unwrap();
+        let m = Manager::new(cfg, SimClock::new()).unwrap();
+        let arena = m.open_existing_arena(slot).unwrap();
+        assert!(m.open_existing_arena(slot).is_err());
+        let ns = m.register_namespace(Namespace::model("m"), layout).unwrap();
+        assert_eq!(m.namespaces()[0].1, Namespace::model("m"));
+        let h = PageHash::from_u64(5);
+        m.adopt_host_page(ns, &h, &[SlotId(3), SlotId(9)]).unwrap();
+        assert_eq!(m.lookup(ns, &[h]).unwrap().host, 1);
+        assert_eq!(arena.used(), 2);
+        assert_eq!(unsafe { arena.slot(SlotId(3), 4).unwrap() }, &[7, 7, 7, 7]);
+        let g = m
+            .begin_load(ns, 0, 0, &[h], crate::manager::LoadWait::BestEffort, 1)
+            .unwrap();
+        assert_eq!(
+            g.pages[0].objects.iter().map(|o| o.1).collect::<Vec<_>>(),
+            vec![SlotId(3), SlotId(9)]
+        );
+        assert!(
+            m.adopt_host_page(ns, &PageHash::from_u64(6), &[SlotId(3), SlotId(4)])
+                .is_err()
+        );
+        assert!(m.adopt_host_page(ns, &PageHash::from_u64(6), &[SlotId(4)]).is_err());
+    }
+}

@@ -1,0 +1,268 @@
+//! Requests and responses, with their one-byte kinds and body encodings.
+//!
+//! Request kinds are `0x01..=0x7f`, response kinds `0x80..=0xff`; field order on the
+//! wire is the order of the struct fields below. Request bodies are coded here, response
+//! bodies in `response.rs`.
+
+use crate::directory::PrefixHit;
+use crate::hints::{Hint, HintOutcome};
+use crate::layout::LayoutSpec;
+use crate::page::PageHash;
+
+use super::codec::{DecodeError, Reader, Writer};
+use super::error::RemoteError;
+use super::frame::encode_frame;
+use super::hint::{decode_hint, encode_hint};
+use super::types::*;
+
+/// A request from an engine rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Connect {
+        identity: Identity,
+        layout: LayoutSpec,
+    },
+    RegisterDevice(DeviceInfo),
+    Lookup {
+        hashes: Vec<PageHash>,
+    },
+    Store {
+        hashes: Vec<PageHash>,
+        session: String,
+    },
+    /// One flag per page of the grant: whether its objects were written.
+    Commit {
+        grant: u64,
+        written: Vec<bool>,
+    },
+    Abort {
+        grant: u64,
+    },
+    Load {
+        hashes: Vec<PageHash>,
+        wait: LoadWait,
+    },
+    /// The rank has copied the first `loaded` pages of a load grant into its device; the
+    /// grant's slots may be evicted again.
+    LoadDone {
+        grant: u64,
+        loaded: u32,
+    },
+    Poll {
+        ticket: u64,
+    },
+    Wait {
+        ticket: u64,
+        timeout_ms: u32,
+    },
+    Removed {
+        hashes: Vec<PageHash>,
+    },
+    Session {
+        id: String,
+        parent: Option<String>,
+        phase: SessionPhase,
+    },
+    Hint(Hint),
+    Stats,
+    Ping {
+        payload: Vec<u8>,
+    },
+}
+
+/// The daemon's answer to one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    Connected {
+        connection: u64,
+        arena: ArenaInfo,
+        objects: Vec<u16>,
+    },
+    Ok,
+    Lookup(PrefixHit),
+    StoreGrant {
+        grant: u64,
+        pages: Vec<GrantPage>,
+    },
+    Committed {
+        ticket: u64,
+        complete: u32,
+    },
+    /// `pages[i]` are the rank's slots of page `i`; exactly `pages.len()` leading pages load.
+    LoadGrant {
+        grant: u64,
+        pages: Vec<Vec<ObjectSlot>>,
+    },
+    Ticket(TicketStatus),
+    Hint(HintOutcome),
+    Stats(DaemonStats),
+    Pong {
+        payload: Vec<u8>,
+    },
+    Error(RemoteError),
+}
+
+macro_rules! kinds {
+    ($($name:ident = $v:expr),* $(,)?) => {
+        /// Message kinds (frame header byte 3).
+        pub mod kind { $(pub const $name: u8 = $v;)* }
+    };
+}
+
+kinds! {
+    CONNECT = 0x01, REGISTER_DEVICE = 0x02, LOOKUP = 0x03, STORE = 0x04, COMMIT = 0x05,
+    ABORT = 0x06, LOAD = 0x07, LOAD_DONE = 0x08, POLL = 0x09, WAIT = 0x0a, REMOVED = 0x0b,
+    SESSION = 0x0c, HINT = 0x0d, STATS = 0x0e, PING = 0x0f,
+    R_CONNECTED = 0x81, R_OK = 0x82, R_LOOKUP = 0x83, R_STORE_GRANT = 0x84, R_COMMITTED = 0x85,
+    R_LOAD_GRANT = 0x86, R_TICKET = 0x87, R_HINT = 0x88, R_STATS = 0x89, R_PONG = 0x8a,
+    R_ERROR = 0xff,
+}
+
+/// Largest ping payload.
+pub(crate) const MAX_PING: usize = 1 << 20;
+
+impl Request {
+    pub fn kind(&self) -> u8 {
+        use kind::*;
+        match self {
+            Request::Connect { .. } => CONNECT,
+            Request::RegisterDevice(_) => REGISTER_DEVICE,
+            Request::Lookup { .. } => LOOKUP,
+            Request::Store { .. } => STORE,
+            Request::Commit { .. } => COMMIT,
+            Request::Abort { .. } => ABORT,
+            Request::Load { .. } => LOAD,
+            Request::LoadDone { .. } => LOAD_DONE,
+            Request::Poll { .. } => POLL,
+            Request::Wait { .. } => WAIT,
+            Request::Removed { .. } => REMOVED,
+            Request::Session { .. } => SESSION,
+            Request::Hint(_) => HINT,
+            Request::Stats => STATS,
+            Request::Ping { .. } => PING,
+        }
+    }
+
+    /// Appends the whole frame for this request to `out`.
+    pub fn encode(&self, request_id: u64, out: &mut Vec<u8>) {
+        encode_frame(out, self.kind(), request_id, |buf| {
+            self.encode_body(&mut Writer::new(buf))
+        });
+    }
+
+    fn encode_body(&self, w: &mut Writer) {
+        match self {
+            Request::Connect { identity, layout } => {
+                identity.encode(w);
+                encode_layout(w, layout);
+            }
+            Request::RegisterDevice(d) => {
+                w.str(&d.kind);
+                w.u32(d.pages);
+                w.u64(d.object_bytes);
+            }
+            Request::Lookup { hashes } | Request::Removed { hashes } => w.hashes(hashes),
+            Request::Store { hashes, session } => {
+                w.hashes(hashes);
+                w.str(session);
+            }
+            Request::Commit { grant, written } => {
+                w.u64(*grant);
+                w.count(written.len());
+                written.iter().for_each(|&b| w.bool(b));
+            }
+            Request::Abort { grant } => w.u64(*grant),
+            Request::LoadDone { grant, loaded } => {
+                w.u64(*grant);
+                w.u32(*loaded);
+            }
+            Request::Load { hashes, wait } => {
+                w.hashes(hashes);
+                wait.encode(w);
+            }
+            Request::Poll { ticket } => w.u64(*ticket),
+            Request::Wait { ticket, timeout_ms } => {
+                w.u64(*ticket);
+                w.u32(*timeout_ms);
+            }
+            Request::Session { id, parent, phase } => {
+                w.str(id);
+                w.bool(parent.is_some());
+                w.str(parent.as_deref().unwrap_or(""));
+                w.u8(phase.code());
+            }
+            Request::Hint(h) => encode_hint(w, h),
+            Request::Stats => {}
+            Request::Ping { payload } => w.bytes(payload),
+        }
+    }
+
+    /// Decodes a request body of the given kind. Never panics; every byte must be used.
+    pub fn decode(kind: u8, body: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(body);
+        let req = match kind {
+            kind::CONNECT => Request::Connect {
+                identity: Identity::decode(&mut r)?,
+                layout: decode_layout(&mut r)?,
+            },
+            kind::REGISTER_DEVICE => Request::RegisterDevice(DeviceInfo {
+                kind: r.str("device kind", 64)?,
+                pages: r.u32()?,
+                object_bytes: r.u64()?,
+            }),
+            kind::LOOKUP => Request::Lookup {
+                hashes: r.hashes(MAX_PAGES)?,
+            },
+            kind::STORE => Request::Store {
+                hashes: r.hashes(MAX_PAGES)?,
+                session: r.str("session", MAX_STR)?,
+            },
+            kind::COMMIT => {
+                let grant = r.u64()?;
+                let n = r.count("written flags", MAX_PAGES, 1)?;
+                let written = (0..n).map(|_| r.bool()).collect::<Result<_, _>>()?;
+                Request::Commit { grant, written }
+            }
+            kind::ABORT => Request::Abort { grant: r.u64()? },
+            kind::LOAD => Request::Load {
+                hashes: r.hashes(MAX_PAGES)?,
+                wait: LoadWait::decode(&mut r)?,
+            },
+            kind::LOAD_DONE => Request::LoadDone {
+                grant: r.u64()?,
+                loaded: r.u32()?,
+            },
+            kind::POLL => Request::Poll { ticket: r.u64()? },
+            kind::WAIT => Request::Wait {
+                ticket: r.u64()?,
+                timeout_ms: r.u32()?,
+            },
+            kind::REMOVED => Request::Removed {
+                hashes: r.hashes(MAX_PAGES)?,
+            },
+            kind::SESSION => {
+                let id = r.str("session", MAX_STR)?;
+                let has_parent = r.bool()?;
+                let parent = r.str("parent session", MAX_STR)?;
+                Request::Session {
+                    id,
+                    parent: has_parent.then_some(parent),
+                    phase: SessionPhase::from_code(r.u8()?)?,
+                }
+            }
+            kind::HINT => Request::Hint(decode_hint(&mut r)?),
+            kind::STATS => Request::Stats,
+            kind::PING => Request::Ping {
+                payload: r.bytes("ping payload", MAX_PING)?.to_vec(),
+            },
+            tag => {
+                return Err(DecodeError::BadTag {
+                    what: "request kind",
+                    tag,
+                });
+            }
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}

@@ -1,0 +1,28 @@
+//! The control protocol between engine ranks and the daemon.
+//!
+//! Length-prefixed binary frames over a Unix socket ([`frame`]): a fixed 16-byte header
+//! with magic, version, message kind, body length and request id, then a body written
+//! with a small hand-written codec ([`codec`]: little-endian integers, length-prefixed
+//! strings and arrays with caps). Nothing on the wire is a serde encoding of a Rust enum,
+//! so the C ABI can speak the same bytes. Bulk KV data never travels here: requests carry
+//! page hashes and arena slot numbers only.
+
+pub mod codec;
+pub mod error;
+pub mod frame;
+mod hint;
+pub mod message;
+mod response;
+pub mod types;
+
+#[cfg(test)]
+mod tests;
+
+pub use codec::DecodeError;
+pub use error::{ErrorCode, RemoteError};
+pub use frame::{DEFAULT_MAX_BODY, FrameError, HEADER_BYTES, Header, read_frame};
+pub use message::{Request, Response, kind};
+pub use types::{
+    ArenaInfo, DaemonStats, DeviceInfo, GrantPage, Identity, LoadWait, MAX_PAGES, ObjectSlot, SessionPhase,
+    TicketStatus,
+};

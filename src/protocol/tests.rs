@@ -1,0 +1,260 @@
+//! Property tests: every message round-trips, and no byte string makes a decoder panic.
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::directory::PrefixHit;
+use crate::hints::{Hint, HintOutcome, HintTarget, Reason};
+use crate::layout::{AttentionKind, ByteOrder, LayoutSpec};
+use crate::page::{Namespace, PageHash};
+use crate::tier::TierKind;
+
+fn hash() -> impl Strategy<Value = PageHash> {
+    prop::collection::vec(any::<u8>(), 8..=32).prop_map(|b| PageHash::new(&b).unwrap())
+}
+
+fn hashes() -> impl Strategy<Value = Vec<PageHash>> {
+    prop::collection::vec(hash(), 0..8)
+}
+
+fn text() -> impl Strategy<Value = String> {
+    "[a-zA-Z0-9_/é-]{0,24}"
+}
+
+fn tier() -> impl Strategy<Value = TierKind> {
+    prop::sample::select(TierKind::ALL.to_vec())
+}
+
+fn layout() -> impl Strategy<Value = LayoutSpec> {
+    (
+        any::<[u32; 5]>(),
+        any::<(u16, u16, bool, bool)>(),
+        prop::collection::vec(any::<u32>(), 0..4),
+    )
+        .prop_map(|(v, (tp, pp, mla, pf), pp_layers)| LayoutSpec {
+            layers: v[0],
+            kv_heads: v[1],
+            head_dim: v[2],
+            dtype_bytes: v[3],
+            page_tokens: v[4],
+            tp_size: tp,
+            pp_size: pp,
+            attention: if mla { AttentionKind::Mla } else { AttentionKind::Mha },
+            byte_order: if pf {
+                ByteOrder::PageFirst
+            } else {
+                ByteOrder::LayerFirst
+            },
+            pp_layers,
+        })
+}
+
+fn target() -> impl Strategy<Value = HintTarget> {
+    prop_oneof![
+        hashes().prop_map(HintTarget::Pages),
+        hashes().prop_map(HintTarget::Prefix),
+        text().prop_map(HintTarget::Session),
+    ]
+}
+
+fn hint() -> impl Strategy<Value = Hint> {
+    prop_oneof![
+        target().prop_map(|target| Hint::Share { target }),
+        (target(), tier(), any::<Option<u64>>()).prop_map(|(target, to, deadline_ms)| Hint::Prefetch {
+            target,
+            to,
+            deadline_ms
+        }),
+        (target(), tier()).prop_map(|(target, to)| Hint::Demote { target, to }),
+        (target(), tier(), any::<u64>()).prop_map(|(target, tier, ttl_ms)| Hint::Pin { target, tier, ttl_ms }),
+        (target(), any::<i8>(), any::<u64>()).prop_map(|(target, priority, ttl_ms)| Hint::Retain {
+            target,
+            priority,
+            ttl_ms
+        }),
+    ]
+}
+
+fn slots() -> impl Strategy<Value = Vec<ObjectSlot>> {
+    prop::collection::vec(
+        (any::<u16>(), any::<u32>()).prop_map(|(object, slot)| ObjectSlot { object, slot }),
+        0..5,
+    )
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    let identity = (text(), text(), text(), text(), any::<[u16; 5]>()).prop_map(|(i, m, l, s, r)| Identity {
+        instance: i,
+        namespace: Namespace {
+            model: m,
+            lora: l,
+            salt: s,
+        },
+        tp_rank: r[0],
+        tp_size: r[1],
+        pp_rank: r[2],
+        pp_size: r[3],
+        dp_rank: r[4],
+    });
+    let wait = prop_oneof![
+        Just(LoadWait::BestEffort),
+        Just(LoadWait::WaitComplete),
+        any::<u32>().prop_map(LoadWait::Timeout)
+    ];
+    let phase = prop::sample::select(vec![
+        SessionPhase::Reasoning,
+        SessionPhase::Acting,
+        SessionPhase::Paused,
+        SessionPhase::Ended,
+    ]);
+    prop_oneof![
+        (identity, layout()).prop_map(|(identity, layout)| Request::Connect { identity, layout }),
+        (text(), any::<u32>(), any::<u64>()).prop_map(|(kind, pages, object_bytes)| Request::RegisterDevice(
+            DeviceInfo {
+                kind,
+                pages,
+                object_bytes
+            }
+        )),
+        hashes().prop_map(|hashes| Request::Lookup { hashes }),
+        (hashes(), text()).prop_map(|(hashes, session)| Request::Store { hashes, session }),
+        (any::<u64>(), prop::collection::vec(any::<bool>(), 0..9))
+            .prop_map(|(grant, written)| Request::Commit { grant, written }),
+        any::<u64>().prop_map(|grant| Request::Abort { grant }),
+        (hashes(), wait).prop_map(|(hashes, wait)| Request::Load { hashes, wait }),
+        (any::<u64>(), any::<u32>()).prop_map(|(grant, loaded)| Request::LoadDone { grant, loaded }),
+        any::<u64>().prop_map(|ticket| Request::Poll { ticket }),
+        (any::<u64>(), any::<u32>()).prop_map(|(ticket, timeout_ms)| Request::Wait { ticket, timeout_ms }),
+        hashes().prop_map(|hashes| Request::Removed { hashes }),
+        (text(), prop::option::of(text()), phase).prop_map(|(id, parent, phase)| Request::Session {
+            id,
+            parent,
+            phase
+        }),
+        hint().prop_map(Request::Hint),
+        Just(Request::Stats),
+        prop::collection::vec(any::<u8>(), 0..64).prop_map(|payload| Request::Ping { payload }),
+    ]
+}
+
+fn response() -> impl Strategy<Value = Response> {
+    let reason = prop::sample::select(vec![Reason::UnknownPages, Reason::NoPool, Reason::UnknownAction]);
+    let outcome = prop_oneof![
+        any::<u32>().prop_map(|p| HintOutcome::Accepted { pages: p as usize }),
+        (any::<u32>(), any::<u32>(), reason.clone()).prop_map(|(a, r, reason)| HintOutcome::Clipped {
+            applied: a as usize,
+            requested: r as usize,
+            reason
+        }),
+        (any::<u32>(), reason.clone()).prop_map(|(p, reason)| HintOutcome::Deferred {
+            pages: p as usize,
+            reason
+        }),
+        reason.prop_map(|reason| HintOutcome::Ignored { reason }),
+    ];
+    prop_oneof![
+        (
+            any::<u64>(),
+            text(),
+            any::<u64>(),
+            any::<u32>(),
+            prop::collection::vec(any::<u16>(), 0..4)
+        )
+            .prop_map(|(connection, path, slot_bytes, slots, objects)| Response::Connected {
+                connection,
+                arena: ArenaInfo {
+                    path,
+                    slot_bytes,
+                    slots
+                },
+                objects
+            }),
+        Just(Response::Ok),
+        any::<[u32; 3]>().prop_map(|v| Response::Lookup(PrefixHit {
+            device: v[0] as usize,
+            host: v[1] as usize,
+            pool: v[2] as usize
+        })),
+        (
+            any::<u64>(),
+            prop::collection::vec(
+                (any::<u32>(), slots()).prop_map(|(index, slots)| GrantPage { index, slots }),
+                0..4
+            )
+        )
+            .prop_map(|(grant, pages)| Response::StoreGrant { grant, pages }),
+        (any::<u64>(), any::<u32>()).prop_map(|(ticket, complete)| Response::Committed { ticket, complete }),
+        (any::<u64>(), prop::collection::vec(slots(), 0..4))
+            .prop_map(|(grant, pages)| Response::LoadGrant { grant, pages }),
+        any::<[u32; 3]>().prop_map(|v| Response::Ticket(TicketStatus {
+            complete: v[0],
+            total: v[1],
+            failed: v[2]
+        })),
+        outcome.prop_map(Response::Hint),
+        any::<[u64; 7]>().prop_map(|f| Response::Stats(DaemonStats::from_fields(f))),
+        prop::collection::vec(any::<u8>(), 0..64).prop_map(|payload| Response::Pong { payload }),
+        (prop::sample::select(ErrorCode::ALL.to_vec()), text()).prop_map(|(code, msg)| Response::error(code, msg)),
+    ]
+}
+
+/// Decodes a whole frame the way the daemon does.
+fn decode_request_frame(bytes: &[u8]) -> Result<(Header, Request), String> {
+    let mut r = bytes;
+    let mut body = Vec::new();
+    let h = read_frame(&mut r, 1 << 16, &mut body).map_err(|e| e.to_string())?;
+    let req = Request::decode(h.kind, &body).map_err(|e| e.to_string())?;
+    Ok((h, req))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn every_request_round_trips(req in request(), id in any::<u64>()) {
+        let mut out = Vec::new();
+        req.encode(id, &mut out);
+        let (h, back) = decode_request_frame(&out).unwrap();
+        prop_assert_eq!(h.request_id, id);
+        prop_assert_eq!(back, req);
+        // Every strict prefix of a valid frame is an error, never a value or a panic.
+        for cut in 0..out.len() {
+            prop_assert!(decode_request_frame(&out[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn every_response_round_trips(resp in response(), id in any::<u64>()) {
+        let mut out = Vec::new();
+        resp.encode(id, &mut out);
+        let mut body = Vec::new();
+        let h = read_frame(&mut &out[..], 1 << 16, &mut body).unwrap();
+        prop_assert_eq!(h.request_id, id);
+        prop_assert_eq!(Response::decode(h.kind, &body).unwrap(), resp);
+        for cut in 0..body.len() {
+            prop_assert!(Response::decode(h.kind, &body[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn random_bodies_never_panic(kind in any::<u8>(), body in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = Request::decode(kind, &body);
+        let _ = Response::decode(kind, &body);
+    }
+
+    #[test]
+    fn random_frames_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode_request_frame(&bytes);
+    }
+
+    #[test]
+    fn mutated_frames_never_panic(req in request(), flips in prop::collection::vec((any::<usize>(), any::<u8>()), 1..6)) {
+        let mut out = Vec::new();
+        req.encode(1, &mut out);
+        for (at, v) in flips {
+            let i = at % out.len();
+            out[i] = v;
+        }
+        let _ = decode_request_frame(&out);
+    }
+}

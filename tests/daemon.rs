@@ -1,0 +1,398 @@
+//! The daemon end to end: the built `kvtier serve` binary on a temporary socket, engine
+//! ranks as separate OS processes, faults injected with real signals.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use kvtier::client::ClientError;
+use kvtier::hints::{Hint, HintOutcome, HintTarget};
+use kvtier::protocol::{ErrorCode, Header, LoadWait, Request, Response, kind};
+use kvtier::tier::device::EmulatedDevice;
+
+/// Not a test: the body of a rank process (see `common::RankProc`).
+#[test]
+fn rank_child() {
+    if std::env::var_os("KVT_RANK").is_some() {
+        rank_main();
+    }
+}
+
+#[test]
+fn tp2_pp2_page_is_complete_only_after_all_four_ranks_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), 16 << 20);
+    let mut ranks: Vec<RankProc> = [(0, 0), (1, 0), (0, 1), (1, 1)]
+        .iter()
+        .map(|&(tp, pp)| RankProc::spawn(&d.socket, "tp2pp2", tp, pp, 2, 2))
+        .collect();
+    let first = ranks[0].nums("store 1000 8");
+    assert_eq!(first[..2], [8, 0], "rank 0 wrote 8 pages, none complete yet");
+    for r in &mut ranks[1..3] {
+        assert_eq!(r.nums("store 1000 8")[..2], [8, 0]);
+    }
+    for r in &mut ranks {
+        assert_eq!(
+            r.nums("lookup 1000 8"),
+            [0, 0, 0],
+            "3 of 4 ranks stored: no hit for anyone"
+        );
+        assert_eq!(
+            r.nums("load 1000 8"),
+            [0, 0],
+            "nothing loadable before the page is complete"
+        );
+    }
+    assert_eq!(ranks[0].nums(&format!("wait {} 50", first[2])), [0, 8, 0]);
+    assert_eq!(
+        ranks[3].nums("store 1000 8")[..2],
+        [8, 8],
+        "the last rank completes all 8"
+    );
+    assert_eq!(ranks[0].nums(&format!("wait {} 1000", first[2])), [8, 8, 0]);
+    for r in &mut ranks {
+        // Complete on device (every rank holds its part) and on host: credited to device.
+        assert_eq!(r.nums("lookup 1000 8"), [8, 0, 0]);
+        assert_eq!(
+            r.nums("load 1000 8"),
+            [8, 8],
+            "every rank reads back exactly its own bytes"
+        );
+        assert_eq!(r.nums("store 1000 8")[..2], [0, 8], "a second store writes nothing");
+    }
+    // Another rank of the instance with a different layout is refused.
+    let bad = kvtier::client::Client::connect(kvtier::client::ClientConfig::new(
+        &d.socket,
+        identity("tp2pp2", 0, 0, 2, 2),
+        spec(2, 2).with_byte_order(kvtier::ByteOrder::PageFirst),
+    ));
+    assert!(
+        matches!(&bad, Err(ClientError::Remote(e)) if e.code == ErrorCode::LayoutMismatch),
+        "{:?}",
+        bad.err()
+    );
+}
+
+#[test]
+fn sigkill_mid_store_reclaims_slots_within_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), 16 << 20);
+    let mut r0 = RankProc::spawn(&d.socket, "kill", 0, 0, 2, 1);
+    let mut r1 = RankProc::spawn(&d.socket, "kill", 1, 0, 2, 1);
+    let observer = d.client(identity("observer", 0, 0, 2, 1), spec(2, 1));
+    assert_eq!(r0.nums("store 500 4")[..2], [4, 0]);
+    assert_eq!(r1.cmd("begin 500 4"), "begun 4");
+    let s = observer.stats().unwrap();
+    assert_eq!(
+        (s.arena_used, s.open_grants),
+        (16, 1),
+        "4 pages x 2 objects x 2 ranks, one open grant"
+    );
+    r1.kill9();
+    let t = Instant::now();
+    loop {
+        let s = observer.stats().unwrap();
+        if s.arena_used == 8 && s.open_grants == 0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "slots not reclaimed within 1 s: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        r0.nums("lookup 500 4"),
+        [0, 0, 0],
+        "a half-stored page is never complete"
+    );
+    assert_eq!(observer.stats().unwrap().host_complete_pages, 0);
+    let mut r1 = RankProc::spawn(&d.socket, "kill", 1, 0, 2, 1);
+    assert_eq!(r1.nums("store 500 4")[..2], [4, 4]);
+    assert_eq!(r0.nums("load 500 4"), [4, 4]);
+    assert_eq!(r1.nums("load 500 4"), [4, 4]);
+}
+
+#[test]
+fn warm_engine_restart_finds_its_host_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), 16 << 20);
+    let mut r = RankProc::spawn(&d.socket, "warm", 0, 0, 1, 1);
+    assert_eq!(r.nums("store 7000 16")[..2], [16, 16]);
+    r.exit();
+    let mut again = RankProc::spawn(&d.socket, "warm", 0, 0, 1, 1);
+    // The old process's device copies died with it: host credit only.
+    assert_eq!(again.nums("lookup 7000 20"), [0, 16, 0]);
+    assert_eq!(
+        again.nums("load 7000 20"),
+        [16, 16],
+        "exactly the 16 stored pages load, intact"
+    );
+}
+
+#[test]
+fn daemon_restart_recovers_pages_and_discards_a_corrupt_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path(), 16 << 20);
+    let c = d.client(identity("restart", 0, 0, 1, 1), spec(1, 1));
+    let layout = spec(1, 1).build().unwrap();
+    let dev = Arc::new(EmulatedDevice::new(&layout, 0, 64));
+    c.register_device(dev.clone()).unwrap();
+    let hs = hashes(9000, 8);
+    for (i, h) in hs.iter().enumerate() {
+        dev.fill_page(i as u32, seed(h, 0, 0)).unwrap();
+    }
+    let slots: Vec<u32> = (0..8).collect();
+    let plan = c.begin_store(&hs, "").unwrap();
+    let written = c.write_plan(&plan, &slots).unwrap();
+    assert_eq!(c.commit(&plan, &written).unwrap().complete, 8);
+    let victim = plan.pages[5].slots[1].slot; // page 5, its V object
+    let arena = c.arena().unwrap();
+
+    d.signal(libc::SIGKILL);
+    d.wait();
+    let t = Instant::now();
+    let err = c.lookup(&hs).unwrap_err();
+    assert!(matches!(err, ClientError::Unavailable(_)), "{err:?}");
+    assert!(t.elapsed() < Duration::from_millis(100), "{:?}", t.elapsed());
+    let t = Instant::now();
+    assert!(matches!(c.lookup(&hs), Err(ClientError::Unavailable(_))));
+    assert!(t.elapsed() < Duration::from_millis(100));
+
+    // Flip one byte of one object while the daemon is down.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&arena.path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    let at = victim as u64 * arena.slot_bytes + 17;
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0xff], at).unwrap();
+
+    d.restart(16 << 20);
+    let hit = c.lookup(&hs).unwrap(); // reconnects on its own
+    assert_eq!(
+        (hit.host, hit.device, hit.pool),
+        (5, 0, 0),
+        "pages 0..5 recovered, page 5 discarded"
+    );
+    assert_eq!(c.lookup(&hs[6..]).unwrap().host, 2);
+    let s = c.stats().unwrap();
+    assert_eq!((s.recovered_pages, s.discarded_pages, s.arena_used), (7, 1, 14));
+    let log = d.log_text();
+    assert!(
+        log.contains("discarded pages whose objects failed their checksum"),
+        "{log}"
+    );
+    assert!(log.contains(&hs[5].to_hex()), "the discarded hash is named in the log");
+    let fresh = Arc::new(EmulatedDevice::new(&layout, 0, 64));
+    c.register_device(fresh.clone()).unwrap();
+    assert_eq!(c.load(&hs, &slots, LoadWait::BestEffort).unwrap(), 5);
+    for (i, h) in hs[..5].iter().enumerate() {
+        assert!(fresh.page_matches(i as u32, seed(h, 0, 0)).unwrap());
+    }
+
+    // A graceful stop compacts the manifest; the next start recovers the same pages.
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(), "SIGTERM ends the daemon cleanly");
+    assert!(!d.socket.exists(), "the socket is removed on a clean exit");
+    d.restart(16 << 20);
+    let s = c.stats().unwrap();
+    assert_eq!((s.recovered_pages, s.discarded_pages), (7, 0));
+    assert_eq!(c.lookup(&hs).unwrap().host, 5);
+}
+
+#[test]
+fn thirty_two_clients_times_ten_thousand_ops_lose_nothing() {
+    const CLIENTS: u64 = 32;
+    const OPS: u64 = 10_000;
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), 64 << 20);
+    let layout = small_spec().build().unwrap();
+    let failures = AtomicU64::new(0);
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for c in 0..CLIENTS {
+            let (d, layout, failures) = (&d, &layout, &failures);
+            s.spawn(move || {
+                let client = d.client(identity(&format!("load-{c}"), 0, 0, 1, 1), small_spec());
+                let dev = Arc::new(EmulatedDevice::new(layout, 0, 4));
+                client.register_device(dev.clone()).unwrap();
+                let base = 1_000_000 * (c + 1);
+                let mut ticket = 0;
+                for op in 0..OPS {
+                    let page = base + op / 4;
+                    let h = hashes(page, 1);
+                    let ok = match op % 4 {
+                        0 => {
+                            dev.fill_page(0, seed(&h[0], 0, 0)).unwrap();
+                            let r = client.store(&h, &[0], "").unwrap();
+                            ticket = r.ticket;
+                            r.written == 1 && r.complete == 1
+                        }
+                        1 => client.lookup(&h).unwrap().total() == 1,
+                        2 => {
+                            client.load(&h, &[1], LoadWait::BestEffort).unwrap() == 1
+                                && dev.page_matches(1, seed(&h[0], 0, 0)).unwrap()
+                        }
+                        _ => client.poll(ticket).unwrap().complete == 1,
+                    };
+                    if !ok {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                // Every page this client stored is still a hit, as one contiguous chain.
+                let all = hashes(base, (OPS / 4) as usize);
+                if client.lookup(&all).unwrap().total() != all.len() {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let elapsed = t.elapsed();
+    assert_eq!(failures.load(Ordering::Relaxed), 0);
+    let probe = d.client(identity("probe", 0, 0, 1, 1), small_spec());
+    let s = probe.stats().unwrap();
+    assert_eq!(s.host_complete_pages, CLIENTS * OPS / 4, "no page lost");
+    assert_eq!(s.arena_used, CLIENTS * OPS / 4 * 2);
+    assert_eq!(s.open_grants, 0, "no grant left behind");
+    eprintln!(
+        "{} client calls in {:.1} s ({:.0}/s)",
+        CLIENTS * OPS,
+        elapsed.as_secs_f64(),
+        (CLIENTS * OPS) as f64 / elapsed.as_secs_f64()
+    );
+}
+
+#[test]
+fn bad_frames_get_errors_while_others_keep_being_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), 16 << 20);
+    let good = d.client(identity("good", 0, 0, 1, 1), spec(1, 1));
+    let stop = AtomicBool::new(false);
+    let served = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                good.lookup(&hashes(1, 4)).unwrap();
+                served.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let connect = || {
+            let s = UnixStream::connect(&d.socket).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s
+        };
+        // A body that does not decode: an error, and the connection stays usable.
+        let mut a = connect();
+        a.write_all(&raw_frame(kind::LOOKUP, 7, &[0xff, 0xff, 0xff, 0xff, 1]))
+            .unwrap();
+        assert_eq!(code(answer(&mut a)), Some(ErrorCode::BadFrame));
+        a.write_all(&raw_frame(0x55, 8, &[])).unwrap();
+        assert_eq!(code(answer(&mut a)), Some(ErrorCode::BadFrame));
+        a.write_all(&raw_frame(kind::LOOKUP, 9, &0u32.to_le_bytes())).unwrap();
+        assert_eq!(code(answer(&mut a)), Some(ErrorCode::NotConnected));
+        let mut ping = Vec::new();
+        Request::Ping {
+            payload: b"hi".to_vec(),
+        }
+        .encode(10, &mut ping);
+        a.write_all(&ping).unwrap();
+        assert_eq!(
+            answer(&mut a),
+            Some(Response::Pong {
+                payload: b"hi".to_vec()
+            })
+        );
+        // An oversized frame is refused from its header; the body is never sent.
+        let mut b = connect();
+        b.write_all(
+            &Header {
+                kind: kind::LOOKUP,
+                body_len: 1 << 30,
+                request_id: 1,
+            }
+            .encode(),
+        )
+        .unwrap();
+        assert_eq!(code(answer(&mut b)), Some(ErrorCode::FrameTooLarge));
+        assert_eq!(b.read(&mut [0u8; 16]).unwrap(), 0, "then the connection is closed");
+        // Garbage: an error or a close, never a hang.
+        let mut c = connect();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: kvtier\r\n\r\n").unwrap();
+        assert_eq!(code(answer(&mut c)), Some(ErrorCode::BadFrame));
+        for seed in 0..20u64 {
+            let mut g = connect();
+            let junk: Vec<u8> = (0..64).map(|i| (seed.wrapping_mul(131) ^ (i * 7)) as u8).collect();
+            let _ = g.write_all(&junk);
+            let _ = answer(&mut g);
+        }
+        let before = served.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(100));
+        stop.store(true, Ordering::Relaxed);
+        assert!(
+            served.load(Ordering::Relaxed) > before,
+            "the good client kept being served"
+        );
+    });
+    // A malformed hint is an error; a well-formed one always gets an outcome.
+    let bad = good.hint(Hint::Pin {
+        target: HintTarget::Pages(hashes(1, 1)),
+        tier: kvtier::TierKind::Host,
+        ttl_ms: 0,
+    });
+    assert!(matches!(bad, Err(ClientError::Remote(e)) if e.code == ErrorCode::BadHint));
+    let layout = spec(1, 1).build().unwrap();
+    good.register_device(Arc::new(EmulatedDevice::new(&layout, 0, 4)))
+        .unwrap();
+    assert_eq!(good.store(&hashes(1, 2), &[0, 1], "").unwrap().complete, 2);
+    let ok = good.hint(Hint::Pin {
+        target: HintTarget::Pages(hashes(1, 3)),
+        tier: kvtier::TierKind::Host,
+        ttl_ms: 60_000,
+    });
+    assert!(
+        matches!(
+            ok,
+            Ok(HintOutcome::Accepted { pages: 2 }) | Ok(HintOutcome::Clipped { applied: 2, .. })
+        ),
+        "{ok:?}"
+    );
+}
+
+#[test]
+fn serve_without_configuration_prints_where_things_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("KVTIER_ARENA_PATH", dir.path().join("arena"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let sock = dir.path().join(".kvtier/kvtier.sock");
+    let t = Instant::now();
+    while UnixStream::connect(&sock).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no socket at ./.kvtier/kvtier.sock"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("control socket .kvtier/kvtier.sock"), "{text}");
+    assert!(text.contains("host arena") && text.contains("1024 MiB"), "{text}");
+}
