@@ -70,6 +70,10 @@ start() {
         return 0
     fi
     [ -x "$VENV/bin/mooncake_master" ] || { log "run '$0 install' first"; exit 1; }
+    if reachable; then
+        log "ports $RPC_PORT/$HTTP_PORT are taken by another process; set KVTIER_MOONCAKE_RPC_PORT and KVTIER_MOONCAKE_HTTP_PORT"
+        exit 1
+    fi
     # setsid: the master gets its own process group, so stop can end it and its children.
     setsid "$VENV/bin/mooncake_master" \
         --rpc_address=127.0.0.1 --rpc_port="$RPC_PORT" \
@@ -80,7 +84,7 @@ start() {
         >"$LOG" 2>&1 </dev/null &
     echo $! >"$PIDFILE"
     for _ in $(seq 1 100); do
-        if reachable; then
+        if running && reachable; then
             log "master up on 127.0.0.1:$RPC_PORT (metadata http://127.0.0.1:$HTTP_PORT/metadata), pid $(cat "$PIDFILE")"
             return 0
         fi
