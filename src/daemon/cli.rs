@@ -144,10 +144,92 @@ pub fn serve(cfg: DaemonConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     drop(out);
     tracing::info!(socket = %cfg.socket.display(), "serving");
     let shared = Arc::new(Shared::new(backend.clone(), cfg.limits()));
+    let side = crate::shutdown::Shutdown::new();
+    let extras = start_side_services(&cfg, backend.manager().clone(), shared.clone(), &side);
     let served = server::run(listener, shutdown, shared, Duration::from_millis(cfg.tick_ms.max(1)));
+    side.trigger();
+    extras.stop();
     let _ = std::fs::remove_file(&cfg.socket);
     backend.shutdown().context("compacting the manifest")?;
     served.context("serving")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The admin socket and the event publishers, started beside the control socket.
+struct SideServices {
+    admin: Option<crate::admin::AdminHandle>,
+    publishers: Vec<crate::publish::PublisherHandle>,
+}
+
+impl SideServices {
+    fn stop(self) {
+        if let Some(a) = self.admin {
+            a.stop();
+        }
+        for p in self.publishers {
+            p.stop();
+        }
+    }
+}
+
+/// Starts the admin socket and publishers. A failure to start one is logged and the daemon
+/// keeps serving engines: losing the admin view or an event stream must not take the KV
+/// cache of a running fleet down with it.
+fn start_side_services(
+    cfg: &DaemonConfig,
+    manager: crate::manager::Manager,
+    shared: Arc<Shared>,
+    side: &crate::shutdown::Shutdown,
+) -> SideServices {
+    let admin_cfg = crate::admin::AdminConfig {
+        socket: cfg.admin_socket.clone(),
+        ..crate::admin::AdminConfig::default()
+    };
+    let admin = match crate::admin::spawn(admin_cfg, manager.clone(), shared, side.clone()) {
+        Ok(h) => {
+            println!("kvtier serve: admin socket {}", cfg.admin_socket.display());
+            Some(h)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, socket = %cfg.admin_socket.display(), "admin socket not started");
+            None
+        }
+    };
+    let mut publishers = Vec::new();
+    if !cfg.events_endpoint.is_empty() {
+        let vcfg = crate::publish::vllm::VllmConfig {
+            endpoint: cfg.events_endpoint.clone(),
+            replay_endpoint: Some(cfg.events_replay_endpoint.clone()).filter(|e| !e.is_empty()),
+            encoding: if cfg.events_encoding == "named" {
+                crate::publish::vllm::Encoding::Named
+            } else {
+                crate::publish::vllm::Encoding::Positional
+            },
+            ..crate::publish::vllm::VllmConfig::default()
+        };
+        match crate::publish::vllm::spawn(vcfg, manager.clone(), side.clone()) {
+            Ok(h) => {
+                println!("kvtier serve: KV events {}", h.endpoint());
+                publishers.push(h);
+            }
+            Err(e) => tracing::warn!(error = %e, endpoint = %cfg.events_endpoint, "KV event publisher not started"),
+        }
+    }
+    if !cfg.pool_events_endpoint.is_empty() {
+        let mcfg = crate::publish::mooncake::MooncakeConfig {
+            endpoint: cfg.pool_events_endpoint.clone(),
+            ..crate::publish::mooncake::MooncakeConfig::default()
+        };
+        match crate::publish::mooncake::spawn(mcfg, manager, side.clone()) {
+            Ok(h) => {
+                println!("kvtier serve: pool object events {}", h.endpoint());
+                publishers.push(h);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, endpoint = %cfg.pool_events_endpoint, "pool event publisher not started")
+            }
+        }
+    }
+    SideServices { admin, publishers }
 }

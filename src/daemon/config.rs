@@ -55,6 +55,16 @@ pub struct DaemonConfig {
     pub prefault: bool,
     /// Period of background work (TTL expiry), in ms. Default: 100.
     pub tick_ms: u64,
+    /// Admin socket (HTTP/1.1, mode 0600). Default: `admin.sock` beside the control socket.
+    pub admin_socket: PathBuf,
+    /// vLLM-format KV event PUB endpoint; empty disables it. Default: `tcp://127.0.0.1:5570`.
+    pub events_endpoint: String,
+    /// Replay (ROUTER) endpoint of the KV events; empty disables it. Default: `tcp://127.0.0.1:5571`.
+    pub events_replay_endpoint: String,
+    /// KV event encoding, `positional` (vLLM's array form) or `named` (maps). Default: `positional`.
+    pub events_encoding: String,
+    /// Mooncake-style pool object event PUB endpoint; empty disables it. Default: `tcp://127.0.0.1:5572`.
+    pub pool_events_endpoint: String,
 }
 
 fn runtime_dir() -> PathBuf {
@@ -92,6 +102,11 @@ impl Default for DaemonConfig {
             lock_arena: true,
             prefault: true,
             tick_ms: 100,
+            admin_socket: dir.join("admin.sock"),
+            events_endpoint: "tcp://127.0.0.1:5570".into(),
+            events_replay_endpoint: "tcp://127.0.0.1:5571".into(),
+            events_encoding: "positional".into(),
+            pool_events_endpoint: "tcp://127.0.0.1:5572".into(),
         }
     }
 }
@@ -179,6 +194,9 @@ impl DaemonConfig {
         }
         if !(0.0..=1.0).contains(&self.pin_budget) {
             return bad("pin_budget must be between 0 and 1");
+        }
+        if self.events_encoding != "positional" && self.events_encoding != "named" {
+            return bad("events_encoding must be \"positional\" or \"named\"");
         }
         if self.device != "emulated" && self.device != "cuda" {
             return bad("device must be \"emulated\" or \"cuda\"");

@@ -47,6 +47,8 @@ pub struct Shared {
     pub backend: Arc<dyn Backend>,
     pub limits: Limits,
     pub(crate) instances: Mutex<HashMap<String, Instance>>,
+    /// Connected ranks by connection id, with when they connected (admin `status`).
+    pub(crate) ranks: Mutex<HashMap<u64, (crate::protocol::Identity, std::time::Instant)>>,
     pub(crate) connections: AtomicU64,
     next_conn: AtomicU64,
 }
@@ -57,6 +59,7 @@ impl Shared {
             backend,
             limits,
             instances: Mutex::new(HashMap::new()),
+            ranks: Mutex::new(HashMap::new()),
             connections: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
         }
@@ -182,6 +185,7 @@ fn release(shared: &Shared, conn: &mut Conn) {
         let _ = shared.backend.finish_load(g, 0);
     }
     if let Some(rank) = conn.rank.take() {
+        shared.ranks.lock().remove(&conn.id);
         let mut inst = shared.instances.lock();
         if let Some(i) = inst.get_mut(&rank.identity.instance) {
             i.ranks = i.ranks.saturating_sub(1);

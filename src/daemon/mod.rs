@@ -9,6 +9,7 @@ pub mod cli;
 mod cmd;
 pub mod config;
 pub mod connection;
+mod engines;
 pub mod server;
 pub mod shutdown;
 

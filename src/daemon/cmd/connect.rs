@@ -88,6 +88,10 @@ pub(super) fn connect(shared: &Shared, conn: &mut Conn, identity: Identity, spec
         pp = identity.pp_rank,
         "rank connected"
     );
+    shared
+        .ranks
+        .lock()
+        .insert(conn.id, (identity.clone(), std::time::Instant::now()));
     conn.rank = Some(Rank {
         identity,
         ns: reg.ns,
