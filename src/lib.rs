@@ -11,6 +11,7 @@ pub mod clock;
 pub mod daemon;
 pub mod directory;
 pub mod events;
+pub mod ffi;
 pub mod hints;
 pub mod layout;
 pub mod manager;
