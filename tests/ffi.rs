@@ -78,3 +78,71 @@ fn cpp_engine_runs_as_two_tp_ranks() {
         verify_from_rust(&d, "cpp-engine", "cpp-model", spec.clone(), tp, 2, &ids);
     }
 }
+
+/// Runs one script of `examples/python` against the daemon; returns its stdout.
+fn run_python(d: &Daemon, script: &str) -> String {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv = repo.join(".venv/bin/python3");
+    let python = if venv.exists() { venv } else { "python3".into() };
+    let mut cmd = Command::new(python);
+    cmd.arg(repo.join("examples/python").join(script))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("--lib")
+        .arg(ffi_support::cdylib());
+    let o = run_with_deadline(cmd, Duration::from_secs(60));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{script}: {out}\n{}\ndaemon log:\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        d.log_text()
+    );
+    out
+}
+
+#[test]
+fn python_vllm_connector_demo_round_trips_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), 16 << 20);
+    let out = run_python(&d, "vllm_connector_demo.py");
+    assert!(out.contains("OK vllm saved=6 matched_tokens=24"), "{out}");
+    // The pages Python saved are on host for any rank of the namespace to find.
+    let id = Identity {
+        namespace: Namespace::model("demo-model"),
+        ..common::identity("rust-check", 0, 0, 1, 1)
+    };
+    let c = d.client(id, LayoutSpec::mha(4, 4, 16, 2, 4));
+    let hashes: Vec<PageHash> = (0..6).map(|i| PageHash::from_u64(0xA000 + i)).collect();
+    assert_eq!(c.lookup(&hashes).unwrap().host, 6);
+}
+
+#[test]
+fn python_hicache_backend_round_trips_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), 16 << 20);
+    let out = run_python(&d, "hicache_backend.py");
+    assert!(out.contains("OK hicache exists=4"), "{out}");
+}
+
+#[test]
+fn python_bad_input_gets_codes_and_survives() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), 16 << 20);
+    let out = run_python(&d, "ffi_bad_input.py");
+    for case in [
+        "null-handle -1",
+        "null-options -1",
+        "wrong-struct-size -2",
+        "closed-daemon -5",
+        "zero-length-batch -3",
+        "null-hashes -1",
+        "bad-hash-length -2",
+        "mismatched-lengths -4",
+        "bad-slot -9",
+        "wrong-object-size -9",
+    ] {
+        assert!(out.contains(&format!("case {case}")), "{case}: {out}");
+    }
+    assert!(out.contains("OK bad-input"), "{out}");
+}

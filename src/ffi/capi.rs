@@ -11,6 +11,8 @@ use super::{ERR_EMPTY_BATCH, ERR_INVALID, ERR_LENGTH_MISMATCH, ERR_NULL, FfiErro
 use crate::page::{MAX_HASH_BYTES, PageHash};
 use crate::protocol::MAX_PAGES;
 
+pub use super::capi_device::*;
+
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
