@@ -157,6 +157,10 @@ int32_t kvtier_close(kvtier_client_t *client);
 /* Creates an emulated device region of `pages` pages (a host buffer laid out like GPU KV)
  * and registers it; later copies go through it. */
 int32_t kvtier_register_emulated(kvtier_client_t *client, uint32_t pages);
+/* Allocates a region of `pages` pages on GPU `ordinal` and registers it; the arena is
+ * pinned for it. KVTIER_ERR_DEVICE when kvtier was built without the `cuda` feature or
+ * no driver/GPU is present. */
+int32_t kvtier_register_cuda(kvtier_client_t *client, uint32_t ordinal, uint32_t pages);
 /* Bytes of one object (one part of one page) of this rank. */
 int32_t kvtier_object_bytes(const kvtier_client_t *client, size_t *out);
 /* Writes the deterministic test pattern of `seed` into every part and layer of a page. */

@@ -5,6 +5,8 @@
 pub mod control;
 pub mod index;
 pub mod transfer;
+#[cfg(feature = "cuda")]
+pub mod transfer_cuda;
 
 use std::time::{Duration, Instant};
 

@@ -17,6 +17,14 @@ pub unsafe extern "C" fn kvtier_register_emulated(client: *mut Handle, pages: u3
 }
 
 /// # Safety
+/// `client` is null or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_register_cuda(client: *mut Handle, ordinal: u32, pages: u32) -> i32 {
+    // SAFETY: caller contract.
+    run(|| unsafe { handle(client) }?.register_cuda(ordinal, pages))
+}
+
+/// # Safety
 /// `client` is null or a live handle; `out_bytes` is null or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvtier_object_bytes(client: *const Handle, out_bytes: *mut usize) -> i32 {

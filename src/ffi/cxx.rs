@@ -86,6 +86,8 @@ mod bridge {
         fn pattern(seed: u64, len: usize) -> Vec<u8>;
 
         fn register_emulated(self: &CxxClient, pages: u32) -> Result<()>;
+        /// A region on GPU `ordinal` (feature `cuda`; otherwise a device error).
+        fn register_cuda(self: &CxxClient, ordinal: u32, pages: u32) -> Result<()>;
         fn object_bytes(self: &CxxClient) -> usize;
         fn fill_page(self: &CxxClient, slot: u32, seed: u64) -> Result<()>;
         fn page_matches(self: &CxxClient, slot: u32, seed: u64) -> Result<bool>;
@@ -156,6 +158,10 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 impl CxxClient {
     fn register_emulated(&self, pages: u32) -> Result<(), FfiError> {
         guard(|| self.0.register_emulated(pages))
+    }
+
+    fn register_cuda(&self, ordinal: u32, pages: u32) -> Result<(), FfiError> {
+        guard(|| self.0.register_cuda(ordinal, pages))
     }
 
     fn object_bytes(&self) -> usize {

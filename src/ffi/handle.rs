@@ -73,6 +73,25 @@ impl Handle {
         Ok(())
     }
 
+    /// Allocates a region of `pages` pages on GPU `ordinal` and registers it (feature
+    /// `cuda`); without the feature, or without a driver, a device error.
+    pub fn register_cuda(&self, ordinal: u32, pages: u32) -> Result<(), FfiError> {
+        #[cfg(feature = "cuda")]
+        {
+            let pp = self.client.identity().pp_rank;
+            let dev = crate::tier::cuda::CudaDevice::new(self.client.layout(), pp, pages, ordinal as usize)?;
+            self.register(Arc::new(dev))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (ordinal, pages);
+            Err(FfiError::new(
+                super::ERR_DEVICE,
+                "kvtier was built without the `cuda` feature",
+            ))
+        }
+    }
+
     pub fn emulated(&self) -> Result<Arc<EmulatedDevice>, FfiError> {
         self.emulated
             .read()
