@@ -59,6 +59,15 @@ struct Move {
     rows: Option<(usize, usize)>,
 }
 
+/// Host memory registered with the driver.
+#[derive(Default)]
+struct Pinned {
+    /// Ranges (base, len) handed to `register_host`.
+    ranges: Vec<(usize, usize)>,
+    /// Chunk addresses this region registered, to unregister on drop.
+    chunks: Vec<usize>,
+}
+
 /// One rank's KV region in GPU memory.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
@@ -71,8 +80,7 @@ pub struct CudaDevice {
     page_tokens: usize,
     token_bytes: usize,
     order: ByteOrder,
-    /// Registered ranges (base, len), and the chunk addresses to unregister on drop.
-    pinned: Mutex<(Vec<(usize, usize)>, Vec<usize>)>,
+    pinned: Mutex<Pinned>,
     batch: AtomicBool,
     serial: Mutex<()>,
     timeout: Duration,
@@ -117,7 +125,7 @@ impl CudaDevice {
             page_tokens,
             token_bytes,
             order: layout.byte_order(),
-            pinned: Mutex::new((Vec::new(), Vec::new())),
+            pinned: Mutex::new(Pinned::default()),
             batch: AtomicBool::new(version >= 12080),
             serial: Mutex::new(()),
             timeout: DEFAULT_COPY_TIMEOUT,
@@ -355,7 +363,7 @@ impl DeviceRegion for CudaDevice {
 
     fn register_host(&self, base: *mut u8, len: usize) -> Result<(), DeviceError> {
         let mut pinned = self.pinned.lock();
-        if pinned.0.contains(&(base as usize, len)) {
+        if pinned.ranges.contains(&(base as usize, len)) {
             return Ok(());
         }
         self.ctx.bind_to_thread().map_err(driver_err)?;
@@ -366,17 +374,18 @@ impl DeviceRegion for CudaDevice {
             let n = PIN_CHUNK_BYTES.min(len - off);
             // SAFETY: `base..base+len` is this process's mapping of the arena (caller
             // contract); the driver validates the range.
-            let r = unsafe { sys::cuMemHostRegister_v2(base.add(off).cast(), n, 1) };
+            let chunk = (base as usize + off) as *mut std::ffi::c_void;
+            let r = unsafe { sys::cuMemHostRegister_v2(chunk, n, 1) };
             if r != CUresult::CUDA_SUCCESS && r != CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED {
                 return Err(DeviceError::Copy(format!("cuMemHostRegister of chunk {chunks}: {r:?}")));
             }
             if r == CUresult::CUDA_SUCCESS {
-                pinned.1.push(base as usize + off);
+                pinned.chunks.push(base as usize + off);
             }
             off += n;
             chunks += 1;
         }
-        pinned.0.push((base as usize, len));
+        pinned.ranges.push((base as usize, len));
         tracing::info!(
             bytes = len,
             chunks,
@@ -391,7 +400,7 @@ impl Drop for CudaDevice {
     fn drop(&mut self) {
         // Errors are ignored: nothing useful can be done about them while dropping.
         if self.ctx.bind_to_thread().is_ok() {
-            for &b in self.pinned.lock().1.iter() {
+            for &b in self.pinned.lock().chunks.iter() {
                 // SAFETY: registered by `register_host`.
                 let _ = unsafe { sys::cuMemHostUnregister(b as *mut _) };
             }
