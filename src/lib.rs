@@ -19,6 +19,7 @@ pub mod page;
 pub mod policy;
 pub mod pool;
 pub mod protocol;
+pub mod router_hint;
 pub mod tier;
 pub mod transfer;
 

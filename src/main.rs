@@ -29,6 +29,8 @@ enum Bench {
     Transfer(kvtier::bench::transfer::TransferArgs),
     /// Prefix-lookup throughput and directory bytes per page.
     Index(kvtier::bench::index::IndexArgs),
+    /// Host arena mapping time with parallel first touch against one thread.
+    Arena(kvtier::bench::arena::ArenaArgs),
     /// Control-socket round trips against a raw Unix-socket echo.
     Control(kvtier::bench::control::ControlArgs),
 }
@@ -50,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(a) => kvtier::daemon::cli::run(a),
         Command::Bench(Bench::Transfer(a)) => kvtier::bench::transfer::run(a),
         Command::Bench(Bench::Index(a)) => kvtier::bench::index::run(a),
+        Command::Bench(Bench::Arena(a)) => kvtier::bench::arena::run(a),
         Command::Bench(Bench::Control(a)) => kvtier::bench::control::run(a),
     }
 }

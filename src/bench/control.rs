@@ -17,7 +17,7 @@ use clap::Args;
 
 use crate::client::{Client, ClientConfig};
 use crate::clock::SystemClock;
-use crate::daemon::{DaemonConfig, HostBackend, Shared, Shutdown, server};
+use crate::daemon::{DaemonConfig, ManagedTiers, Shared, Shutdown, server};
 use crate::hints::{Hint, HintTarget};
 use crate::layout::LayoutSpec;
 use crate::page::{Namespace, PageHash};
@@ -152,11 +152,12 @@ fn measure(args: &ControlArgs, dir: &std::path::Path) -> anyhow::Result<([f64; 8
         socket: dir.join("kvtier.sock"),
         arena_path: dir.join("arena"),
         arena_bytes: 64 << 20,
+        pool_bytes: 0,
         recover: false,
         lock_arena: false,
         ..DaemonConfig::default()
     };
-    let backend = Arc::new(HostBackend::open(cfg.host(), SystemClock::new())?);
+    let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new())?);
     let shared = Arc::new(Shared::new(backend, cfg.limits()));
     let shutdown = Shutdown::new();
     let listener = UnixListener::bind(&cfg.socket)?;
@@ -185,7 +186,7 @@ fn measure(args: &ControlArgs, dir: &std::path::Path) -> anyhow::Result<([f64; 8
         let slots: Vec<u32> = (0..chunk.len() as u32).collect();
         client.store(chunk, &slots, "")?;
     }
-    if client.lookup(&hashes)?.host != hashes.len() {
+    if client.lookup(&hashes)?.total() != hashes.len() {
         bail!("bench pages did not become host hits");
     }
     let hint = Hint::Retain {

@@ -2,6 +2,7 @@
 //! in the same run (memcpy for copies), and their ratio, because an absolute time on a
 //! shared machine means little.
 
+pub mod arena;
 pub mod control;
 pub mod index;
 pub mod transfer;

@@ -296,6 +296,13 @@ impl Client {
             return Err(ClientError::BadInput("one device slot per page hash".into()));
         }
         let arena = self.arena_map()?;
+        // The daemon must answer before this call times out, so waits are bounded by it.
+        let budget = self.cfg.timeout.saturating_sub(Duration::from_millis(100)).as_millis() as u32;
+        let wait = match wait {
+            LoadWait::WaitComplete => LoadWait::Timeout(budget),
+            LoadWait::Timeout(ms) => LoadWait::Timeout(ms.min(budget)),
+            LoadWait::BestEffort => LoadWait::BestEffort,
+        };
         let (grant, pages) = match self.call(Request::Load {
             hashes: hashes.to_vec(),
             wait,
@@ -304,7 +311,8 @@ impl Client {
             r => return Err(Self::unexpected(r)),
         };
         let copied = self.read_pages(&arena, &pages, device_slots);
-        let done = self.call(Request::LoadDone { grant });
+        let loaded = if copied.is_ok() { pages.len() as u32 } else { 0 };
+        let done = self.call(Request::LoadDone { grant, loaded });
         copied?;
         done?;
         Ok(pages.len())

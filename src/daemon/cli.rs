@@ -12,7 +12,7 @@ use clap::Args;
 
 use crate::clock::SystemClock;
 
-use super::backend::{Backend, HostBackend};
+use super::backend::{Backend, ManagedTiers};
 use super::config::{ConfigError, DaemonConfig};
 use super::connection::Shared;
 use super::server;
@@ -115,7 +115,7 @@ pub fn serve(cfg: DaemonConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     if let Some(dir) = cfg.arena_path.parent() {
         private_dir(dir)?;
     }
-    let backend = Arc::new(HostBackend::open(cfg.host(), SystemClock::new()).context("opening the host tier")?);
+    let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).context("opening the tiers")?);
     let stats = backend.stats();
     let mut out = std::io::stdout().lock();
     writeln!(out, "kvtier serve: control socket {}", cfg.socket.display())?;

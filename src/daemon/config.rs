@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::manager::Tunables;
 use crate::tier::host::ArenaOptions;
 
-use super::backend::HostConfig;
+use super::backend::TiersConfig;
 use super::connection::Limits;
 
 /// Every key the daemon reads.
@@ -27,10 +28,8 @@ pub struct DaemonConfig {
     pub arena_path: PathBuf,
     /// Host arena size in bytes. Default: 1 GiB.
     pub arena_bytes: u64,
-    /// Arena slot size in bytes; 0 sizes slots to the first layout's largest object.
-    /// Default: 0.
-    pub slot_bytes: u64,
-    /// Local shared-memory pool size in bytes (G3). Default: 2 GiB.
+    /// Local shared-memory pool size in bytes (G3), beside the arena (`<arena>.pool`);
+    /// 0 runs without a pool. Default: 2 GiB.
     pub pool_bytes: u64,
     /// Device kind engines use when they have no GPU. Default: `"emulated"`.
     pub device: String,
@@ -42,13 +41,11 @@ pub struct DaemonConfig {
     pub max_frame_bytes: usize,
     /// Most pages the directory tracks. Default: 4,194,304.
     pub max_pages: usize,
-    /// Most open grants across all clients. Default: 65,536.
-    pub max_grants: usize,
     /// Longest a load or ticket wait may block, in ms. Default: 5000.
     pub max_wait_ms: u64,
     /// Longest pin/retain TTL in ms; longer ones are clipped. Default: 600,000.
     pub max_pin_ttl_ms: u64,
-    /// Share of host slots pins may hold. Default: 0.5.
+    /// Share of host slots pins may hold. Default: 0.25.
     pub pin_budget: f64,
     /// Recover the arena from its manifest at start. Default: true.
     pub recover: bool,
@@ -82,17 +79,15 @@ impl Default for DaemonConfig {
             socket: dir.join("kvtier.sock"),
             arena_path,
             arena_bytes: 1 << 30,
-            slot_bytes: 0,
             pool_bytes: 2 << 30,
             device: "emulated".into(),
             max_connections: 256,
             max_ranks: 64,
             max_frame_bytes: crate::protocol::DEFAULT_MAX_BODY,
             max_pages: 1 << 22,
-            max_grants: 65_536,
             max_wait_ms: 5_000,
             max_pin_ttl_ms: 600_000,
-            pin_budget: 0.5,
+            pin_budget: 0.25,
             recover: true,
             lock_arena: true,
             prefault: true,
@@ -176,9 +171,6 @@ impl DaemonConfig {
         if self.arena_bytes < 4096 {
             return bad("arena_bytes must be at least 4096");
         }
-        if !self.slot_bytes.is_multiple_of(64) {
-            return bad("slot_bytes must be a multiple of 64");
-        }
         if self.max_connections == 0 || self.max_ranks == 0 {
             return bad("max_connections and max_ranks must be at least 1");
         }
@@ -194,21 +186,23 @@ impl DaemonConfig {
         Ok(())
     }
 
-    pub fn host(&self) -> HostConfig {
-        HostConfig {
+    pub fn tiers(&self) -> TiersConfig {
+        TiersConfig {
             arena_path: self.arena_path.clone(),
             arena_bytes: self.arena_bytes,
-            slot_bytes: self.slot_bytes,
+            pool_bytes: self.pool_bytes,
             max_pages: self.max_pages,
             max_wait: Duration::from_millis(self.max_wait_ms),
-            max_grants: self.max_grants,
             recover: self.recover,
-            max_pin_ttl_ms: self.max_pin_ttl_ms,
-            pin_budget: self.pin_budget,
             arena: ArenaOptions {
                 lock: self.lock_arena,
                 prefault: self.prefault,
                 ..ArenaOptions::default()
+            },
+            tunables: Tunables {
+                max_pin_ttl_ms: self.max_pin_ttl_ms,
+                pin_budget: self.pin_budget,
+                ..Tunables::default()
             },
         }
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::layout::{Layout, LayoutSpec};
-use crate::page::{Namespace, NamespaceId};
+use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::protocol::{ErrorCode, FrameError, Identity, Request, Response, frame, read_frame};
 
 use super::backend::Backend;
@@ -80,7 +80,16 @@ pub(crate) struct Conn {
     pub rank: Option<Rank>,
     pub store_grants: HashSet<u64>,
     pub load_grants: HashSet<u64>,
+    /// Pages the rank holds on device as far as kvtier knows (stored or loaded, not yet
+    /// removed): when the connection dies, its device copies are gone with it.
+    pub device: HashSet<PageHash>,
+    /// Pages of each open load grant, in order.
+    pub loads: HashMap<u64, Vec<PageHash>>,
 }
+
+/// Most device pages tracked per connection; beyond it the oldest knowledge is kept and
+/// new pages are not tracked (the engine's own `removed` still clears them).
+pub(crate) const MAX_DEVICE_PAGES: usize = 1 << 22;
 
 /// Serves one connection until the peer leaves or shutdown fires.
 pub fn handle(stream: UnixStream, shared: Arc<Shared>, shutdown: Shutdown) {
@@ -89,6 +98,8 @@ pub fn handle(stream: UnixStream, shared: Arc<Shared>, shutdown: Shutdown) {
         rank: None,
         store_grants: HashSet::new(),
         load_grants: HashSet::new(),
+        device: HashSet::new(),
+        loads: HashMap::new(),
     };
     tracing::debug!(conn = conn.id, "connection opened");
     if let Err(e) = serve(&stream, &shared, &mut conn, &shutdown) {
@@ -152,12 +163,23 @@ fn serve(stream: &UnixStream, shared: &Shared, conn: &mut Conn, shutdown: &Shutd
 
 /// Gives back everything a finished connection held.
 fn release(shared: &Shared, conn: &mut Conn) {
+    // Device copies first: once the grants are gone (what observers wait for), the
+    // rank's device pages must be forgotten too.
+    if let Some(rank) = conn.rank.as_ref()
+        && !conn.device.is_empty()
+    {
+        let pages: Vec<PageHash> = conn.device.drain().collect();
+        let (tp, pp) = (rank.identity.tp_rank, rank.identity.pp_rank);
+        if let Err(e) = shared.backend.removed(rank.ns, tp, pp, &pages) {
+            tracing::warn!(conn = conn.id, error = %e, "could not forget a closed rank's device pages");
+        }
+    }
     let (stores, loads) = (conn.store_grants.len(), conn.load_grants.len());
     for g in conn.store_grants.drain() {
         let _ = shared.backend.abort_store(g);
     }
     for g in conn.load_grants.drain() {
-        let _ = shared.backend.finish_load(g);
+        let _ = shared.backend.finish_load(g, 0);
     }
     if let Some(rank) = conn.rank.take() {
         let mut inst = shared.instances.lock();

@@ -12,7 +12,7 @@ pub mod connection;
 pub mod server;
 pub mod shutdown;
 
-pub use backend::{Backend, BackendError, HostBackend, HostConfig};
+pub use backend::{Backend, BackendError, ManagedTiers, TiersConfig};
 pub use config::DaemonConfig;
 pub use connection::{Limits, Shared};
 pub use shutdown::Shutdown;

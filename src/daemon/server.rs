@@ -105,3 +105,70 @@ fn wait_readable(listener: &UnixListener, ms: i32) -> bool {
     // SAFETY: one valid pollfd for the duration of the call.
     unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::daemon::{DaemonConfig, ManagedTiers};
+    use crate::protocol::{Request, read_frame};
+
+    fn ask(s: &mut UnixStream, req: &Request) -> Option<Response> {
+        let mut out = Vec::new();
+        req.encode(1, &mut out);
+        frame::write_all(&mut &*s, &out).ok()?;
+        let mut body = Vec::new();
+        let h = read_frame(s, 1 << 20, &mut body).ok()?;
+        Response::decode(h.kind, &body).ok()
+    }
+
+    #[test]
+    fn connections_beyond_the_limit_are_refused_and_shutdown_is_prompt() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = DaemonConfig {
+            socket: dir.path().join("s.sock"),
+            arena_path: dir.path().join("arena"),
+            arena_bytes: 1 << 20,
+            pool_bytes: 0,
+            max_connections: 2,
+            lock_arena: false,
+            prefault: false,
+            ..DaemonConfig::default()
+        };
+        let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).unwrap());
+        let shared = Arc::new(Shared::new(backend, cfg.limits()));
+        let listener = UnixListener::bind(&cfg.socket).unwrap();
+        let shutdown = Shutdown::new();
+        let (sd, sh) = (shutdown.clone(), shared.clone());
+        let server = std::thread::spawn(move || run(listener, sd, sh, Duration::from_millis(20)));
+        let ping = Request::Ping { payload: vec![1] };
+        let mut a = UnixStream::connect(&cfg.socket).unwrap();
+        let mut b = UnixStream::connect(&cfg.socket).unwrap();
+        assert_eq!(ask(&mut a, &ping), Some(Response::Pong { payload: vec![1] }));
+        assert_eq!(ask(&mut b, &ping), Some(Response::Pong { payload: vec![1] }));
+        assert_eq!(shared.connections(), 2);
+        let mut c = UnixStream::connect(&cfg.socket).unwrap();
+        match ask(&mut c, &ping) {
+            Some(Response::Error(e)) => assert_eq!(e.code, ErrorCode::TooManyConnections),
+            None => {} // refused and closed before the request was read
+            other => panic!("third connection served: {other:?}"),
+        }
+        drop(b);
+        let t = Instant::now();
+        while shared.connections() > 1 {
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "a closed connection is not released"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut d = UnixStream::connect(&cfg.socket).unwrap();
+        assert_eq!(ask(&mut d, &ping), Some(Response::Pong { payload: vec![1] }));
+        let t = Instant::now();
+        shutdown.fire();
+        server.join().unwrap().unwrap();
+        assert!(t.elapsed() < Duration::from_secs(1), "shutdown took {:?}", t.elapsed());
+        assert_eq!(shared.connections(), 0);
+        drop(a);
+    }
+}

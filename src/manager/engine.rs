@@ -1,19 +1,15 @@
 //! The engine-facing operations: store and load grants, `removed`, and the in-process
 //! `store`/`load` that run the device copies on transfer workers.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::state::{Grant, GrantKind, GrantPage};
 use super::{Manager, ManagerError};
-use crate::layout::Layout;
 use crate::page::{NamespaceId, PageHash};
 use crate::tier::TierKind;
-use crate::tier::device::ObjectCopy;
 use crate::tier::host::SlotId;
-use crate::transfer::Ticket;
 
 /// How long a load may wait for pages that are not on host yet (HiCache's prefetch
 /// policies).
@@ -283,6 +279,7 @@ impl Manager {
         let mut st = self.inner.state.lock();
         let mut pages = Vec::new();
         let mut grant_pages = Vec::new();
+        let mut earned = Vec::new();
         for (req_index, hash) in hashes.iter().enumerate() {
             let Some(id) = st.dir.find(ns, hash) else { break };
             if !st.dir.is_complete(id, TierKind::Host) {
@@ -300,6 +297,13 @@ impl Manager {
             }
             st.lease(id);
             st.dir.touch(id, true);
+            // Write-through-selective: a page hit often enough earns its pool copy now.
+            if let crate::policy::WritePolicy::WriteThroughSelective { hits } = st.tun.host_to_pool
+                && st.dir.info(id).hits == hits
+                && !st.dir.is_complete(id, TierKind::Pool)
+            {
+                earned.push(id);
+            }
             grant_pages.push(GrantPage {
                 req_index,
                 page: id,
@@ -313,6 +317,10 @@ impl Manager {
             pages: grant_pages,
             owner,
         });
+        drop(st);
+        if !earned.is_empty() {
+            self.spawn_copy_to_pool(ns, earned);
+        }
         Ok(LoadGrant { id, pages })
     }
 
@@ -371,348 +379,5 @@ impl Manager {
         }
         self.publish(&mut st);
         Ok(n)
-    }
-
-    /// In process: stores device pages of an attached rank to host on a transfer worker.
-    pub fn store(
-        &self,
-        ns: NamespaceId,
-        tp_rank: u16,
-        pp_rank: u16,
-        hashes: &[PageHash],
-        device_slots: &[u32],
-        session: u32,
-    ) -> Result<Ticket, ManagerError> {
-        if hashes.len() != device_slots.len() {
-            return Err(ManagerError::LengthMismatch {
-                hashes: hashes.len(),
-                slots: device_slots.len(),
-            });
-        }
-        let device = self.device(ns, tp_rank, pp_rank)?;
-        let layout = self.layout(ns)?;
-        let ticket = self.inner.tickets.issue()?;
-        let grant = match self.begin_store(ns, tp_rank, pp_rank, hashes, session, 0) {
-            Ok(g) => g,
-            Err(e) => {
-                self.inner.tickets.complete(ticket, OpResult::default());
-                let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
-                return Err(e);
-            }
-        };
-        let mut guard = GrantGuard::new(self.clone(), grant.id, ticket);
-        let slots = device_slots.to_vec();
-        let job = move || {
-            let m = guard.m.clone();
-            let arena = m.arena().expect("a grant implies an arena");
-            let mut written = vec![false; grant.pages.len()];
-            let mut failed = 0;
-            for (i, page) in grant.pages.iter().enumerate() {
-                if page.status != StoreStatus::Write {
-                    failed += usize::from(page.status == StoreStatus::NoSpace);
-                    continue;
-                }
-                written[i] = copy_page(&layout, &*device, &arena, slots[i], &page.objects, true).is_ok();
-                failed += usize::from(!written[i]);
-            }
-            let result = match m.commit_store(grant.id, &written) {
-                Ok(n) => OpResult {
-                    pages: n + grant
-                        .pages
-                        .iter()
-                        .filter(|p| p.status == StoreStatus::AlreadyStored)
-                        .count(),
-                    failed,
-                    error: None,
-                },
-                Err(e) => OpResult {
-                    pages: 0,
-                    failed: grant.pages.len(),
-                    error: Some(e.to_string()),
-                },
-            };
-            guard.done(result);
-        };
-        self.submit(Box::new(job), ticket)
-    }
-
-    /// In process: loads the leading host pages of `hashes` into an attached rank's device
-    /// slots on a transfer worker. The result counts exactly the leading pages loaded.
-    pub fn load(
-        &self,
-        ns: NamespaceId,
-        tp_rank: u16,
-        pp_rank: u16,
-        hashes: &[PageHash],
-        device_slots: &[u32],
-        wait: LoadWait,
-    ) -> Result<Ticket, ManagerError> {
-        if hashes.len() != device_slots.len() {
-            return Err(ManagerError::LengthMismatch {
-                hashes: hashes.len(),
-                slots: device_slots.len(),
-            });
-        }
-        let device = self.device(ns, tp_rank, pp_rank)?;
-        let layout = self.layout(ns)?;
-        let ticket = self.inner.tickets.issue()?;
-        let grant = self.begin_load(ns, tp_rank, pp_rank, hashes, wait, 0);
-        let grant = match grant {
-            Ok(g) => g,
-            Err(e) => {
-                self.inner.tickets.complete(ticket, OpResult::default());
-                let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
-                return Err(e);
-            }
-        };
-        let mut guard = GrantGuard::new(self.clone(), grant.id, ticket);
-        let slots = device_slots.to_vec();
-        let total = hashes.len();
-        let job = move || {
-            let m = guard.m.clone();
-            let arena = m.arena().expect("a grant implies an arena");
-            let mut loaded = 0;
-            for (i, page) in grant.pages.iter().enumerate() {
-                let objs: Vec<(usize, SlotId)> = page.objects.iter().map(|&(o, s, _)| (o, s)).collect();
-                if copy_page(&layout, &*device, &arena, slots[i], &objs, false).is_err() {
-                    break;
-                }
-                loaded += 1;
-            }
-            let result = match m.finish_load(grant.id, loaded) {
-                Ok(n) => OpResult {
-                    pages: n,
-                    failed: total - n,
-                    error: None,
-                },
-                Err(e) => OpResult {
-                    pages: 0,
-                    failed: total,
-                    error: Some(e.to_string()),
-                },
-            };
-            guard.done(result);
-        };
-        self.submit(Box::new(job), ticket)
-    }
-
-    /// Waits up to `timeout` for an in-process operation's result.
-    pub fn wait(&self, ticket: Ticket, timeout: Duration) -> Result<OpResult, ManagerError> {
-        Ok(self.inner.tickets.wait(ticket, timeout)?)
-    }
-
-    /// Every finished in-process operation, without waiting.
-    pub fn poll(&self) -> Vec<(Ticket, OpResult)> {
-        self.inner.tickets.poll()
-    }
-
-    fn device(
-        &self,
-        ns: NamespaceId,
-        tp: u16,
-        pp: u16,
-    ) -> Result<Arc<dyn crate::tier::device::DeviceRegion>, ManagerError> {
-        self.inner
-            .devices
-            .lock()
-            .get(&(ns, tp, pp))
-            .cloned()
-            .ok_or(ManagerError::NoDevice { ns: ns.0, tp, pp })
-    }
-
-    fn submit(&self, job: crate::transfer::Job, ticket: Ticket) -> Result<Ticket, ManagerError> {
-        // Engine operations wait a bounded time for queue room rather than fail at once.
-        match self.inner.xfer.submit_timeout(job, Duration::from_secs(5)) {
-            Ok(()) => Ok(ticket),
-            Err(job) => {
-                // Dropping the unrun job drops its guard, which aborts the grant and settles
-                // the ticket; collect that so nothing is left outstanding.
-                drop(job);
-                let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
-                Err(ManagerError::Busy)
-            }
-        }
-    }
-
-    /// In process: writes whole objects from caller buffers into host, all objects of a
-    /// page or none (HiCache-style batch set from host memory). Returns pages committed.
-    pub fn put_objects(&self, ns: NamespaceId, pages: &[PageObjects<'_>]) -> Result<usize, ManagerError> {
-        self.check_batch(pages.len())?;
-        let layout = self.layout(ns)?;
-        for (_, objs) in pages {
-            for &(o, data) in objs {
-                if o >= layout.object_count() {
-                    return Err(crate::directory::DirectoryError::ObjectOutOfRange {
-                        index: o,
-                        count: layout.object_count(),
-                    }
-                    .into());
-                }
-                if data.len() as u64 != layout.object_bytes(o) {
-                    return Err(ManagerError::ObjectSize {
-                        got: data.len(),
-                        want: layout.object_bytes(o),
-                    });
-                }
-            }
-        }
-        let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
-        let need: usize = pages.iter().map(|(_, o)| o.len()).sum();
-        if arena.free_slots() < need as u32 {
-            self.make_host_room(need - arena.free_slots() as usize);
-        }
-        let mut written = vec![false; pages.len()];
-        let mut grant_pages = Vec::new();
-        {
-            let mut st = self.inner.state.lock();
-            for (i, (hash, objs)) in pages.iter().enumerate() {
-                let id = st.dir.find_or_insert(ns, hash)?;
-                let Some(slots) = arena.alloc_n(objs.len()) else {
-                    st.dir.release_if_empty(id);
-                    continue;
-                };
-                for &(o, _) in objs {
-                    st.dir.set_inflight(id, TierKind::Host, o, true)?;
-                }
-                grant_pages.push(GrantPage {
-                    req_index: i,
-                    page: id,
-                    objects: objs.iter().map(|&(o, _)| o).zip(slots).collect(),
-                });
-            }
-        }
-        for gp in &grant_pages {
-            for (&(_, data), &(_, slot)) in pages[gp.req_index].1.iter().zip(&gp.objects) {
-                // SAFETY: the slot was allocated above for this grant and is in flight.
-                unsafe { arena.slot_mut(slot, data.len())? }.copy_from_slice(data);
-            }
-            written[gp.req_index] = true;
-        }
-        let id = self.inner.state.lock().new_grant(Grant {
-            ns,
-            kind: GrantKind::Store,
-            pages: grant_pages,
-            owner: 0,
-        });
-        self.commit_store(id, &written)
-    }
-
-    /// In process: reads one object of a page complete on host into `buf`.
-    pub fn read_host_object(
-        &self,
-        ns: NamespaceId,
-        hash: &PageHash,
-        obj: usize,
-        buf: &mut [u8],
-    ) -> Result<bool, ManagerError> {
-        let layout = self.layout(ns)?;
-        let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
-        let (id, slot) = {
-            let mut st = self.inner.state.lock();
-            let Some(id) = st.dir.find(ns, hash) else {
-                return Ok(false);
-            };
-            if !st.dir.is_complete(id, TierKind::Host) {
-                return Ok(false);
-            }
-            let Some(slot) = st.host_slot(id, obj) else {
-                return Ok(false);
-            };
-            st.lease(id);
-            (id, slot)
-        };
-        let len = layout.object_bytes(obj) as usize;
-        // SAFETY: leased above: not freed or rewritten until unleased.
-        let res = unsafe { arena.slot(slot, len) }.map(|src| {
-            if buf.len() >= len {
-                buf[..len].copy_from_slice(src);
-            }
-        });
-        self.inner.state.lock().unlease(id);
-        res?;
-        if buf.len() < len {
-            return Err(ManagerError::ObjectSize {
-                got: buf.len(),
-                want: len as u64,
-            });
-        }
-        Ok(true)
-    }
-}
-
-/// A page and the bytes of some of its objects, by object index.
-pub type PageObjects<'a> = (PageHash, Vec<(usize, &'a [u8])>);
-
-/// Copies one page's objects between a device page and host slots.
-fn copy_page(
-    layout: &Layout,
-    device: &dyn crate::tier::device::DeviceRegion,
-    arena: &crate::tier::host::HostArena,
-    device_slot: u32,
-    objects: &[(usize, SlotId)],
-    to_host: bool,
-) -> Result<(), ManagerError> {
-    let parts: Vec<_> = objects
-        .iter()
-        .map(|&(o, s)| (layout.objects()[o].part, s, layout.object_bytes(o) as usize))
-        .collect();
-    if to_host {
-        let mut batch = Vec::with_capacity(parts.len());
-        for &(part, slot, len) in &parts {
-            // SAFETY: the slot belongs to an open store grant: in flight, owned by us.
-            batch.push(ObjectCopy::new(device_slot, part, unsafe {
-                arena.slot_mut(slot, len)?
-            }));
-        }
-        device.copy_to_host(&mut batch)?;
-    } else {
-        let mut batch = Vec::with_capacity(parts.len());
-        for &(part, slot, len) in &parts {
-            // SAFETY: the page is leased by an open load grant: not freed or rewritten.
-            batch.push(ObjectCopy::new(device_slot, part, unsafe { arena.slot(slot, len)? }));
-        }
-        device.copy_from_host(&batch)?;
-    }
-    Ok(())
-}
-
-/// Makes sure a transfer job's grant and ticket are settled even if the job panics or
-/// is dropped unrun: aborts the grant and fails the ticket.
-struct GrantGuard {
-    m: Manager,
-    grant: u64,
-    ticket: Ticket,
-    settled: bool,
-}
-
-impl GrantGuard {
-    fn new(m: Manager, grant: u64, ticket: Ticket) -> Self {
-        Self {
-            m,
-            grant,
-            ticket,
-            settled: false,
-        }
-    }
-
-    fn done(&mut self, r: OpResult) {
-        self.settled = true;
-        self.m.inner.tickets.complete(self.ticket, r);
-    }
-}
-
-impl Drop for GrantGuard {
-    fn drop(&mut self) {
-        if !self.settled {
-            let _ = self.m.abort(self.grant);
-            self.m.inner.tickets.complete(
-                self.ticket,
-                OpResult {
-                    pages: 0,
-                    failed: 0,
-                    error: Some("transfer job did not finish".into()),
-                },
-            );
-        }
     }
 }

@@ -11,6 +11,8 @@
 mod config;
 mod engine;
 mod hints;
+mod host_io;
+mod inproc;
 mod recover;
 mod state;
 mod stats;
@@ -24,7 +26,8 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 pub use config::{ManagerConfig, PoolConfig, Tunables};
-pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, PageObjects, StoreGrant, StorePage, StoreStatus};
+pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
+pub use host_io::PageObjects;
 pub use state::Advice;
 pub use stats::{Stats, StatsSnapshot};
 

@@ -9,11 +9,21 @@
 use std::sync::Arc;
 
 use super::{Manager, ManagerError};
-use crate::page::{NamespaceId, PageHash};
+use crate::layout::Layout;
+use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::tier::TierKind;
 use crate::tier::host::{HostArena, SlotId};
 
 impl Manager {
+    /// Every registered namespace with its id and layout (what a journal must record).
+    pub fn namespaces(&self) -> Vec<(NamespaceId, Namespace, Layout)> {
+        let st = self.inner.state.lock();
+        st.dir
+            .namespaces()
+            .map(|(id, n, l)| (id, n.clone(), l.clone()))
+            .collect()
+    }
+
     /// Maps the existing arena file at the configured path, keeping its bytes, with every
     /// slot free until pages are adopted. Must run before the first namespace is
     /// registered (which would otherwise create a fresh, empty arena).
@@ -63,7 +73,6 @@ mod tests {
     use crate::clock::SimClock;
     use crate::layout::LayoutSpec;
     use crate::manager::ManagerConfig;
-    use crate::page::Namespace;
 
     #[test]
     fn adopted_pages_are_host_hits_and_keep_their_slots() {
@@ -77,6 +86,7 @@ mod tests {
         let arena = m.open_existing_arena(slot).unwrap();
         assert!(m.open_existing_arena(slot).is_err());
         let ns = m.register_namespace(Namespace::model("m"), layout).unwrap();
+        assert_eq!(m.namespaces()[0].1, Namespace::model("m"));
         let h = PageHash::from_u64(5);
         m.adopt_host_page(ns, &h, &[SlotId(3), SlotId(9)]).unwrap();
         assert_eq!(m.lookup(ns, &[h]).unwrap().host, 1);

@@ -485,3 +485,100 @@ fn put_objects_writes_whole_pages_and_reads_back() {
     assert_eq!(buf, v);
     assert!(!f.m.read_host_object(f.ns, &PageHash::from_u64(6), 1, &mut buf).unwrap());
 }
+
+#[test]
+fn write_policies_decide_when_host_pages_reach_the_pool() {
+    use crate::policy::WritePolicy;
+    for (policy, after_store, after_hits) in [
+        (WritePolicy::WriteThrough, true, true),
+        (WritePolicy::WriteThroughSelective { hits: 2 }, false, true),
+        (WritePolicy::WriteBack, false, false),
+    ] {
+        let f = fixture(1, 16, Some(16));
+        let mut t = f.m.tunables();
+        t.host_to_pool = policy;
+        f.m.set_tunables(t).unwrap();
+        let hs = hashes(0..2);
+        f.store_all(&hs, &[0, 1]);
+        f.m.quiesce(WAIT);
+        assert_eq!(f.status(&hs[0], TierKind::Pool), after_store, "{policy:?} after store");
+        for _ in 0..2 {
+            let t = f.m.load(f.ns, 0, 0, &hs[..1], &[5], LoadWait::BestEffort).unwrap();
+            assert_eq!(f.m.wait(t, WAIT).unwrap().pages, 1);
+        }
+        f.m.quiesce(WAIT);
+        assert_eq!(
+            f.status(&hs[0], TierKind::Pool),
+            after_hits,
+            "{policy:?} after two hits"
+        );
+        // Write-back: the pool copy is made when host evicts the page.
+        f.m.removed(f.ns, 0, 0, &hs).unwrap();
+        f.m.make_host_room(usize::MAX);
+        assert!(
+            f.status(&hs[0], TierKind::Pool) && f.status(&hs[1], TierKind::Pool),
+            "{policy:?} on eviction"
+        );
+    }
+}
+
+#[test]
+fn a_full_transfer_queue_defers_a_hint_and_tick_applies_it_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = LayoutSpec::mha(4, 2, 32, 2, 16).build().unwrap();
+    let page = layout.page_bytes();
+    let mut cfg = ManagerConfig::in_dir(dir.path(), 16 * page, Some(16 * page));
+    cfg.arena.lock = false;
+    cfg.transfer_threads = 1;
+    cfg.transfer_queue = 1;
+    let m = Manager::new(cfg, SimClock::new()).unwrap();
+    let ns = m.register_namespace(Namespace::model("q"), layout.clone()).unwrap();
+    let hs = hashes(0..2);
+    let k = pattern(1, layout.object_bytes(0) as usize);
+    for h in &hs {
+        m.put_objects(ns, &[(*h, vec![(0, &k[..]), (1, &k[..])])]).unwrap();
+    }
+    // Occupy the only worker and the only queue place.
+    let (tx, rx) = crossbeam_channel::bounded::<()>(0);
+    let rx2 = rx.clone();
+    assert!(
+        m.inner
+            .xfer
+            .try_submit(Box::new(move || {
+                let _ = rx.recv();
+            }))
+            .is_ok()
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        m.inner
+            .xfer
+            .try_submit(Box::new(move || {
+                let _ = rx2.recv();
+            }))
+            .is_ok()
+    );
+    let out = m
+        .hint(
+            ns,
+            Hint::Share {
+                target: HintTarget::Pages(hs.clone()),
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        out,
+        HintOutcome::Deferred {
+            pages: 2,
+            reason: Reason::QueueFull
+        }
+    );
+    assert_eq!(m.stats().deferred_hints, 1);
+    drop(tx);
+    assert!(m.quiesce(WAIT));
+    m.tick().unwrap();
+    assert!(m.quiesce(WAIT));
+    assert_eq!(m.stats().deferred_hints, 0);
+    let st = m.page_status(ns, &hs[1]).unwrap().unwrap();
+    assert!(st.tiers[TierKind::Pool.index()].complete, "the deferred share ran");
+}

@@ -12,6 +12,7 @@ pub mod error;
 pub mod frame;
 mod hint;
 pub mod message;
+mod response;
 pub mod types;
 
 #[cfg(test)]

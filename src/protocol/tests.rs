@@ -122,7 +122,7 @@ fn request() -> impl Strategy<Value = Request> {
             .prop_map(|(grant, written)| Request::Commit { grant, written }),
         any::<u64>().prop_map(|grant| Request::Abort { grant }),
         (hashes(), wait).prop_map(|(hashes, wait)| Request::Load { hashes, wait }),
-        any::<u64>().prop_map(|grant| Request::LoadDone { grant }),
+        (any::<u64>(), any::<u32>()).prop_map(|(grant, loaded)| Request::LoadDone { grant, loaded }),
         any::<u64>().prop_map(|ticket| Request::Poll { ticket }),
         (any::<u64>(), any::<u32>()).prop_map(|(ticket, timeout_ms)| Request::Wait { ticket, timeout_ms }),
         hashes().prop_map(|hashes| Request::Removed { hashes }),

@@ -92,6 +92,7 @@ impl HostArena {
             path: path.to_owned(),
             source,
         };
+        let start = Instant::now();
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -100,7 +101,7 @@ impl HostArena {
             .open(path)
             .map_err(io)?;
         file.set_len(slots * slot_bytes).map_err(io)?;
-        Self::map(path, file, slot_bytes as usize, slots as u32, opts, true)
+        Self::map(path, file, slot_bytes as usize, slots as u32, opts, start)
     }
 
     /// Maps an existing arena file (the daemon after a restart, or an engine process).
@@ -122,7 +123,7 @@ impl HostArena {
                 slot_bytes,
             });
         }
-        Self::map(path, file, slot_bytes as usize, slots as u32, opts, false)
+        Self::map(path, file, slot_bytes as usize, slots as u32, opts, Instant::now())
     }
 
     fn map(
@@ -131,9 +132,8 @@ impl HostArena {
         slot_bytes: usize,
         slots: u32,
         opts: &ArenaOptions,
-        fresh: bool,
+        start: Instant,
     ) -> Result<Self, ArenaError> {
-        let start = Instant::now();
         let bytes = slot_bytes as u64 * slots as u64;
         let map = MmapOptions::new()
             .len(bytes as usize)
@@ -143,20 +143,7 @@ impl HostArena {
                 source,
             })?;
         let threads = opts.touch_threads.max(1);
-        if opts.prefault {
-            prefault(map.as_mut_ptr(), bytes as usize, threads, fresh);
-        }
-        let locked = if opts.lock {
-            // SAFETY: the range is exactly our live mapping.
-            let rc = unsafe { libc::mlock(map.as_ptr().cast(), bytes as usize) };
-            if rc == 0 {
-                Ok(())
-            } else {
-                Err(format!("mlock: {}", std::io::Error::last_os_error()))
-            }
-        } else {
-            Err("locking disabled by configuration".into())
-        };
+        let locked = populate(map.as_ptr(), bytes as usize, threads, opts.prefault, opts.lock);
         let report = MapReport {
             bytes,
             touch_threads: threads,
@@ -311,32 +298,51 @@ impl HostArena {
     }
 }
 
-/// Touches one byte per 4 KiB page, spread over `threads` threads. On a fresh file the
-/// write allocates the page; on a reopened one a read faults it in without changing it.
-fn prefault(base: *mut u8, len: usize, threads: usize, fresh: bool) {
+/// Maps every page before the first copy, spread over `threads` threads: each thread
+/// locks its range (which faults it in) or, where locking is off or refused, reads one
+/// byte per 4 KiB page. Reading never changes a reopened arena's data. Returns whether
+/// the whole range is locked, or why not.
+fn populate(base: *const u8, len: usize, threads: usize, touch: bool, lock: bool) -> Result<(), String> {
     const PAGE: usize = 4096;
-    let pages = len.div_ceil(PAGE);
-    let per = pages.div_ceil(threads);
+    if !lock && !touch {
+        return Err("locking disabled by configuration".into());
+    }
+    let per = len.div_ceil(threads).div_ceil(PAGE) * PAGE;
     let base = base as usize;
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let first = t * per;
-            let last = ((t + 1) * per).min(pages);
-            s.spawn(move || {
-                for p in first..last {
-                    let at = (base + p * PAGE) as *mut u8;
-                    // SAFETY: `at` lies inside the mapping; volatile so it is not elided.
-                    unsafe {
-                        if fresh {
-                            std::ptr::write_volatile(at, 0);
-                        } else {
-                            std::ptr::read_volatile(at);
+    let errors: Vec<Option<String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| t * per)
+            .filter(|&start| start < len)
+            .map(|start| {
+                let n = per.min(len - start);
+                s.spawn(move || {
+                    let mut err = None;
+                    if lock {
+                        // SAFETY: the range lies inside our live mapping.
+                        if unsafe { libc::mlock((base + start) as *const libc::c_void, n) } == 0 {
+                            return None;
+                        }
+                        err = Some(format!("mlock: {}", std::io::Error::last_os_error()));
+                    }
+                    if touch {
+                        for off in (start..start + n).step_by(PAGE) {
+                            // SAFETY: inside the mapping; volatile so it is not elided.
+                            unsafe { std::ptr::read_volatile((base + off) as *const u8) };
                         }
                     }
-                }
-            });
-        }
+                    err.or_else(|| (!lock).then(|| "locking disabled by configuration".to_string()))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(Some("populate thread panicked".into())))
+            .collect()
     });
+    match errors.into_iter().flatten().next() {
+        None => Ok(()),
+        Some(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

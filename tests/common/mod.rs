@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use kvtier::client::{Client, ClientConfig};
 use kvtier::layout::LayoutSpec;
 use kvtier::page::{Namespace, PageHash};
-use kvtier::protocol::{Identity, LoadWait};
+use kvtier::protocol::{ErrorCode, Header, Identity, LoadWait, Response, read_frame};
 use kvtier::tier::device::EmulatedDevice;
 
 /// 1 layer, 1 KV head, head dim 16, fp16, 4 tokens a page: 128-byte objects.
@@ -81,7 +82,14 @@ impl Daemon {
             .arg("--arena-path")
             .arg(&self.arena)
             .args(["--arena-bytes", &arena_bytes.to_string()])
-            .args(["--set", "lock_arena=false", "--set", "prefault=false"])
+            .args([
+                "--set",
+                "lock_arena=false",
+                "--set",
+                "prefault=false",
+                "--set",
+                "pool_bytes=8388608",
+            ])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -270,5 +278,31 @@ pub fn rank_main() {
             Ok(a) => println!("@@ {a}"),
             Err(e) => println!("@@ err {e}"),
         }
+    }
+}
+
+/// A frame with any kind and body, for feeding the daemon what a client never would.
+pub fn raw_frame(kind: u8, id: u64, body: &[u8]) -> Vec<u8> {
+    let mut out = Header {
+        kind,
+        body_len: body.len() as u32,
+        request_id: id,
+    }
+    .encode()
+    .to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
+pub fn answer(s: &mut UnixStream) -> Option<Response> {
+    let mut body = Vec::new();
+    let h = read_frame(s, 1 << 20, &mut body).ok()?;
+    Response::decode(h.kind, &body).ok()
+}
+
+pub fn code(r: Option<Response>) -> Option<ErrorCode> {
+    match r {
+        Some(Response::Error(e)) => Some(e.code),
+        _ => None,
     }
 }

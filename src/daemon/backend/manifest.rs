@@ -5,7 +5,7 @@
 //!
 //! * `1` namespace: `u16 id`, model, lora, salt, layout (protocol encoding)
 //! * `2` object: `u16 ns`, hash, `u16 object`, `u32 slot`, `u64 len`, `u64 xxh3 of the bytes`
-//! * `3` release: `u32 slot`
+//! * `3` release: `u32 slot`, hash (only undoes the slot's record when it names that page)
 //!
 //! The file starts with `KVTMANI1` and the arena's slot size. On a clean shutdown the
 //! daemon rewrites it with only the live objects (compaction).
@@ -133,11 +133,12 @@ impl Manifest {
         });
     }
 
-    /// Buffers a release record: the slot no longer holds a committed object.
-    pub fn release(&mut self, slot: u32) {
+    /// Buffers a release record: the slot no longer holds `hash`'s object.
+    pub fn release(&mut self, slot: u32, hash: &PageHash) {
         self.record(|w| {
             w.u8(3);
             w.u32(slot);
+            w.hash(hash);
         });
     }
 
@@ -218,7 +219,11 @@ fn apply(out: &mut Replay, body: &[u8]) -> Result<(), DecodeError> {
             out.objects.insert(o.slot, o);
         }
         3 => {
-            out.objects.remove(&r.u32()?);
+            let slot = r.u32()?;
+            let hash = r.hash()?;
+            if out.objects.get(&slot).is_some_and(|o| o.hash == hash) {
+                out.objects.remove(&slot);
+            }
         }
         tag => {
             return Err(DecodeError::BadTag {
@@ -250,8 +255,9 @@ mod tests {
         let mut m = Manifest::create(&path, 512, &[(0, Namespace::model("m"), spec.clone())], &[rec(1, 1)]).unwrap();
         m.object(&rec(2, 2));
         m.object(&rec(3, 3));
-        m.release(2);
+        m.release(2, &PageHash::from_u64(2));
         m.object(&rec(1, 4)); // slot 1 reused
+        m.release(1, &PageHash::from_u64(1)); // a late release of the old page: ignored
         m.flush().unwrap();
         drop(m);
         // A half-written record at the end.

@@ -1,46 +1,42 @@
-//! What the daemon's request handlers drive: a [`Backend`] that owns the directory, the
-//! host arena and the grants of engine-driven copies.
+//! What the daemon's request handlers drive: a [`Backend`] over the tier manager.
 //!
-//! The trait mirrors the in-process manager's engine-facing API (register, lookup,
-//! begin/commit/abort store, begin/finish load, removed, hint, tick), so the daemon can be
-//! pointed at any implementation. [`host::HostBackend`] is the host-tier implementation
-//! the daemon runs today, with crash recovery through a checksummed [`manifest`].
+//! [`managed::ManagedTiers`] wraps the in-process [`crate::manager::Manager`] and adds what
+//! only a daemon needs: owner-tagged grants that die with their connection, tickets that
+//! say when a store is complete across ranks, and crash recovery of the host arena
+//! through a checksummed [`manifest`] ([`journal`]).
 
-pub mod host;
-mod host_hint;
-mod host_recover;
+mod journal;
+pub mod managed;
 pub mod manifest;
+mod tickets;
+
+#[cfg(test)]
+mod tests;
 
 use std::time::Duration;
 
-use crate::directory::{DirectoryError, PrefixHit};
+use crate::directory::PrefixHit;
 use crate::hints::{Hint, HintError, HintOutcome};
-use crate::layout::{Layout, LayoutError, LayoutSpec};
+use crate::layout::{Layout, LayoutSpec};
+use crate::manager::ManagerError;
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::protocol::{ArenaInfo, DaemonStats, GrantPage, LoadWait, ObjectSlot, SessionPhase, TicketStatus};
-use crate::tier::host::ArenaError;
 
-pub use host::{HostBackend, HostConfig};
+pub use managed::{ManagedTiers, TiersConfig};
 
 /// Why the backend refused an operation.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error(transparent)]
-    Layout(#[from] LayoutError),
+    Manager(#[from] ManagerError),
     #[error(transparent)]
-    Directory(#[from] DirectoryError),
-    #[error(transparent)]
-    Arena(#[from] ArenaError),
-    #[error("objects of {bytes} bytes do not fit the arena's {slot_bytes}-byte slots")]
-    ObjectTooLarge { bytes: u64, slot_bytes: u64 },
+    Hint(#[from] HintError),
     #[error("unknown grant or ticket {0}")]
     UnknownGrant(u64),
     #[error("grant {grant} has {pages} pages but {flags} flags were sent")]
     FlagCount { grant: u64, pages: usize, flags: usize },
     #[error("the host arena has no free slot, even after eviction")]
     NoSpace,
-    #[error("too many open grants ({0})")]
-    TooManyGrants(usize),
     #[error("manifest {path}: {source}")]
     Manifest {
         path: String,
@@ -58,13 +54,15 @@ pub struct Registered {
 }
 
 /// The operations the daemon's handlers need. Every method is bounded in time: the only
-/// waits (`begin_load` with a wait policy, `ticket`) take an explicit deadline.
+/// waits (`begin_load` with a wait policy, `ticket`) have a deadline. `owner` is the
+/// connection id: grants are tagged with it so a dead client's can be found.
 pub trait Backend: Send + Sync + 'static {
     /// Registers (or finds) a namespace with its layout; creates the arena on first use.
     fn register(&self, ns: &Namespace, spec: &LayoutSpec) -> Result<Registered, BackendError>;
     /// Contiguous-prefix lookup with per-tier credit.
     fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, BackendError>;
     /// Reserves host slots for the rank's objects of each page that still needs them.
+    #[allow(clippy::too_many_arguments)]
     fn begin_store(
         &self,
         ns: NamespaceId,
@@ -72,13 +70,15 @@ pub trait Backend: Send + Sync + 'static {
         pp_rank: u16,
         hashes: &[PageHash],
         session: &str,
+        owner: u64,
     ) -> Result<(u64, Vec<GrantPage>), BackendError>;
-    /// Marks the written pages' objects present; returns the ticket and how many of the
-    /// grant's pages are complete across every rank now.
+    /// Marks the written pages' objects present (`written[i]` for grant page `i`);
+    /// returns the ticket and how many requested pages are complete across every rank.
     fn commit_store(&self, grant: u64, written: &[bool]) -> Result<(u64, u32), BackendError>;
     /// Frees every slot of a store grant (a failed copy, or a dead client).
     fn abort_store(&self, grant: u64) -> Result<(), BackendError>;
-    /// Holds the leading host-complete pages for reading and returns the rank's slots.
+    /// Leases the leading host-complete pages and returns the rank's slots of each.
+    #[allow(clippy::too_many_arguments)]
     fn begin_load(
         &self,
         ns: NamespaceId,
@@ -86,20 +86,21 @@ pub trait Backend: Send + Sync + 'static {
         pp_rank: u16,
         hashes: &[PageHash],
         wait: LoadWait,
+        owner: u64,
     ) -> Result<(u64, Vec<Vec<ObjectSlot>>), BackendError>;
-    /// Releases a load grant's hold on its pages.
-    fn finish_load(&self, grant: u64) -> Result<(), BackendError>;
+    /// Ends a load: the first `loaded` pages are now on the rank's device.
+    fn finish_load(&self, grant: u64, loaded: usize) -> Result<(), BackendError>;
     /// A ticket's status, waiting up to `timeout` for it to finish.
     fn ticket(&self, ticket: u64, timeout: Duration) -> Result<TicketStatus, BackendError>;
-    /// The engine freed these device pages. Returns how many kvtier knew.
-    fn removed(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<usize, BackendError>;
+    /// The rank freed these device pages. Returns how many kvtier knew.
+    fn removed(&self, ns: NamespaceId, tp_rank: u16, pp_rank: u16, hashes: &[PageHash]) -> Result<usize, BackendError>;
     /// A session changed phase (tool-call start/end, pause, end).
     fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase);
-    fn hint(&self, ns: NamespaceId, hint: &Hint) -> Result<HintOutcome, HintError>;
+    fn hint(&self, ns: NamespaceId, hint: &Hint) -> Result<HintOutcome, BackendError>;
     /// Counters (the daemon adds its connection count).
     fn stats(&self) -> DaemonStats;
-    /// Periodic work: TTL expiry.
+    /// Periodic work: TTLs, watermark eviction, deferred hints, manifest upkeep.
     fn tick(&self);
-    /// Clean shutdown: compacts persistent state.
+    /// Clean shutdown: finishes transfers and compacts persistent state.
     fn shutdown(&self) -> Result<(), BackendError>;
 }

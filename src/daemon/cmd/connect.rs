@@ -4,6 +4,7 @@
 //! connect fixes them for as long as any rank of the instance stays connected.
 
 use crate::layout::LayoutSpec;
+use crate::manager::ManagerError;
 use crate::protocol::{DeviceInfo, ErrorCode, Identity, Response};
 
 use super::super::backend::BackendError;
@@ -76,7 +77,7 @@ pub(super) fn connect(shared: &Shared, conn: &mut Conn, identity: Identity, spec
         Ok(o) => o.into_iter().map(|i| i as u16).collect(),
         Err(e) => {
             undo(shared, &identity.instance);
-            return super::error_response(&BackendError::Layout(e));
+            return super::error_response(&BackendError::Manager(ManagerError::Config(e.to_string())));
         }
     };
     tracing::info!(
@@ -103,7 +104,8 @@ pub(super) fn register_device(rank: &Rank, d: DeviceInfo) -> Result<Response, Ba
     let parts = rank.layout.rank_parts().len() as u64;
     let want = rank.layout.object_bytes(
         rank.layout
-            .rank_objects(rank.identity.tp_rank, rank.identity.pp_rank)?
+            .rank_objects(rank.identity.tp_rank, rank.identity.pp_rank)
+            .map_err(|e| ManagerError::Config(e.to_string()))?
             .first()
             .copied()
             .unwrap_or(rank.identity.pp_rank as usize),

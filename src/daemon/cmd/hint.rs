@@ -12,6 +12,7 @@ pub(super) fn hint(shared: &Shared, rank: &Rank, hint: &Hint) -> Result<Response
             tracing::debug!(kind = hint.kind().name(), outcome = outcome.name(), "hint");
             Response::Hint(outcome)
         }
-        Err(e) => Response::error(ErrorCode::BadHint, e.to_string()),
+        Err(e @ BackendError::Hint(_)) => Response::error(ErrorCode::BadHint, e.to_string()),
+        Err(e) => super::error_response(&e),
     })
 }

@@ -7,7 +7,7 @@ use crate::page::PageHash;
 use crate::protocol::{ErrorCode, LoadWait, Response};
 
 use super::super::backend::BackendError;
-use super::super::connection::{Conn, Shared};
+use super::super::connection::{Conn, MAX_DEVICE_PAGES, Shared};
 
 const MAX_OPEN: usize = 1024;
 
@@ -24,18 +24,23 @@ pub(super) fn load(
         ));
     }
     let rank = super::rank(conn)?;
-    let (grant, pages) =
-        shared
-            .backend
-            .begin_load(rank.ns, rank.identity.tp_rank, rank.identity.pp_rank, hashes, wait)?;
+    let (tp, pp) = (rank.identity.tp_rank, rank.identity.pp_rank);
+    let (grant, pages) = shared.backend.begin_load(rank.ns, tp, pp, hashes, wait, conn.id)?;
     conn.load_grants.insert(grant);
+    // Remembered until LoadDone says how many made it to the device.
+    conn.loads.insert(grant, hashes[..pages.len()].to_vec());
     Ok(Response::LoadGrant { grant, pages })
 }
 
-pub(super) fn done(shared: &Shared, conn: &mut Conn, grant: u64) -> Result<Response, BackendError> {
+pub(super) fn done(shared: &Shared, conn: &mut Conn, grant: u64, loaded: u32) -> Result<Response, BackendError> {
     if !conn.load_grants.remove(&grant) {
         return Err(BackendError::UnknownGrant(grant));
     }
-    shared.backend.finish_load(grant)?;
+    let pages = conn.loads.remove(&grant).unwrap_or_default();
+    let loaded = (loaded as usize).min(pages.len());
+    shared.backend.finish_load(grant, loaded)?;
+    if conn.device.len() + loaded <= MAX_DEVICE_PAGES {
+        conn.device.extend(pages[..loaded].iter().copied());
+    }
     Ok(Response::Ok)
 }

@@ -13,6 +13,7 @@ mod store;
 mod ticket;
 
 use crate::directory::DirectoryError;
+use crate::manager::ManagerError;
 use crate::protocol::{ErrorCode, Request, Response};
 
 use super::backend::BackendError;
@@ -40,10 +41,10 @@ fn run(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Response, Backe
         Request::Commit { grant, written } => store::commit(shared, conn, grant, &written),
         Request::Abort { grant } => store::abort(shared, conn, grant),
         Request::Load { hashes, wait } => load::load(shared, conn, &hashes, wait),
-        Request::LoadDone { grant } => load::done(shared, conn, grant),
+        Request::LoadDone { grant, loaded } => load::done(shared, conn, grant, loaded),
         Request::Poll { ticket } => ticket::status(shared, ticket, 0),
         Request::Wait { ticket, timeout_ms } => ticket::status(shared, ticket, timeout_ms),
-        Request::Removed { hashes } => removed::removed(shared, rank(conn)?, &hashes),
+        Request::Removed { hashes } => removed::removed(shared, conn, &hashes),
         Request::Session { id, parent, phase } => session::session(shared, &id, parent.as_deref(), phase),
         Request::Hint(h) => hint::hint(shared, rank(conn)?, &h),
         Request::Connect { .. } | Request::Ping { .. } | Request::Stats => unreachable_request(),
@@ -62,14 +63,30 @@ pub(crate) fn rank(conn: &Conn) -> Result<&Rank, BackendError> {
 /// The stable error code of a backend failure.
 pub(crate) fn error_response(e: &BackendError) -> Response {
     let code = match e {
-        BackendError::Layout(_) | BackendError::ObjectTooLarge { .. } => ErrorCode::BadLayout,
-        BackendError::Directory(DirectoryError::LayoutMismatch(_)) => ErrorCode::LayoutMismatch,
-        BackendError::Directory(DirectoryError::Full(_)) => ErrorCode::NoSpace,
-        BackendError::Directory(_) => ErrorCode::BadRequest,
+        BackendError::Manager(m) => match m {
+            ManagerError::Directory(DirectoryError::LayoutMismatch(_)) => ErrorCode::LayoutMismatch,
+            ManagerError::Directory(DirectoryError::Full(_)) | ManagerError::Busy => ErrorCode::NoSpace,
+            ManagerError::Config(_) | ManagerError::SlotTooSmall { .. } | ManagerError::ObjectSize { .. } => {
+                ErrorCode::BadLayout
+            }
+            ManagerError::UnknownGrant(_) => ErrorCode::UnknownGrant,
+            ManagerError::Hint(_) => ErrorCode::BadHint,
+            ManagerError::Directory(_)
+            | ManagerError::Page(_)
+            | ManagerError::BatchTooLarge { .. }
+            | ManagerError::LengthMismatch { .. }
+            | ManagerError::GrantMismatch { .. }
+            | ManagerError::NoDevice { .. }
+            | ManagerError::NoNamespace => ErrorCode::BadRequest,
+            ManagerError::Arena(_) | ManagerError::Device(_) | ManagerError::Pool(_) | ManagerError::Ticket(_) => {
+                ErrorCode::Internal
+            }
+        },
+        BackendError::Hint(_) => ErrorCode::BadHint,
         BackendError::UnknownGrant(_) => ErrorCode::UnknownGrant,
         BackendError::FlagCount { .. } => ErrorCode::BadRequest,
-        BackendError::NoSpace | BackendError::TooManyGrants(_) => ErrorCode::NoSpace,
-        BackendError::Arena(_) | BackendError::Manifest { .. } => ErrorCode::Internal,
+        BackendError::NoSpace => ErrorCode::NoSpace,
+        BackendError::Manifest { .. } => ErrorCode::Internal,
     };
     Response::error(code, e.to_string())
 }

@@ -7,7 +7,7 @@ use crate::page::PageHash;
 use crate::protocol::{ErrorCode, Response};
 
 use super::super::backend::BackendError;
-use super::super::connection::{Conn, Shared};
+use super::super::connection::{Conn, MAX_DEVICE_PAGES, Shared};
 
 /// Most grants one connection may hold open.
 const MAX_OPEN: usize = 1024;
@@ -25,11 +25,13 @@ pub(super) fn store(
         ));
     }
     let rank = super::rank(conn)?;
-    let (grant, pages) =
-        shared
-            .backend
-            .begin_store(rank.ns, rank.identity.tp_rank, rank.identity.pp_rank, hashes, session)?;
+    let (tp, pp) = (rank.identity.tp_rank, rank.identity.pp_rank);
+    let (grant, pages) = shared.backend.begin_store(rank.ns, tp, pp, hashes, session, conn.id)?;
     conn.store_grants.insert(grant);
+    // The rank has these pages on device now (that is what it is storing from).
+    if conn.device.len() + hashes.len() <= MAX_DEVICE_PAGES {
+        conn.device.extend(hashes.iter().copied());
+    }
     Ok(Response::StoreGrant { grant, pages })
 }
 

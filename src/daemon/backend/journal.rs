@@ -1,0 +1,225 @@
+//! The daemon's journal of committed host objects, and recovery from it.
+//!
+//! Every commit appends one manifest record per object (slot, length, xxh3 of the bytes
+//! the rank wrote). Pages that leave host (the manager's `removed`/`cleared` events)
+//! append release records. Before a commit's records are appended the journal catches
+//! up with the event stream, so a slot freed by eviction and granted again is released
+//! before it is recorded anew. A restart replays the manifest, verifies each object
+//! against the arena and hands intact complete pages back to the manager.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::events::PageEventKind;
+use crate::manager::Manager;
+use crate::page::{NamespaceId, PageHash};
+use crate::tier::TierKind;
+use crate::tier::host::{HostArena, SlotId};
+
+use super::BackendError;
+use super::manifest::{Manifest, ObjectRecord};
+
+/// Most discarded hashes named in the log; the count is always complete.
+const LOG_HASHES: usize = 32;
+
+#[derive(Default)]
+pub(super) struct Journal {
+    pub path: PathBuf,
+    pub manifest: Option<Manifest>,
+    /// Committed objects per page, as recorded.
+    pub live: HashMap<(NamespaceId, PageHash), Vec<ObjectRecord>>,
+    /// Next event sequence number to read.
+    pub next_seq: u64,
+}
+
+/// What a recovery found.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Recovered {
+    pub pages: u64,
+    pub corrupt: u64,
+    pub incomplete: u64,
+}
+
+impl Journal {
+    pub fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            next_seq: 1,
+            ..Self::default()
+        }
+    }
+
+    fn spaces(mgr: &Manager) -> Vec<(u16, crate::page::Namespace, crate::layout::LayoutSpec)> {
+        mgr.namespaces()
+            .into_iter()
+            .map(|(id, n, l)| (id.0, n, l.spec().clone()))
+            .collect()
+    }
+
+    /// Starts a fresh manifest for an arena of `slot_bytes` slots.
+    pub fn start(&mut self, mgr: &Manager, slot_bytes: u64) -> Result<(), BackendError> {
+        let recs: Vec<ObjectRecord> = self.live.values().flatten().copied().collect();
+        self.manifest = Some(Manifest::create(&self.path, slot_bytes, &Self::spaces(mgr), &recs)?);
+        Ok(())
+    }
+
+    /// Applies the manager's host removals since the last call.
+    pub fn sync(&mut self, mgr: &Manager) {
+        loop {
+            let batch = mgr.events().read_from(self.next_seq, 4096, Duration::ZERO);
+            if batch.events.is_empty() {
+                self.next_seq = batch.next.max(self.next_seq);
+                return;
+            }
+            self.next_seq = batch.next;
+            for ev in batch.events.iter().filter(|e| e.tier == TierKind::Host) {
+                match ev.kind {
+                    PageEventKind::Removed => self.release(ev.ns, ev.hash),
+                    PageEventKind::Cleared => {
+                        let keys: Vec<_> = self.live.keys().copied().collect();
+                        keys.into_iter().for_each(|(ns, h)| self.release(ns, h));
+                    }
+                    PageEventKind::Stored => {}
+                }
+            }
+        }
+    }
+
+    fn release(&mut self, ns: NamespaceId, hash: PageHash) {
+        if let Some(recs) = self.live.remove(&(ns, hash))
+            && let Some(m) = self.manifest.as_mut()
+        {
+            recs.iter().for_each(|r| m.release(r.slot, &hash));
+        }
+    }
+
+    /// Records a commit's objects (after catching up with removals).
+    pub fn commit(&mut self, mgr: &Manager, recs: Vec<ObjectRecord>) {
+        self.sync(mgr);
+        for r in recs {
+            if let Some(m) = self.manifest.as_mut() {
+                m.object(&r);
+            }
+            let ns = NamespaceId(r.ns);
+            let page = self.live.entry((ns, r.hash)).or_default();
+            page.retain(|o| o.object != r.object);
+            page.push(r);
+        }
+        self.flush();
+    }
+
+    pub fn flush(&mut self) {
+        if let Some(m) = self.manifest.as_mut()
+            && let Err(e) = m.flush()
+        {
+            tracing::warn!(error = %e, "manifest append failed; recovery may miss recent pages");
+        }
+    }
+
+    /// Rewrites the manifest with the live records only (clean shutdown).
+    pub fn compact(&mut self, mgr: &Manager) -> Result<(), BackendError> {
+        self.sync(mgr);
+        let Some(arena) = mgr.arena() else { return Ok(()) };
+        self.start(mgr, arena.slot_bytes() as u64)?;
+        tracing::info!(pages = self.live.len(), "manifest compacted");
+        Ok(())
+    }
+
+    /// Replays the manifest at `self.path` into `mgr`: reopens the arena, re-registers
+    /// namespaces, verifies and adopts pages, and starts a compacted manifest.
+    pub fn recover(&mut self, mgr: &Manager, arena_path: &Path) -> Result<Recovered, BackendError> {
+        let mut found = Recovered::default();
+        let Some(replay) = Manifest::replay(&self.path)? else {
+            return Ok(found);
+        };
+        if !arena_path.exists() || replay.slot_bytes == 0 || !replay.slot_bytes.is_multiple_of(64) {
+            return Ok(found);
+        }
+        if replay.torn_tail {
+            tracing::warn!(manifest = %self.path.display(), "manifest ends in a torn record; later records ignored");
+        }
+        let arena = match mgr.open_existing_arena(replay.slot_bytes) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "the arena cannot be reopened; starting empty");
+                return Ok(found);
+            }
+        };
+        let mut ids = HashMap::new();
+        for (old, ns, spec) in &replay.namespaces {
+            let registered = spec
+                .clone()
+                .build()
+                .map_err(|e| e.to_string())
+                .and_then(|l| mgr.register_namespace(ns.clone(), l).map_err(|e| e.to_string()));
+            match registered {
+                Ok(id) => {
+                    ids.insert(*old, id);
+                }
+                Err(e) => tracing::warn!(error = %e, model = %ns.model, "manifest namespace refused"),
+            }
+        }
+        let mut pages: HashMap<(NamespaceId, PageHash), Vec<ObjectRecord>> = HashMap::new();
+        for o in replay.objects.values() {
+            if let Some(&ns) = ids.get(&o.ns) {
+                pages
+                    .entry((ns, o.hash))
+                    .or_default()
+                    .push(ObjectRecord { ns: ns.0, ..*o });
+            }
+        }
+        let mut corrupt = Vec::new();
+        for ((ns, hash), recs) in pages {
+            match Self::verify(mgr, &arena, ns, &recs) {
+                Some(slots) if mgr.adopt_host_page(ns, &hash, &slots).is_ok() => {
+                    self.live.insert((ns, hash), recs);
+                    found.pages += 1;
+                }
+                Some(_) => found.incomplete += 1,
+                None if recs.iter().all(|r| Self::intact(&arena, r)) => found.incomplete += 1,
+                None => corrupt.push(hash),
+            }
+        }
+        found.corrupt = corrupt.len() as u64;
+        self.next_seq = mgr.events().last_seq() + 1;
+        self.start(mgr, replay.slot_bytes)?;
+        tracing::info!(
+            recovered = found.pages,
+            corrupt = found.corrupt,
+            incomplete = found.incomplete,
+            "host arena recovered from manifest"
+        );
+        if !corrupt.is_empty() {
+            let named: Vec<String> = corrupt.iter().take(LOG_HASHES).map(PageHash::to_hex).collect();
+            tracing::warn!(
+                count = corrupt.len(),
+                hashes = %named.join(","),
+                "discarded pages whose objects failed their checksum"
+            );
+        }
+        Ok(found)
+    }
+
+    fn intact(arena: &HostArena, r: &ObjectRecord) -> bool {
+        // SAFETY: no client is connected during recovery; the daemon is the only user.
+        unsafe { arena.slot(SlotId(r.slot), r.len as usize) }.is_ok_and(|b| xxh3_64(b) == r.checksum)
+    }
+
+    /// The page's slots in canonical order when every object is present and intact.
+    fn verify(mgr: &Manager, arena: &HostArena, ns: NamespaceId, recs: &[ObjectRecord]) -> Option<Vec<SlotId>> {
+        let layout = mgr.layout(ns).ok()?;
+        let mut slots = vec![None; layout.object_count()];
+        for r in recs {
+            let i = r.object as usize;
+            if i >= slots.len() || r.len != layout.object_bytes(i) || !Self::intact(arena, r) {
+                return None;
+            }
+            slots[i] = Some(SlotId(r.slot));
+        }
+        // A page some rank never committed is not corrupt, only incomplete.
+        Some(slots.into_iter().map(|s| s.unwrap_or(SlotId(u32::MAX))).collect())
+    }
+}

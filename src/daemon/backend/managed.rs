@@ -1,0 +1,397 @@
+//! [`ManagedTiers`]: the daemon's backend over the tier manager.
+//!
+//! Grants carry the connection id as owner. Store grants are remembered here too, so a
+//! commit can checksum exactly the slots the rank wrote and journal them, and so the
+//! protocol's per-grant-page flags can be mapped onto the manager's per-request ones.
+//! Tickets are committed stores; a ticket is done when every page of the request is
+//! complete on host across all ranks, or can no longer become so.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::clock::Clock;
+use crate::directory::PrefixHit;
+use crate::hints::{Hint, HintOutcome};
+use crate::layout::LayoutSpec;
+use crate::manager::{self, Manager, ManagerConfig, ManagerError, PoolConfig, StoreStatus};
+use crate::page::{Namespace, NamespaceId, PageHash};
+use crate::protocol::{ArenaInfo, DaemonStats, GrantPage, LoadWait, ObjectSlot, SessionPhase, TicketStatus};
+use crate::tier::TierKind;
+use crate::tier::host::{ArenaOptions, SlotId};
+
+use super::journal::{Journal, Recovered};
+use super::manifest::ObjectRecord;
+use super::tickets::Tickets;
+use super::{Backend, BackendError, Registered};
+
+/// Configuration of [`ManagedTiers`].
+#[derive(Clone, Debug)]
+pub struct TiersConfig {
+    /// The host arena file; the manifest sits beside it (`.manifest`), the local pool too
+    /// (`.pool`).
+    pub arena_path: PathBuf,
+    pub arena_bytes: u64,
+    /// Local pool size; 0 runs without a pool.
+    pub pool_bytes: u64,
+    pub max_pages: usize,
+    /// Longest a load or ticket wait may block, whatever the client asks.
+    pub max_wait: Duration,
+    /// Reopen the arena and re-adopt its pages from the manifest at start.
+    pub recover: bool,
+    pub arena: ArenaOptions,
+    pub tunables: manager::Tunables,
+}
+
+struct StoreInfo {
+    ns: NamespaceId,
+    hashes: Vec<PageHash>,
+    /// (request index, objects) of each page the rank must write.
+    pages: Vec<(usize, Vec<(usize, SlotId)>)>,
+}
+
+/// The daemon's backend. See the module docs.
+pub struct ManagedTiers {
+    mgr: Manager,
+    cfg: TiersConfig,
+    journal: Mutex<Journal>,
+    stores: Mutex<HashMap<u64, StoreInfo>>,
+    tickets: Tickets,
+    recovered: Recovered,
+}
+
+impl ManagedTiers {
+    pub fn open(cfg: TiersConfig, clock: Arc<dyn Clock>) -> Result<Self, BackendError> {
+        let mut pool_path = cfg.arena_path.clone().into_os_string();
+        pool_path.push(".pool");
+        let mcfg = ManagerConfig {
+            host_path: cfg.arena_path.clone(),
+            host_bytes: cfg.arena_bytes,
+            arena: cfg.arena.clone(),
+            pool: if cfg.pool_bytes == 0 {
+                PoolConfig::None
+            } else {
+                PoolConfig::Local {
+                    path: pool_path.into(),
+                    bytes: cfg.pool_bytes,
+                }
+            },
+            max_pages: cfg.max_pages,
+            tunables: cfg.tunables,
+            ..ManagerConfig::default()
+        };
+        let mgr = Manager::new(mcfg, clock)?;
+        let mut journal = Journal::new(cfg.arena_path.with_extension("manifest"));
+        let recovered = if cfg.recover {
+            journal.recover(&mgr, &cfg.arena_path)?
+        } else {
+            Recovered::default()
+        };
+        Ok(Self {
+            mgr,
+            journal: Mutex::new(journal),
+            stores: Mutex::new(HashMap::new()),
+            tickets: Tickets::default(),
+            recovered,
+            cfg,
+        })
+    }
+
+    pub fn manager(&self) -> &Manager {
+        &self.mgr
+    }
+
+    pub fn manifest_path(&self) -> PathBuf {
+        self.cfg.arena_path.with_extension("manifest")
+    }
+
+    /// (complete on host, on its way to host: some objects there or in flight).
+    fn host_state(&self, ns: NamespaceId, h: &PageHash) -> (bool, bool) {
+        let count = self.mgr.layout(ns).map_or(0, |l| l.object_count());
+        match self.mgr.page_status(ns, h) {
+            Ok(Some(s)) => {
+                let t = &s.tiers[TierKind::Host.index()];
+                let partial = t.missing.len() < count || !t.inflight.is_empty();
+                (t.complete, !t.complete && partial)
+            }
+            _ => (false, false),
+        }
+    }
+
+    fn ticket_status(&self, ns: NamespaceId, hashes: &[PageHash]) -> TicketStatus {
+        let mut t = TicketStatus {
+            total: hashes.len() as u32,
+            ..TicketStatus::default()
+        };
+        for h in hashes {
+            match self.mgr.page_status(ns, h) {
+                Ok(Some(s)) if s.tiers[TierKind::Host.index()].complete => t.complete += 1,
+                Ok(Some(_)) => {}
+                _ => t.failed += 1,
+            }
+        }
+        t
+    }
+
+    fn complete_on_host(&self, ns: NamespaceId, hashes: &[PageHash]) -> u32 {
+        hashes.iter().filter(|h| self.host_state(ns, h).0).count() as u32
+    }
+}
+
+impl Backend for ManagedTiers {
+    fn register(&self, ns: &Namespace, spec: &LayoutSpec) -> Result<Registered, BackendError> {
+        let layout = spec.clone().build().map_err(|e| ManagerError::Config(e.to_string()))?;
+        let known = self.mgr.namespaces().iter().any(|(_, n, _)| n == ns);
+        let id = self.mgr.register_namespace(ns.clone(), layout.clone())?;
+        let arena = self.mgr.arena().ok_or(ManagerError::NoNamespace)?;
+        let mut j = self.journal.lock();
+        if j.manifest.is_none() || !known {
+            j.sync(&self.mgr);
+            j.start(&self.mgr, arena.slot_bytes() as u64)?;
+        }
+        Ok(Registered {
+            ns: id,
+            layout,
+            arena: ArenaInfo {
+                path: arena.path().display().to_string(),
+                slot_bytes: arena.slot_bytes() as u64,
+                slots: arena.slots(),
+            },
+        })
+    }
+
+    fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, BackendError> {
+        Ok(self.mgr.lookup(ns, hashes)?)
+    }
+
+    fn begin_store(
+        &self,
+        ns: NamespaceId,
+        tp: u16,
+        pp: u16,
+        hashes: &[PageHash],
+        session: &str,
+        owner: u64,
+    ) -> Result<(u64, Vec<GrantPage>), BackendError> {
+        let session = if session.is_empty() {
+            0
+        } else {
+            self.mgr.session_index(session)
+        };
+        let g = self.mgr.begin_store(ns, tp, pp, hashes, session, owner)?;
+        let mut out = Vec::new();
+        let mut pages = Vec::new();
+        let mut no_space = false;
+        for (i, p) in g.pages.iter().enumerate() {
+            match p.status {
+                StoreStatus::Write => {
+                    out.push(GrantPage {
+                        index: i as u32,
+                        slots: p
+                            .objects
+                            .iter()
+                            .map(|&(o, s)| ObjectSlot {
+                                object: o as u16,
+                                slot: s.0,
+                            })
+                            .collect(),
+                    });
+                    pages.push((i, p.objects.clone()));
+                }
+                StoreStatus::NoSpace => no_space = true,
+                StoreStatus::AlreadyStored => {}
+            }
+        }
+        if out.is_empty() && no_space {
+            let _ = self.mgr.abort(g.id);
+            return Err(BackendError::NoSpace);
+        }
+        self.stores.lock().insert(
+            g.id,
+            StoreInfo {
+                ns,
+                hashes: hashes.to_vec(),
+                pages,
+            },
+        );
+        Ok((g.id, out))
+    }
+
+    fn commit_store(&self, grant: u64, written: &[bool]) -> Result<(u64, u32), BackendError> {
+        let info = self
+            .stores
+            .lock()
+            .remove(&grant)
+            .ok_or(BackendError::UnknownGrant(grant))?;
+        if info.pages.len() != written.len() {
+            let pages = info.pages.len();
+            self.stores.lock().insert(grant, info);
+            return Err(BackendError::FlagCount {
+                grant,
+                pages,
+                flags: written.len(),
+            });
+        }
+        let layout = self.mgr.layout(info.ns)?;
+        let arena = self.mgr.arena().ok_or(ManagerError::NoNamespace)?;
+        let mut flags = vec![false; info.hashes.len()];
+        let mut recs = Vec::new();
+        for ((i, objects), &ok) in info.pages.iter().zip(written) {
+            flags[*i] = ok;
+            if !ok {
+                continue;
+            }
+            for &(o, slot) in objects {
+                let len = layout.object_bytes(o);
+                // SAFETY: the grant owns these slots until it is committed.
+                let sum = unsafe { arena.slot(slot, len as usize) }.map_or(0, xxh3_64);
+                recs.push(ObjectRecord {
+                    ns: info.ns.0,
+                    hash: info.hashes[*i],
+                    object: o as u16,
+                    slot: slot.0,
+                    len,
+                    checksum: sum,
+                });
+            }
+        }
+        self.mgr.commit_store(grant, &flags)?;
+        self.journal.lock().commit(&self.mgr, recs);
+        let complete = self.complete_on_host(info.ns, &info.hashes);
+        self.tickets.insert(grant, info.ns, info.hashes);
+        self.tickets.bump();
+        Ok((grant, complete))
+    }
+
+    fn abort_store(&self, grant: u64) -> Result<(), BackendError> {
+        self.stores.lock().remove(&grant);
+        self.mgr.abort(grant)?;
+        self.tickets.bump();
+        Ok(())
+    }
+
+    fn begin_load(
+        &self,
+        ns: NamespaceId,
+        tp: u16,
+        pp: u16,
+        hashes: &[PageHash],
+        wait: LoadWait,
+        owner: u64,
+    ) -> Result<(u64, Vec<Vec<ObjectSlot>>), BackendError> {
+        let (mwait, limit) = match wait {
+            LoadWait::BestEffort => (manager::LoadWait::BestEffort, Duration::ZERO),
+            LoadWait::WaitComplete => (manager::LoadWait::WaitComplete, self.cfg.max_wait),
+            LoadWait::Timeout(ms) => {
+                let d = Duration::from_millis(ms as u64).min(self.cfg.max_wait);
+                (
+                    manager::LoadWait::Timeout {
+                        ms: d.as_millis() as u64,
+                    },
+                    d,
+                )
+            }
+        };
+        let deadline = Instant::now() + limit;
+        loop {
+            let g = self.mgr.begin_load(ns, tp, pp, hashes, mwait, owner)?;
+            let n = g.pages.len();
+            // Wait only while the next page is on its way (another rank holds part of it).
+            let pending = n < hashes.len() && self.host_state(ns, &hashes[n]).1;
+            if !pending || Instant::now() >= deadline {
+                let pages = g
+                    .pages
+                    .iter()
+                    .map(|p| {
+                        p.objects
+                            .iter()
+                            .map(|&(o, s, _)| ObjectSlot {
+                                object: o as u16,
+                                slot: s.0,
+                            })
+                            .collect()
+                    })
+                    .collect();
+                return Ok((g.id, pages));
+            }
+            self.mgr.finish_load(g.id, 0)?;
+            self.tickets.wait_change(deadline);
+        }
+    }
+
+    fn finish_load(&self, grant: u64, loaded: usize) -> Result<(), BackendError> {
+        match self.mgr.finish_load(grant, loaded) {
+            Ok(_) => Ok(()),
+            Err(ManagerError::UnknownGrant(g)) => Err(BackendError::UnknownGrant(g)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn ticket(&self, ticket: u64, timeout: Duration) -> Result<TicketStatus, BackendError> {
+        let deadline = Instant::now() + timeout.min(self.cfg.max_wait);
+        let (ns, hashes) = self.tickets.get(ticket).ok_or(BackendError::UnknownGrant(ticket))?;
+        loop {
+            let t = self.ticket_status(ns, &hashes);
+            if t.done() || !self.tickets.wait_change(deadline) {
+                return Ok(self.ticket_status(ns, &hashes));
+            }
+        }
+    }
+
+    fn removed(&self, ns: NamespaceId, tp: u16, pp: u16, hashes: &[PageHash]) -> Result<usize, BackendError> {
+        let mut n = 0;
+        for chunk in hashes.chunks(self.mgr.config().max_batch) {
+            n += self.mgr.removed(ns, tp, pp, chunk)?;
+        }
+        Ok(n)
+    }
+
+    fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase) {
+        let idx = self.mgr.session_index(id);
+        tracing::debug!(session = idx, has_parent = parent.is_some(), ?phase, "session phase");
+        let idle = matches!(phase, SessionPhase::Acting | SessionPhase::Paused | SessionPhase::Ended);
+        self.mgr.set_session_idle(idx, idle);
+    }
+
+    fn hint(&self, ns: NamespaceId, hint: &Hint) -> Result<HintOutcome, BackendError> {
+        match self.mgr.hint(ns, hint.clone()) {
+            Ok(o) => Ok(o),
+            Err(ManagerError::Hint(e)) => Err(BackendError::Hint(e)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn stats(&self) -> DaemonStats {
+        let s = self.mgr.stats();
+        let arena = self.mgr.arena();
+        DaemonStats {
+            arena_slots: arena.as_ref().map_or(0, |a| a.slots() as u64),
+            arena_used: arena.as_ref().map_or(0, |a| a.used() as u64),
+            host_complete_pages: s.tier(TierKind::Host).complete_pages,
+            open_grants: s.open_grants,
+            connections: 0,
+            recovered_pages: self.recovered.pages,
+            discarded_pages: self.recovered.corrupt + self.recovered.incomplete,
+        }
+    }
+
+    fn tick(&self) {
+        if let Err(e) = self.mgr.tick() {
+            tracing::warn!(error = %e, "background work failed");
+        }
+        let mut j = self.journal.lock();
+        j.sync(&self.mgr);
+        j.flush();
+    }
+
+    fn shutdown(&self) -> Result<(), BackendError> {
+        if !self.mgr.quiesce(Duration::from_secs(5)) {
+            tracing::warn!("transfers still running at shutdown");
+        }
+        self.journal.lock().compact(&self.mgr)
+    }
+}

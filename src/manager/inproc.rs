@@ -1,0 +1,245 @@
+//! In-process engine operations: `store` and `load` for ranks whose device region is
+//! attached to the manager, run as jobs on transfer workers and collected by ticket.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::engine::{LoadWait, OpResult, StoreStatus};
+use super::{Manager, ManagerError};
+use crate::layout::Layout;
+use crate::page::{NamespaceId, PageHash};
+use crate::tier::device::{DeviceRegion, ObjectCopy};
+use crate::tier::host::{HostArena, SlotId};
+use crate::transfer::Ticket;
+
+impl Manager {
+    /// In process: stores device pages of an attached rank to host on a transfer worker.
+    pub fn store(
+        &self,
+        ns: NamespaceId,
+        tp_rank: u16,
+        pp_rank: u16,
+        hashes: &[PageHash],
+        device_slots: &[u32],
+        session: u32,
+    ) -> Result<Ticket, ManagerError> {
+        if hashes.len() != device_slots.len() {
+            return Err(ManagerError::LengthMismatch {
+                hashes: hashes.len(),
+                slots: device_slots.len(),
+            });
+        }
+        let device = self.device(ns, tp_rank, pp_rank)?;
+        let layout = self.layout(ns)?;
+        let ticket = self.inner.tickets.issue()?;
+        let grant = match self.begin_store(ns, tp_rank, pp_rank, hashes, session, 0) {
+            Ok(g) => g,
+            Err(e) => {
+                self.inner.tickets.complete(ticket, OpResult::default());
+                let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
+                return Err(e);
+            }
+        };
+        let mut guard = GrantGuard::new(self.clone(), grant.id, ticket);
+        let slots = device_slots.to_vec();
+        let job = move || {
+            let m = guard.m.clone();
+            let arena = m.arena().expect("a grant implies an arena");
+            let mut written = vec![false; grant.pages.len()];
+            let mut failed = 0;
+            for (i, page) in grant.pages.iter().enumerate() {
+                if page.status != StoreStatus::Write {
+                    failed += usize::from(page.status == StoreStatus::NoSpace);
+                    continue;
+                }
+                written[i] = copy_page(&layout, &*device, &arena, slots[i], &page.objects, true).is_ok();
+                failed += usize::from(!written[i]);
+            }
+            let result = match m.commit_store(grant.id, &written) {
+                Ok(n) => OpResult {
+                    pages: n + grant
+                        .pages
+                        .iter()
+                        .filter(|p| p.status == StoreStatus::AlreadyStored)
+                        .count(),
+                    failed,
+                    error: None,
+                },
+                Err(e) => OpResult {
+                    pages: 0,
+                    failed: grant.pages.len(),
+                    error: Some(e.to_string()),
+                },
+            };
+            guard.done(result);
+        };
+        self.submit(Box::new(job), ticket)
+    }
+
+    /// In process: loads the leading host pages of `hashes` into an attached rank's device
+    /// slots on a transfer worker. The result counts exactly the leading pages loaded.
+    pub fn load(
+        &self,
+        ns: NamespaceId,
+        tp_rank: u16,
+        pp_rank: u16,
+        hashes: &[PageHash],
+        device_slots: &[u32],
+        wait: LoadWait,
+    ) -> Result<Ticket, ManagerError> {
+        if hashes.len() != device_slots.len() {
+            return Err(ManagerError::LengthMismatch {
+                hashes: hashes.len(),
+                slots: device_slots.len(),
+            });
+        }
+        let device = self.device(ns, tp_rank, pp_rank)?;
+        let layout = self.layout(ns)?;
+        let ticket = self.inner.tickets.issue()?;
+        let grant = self.begin_load(ns, tp_rank, pp_rank, hashes, wait, 0);
+        let grant = match grant {
+            Ok(g) => g,
+            Err(e) => {
+                self.inner.tickets.complete(ticket, OpResult::default());
+                let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
+                return Err(e);
+            }
+        };
+        let mut guard = GrantGuard::new(self.clone(), grant.id, ticket);
+        let slots = device_slots.to_vec();
+        let total = hashes.len();
+        let job = move || {
+            let m = guard.m.clone();
+            let arena = m.arena().expect("a grant implies an arena");
+            let mut loaded = 0;
+            for (i, page) in grant.pages.iter().enumerate() {
+                let objs: Vec<(usize, SlotId)> = page.objects.iter().map(|&(o, s, _)| (o, s)).collect();
+                if copy_page(&layout, &*device, &arena, slots[i], &objs, false).is_err() {
+                    break;
+                }
+                loaded += 1;
+            }
+            let result = match m.finish_load(grant.id, loaded) {
+                Ok(n) => OpResult {
+                    pages: n,
+                    failed: total - n,
+                    error: None,
+                },
+                Err(e) => OpResult {
+                    pages: 0,
+                    failed: total,
+                    error: Some(e.to_string()),
+                },
+            };
+            guard.done(result);
+        };
+        self.submit(Box::new(job), ticket)
+    }
+
+    /// Waits up to `timeout` for an in-process operation's result.
+    pub fn wait(&self, ticket: Ticket, timeout: Duration) -> Result<OpResult, ManagerError> {
+        Ok(self.inner.tickets.wait(ticket, timeout)?)
+    }
+
+    /// Every finished in-process operation, without waiting.
+    pub fn poll(&self) -> Vec<(Ticket, OpResult)> {
+        self.inner.tickets.poll()
+    }
+
+    fn device(&self, ns: NamespaceId, tp: u16, pp: u16) -> Result<Arc<dyn DeviceRegion>, ManagerError> {
+        self.inner
+            .devices
+            .lock()
+            .get(&(ns, tp, pp))
+            .cloned()
+            .ok_or(ManagerError::NoDevice { ns: ns.0, tp, pp })
+    }
+
+    fn submit(&self, job: crate::transfer::Job, ticket: Ticket) -> Result<Ticket, ManagerError> {
+        // Engine operations wait a bounded time for queue room rather than fail at once.
+        match self.inner.xfer.submit_timeout(job, Duration::from_secs(5)) {
+            Ok(()) => Ok(ticket),
+            Err(job) => {
+                // Dropping the unrun job drops its guard, which aborts the grant and settles
+                // the ticket; collect that so nothing is left outstanding.
+                drop(job);
+                let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
+                Err(ManagerError::Busy)
+            }
+        }
+    }
+}
+
+/// Copies one page's objects between a device page and host slots.
+fn copy_page(
+    layout: &Layout,
+    device: &dyn DeviceRegion,
+    arena: &HostArena,
+    device_slot: u32,
+    objects: &[(usize, SlotId)],
+    to_host: bool,
+) -> Result<(), ManagerError> {
+    let parts: Vec<_> = objects
+        .iter()
+        .map(|&(o, s)| (layout.objects()[o].part, s, layout.object_bytes(o) as usize))
+        .collect();
+    if to_host {
+        let mut batch = Vec::with_capacity(parts.len());
+        for &(part, slot, len) in &parts {
+            // SAFETY: the slot belongs to an open store grant: in flight, owned by us.
+            batch.push(ObjectCopy::new(device_slot, part, unsafe {
+                arena.slot_mut(slot, len)?
+            }));
+        }
+        device.copy_to_host(&mut batch)?;
+    } else {
+        let mut batch = Vec::with_capacity(parts.len());
+        for &(part, slot, len) in &parts {
+            // SAFETY: the page is leased by an open load grant: not freed or rewritten.
+            batch.push(ObjectCopy::new(device_slot, part, unsafe { arena.slot(slot, len)? }));
+        }
+        device.copy_from_host(&batch)?;
+    }
+    Ok(())
+}
+
+/// Makes sure a transfer job's grant and ticket are settled even if the job panics or
+/// is dropped unrun: aborts the grant and fails the ticket.
+struct GrantGuard {
+    m: Manager,
+    grant: u64,
+    ticket: Ticket,
+    settled: bool,
+}
+
+impl GrantGuard {
+    fn new(m: Manager, grant: u64, ticket: Ticket) -> Self {
+        Self {
+            m,
+            grant,
+            ticket,
+            settled: false,
+        }
+    }
+
+    fn done(&mut self, r: OpResult) {
+        self.settled = true;
+        self.m.inner.tickets.complete(self.ticket, r);
+    }
+}
+
+impl Drop for GrantGuard {
+    fn drop(&mut self) {
+        if !self.settled {
+            let _ = self.m.abort(self.grant);
+            self.m.inner.tickets.complete(
+                self.ticket,
+                OpResult {
+                    pages: 0,
+                    failed: 0,
+                    error: Some("transfer job did not finish".into()),
+                },
+            );
+        }
+    }
+}
