@@ -6,12 +6,13 @@
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char};
 
-use super::convert::{self, ConnectFields, HintFields};
+use super::convert::{self, ConnectFields};
 use super::{ERR_EMPTY_BATCH, ERR_INVALID, ERR_LENGTH_MISMATCH, ERR_NULL, FfiError, Handle, OK, guard, hashes_from};
 use crate::page::{MAX_HASH_BYTES, PageHash};
 use crate::protocol::MAX_PAGES;
 
 pub use super::capi_device::*;
+pub use super::capi_hint::*;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -38,7 +39,7 @@ pub(super) fn run(f: impl FnOnce() -> Result<(), FfiError>) -> i32 {
     }
 }
 
-fn null(what: &str) -> FfiError {
+pub(super) fn null(what: &str) -> FfiError {
     FfiError::new(ERR_NULL, format!("{what} is a null pointer"))
 }
 
@@ -58,7 +59,7 @@ pub(super) unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, FfiE
 
 /// # Safety
 /// `p` is null or a NUL-terminated string.
-unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, FfiError> {
+pub(super) unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, FfiError> {
     if p.is_null() {
         return Err(null(what));
     }
@@ -69,14 +70,14 @@ unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, FfiError> {
 }
 
 /// Like [`text`], but null reads as the empty string.
-unsafe fn text_or_empty<'a>(p: *const c_char, what: &str) -> Result<&'a str, FfiError> {
+pub(super) unsafe fn text_or_empty<'a>(p: *const c_char, what: &str) -> Result<&'a str, FfiError> {
     // SAFETY: caller contract.
     if p.is_null() { Ok("") } else { unsafe { text(p, what) } }
 }
 
 /// # Safety
 /// `ptr` is null or valid for `hash_len * count` bytes.
-unsafe fn hash_batch(ptr: *const u8, hash_len: usize, count: usize) -> Result<Vec<PageHash>, FfiError> {
+pub(super) unsafe fn hash_batch(ptr: *const u8, hash_len: usize, count: usize) -> Result<Vec<PageHash>, FfiError> {
     if count == 0 {
         return Err(FfiError::new(ERR_EMPTY_BATCH, "the batch names no pages"));
     }
@@ -311,94 +312,6 @@ pub unsafe extern "C" fn kvtier_removed(client: *mut Handle, hashes: *const u8, 
         let h = unsafe { handle(client) }?;
         let hashes = unsafe { hash_batch(hashes, hash_len, count) }?;
         h.client().removed(&hashes)?;
-        Ok(())
-    })
-}
-
-/// # Safety
-/// Pointers null or valid as documented in `include/kvtier.h`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvtier_session(
-    client: *mut Handle,
-    id: *const c_char,
-    parent: *const c_char,
-    phase: u32,
-) -> i32 {
-    run(|| {
-        // SAFETY: caller contract for every pointer.
-        let h = unsafe { handle(client) }?;
-        let id = unsafe { text(id, "session id") }?;
-        let parent = unsafe { text_or_empty(parent, "parent session id") }?;
-        let phase = convert::phase(phase)?;
-        h.client().session(id, (!parent.is_empty()).then_some(parent), phase)?;
-        Ok(())
-    })
-}
-
-/// The hint struct of `include/kvtier.h`.
-#[repr(C)]
-pub struct HintC {
-    pub struct_size: usize,
-    pub kind: u32,
-    pub target: u32,
-    pub hashes: *const u8,
-    pub hash_len: usize,
-    pub count: usize,
-    pub session: *const c_char,
-    pub tier: u32,
-    pub priority: i32,
-    pub ttl_ms: u64,
-    pub deadline_ms: u64,
-}
-
-/// The hint outcome struct of `include/kvtier.h`.
-#[repr(C)]
-pub struct HintOutcomeC {
-    pub outcome: u32,
-    pub reason: u32,
-    pub applied: u64,
-    pub requested: u64,
-}
-
-/// # Safety
-/// Pointers null or valid as documented in `include/kvtier.h`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kvtier_hint(client: *mut Handle, hint: *const HintC, out_outcome: *mut HintOutcomeC) -> i32 {
-    run(|| {
-        // SAFETY: caller contract for every pointer.
-        let (h, o) = unsafe { (handle(client)?, out(out_outcome, "the output")?) };
-        let hc = unsafe { hint.as_ref() }.ok_or_else(|| null("the hint"))?;
-        if hc.struct_size != std::mem::size_of::<HintC>() {
-            return Err(FfiError::new(
-                ERR_INVALID,
-                format!(
-                    "a hint of {} bytes; this library expects {}",
-                    hc.struct_size,
-                    std::mem::size_of::<HintC>()
-                ),
-            ));
-        }
-        let fields = HintFields {
-            kind: hc.kind,
-            target: hc.target,
-            tier: hc.tier,
-            ttl_ms: hc.ttl_ms,
-            priority: hc.priority,
-            deadline_ms: hc.deadline_ms,
-        };
-        let (hashes, session) = if hc.target == 2 {
-            (Vec::new(), unsafe { text(hc.session, "the hint's session") }?)
-        } else {
-            (unsafe { hash_batch(hc.hashes, hc.hash_len, hc.count) }?, "")
-        };
-        let outcome = h.client().hint(fields.hint(hashes, session)?)?;
-        let (outcome, applied, requested, reason) = convert::outcome(&outcome);
-        *o = HintOutcomeC {
-            outcome,
-            reason,
-            applied,
-            requested,
-        };
         Ok(())
     })
 }

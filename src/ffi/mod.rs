@@ -8,6 +8,7 @@
 
 pub mod capi;
 mod capi_device;
+mod capi_hint;
 mod convert;
 mod handle;
 

@@ -11,7 +11,7 @@
 //! one 2-D copy per layer. The daemon's arena, mapped by this process, is registered as
 //! pinned memory in bounded chunks ([`PIN_CHUNK_BYTES`]) and the time it took is logged.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::panic::catch_unwind;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -51,12 +51,12 @@ fn driver_err(e: cudarc::driver::DriverError) -> DeviceError {
 }
 
 /// One contiguous (or 2-D, for page-first) move between a device address and host memory.
-struct Move {
-    dev: CUdeviceptr,
-    host: *mut u8,
-    width: usize,
+pub(super) struct Move {
+    pub(super) dev: CUdeviceptr,
+    pub(super) host: *mut u8,
+    pub(super) width: usize,
     /// Rows and host pitch of a 2-D move; `None` for a contiguous one.
-    rows: Option<(usize, usize)>,
+    pub(super) rows: Option<(usize, usize)>,
 }
 
 /// Host memory registered with the driver.
@@ -70,8 +70,8 @@ struct Pinned {
 
 /// One rank's KV region in GPU memory.
 pub struct CudaDevice {
-    ctx: Arc<CudaContext>,
-    copy: Arc<CudaStream>,
+    pub(super) ctx: Arc<CudaContext>,
+    pub(super) copy: Arc<CudaStream>,
     compute: Arc<CudaStream>,
     base: CUdeviceptr,
     parts: &'static [Part],
@@ -81,7 +81,7 @@ pub struct CudaDevice {
     token_bytes: usize,
     order: ByteOrder,
     pinned: Mutex<Pinned>,
-    batch: AtomicBool,
+    pub(super) batch: AtomicBool,
     serial: Mutex<()>,
     timeout: Duration,
 }
@@ -271,61 +271,6 @@ impl CudaDevice {
                         (sys::CUmemorytype::CU_MEMORYTYPE_DEVICE, m.dev, m.width);
                 }
                 check(unsafe { sys::cuMemcpy2DAsync_v2(&c, stream) }, "cuMemcpy2DAsync")
-            }
-        }
-    }
-
-    /// One `cuMemcpyBatchAsync` for all moves. Any failure (an old driver without the
-    /// symbol included) turns batching off for this region and the caller copies singly.
-    fn issue_batch(&self, moves: &[Move], to_host: bool) -> Result<(), DeviceError> {
-        let mut dsts: Vec<CUdeviceptr> = Vec::with_capacity(moves.len());
-        let mut srcs: Vec<CUdeviceptr> = Vec::with_capacity(moves.len());
-        let mut sizes: Vec<usize> = moves.iter().map(|m| m.width).collect();
-        for m in moves {
-            let host = m.host as CUdeviceptr;
-            let (d, s) = if to_host { (host, m.dev) } else { (m.dev, host) };
-            dsts.push(d);
-            srcs.push(s);
-        }
-        let loc = |host: bool| sys::CUmemLocation {
-            type_: if host {
-                sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST
-            } else {
-                sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
-            },
-            id: if host { 0 } else { self.ctx.ordinal() as i32 },
-        };
-        let mut attr = sys::CUmemcpyAttributes {
-            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-            srcLocHint: loc(!to_host),
-            dstLocHint: loc(to_host),
-            flags: 0,
-        };
-        let mut attr_idx = 0usize;
-        let mut fail_idx = usize::MAX;
-        let stream = self.copy.cu_stream();
-        let r = catch_unwind(AssertUnwindSafe(|| {
-            // SAFETY: arrays of `moves.len()` entries; addresses checked by `plan`.
-            unsafe {
-                sys::cuMemcpyBatchAsync(
-                    dsts.as_mut_ptr(),
-                    srcs.as_mut_ptr(),
-                    sizes.as_mut_ptr(),
-                    moves.len(),
-                    &mut attr,
-                    &mut attr_idx,
-                    1,
-                    &mut fail_idx,
-                    stream,
-                )
-            }
-        }));
-        match r {
-            Ok(CUresult::CUDA_SUCCESS) => Ok(()),
-            other => {
-                self.batch.store(false, Ordering::Relaxed);
-                tracing::warn!(result = ?other.ok(), "cuMemcpyBatchAsync unavailable; copying singly");
-                Err(DeviceError::Copy("batched copy failed".into()))
             }
         }
     }

@@ -6,6 +6,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_batch;
 pub mod device;
 pub mod host;
 
