@@ -1,10 +1,15 @@
-//! Build script: compiles the C++ side of the cxx bridge.
+//! Build script. Each part lives in its own function:
 //!
-//! Each part of the build lives in its own function so that parts added for other
-//! features (a bindgen step for the Mooncake C ABI, for one) merge as siblings.
+//! - `build_cxx`: the C++ side of the cxx bridge (always; needs a C++17 compiler).
+//! - `mooncake_c`: with the `mooncake-c` feature, bindgen turns
+//!   `include/mooncake_store_c.h` into bindings that load `libmooncake_store.so` at run
+//!   time through libloading (the default build needs no libclang).
 
 fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
     build_cxx();
+    #[cfg(feature = "mooncake-c")]
+    mooncake_c();
 }
 
 /// The cxx bridge (`src/ffi/cxx.rs`) and its C++ helpers (`cpp/client.cc`), compiled into
@@ -28,4 +33,22 @@ fn build_cxx() {
     if let Ok(header) = std::env::var("DEP_CXXBRIDGE1_HEADER") {
         println!("cargo:rustc-env=KVTIER_CXX_HEADER={header}");
     }
+}
+
+#[cfg(feature = "mooncake-c")]
+fn mooncake_c() {
+    let header = "include/mooncake_store_c.h";
+    println!("cargo:rerun-if-changed={header}");
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    bindgen::Builder::default()
+        .header(header)
+        .allowlist_function("mooncake_store_.*")
+        .allowlist_type("mooncake_.*")
+        .dynamic_library_name("MooncakeStoreC")
+        .dynamic_link_require_all(true)
+        .layout_tests(false)
+        .generate()
+        .expect("bindgen could not read include/mooncake_store_c.h (is libclang installed?)")
+        .write_to_file(out.join("mooncake_store_c.rs"))
+        .expect("write bindings");
 }

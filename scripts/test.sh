@@ -1,10 +1,37 @@
 #!/usr/bin/env bash
-# Runs kvtier's whole test suite, setting up what the tests need first.
+# Runs kvtier's whole test suite, setting up everything the tests need first:
+#   - Debian packages (libibverbs1 for mooncake_master, libclang-dev for bindgen, g++),
+#   - a Python venv at .venv with the Mooncake wheel and the test packages,
+#   - a mooncake_master on loopback, stopped again when the tests end, pass or fail.
 #
 # Usage: scripts/test.sh [extra cargo test args]
 # Everything is built once, in release mode, so the benches that .ci/run measures
 # afterwards reuse the same build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+say() { printf 'test.sh: %s\n' "$*" >&2; }
+
+if [ -x scripts/mooncake-env.sh ]; then
+    scripts/mooncake-env.sh install
+fi
+if [ ! -x .venv/bin/python3 ]; then
+    python3 -m venv .venv
+fi
+for req in python/requirements*.txt; do
+    [ -f "$req" ] || continue
+    say "installing $req"
+    .venv/bin/pip install --quiet --disable-pip-version-check -r "$req"
+done
+if [ -x scripts/ffi-deps.sh ]; then
+    scripts/ffi-deps.sh
+fi
+
+if [ -x scripts/mooncake-env.sh ]; then
+    trap 'scripts/mooncake-env.sh stop || true' EXIT
+    scripts/mooncake-env.sh start
+    eval "$(scripts/mooncake-env.sh env)"
+fi
+export KVTIER_PYTHON="$PWD/.venv/bin/python3"
 
 cargo test --release "$@"

@@ -19,7 +19,9 @@ pub mod page;
 pub mod policy;
 pub mod pool;
 pub mod protocol;
+pub mod replay;
 pub mod router_hint;
+pub mod session;
 pub mod tier;
 pub mod transfer;
 

@@ -18,6 +18,8 @@ struct Cli {
 enum Command {
     /// Run the per-node daemon.
     Serve(kvtier::daemon::cli::ServeArgs),
+    /// Replay a trace or a generated agentic workload against the cache policies.
+    Replay(Box<kvtier::replay::cli::ReplayArgs>),
     /// Measure kvtier against a physical reference taken in the same run.
     #[command(subcommand)]
     Bench(Bench),
@@ -33,6 +35,8 @@ enum Bench {
     Arena(kvtier::bench::arena::ArenaArgs),
     /// Control-socket round trips against a raw Unix-socket echo.
     Control(kvtier::bench::control::ControlArgs),
+    /// Put and get throughput of the shared pool against the backend's raw client.
+    Pool(kvtier::bench::pool::PoolBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,9 +54,11 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve(a) => kvtier::daemon::cli::run(a),
+        Command::Replay(a) => kvtier::replay::cli::run(*a),
         Command::Bench(Bench::Transfer(a)) => kvtier::bench::transfer::run(a),
         Command::Bench(Bench::Index(a)) => kvtier::bench::index::run(a),
         Command::Bench(Bench::Arena(a)) => kvtier::bench::arena::run(a),
         Command::Bench(Bench::Control(a)) => kvtier::bench::control::run(a),
+        Command::Bench(Bench::Pool(a)) => kvtier::bench::pool::run(a),
     }
 }

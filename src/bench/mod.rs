@@ -5,6 +5,7 @@
 pub mod arena;
 pub mod control;
 pub mod index;
+pub mod pool;
 pub mod transfer;
 #[cfg(feature = "cuda")]
 pub mod transfer_cuda;

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::ManagerError;
 use crate::policy::{Watermarks, WritePolicy};
 use crate::pool::PoolBackend;
+use crate::pool::mooncake::MooncakeConfig;
 use crate::tier::host::ArenaOptions;
 
 /// Which shared pool the manager uses.
@@ -20,8 +21,11 @@ pub enum PoolConfig {
     LocalDefault,
     /// The embedded node-local pool at `path` with `bytes` of capacity.
     Local { path: PathBuf, bytes: u64 },
-    /// A backend built by the caller (e.g. Mooncake).
+    /// A backend built by the caller.
     Backend(Arc<dyn PoolBackend>),
+    /// A Mooncake Store through the wheel's client; started once the host arena exists,
+    /// so arena pages move to and from the store without copies.
+    Mooncake(Box<MooncakeConfig>),
 }
 
 impl std::fmt::Debug for PoolConfig {
@@ -31,6 +35,7 @@ impl std::fmt::Debug for PoolConfig {
             PoolConfig::LocalDefault => f.write_str("LocalDefault"),
             PoolConfig::Local { path, bytes } => write!(f, "Local({}, {bytes})", path.display()),
             PoolConfig::Backend(b) => write!(f, "Backend({})", b.name()),
+            PoolConfig::Mooncake(c) => write!(f, "Mooncake({c:?})"),
         }
     }
 }

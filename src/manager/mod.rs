@@ -38,6 +38,7 @@ use crate::hints::HintError;
 use crate::layout::Layout;
 use crate::page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};
 use crate::pool::local::LocalPool;
+use crate::pool::mooncake::{MooncakeError, MooncakePool};
 use crate::pool::{PoolBackend, PoolError};
 use crate::tier::TierKind;
 use crate::tier::device::{DeviceError, DeviceRegion};
@@ -61,6 +62,8 @@ pub enum ManagerError {
     Device(#[from] DeviceError),
     #[error(transparent)]
     Pool(#[from] PoolError),
+    #[error(transparent)]
+    Mooncake(#[from] MooncakeError),
     #[error(transparent)]
     Hint(#[from] HintError),
     #[error(transparent)]
@@ -148,7 +151,7 @@ impl Manager {
                 slot: arena.slot_bytes(),
             });
         }
-        self.ensure_pool(arena.slot_bytes() as u64)?;
+        self.ensure_pool(&arena)?;
         let mut st = self.inner.state.lock();
         let scheme = pool_key_scheme(&self.inner.cfg.pool_key_tag, &ns);
         let id = st.dir.register(ns, layout)?;
@@ -173,7 +176,8 @@ impl Manager {
         Ok(a)
     }
 
-    fn ensure_pool(&self, slot_bytes: u64) -> Result<(), ManagerError> {
+    fn ensure_pool(&self, arena: &Arc<HostArena>) -> Result<(), ManagerError> {
+        let slot_bytes = arena.slot_bytes() as u64;
         if self.inner.pool.get().is_some() {
             return Ok(());
         }
@@ -194,6 +198,10 @@ impl Manager {
             }
             PoolConfig::Local { path, bytes } => local(path, *bytes)?,
             PoolConfig::Backend(b) => Some(b.clone()),
+            PoolConfig::Mooncake(m) => {
+                let pool: Arc<dyn PoolBackend> = Arc::new(MooncakePool::start((**m).clone(), Some(arena.clone()))?);
+                Some(pool)
+            }
         };
         let _ = self.inner.pool.set(pool);
         Ok(())

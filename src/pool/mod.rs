@@ -7,6 +7,8 @@
 //! in the directory, when every object key of their layout exists.
 
 pub mod local;
+pub mod mooncake;
+pub mod page;
 
 use serde::Serialize;
 

@@ -245,6 +245,26 @@ impl HostArena {
         free.extend(slots.into_iter().map(|s| s.0));
     }
 
+    /// Total mapped bytes (slots times slot size).
+    pub fn len_bytes(&self) -> u64 {
+        self.slots as u64 * self.slot_bytes as u64
+    }
+
+    /// Base address of the mapping in this process, for registering it with a transport
+    /// (e.g. Mooncake's `register_buffer`). Valid as long as the arena lives.
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    /// Where `bytes` lies in the arena file, when it lies wholly inside this mapping: lets
+    /// another process that maps the same file (a pool helper) reach the same memory.
+    pub fn offset_of(&self, bytes: &[u8]) -> Option<u64> {
+        let base = self.map.as_ptr() as usize;
+        let start = (bytes.as_ptr() as usize).checked_sub(base)?;
+        let end = start.checked_add(bytes.len())?;
+        (end as u64 <= self.len_bytes()).then_some(start as u64)
+    }
+
     /// Byte offset of a slot within the arena file.
     pub fn offset(&self, slot: SlotId) -> u64 {
         slot.0 as u64 * self.slot_bytes as u64
@@ -362,6 +382,9 @@ mod tests {
         // A second mapping of the same file (another process would do the same) sees it.
         let b = HostArena::open(&path, 64 << 10, &ArenaOptions::default()).unwrap();
         assert_eq!(unsafe { b.slot(s[3], 5).unwrap() }, b"hello");
+        let inside = unsafe { a.slot(s[3], 5).unwrap() };
+        assert_eq!(a.offset_of(inside), Some(a.offset(s[3])));
+        assert_eq!(a.offset_of(b"hello"), None);
         a.free(s[3]);
         assert_eq!(a.used(), 15);
         assert!(matches!(unsafe { a.slot(SlotId(16), 1) }, Err(ArenaError::BadSlot(16))));

@@ -100,3 +100,37 @@ fn a_crash_after_eviction_recovers_exactly_the_host_pages() {
     assert!(matches!(b.commit_store(g, &[true]), Err(BackendError::UnknownGrant(_))));
     let _ = Arc::clone(&arena);
 }
+
+#[test]
+fn a_load_with_a_timeout_waits_for_the_other_rank_and_best_effort_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), false);
+    cfg.max_wait = Duration::from_secs(3);
+    let b = Arc::new(ManagedTiers::open(cfg, SystemClock::new()).unwrap());
+    let spec = LayoutSpec::mha(1, 2, 16, 2, 4).with_parallel(2, 1);
+    let ns = b.register(&Namespace::model("m"), &spec).unwrap().ns;
+    let h = [PageHash::from_u64(42)];
+    let (g, p) = b.begin_store(ns, 0, 0, &h, "", 1).unwrap();
+    b.commit_store(g, &vec![true; p.len()]).unwrap();
+    let (g, pages) = b.begin_load(ns, 0, 0, &h, LoadWait::BestEffort, 1).unwrap();
+    assert!(pages.is_empty(), "rank 1 has not stored: nothing loadable");
+    b.finish_load(g, 0).unwrap();
+    let other = b.clone();
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(150));
+        let (g, p) = other.begin_store(ns, 1, 0, &h, "", 2).unwrap();
+        other.commit_store(g, &vec![true; p.len()]).unwrap()
+    });
+    let t = std::time::Instant::now();
+    let (g, pages) = b.begin_load(ns, 0, 0, &h, LoadWait::Timeout(2_000), 1).unwrap();
+    assert_eq!(pages.len(), 1, "the wait saw the page complete");
+    assert!(t.elapsed() >= Duration::from_millis(100) && t.elapsed() < Duration::from_millis(1_500));
+    assert_eq!(late.join().unwrap().1, 1, "the second rank's commit completed the page");
+    b.finish_load(g, 1).unwrap();
+    // A page nobody is storing is not waited for.
+    let t = std::time::Instant::now();
+    let (_, pages) = b
+        .begin_load(ns, 0, 0, &[PageHash::from_u64(43)], LoadWait::Timeout(2_000), 1)
+        .unwrap();
+    assert!(pages.is_empty() && t.elapsed() < Duration::from_millis(200));
+}

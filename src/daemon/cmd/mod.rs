@@ -78,9 +78,11 @@ pub(crate) fn error_response(e: &BackendError) -> Response {
             | ManagerError::GrantMismatch { .. }
             | ManagerError::NoDevice { .. }
             | ManagerError::NoNamespace => ErrorCode::BadRequest,
-            ManagerError::Arena(_) | ManagerError::Device(_) | ManagerError::Pool(_) | ManagerError::Ticket(_) => {
-                ErrorCode::Internal
-            }
+            ManagerError::Arena(_)
+            | ManagerError::Device(_)
+            | ManagerError::Pool(_)
+            | ManagerError::Mooncake(_)
+            | ManagerError::Ticket(_) => ErrorCode::Internal,
         },
         BackendError::Hint(_) => ErrorCode::BadHint,
         BackendError::UnknownGrant(_) => ErrorCode::UnknownGrant,

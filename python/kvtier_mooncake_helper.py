@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""kvtier's Mooncake helper: holds the official Mooncake Store client for the kvtier daemon.
+
+The daemon (Rust) spawns this process, listens on a Unix socket and passes its path. The
+helper connects, maps the shared-memory regions it is given (kvtier's host arena and a
+small staging region), registers them with Mooncake, and then serves batch requests whose
+items name a region, an offset and a length. Bytes move between the mappings and the store
+through Mooncake's own `batch_put_from` / `batch_get_into`; only keys and offsets cross the
+socket.
+
+Frames are little-endian: `u32 length | u64 request id | u8 op-or-status | body`. A request
+is answered with status 0 (`u32 n`, then `n` i64 results, Mooncake's own codes), 1 (store
+unavailable, utf-8 reason) or 2 (bad request, utf-8 message). The helper never logs object
+bytes; it logs counts and reasons only, to stderr.
+
+`--raw-bench` is not used by the daemon: it is the baseline of `kvtier bench pool`, the
+wheel's Python client timing its own batch calls over the same registered regions.
+"""
+
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+
+OP_PUT, OP_GET, OP_EXISTS, OP_REMOVE, OP_STATUS, OP_RAW_BENCH = 1, 2, 3, 4, 5, 6
+ST_OK, ST_UNAVAILABLE, ST_BAD = 0, 1, 2
+MAX_FRAME = 16 << 20
+HEAD = struct.Struct("<IQB")
+
+
+def log(msg):
+    sys.stderr.write(f"kvtier-mooncake-helper[{os.getpid()}]: {msg}\n")
+    sys.stderr.flush()
+
+
+class Region:
+    """One shared-memory file mapped whole; `addr` is its base address in this process."""
+
+    def __init__(self, path, length):
+        self.fd = os.open(path, os.O_RDWR)
+        self.map = mmap.mmap(self.fd, length)
+        self.len = length
+        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+
+
+class Store:
+    """The Mooncake client and whether it can serve now.
+
+    `setup` is only tried while the master's port accepts connections: Mooncake's own setup
+    retries for about 90 s against a missing master, which would leave the helper deaf.
+    A monitor thread probes the master twice a second; the client reconnects and remounts
+    its segment by itself after a master restart.
+    """
+
+    def __init__(self, args, regions):
+        self.args = args
+        self.regions = regions
+        self.lock = threading.Lock()
+        self.store = None
+        self.master_up = False
+        self.reason = "connecting to the Mooncake master"
+        host, _, port = args.master.rpartition(":")
+        self.master = (host, int(port))
+
+    def ready(self):
+        with self.lock:
+            return self.store is not None and self.master_up, self.reason
+
+    def probe(self):
+        try:
+            with socket.create_connection(self.master, timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def monitor(self):
+        backoff = 0.2
+        while True:
+            up = self.probe()
+            with self.lock:
+                self.master_up = up
+                if not up:
+                    self.reason = f"Mooncake master {self.args.master} unreachable"
+                have = self.store is not None
+            if up and not have:
+                if self.connect():
+                    backoff = 0.2
+                else:
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+            time.sleep(0.25)
+
+    def connect(self):
+        from mooncake.store import MooncakeDistributedStore
+
+        store = MooncakeDistributedStore()
+        t = time.monotonic()
+        rc = store.setup(
+            self.args.hostname,
+            self.args.metadata,
+            self.args.segment_bytes,
+            self.args.local_buffer_bytes,
+            self.args.protocol,
+            self.args.device,
+            self.args.master,
+        )
+        if rc != 0:
+            with self.lock:
+                self.reason = f"Mooncake setup failed with code {rc}"
+            log(f"setup failed: {rc}")
+            return False
+        for r in self.regions:
+            rc = store.register_buffer(r.addr, r.len)
+            if rc != 0:
+                with self.lock:
+                    self.reason = f"register_buffer failed with code {rc}"
+                log(f"register_buffer of {r.len} bytes failed: {rc}")
+                return False
+        with self.lock:
+            self.store = store
+            self.reason = ""
+        log(f"connected to {self.args.master} in {time.monotonic() - t:.3f}s, {len(self.regions)} regions registered")
+        return True
+
+
+def parse_items(body, regions):
+    """`u32 n | n x u16 key length | n x u8 region | n x u64 offset | n x u64 length | keys`.
+
+    Column-wise, so a batch decodes with a few struct calls instead of one per field.
+    """
+    (n,) = struct.unpack_from("<I", body, 0)
+    at = 4
+    klens = struct.unpack_from(f"<{n}H", body, at)
+    at += 2 * n
+    regs = body[at : at + n]
+    at += n
+    offs = struct.unpack_from(f"<{n}Q", body, at)
+    at += 8 * n
+    sizes = list(struct.unpack_from(f"<{n}Q", body, at))
+    at += 8 * n
+    keys = []
+    for length in klens:
+        keys.append(body[at : at + length].decode())
+        at += length
+    ptrs = []
+    for r, off, length in zip(regs, offs, sizes):
+        region = regions[r]
+        if off + length > region.len:
+            raise ValueError(f"item of {length} bytes at {off} is outside region {r}")
+        ptrs.append(region.addr + off)
+    return keys, ptrs, sizes
+
+
+def parse_keys(body, at):
+    (n,) = struct.unpack_from("<I", body, at)
+    at += 4
+    keys = []
+    for _ in range(n):
+        (klen,) = struct.unpack_from("<H", body, at)
+        at += 2
+        keys.append(body[at : at + klen].decode())
+        at += klen
+    return keys
+
+
+def results(codes):
+    return struct.pack(f"<I{len(codes)}q", len(codes), *codes)
+
+
+def raw_bench(store, regions, spec):
+    """Times the wheel's own batch calls over registered memory: the bench's baseline."""
+    r = regions[spec["region"]]
+    items = spec["items"]
+    keys = [f"{spec['prefix']}{i}" for i in range(len(items))]
+    batch = max(1, int(spec["batch"]))
+    failed = 0
+    t = time.perf_counter()
+    for s in range(0, len(items), batch):
+        ks = keys[s : s + batch]
+        ptrs = [r.addr + off for off, _ in items[s : s + batch]]
+        sizes = [n for _, n in items[s : s + batch]]
+        if spec["op"] == "put":
+            codes = store.batch_put_from(ks, ptrs, sizes)
+            failed += sum(1 for c in codes if c != 0)
+        else:
+            codes = store.batch_get_into(ks, ptrs, sizes)
+            failed += sum(1 for c, n in zip(codes, sizes) if c != n)
+    return {"seconds": time.perf_counter() - t, "failed": failed}
+
+
+def serve(conn, state, regions):
+    def read_exact(n):
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = conn.recv(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return bytes(buf)
+
+    while True:
+        head = read_exact(HEAD.size)
+        if head is None:
+            return
+        length, rid, op = HEAD.unpack(head)
+        if length < 9 or length > MAX_FRAME:
+            log(f"bad frame length {length}; closing")
+            return
+        body = read_exact(length - 9)
+        if body is None:
+            return
+        status, out = handle(op, body, state, regions)
+        conn.sendall(HEAD.pack(len(out) + 9, rid, status) + out)
+
+
+def handle(op, body, state, regions):
+    if op == OP_STATUS:
+        ok, reason = state.ready()
+        return ST_OK, json.dumps({"ready": ok, "reason": reason, "pid": os.getpid()}).encode()
+    ok, reason = state.ready()
+    if not ok:
+        return ST_UNAVAILABLE, reason.encode()
+    store = state.store
+    try:
+        if op == OP_PUT:
+            keys, ptrs, sizes = parse_items(body, regions)
+            return ST_OK, results(store.batch_put_from(keys, ptrs, sizes))
+        if op == OP_GET:
+            keys, ptrs, sizes = parse_items(body, regions)
+            return ST_OK, results(store.batch_get_into(keys, ptrs, sizes))
+        if op == OP_EXISTS:
+            return ST_OK, results(store.batch_is_exist(parse_keys(body, 0)))
+        if op == OP_REMOVE:
+            force = body[0] != 0
+            return ST_OK, results([store.remove(k, force) for k in parse_keys(body, 1)])
+        if op == OP_RAW_BENCH:
+            return ST_OK, json.dumps(raw_bench(store, regions, json.loads(body))).encode()
+        return ST_BAD, f"unknown op {op}".encode()
+    except (ValueError, KeyError, IndexError, struct.error, UnicodeDecodeError) as e:
+        return ST_BAD, str(e).encode()
+    except Exception as e:  # the client raised: answer, so one bad call never kills the helper
+        log(f"op {op} raised {type(e).__name__}")
+        return ST_BAD, f"{type(e).__name__}: {e}".encode()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--socket", required=True)
+    p.add_argument("--master", required=True, help="host:port of mooncake_master")
+    p.add_argument("--metadata", required=True, help="metadata server, e.g. http://host:port/metadata")
+    p.add_argument("--hostname", default="127.0.0.1")
+    p.add_argument("--protocol", default="tcp")
+    p.add_argument("--device", default="")
+    p.add_argument("--segment-bytes", type=int, default=512 << 20)
+    p.add_argument("--local-buffer-bytes", type=int, default=16 << 20)
+    p.add_argument("--region", action="append", default=[], help="PATH:LENGTH, in region-id order")
+    args = p.parse_args()
+
+    regions = []
+    for spec in args.region:
+        path, _, length = spec.rpartition(":")
+        regions.append(Region(path, int(length)))
+    state = Store(args, regions)
+    threading.Thread(target=state.monitor, name="master-monitor", daemon=True).start()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(args.socket)
+    log(f"serving {len(regions)} regions for master {args.master}")
+    try:
+        serve(conn, state, regions)
+    except OSError as e:
+        log(f"control socket failed: {e}")
+    log("control socket closed; exiting")
+    # Unmount our segment so the master stops placing objects in it, but never hang on a
+    # dead master; the store's threads would keep the process alive, so leave with _exit.
+    if state.store is not None:
+        t = threading.Thread(target=state.store.close, daemon=True)
+        t.start()
+        t.join(2.0)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,329 @@
+//! `kvtier bench pool`: put and get throughput of pool objects through kvtier's backend,
+//! against a reference measured in the same run on the same bytes.
+//!
+//! For `--backend mooncake` the reference is the wheel's own Python client: the helper
+//! times `batch_put_from` / `batch_get_into` of the same objects, in the same batches,
+//! from the same registered arena, against the same master. For `--backend local` the
+//! reference is a plain memcpy of the same bytes. Rounds alternate which side goes first;
+//! each figure is the median over rounds.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::pool::PoolBackend;
+use crate::pool::local::LocalPool;
+use crate::pool::mooncake::{MooncakeConfig, MooncakePool};
+use crate::tier::device::pattern;
+use crate::tier::host::{ArenaOptions, HostArena, SlotId};
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    Mooncake,
+    Local,
+}
+
+/// Options of `kvtier bench pool`.
+#[derive(Args, Debug)]
+pub struct PoolBenchArgs {
+    /// Which pool backend to measure.
+    #[arg(long, value_enum, default_value = "mooncake")]
+    pub backend: Backend,
+    /// Print JSON rows instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Object sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "65536,1048576")]
+    pub sizes: Vec<usize>,
+    /// Bytes moved per operation and round, per size.
+    #[arg(long, default_value_t = 128 << 20)]
+    pub bytes: usize,
+    /// Bytes per batch (objects per batch = this / object size, at least 1).
+    #[arg(long, default_value_t = 64 << 20)]
+    pub batch_bytes: usize,
+    /// Rounds per size; figures are medians.
+    #[arg(long, default_value_t = 7)]
+    pub rounds: usize,
+    /// Mooncake master `host:port`.
+    #[arg(long, env = "KVTIER_MOONCAKE_MASTER", default_value = "127.0.0.1:50051")]
+    pub master: String,
+    /// Mooncake metadata server URL.
+    #[arg(
+        long,
+        env = "KVTIER_MOONCAKE_METADATA",
+        default_value = "http://127.0.0.1:8080/metadata"
+    )]
+    pub metadata: String,
+    /// Python interpreter with the Mooncake wheel.
+    #[arg(long, env = "KVTIER_MOONCAKE_PYTHON")]
+    pub python: Option<PathBuf>,
+    /// Directory for the benchmark's shared-memory files.
+    #[arg(long, default_value = "/dev/shm")]
+    pub dir: PathBuf,
+}
+
+/// One output row.
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub backend: &'static str,
+    pub op: &'static str,
+    pub object_bytes: usize,
+    pub objects: usize,
+    pub batch: usize,
+    pub rounds: usize,
+    pub kvtier_gbps: f64,
+    pub raw_gbps: f64,
+    pub ratio: f64,
+    pub reference: &'static str,
+}
+
+pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
+    if args.rounds == 0 || args.sizes.iter().any(|&s| s == 0 || s % 64 != 0) {
+        bail!("rounds must be positive and sizes non-zero multiples of 64");
+    }
+    let mut rows = Vec::new();
+    for &size in &args.sizes {
+        rows.extend(bench_size(&args, size).with_context(|| format!("objects of {size} bytes"))?);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        println!("backend   op   object_bytes objects batch kvtier_GB/s raw_GB/s ratio  reference");
+        for r in &rows {
+            println!(
+                "{:<9} {:<4} {:>12} {:>7} {:>5} {:>11.3} {:>8.3} {:>5.2}  {}",
+                r.backend, r.op, r.object_bytes, r.objects, r.batch, r.kvtier_gbps, r.raw_gbps, r.ratio, r.reference
+            );
+        }
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn gbps(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / secs.max(1e-9) / 1e9
+}
+
+fn bench_size(args: &PoolBenchArgs, size: usize) -> anyhow::Result<Vec<Row>> {
+    let n = (args.bytes / size).max(1);
+    let batch = (args.batch_bytes / size).clamp(1, 1024);
+    let opts = ArenaOptions {
+        lock: false,
+        ..ArenaOptions::default()
+    };
+    let tag = format!("{}-{}", std::process::id(), size);
+    let arena_path = args.dir.join(format!("kvtier-bench-arena-{tag}"));
+    // Slots 0..n hold the source objects, n..2n receive gets.
+    let arena = Arc::new(HostArena::create(
+        &arena_path,
+        (2 * n * size) as u64,
+        size as u64,
+        &opts,
+    )?);
+    let _cleanup = Cleanup(vec![arena_path.clone()]);
+    for i in 0..n {
+        // SAFETY: the bench owns every slot; nothing else maps this file.
+        unsafe { arena.slot_mut(SlotId(i as u32), size)? }.copy_from_slice(&pattern(i as u64, size));
+    }
+    let slice = |i: usize| -> &[u8] {
+        // SAFETY: as above; slices are only read while no get writes the same slot.
+        unsafe { arena.slot(SlotId(i as u32), size).unwrap_or(&[]) }
+    };
+    let src: Vec<&[u8]> = (0..n).map(slice).collect();
+    let dst: Vec<&[u8]> = (n..2 * n).map(slice).collect();
+    match args.backend {
+        Backend::Mooncake => bench_mooncake(args, &arena, size, batch, &src, &dst, &tag),
+        Backend::Local => bench_local(args, size, batch, &src, &tag),
+    }
+}
+
+/// Removes the benchmark's files on every exit path.
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn bench_mooncake(
+    args: &PoolBenchArgs,
+    arena: &Arc<HostArena>,
+    size: usize,
+    batch: usize,
+    src: &[&[u8]],
+    dst: &[&[u8]],
+    tag: &str,
+) -> anyhow::Result<Vec<Row>> {
+    let n = src.len();
+    let total = n * size;
+    let mut cfg = MooncakeConfig::new(&args.master, &args.metadata)
+        .with_segment_bytes((3 * total as u64).max(512 << 20))
+        .with_max_batch(batch);
+    if let Some(p) = &args.python {
+        cfg = cfg.with_python(p);
+    }
+    let pool = MooncakePool::start(cfg, Some(arena.clone()))?;
+    let h = pool.wait_healthy(Duration::from_secs(30));
+    if h != crate::pool::PoolHealth::Ok {
+        bail!(
+            "Mooncake pool not healthy: {h:?} (helper log in {})",
+            pool.run_dir().display()
+        );
+    }
+    let (mut kp, mut kg, mut rp, mut rg) = (vec![], vec![], vec![], vec![]);
+    let chunks = n.div_ceil(batch);
+    // Round 0 warms both sides up (first touch of the store's segment) and is not counted.
+    for round in 0..=args.rounds {
+        let kkeys: Vec<String> = (0..n).map(|i| format!("kvb-{tag}-{round}-{i}")).collect();
+        let rprefix = |c: usize| format!("kvbraw-{tag}-{round}-{c}-");
+        let kv_put = |c: usize| -> anyhow::Result<f64> {
+            let span = c * batch..((c + 1) * batch).min(n);
+            let items: Vec<(&str, &[u8])> = span.map(|i| (kkeys[i].as_str(), src[i])).collect();
+            let t = Instant::now();
+            if let Some(e) = pool.batch_put_from(&items).into_iter().find_map(Result::err) {
+                bail!("kvtier put: {e}");
+            }
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let kv_get = |c: usize, zero: bool| -> anyhow::Result<f64> {
+            let mut items: Vec<(&str, &mut [u8])> = Vec::with_capacity(batch);
+            let first = c * batch;
+            for (i, key) in kkeys.iter().enumerate().skip(first).take(batch) {
+                // SAFETY: destination slots are written only here, one batch at a time.
+                let buf = unsafe { arena.slot_mut(SlotId((n + i) as u32), size)? };
+                if zero {
+                    buf.fill(0);
+                }
+                items.push((key.as_str(), buf));
+            }
+            let t = Instant::now();
+            if let Some(e) = pool.batch_get_into(&mut items).into_iter().find_map(Result::err) {
+                bail!("kvtier get: {e}");
+            }
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let raw = |put: bool, c: usize| -> anyhow::Result<f64> {
+            let span = c * batch..((c + 1) * batch).min(n);
+            let objs = if put { &src[span] } else { &dst[span] };
+            let r = pool.raw_bench(put, &rprefix(c), objs, batch)?;
+            if r.failed > 0 {
+                bail!("raw client: {} of {} failed", r.failed, objs.len());
+            }
+            Ok(r.seconds)
+        };
+        // Batch by batch, side by side, alternating which goes first, so both sides meet
+        // the same machine load. In the warm-up round kvtier's get goes last, into zeroed
+        // slots, and its bytes are checked against the source.
+        let (mut t_kp, mut t_rp, mut t_kg, mut t_rg) = (0.0, 0.0, 0.0, 0.0);
+        for c in 0..chunks {
+            if round > 0 && (c + round) % 2 == 0 {
+                t_kp += kv_put(c)?;
+                t_rp += raw(true, c)?;
+            } else {
+                t_rp += raw(true, c)?;
+                t_kp += kv_put(c)?;
+            }
+        }
+        for c in 0..chunks {
+            if round > 0 && (c + round) % 2 == 0 {
+                t_kg += kv_get(c, false)?;
+                t_rg += raw(false, c)?;
+            } else {
+                t_rg += raw(false, c)?;
+                t_kg += kv_get(c, round == 0)?;
+            }
+        }
+        if round == 0 {
+            if src.iter().zip(dst).any(|(a, b)| a != b) {
+                bail!("kvtier get returned different bytes");
+            }
+        } else {
+            kp.push(t_kp);
+            rp.push(t_rp);
+            kg.push(t_kg);
+            rg.push(t_rg);
+        }
+        let mut all: Vec<String> = (0..n).map(|i| format!("{}{}", rprefix(i / batch), i % batch)).collect();
+        all.extend(kkeys.iter().cloned());
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        pool.remove_batch(&refs, true);
+    }
+    let row = |op, k: Vec<f64>, r: Vec<f64>| {
+        let (kg, rg) = (gbps(total, median(k)), gbps(total, median(r)));
+        Row {
+            backend: "mooncake",
+            op,
+            object_bytes: size,
+            objects: n,
+            batch,
+            rounds: args.rounds,
+            kvtier_gbps: kg,
+            raw_gbps: rg,
+            ratio: kg / rg.max(1e-12),
+            reference: "wheel python client",
+        }
+    };
+    Ok(vec![row("put", kp, rp), row("get", kg, rg)])
+}
+
+fn bench_local(args: &PoolBenchArgs, size: usize, batch: usize, src: &[&[u8]], tag: &str) -> anyhow::Result<Vec<Row>> {
+    let n = src.len();
+    let total = n * size;
+    let path = args.dir.join(format!("kvtier-bench-pool-{tag}"));
+    let _cleanup = Cleanup(vec![path.clone()]);
+    let opts = ArenaOptions {
+        lock: false,
+        ..ArenaOptions::default()
+    };
+    let pool = LocalPool::create(&path, total as u64, size as u64, &opts)?;
+    let mut out = vec![0u8; total];
+    let (mut kp, mut kg, mut rp, mut rg) = (vec![], vec![], vec![], vec![]);
+    let keys: Vec<String> = (0..n).map(|i| format!("kvb-{i}")).collect();
+    for _ in 0..args.rounds {
+        let t = Instant::now();
+        for (ks, objs) in keys.chunks(batch).zip(src.chunks(batch)) {
+            let items: Vec<(&str, &[u8])> = ks.iter().map(String::as_str).zip(objs.iter().copied()).collect();
+            pool.batch_put_from(&items);
+        }
+        kp.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for (ks, chunk) in keys.chunks(batch).zip(out.chunks_mut(batch * size)) {
+            let mut items: Vec<(&str, &mut [u8])> = ks.iter().map(String::as_str).zip(chunk.chunks_mut(size)).collect();
+            pool.batch_get_into(&mut items);
+        }
+        kg.push(t.elapsed().as_secs_f64());
+        // The physical reference: the same bytes copied with memcpy, both directions.
+        let t = Instant::now();
+        for (o, s) in out.chunks_mut(size).zip(src) {
+            o.copy_from_slice(s);
+        }
+        rp.push(t.elapsed().as_secs_f64());
+        rg.push(rp[rp.len() - 1]);
+    }
+    let row = |op, k: Vec<f64>, r: Vec<f64>| {
+        let (kg, rg) = (gbps(total, median(k)), gbps(total, median(r)));
+        Row {
+            backend: "local",
+            op,
+            object_bytes: size,
+            objects: n,
+            batch,
+            rounds: args.rounds,
+            kvtier_gbps: kg,
+            raw_gbps: rg,
+            ratio: kg / rg.max(1e-12),
+            reference: "memcpy",
+        }
+    };
+    Ok(vec![row("put", kp, rp), row("get", kg, rg)])
+}

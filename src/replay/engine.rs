@@ -1,0 +1,181 @@
+//! The engine emulator: drives the real directory, eviction order, session table, lineage
+//! tree and pressure controller with a workload, at page granularity.
+//!
+//! Nothing is copied: a page moving between tiers is a directory change, and the bytes it
+//! would move are counted as pages times the layout's page bytes. Time is simulated
+//! ([`SimClock`](crate::clock::SimClock)): requests arrive at their trace times (open loop) and finish after the
+//! cost model's latency. Each tier evicts when it is over capacity, down to capacity minus
+//! a 1/256 slack, the same way for every policy.
+//!
+//! The policies differ only in what they do with a page:
+//! - `device-lru`: one tier, least recently used first (prefix pages are touched last, so
+//!   a chain is evicted from its tail, as a radix-tree prefix cache does).
+//! - `write-through`: every computed page is also written to host (and to the pool when
+//!   there is one); each tier evicts LRU on its own (HiCache's default).
+//! - `session-aware`: pages are written to host only when the device evicts them
+//!   (demoted, never dropped while host has room), so the tiers hold distinct pages; pages
+//!   on a chain that more than one request used (lineage) are retained longest, pages of
+//!   ended sessions go first, the device evicts idle (acting or paused) sessions' pages
+//!   first, and the pressure controller pauses sessions and prefetches their chains back
+//!   when they resume or their tool call ends.
+
+mod sim;
+
+use serde::Serialize;
+
+use super::ReplayError;
+use super::workload::Workload;
+use crate::session::pressure::PressureConfig;
+
+/// The policies compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum PolicyKind {
+    #[serde(rename = "device-lru")]
+    DeviceLru,
+    #[serde(rename = "write-through")]
+    WriteThrough,
+    #[serde(rename = "session-aware")]
+    SessionAware,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 3] = [
+        PolicyKind::DeviceLru,
+        PolicyKind::WriteThrough,
+        PolicyKind::SessionAware,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::DeviceLru => "device-lru",
+            PolicyKind::WriteThrough => "write-through",
+            PolicyKind::SessionAware => "session-aware",
+        }
+    }
+}
+
+/// Tier capacities, in pages. A pool of 0 pages means no pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Capacity {
+    pub device_pages: usize,
+    pub host_pages: usize,
+    pub pool_pages: usize,
+}
+
+impl Capacity {
+    /// What the bounds get: every page any tier can hold.
+    pub fn total(&self) -> usize {
+        self.device_pages + self.host_pages + self.pool_pages
+    }
+}
+
+/// The cost model behind latencies and session completion times.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct CostModel {
+    /// Prefill speed for recomputed tokens. Default: 20000 tokens/s.
+    pub prefill_tokens_per_s: f64,
+    /// Decode time per output token. Default: 20 ms.
+    pub decode_ms_per_token: f64,
+    /// Host to device copy bandwidth. Default: 25 GB/s.
+    pub host_device_gbps: f64,
+    /// Pool to host copy bandwidth. Default: 10 GB/s.
+    pub pool_host_gbps: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        Self {
+            prefill_tokens_per_s: 20_000.0,
+            decode_ms_per_token: 20.0,
+            host_device_gbps: 25.0,
+            pool_host_gbps: 10.0,
+        }
+    }
+}
+
+impl CostModel {
+    /// Speeds and bandwidths must be positive and finite, decode time finite and not negative.
+    pub fn validate(&self) -> Result<(), ReplayError> {
+        let positive = [self.prefill_tokens_per_s, self.host_device_gbps, self.pool_host_gbps];
+        if positive.iter().all(|v| v.is_finite() && *v > 0.0)
+            && self.decode_ms_per_token.is_finite()
+            && self.decode_ms_per_token >= 0.0
+        {
+            Ok(())
+        } else {
+            Err(ReplayError::Config(format!("invalid cost model {self:?}")))
+        }
+    }
+
+    /// Latency of one request, ms: recompute, copies on the critical path, decode.
+    pub fn latency_ms(&self, recomputed_tokens: u64, host_bytes: u64, pool_bytes: u64, output_tokens: u64) -> f64 {
+        let prefill = recomputed_tokens as f64 / self.prefill_tokens_per_s.max(1e-9) * 1e3;
+        let h2d = (host_bytes + pool_bytes) as f64 / (self.host_device_gbps.max(1e-9) * 1e6);
+        let p2h = pool_bytes as f64 / (self.pool_host_gbps.max(1e-9) * 1e6);
+        prefill + h2d + p2h + output_tokens as f64 * self.decode_ms_per_token
+    }
+}
+
+/// Everything a policy run needs besides the workload.
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineConfig {
+    pub capacity: Capacity,
+    /// Bytes of one page under the stated layout.
+    pub page_bytes: u64,
+    /// The model geometry behind `page_bytes`, in words.
+    pub page_layout: String,
+    pub cost: CostModel,
+    pub pressure: PressureConfig,
+    /// Sessions with no activity for this long end. Default: 300 s.
+    pub idle_timeout_ms: u64,
+    /// How long before a tool wait ends the engine hears of it (phase change). Default: 500 ms.
+    pub tool_end_lead_ms: u64,
+}
+
+/// Bytes moved between tier pairs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BytesMoved {
+    #[serde(rename = "device->host")]
+    pub device_host: u64,
+    #[serde(rename = "host->device")]
+    pub host_device: u64,
+    #[serde(rename = "host->pool")]
+    pub host_pool: u64,
+    #[serde(rename = "pool->host")]
+    pub pool_host: u64,
+}
+
+/// What one request got.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RequestOutcome {
+    /// Hit pages per tier (device, host, pool); their sum is the reusable prefix.
+    pub hit_pages: [usize; 3],
+    pub latency_ms: f64,
+    pub end_ms: u64,
+    /// Pauses the session went through since its previous request.
+    pub pause_ms: Vec<u64>,
+}
+
+/// The raw result of one policy on one workload.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyRun {
+    pub requests: Vec<RequestOutcome>,
+    pub bytes: BytesMoved,
+    /// Finished pause durations.
+    pub pauses_ms: Vec<u64>,
+    pub forced_resumes: u64,
+    pub marked_pauses: u64,
+}
+
+/// Runs `policy` over the workload; `progress` is told after every request.
+pub fn run_policy(
+    w: &Workload,
+    cfg: &EngineConfig,
+    policy: PolicyKind,
+    progress: &mut dyn FnMut(),
+) -> Result<PolicyRun, ReplayError> {
+    sim::Sim::new(w, cfg, policy)?.run(progress)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,235 @@
+//! The pressure controller: pauses sessions at tool boundaries when the live working sets
+//! outgrow the device, and lets them back smallest first once there is room.
+//!
+//! Utilisation is the device demand of the live, unpaused sessions (each session's context
+//! tokens, from actual token counts) over the device capacity in tokens. At or above the high
+//! watermark, acting sessions (waiting on a tool) are paused, largest first, until the
+//! demand is back at the target; their device pages are demoted to host and host pages to
+//! the pool (see [`demote_session_pages`]). Decode is never preempted: when no acting
+//! session can be paused, the smallest reasoning session is marked to pause at its next tool
+//! boundary. At or below the resume watermark, paused sessions come back smallest first,
+//! each with a buffer, and get a short priority boost; a forced-resume cap ends any pause
+//! that lasted too long, whatever the utilisation. Between the watermarks nothing changes
+//! (hysteresis); lowering priority early in that band is left to the caller
+//! ([`Watermarks::in_early_band`]).
+
+use serde::{Deserialize, Serialize};
+
+use super::{Activity, SessionError, SessionTable};
+use crate::directory::{Directory, PageId};
+use crate::page::{NamespaceId, PageHash};
+use crate::policy::{PolicyError, Watermarks};
+use crate::tier::TierKind;
+
+/// Pressure controller settings.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PressureConfig {
+    /// Device watermarks on the live sessions' demand. Default: high 0.95, target 0.80,
+    /// resume 0.85.
+    pub watermarks: Watermarks,
+    /// Room kept free per resumed session on top of its context, in tokens. Default: 2048.
+    pub resume_buffer_tokens: u64,
+    /// How long a resumed session is preferred (never paused again). Default: 1000 ms.
+    pub boost_ms: u64,
+    /// A pause never lasts longer than this. Default: 30 minutes.
+    pub forced_resume_ms: u64,
+    /// Most sessions paused or resumed in one step (bounded work). Default: 256.
+    pub max_changes_per_step: usize,
+}
+
+impl Default for PressureConfig {
+    fn default() -> Self {
+        Self {
+            watermarks: Watermarks::default(),
+            resume_buffer_tokens: 2048,
+            boost_ms: 1000,
+            forced_resume_ms: 30 * 60 * 1000,
+            max_changes_per_step: 256,
+        }
+    }
+}
+
+impl PressureConfig {
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        self.watermarks.validate()
+    }
+}
+
+/// What the controller decided; the caller moves the pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// Paused now: demote its device pages to host and its host pages to the pool.
+    Pause { session: u32 },
+    /// A reasoning session that will pause at its next tool boundary.
+    MarkPause { session: u32 },
+    /// Back: prefetch its pages to the device before its next turn.
+    Resume { session: u32, forced: bool, paused_ms: u64 },
+}
+
+/// Decides pauses and resumptions from the session table (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct PressureController {
+    config: PressureConfig,
+}
+
+impl PressureController {
+    pub fn new(config: PressureConfig) -> Result<Self, PolicyError> {
+        config.validate()?;
+        Ok(Self { config })
+    }
+
+    pub fn config(&self) -> &PressureConfig {
+        &self.config
+    }
+
+    /// Device demand of the live, unpaused sessions, in tokens.
+    pub fn demand(&self, sessions: &SessionTable) -> u64 {
+        sessions
+            .iter()
+            .filter(|(_, s)| !s.paused)
+            .map(|(_, s)| s.context_tokens)
+            .sum()
+    }
+
+    /// One control step against a device of `capacity_tokens`.
+    pub fn step(&self, sessions: &mut SessionTable, capacity_tokens: u64) -> Result<Vec<Action>, SessionError> {
+        let now = sessions.now_ms();
+        let cap = capacity_tokens as usize;
+        let wm = &self.config.watermarks;
+        let mut actions = Vec::new();
+        let overdue: Vec<u32> = sessions
+            .iter()
+            .filter(|(_, s)| {
+                s.paused && now.saturating_sub(s.paused_since_ms.unwrap_or(now)) >= self.config.forced_resume_ms
+            })
+            .map(|(i, _)| i)
+            .take(self.config.max_changes_per_step)
+            .collect();
+        for session in overdue {
+            if let Some(paused_ms) = sessions.resume(session, self.config.boost_ms)? {
+                actions.push(Action::Resume {
+                    session,
+                    forced: true,
+                    paused_ms,
+                });
+            }
+        }
+        let used = self.demand(sessions) as usize;
+        let reclaim = wm.reclaim(used, cap) as u64;
+        if reclaim > 0 {
+            let mut acting: Vec<(u64, u32)> = sessions
+                .iter()
+                .filter(|(i, s)| !s.paused && s.activity == Activity::Acting && s.boost_until_ms <= now && *i > 0)
+                .map(|(i, s)| (s.context_tokens, i))
+                .collect();
+            acting.sort_unstable_by(|a, b| b.cmp(a));
+            let mut freed = 0u64;
+            for (tokens, session) in acting.into_iter().take(self.config.max_changes_per_step) {
+                if freed >= reclaim {
+                    break;
+                }
+                sessions.pause(session)?;
+                actions.push(Action::Pause { session });
+                freed += tokens;
+            }
+            if freed < reclaim {
+                let smallest = sessions
+                    .iter()
+                    .filter(|(_, s)| !s.paused && !s.pause_pending && s.activity == Activity::Reasoning)
+                    .min_by_key(|(i, s)| (s.context_tokens, *i))
+                    .map(|(i, _)| i);
+                if let Some(session) = smallest {
+                    sessions.mark_pause(session)?;
+                    actions.push(Action::MarkPause { session });
+                }
+            }
+        } else if wm.may_resume(used, cap) {
+            let mut budget = (wm.resume * capacity_tokens as f64) as u64 - used as u64;
+            let mut paused: Vec<(u64, u64, u32)> = sessions
+                .iter()
+                .filter(|(_, s)| s.paused)
+                .map(|(i, s)| (s.context_tokens, s.paused_since_ms.unwrap_or(now), i))
+                .collect();
+            paused.sort_unstable();
+            for (tokens, _, session) in paused.into_iter().take(self.config.max_changes_per_step) {
+                let cost = tokens.saturating_add(self.config.resume_buffer_tokens);
+                if cost > budget {
+                    break;
+                }
+                budget -= cost;
+                if let Some(paused_ms) = sessions.resume(session, self.config.boost_ms)? {
+                    actions.push(Action::Resume {
+                        session,
+                        forced: false,
+                        paused_ms,
+                    });
+                }
+            }
+        }
+        Ok(actions)
+    }
+}
+
+/// Pages a demotion touched.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Demoted {
+    /// Every page of the session that was complete in the warmer tier.
+    pub pages: Vec<PageId>,
+    /// How many of them needed a copy in the colder tier (bytes to move).
+    pub copied: usize,
+}
+
+/// Demotes a session's pages from `from` to `to`: every page the session owns that is
+/// complete in `from` gets a complete copy in `to` (demoted, never dropped) and becomes an
+/// eviction candidate in `from` (lowest retain priority, which the caller resets once the
+/// warmer copy is gone, since retain is per page, not per tier).
+pub fn demote_session_pages(dir: &mut Directory, session: u32, from: TierKind, to: TierKind) -> Demoted {
+    let mut out = Demoted::default();
+    for (id, info) in dir.eviction_candidates(from) {
+        if info.session != session {
+            continue;
+        }
+        if !dir.is_complete(id, to) {
+            dir.set_page(id, to, true);
+            out.copied += 1;
+        }
+        dir.set_retain(id, i8::MIN);
+        out.pages.push(id);
+    }
+    out
+}
+
+/// Prefetches the leading pages of `chain` held in a colder tier into `to`, stopping at
+/// the first page held nowhere (a prefix is only useful while contiguous). Returns the
+/// pages copied, with the tier each came from.
+pub fn prefetch_chain(
+    dir: &mut Directory,
+    ns: NamespaceId,
+    chain: &[PageHash],
+    to: TierKind,
+) -> Vec<(PageId, TierKind)> {
+    let mut copied = Vec::new();
+    for hash in chain {
+        let Some(id) = dir.find(ns, hash) else { break };
+        if dir.is_complete(id, to) {
+            dir.set_retain(id, 0);
+            continue;
+        }
+        let Some(src) = TierKind::ALL
+            .into_iter()
+            .filter(|t| *t > to)
+            .find(|t| dir.is_complete(id, *t))
+        else {
+            break;
+        };
+        dir.set_page(id, to, true);
+        dir.set_retain(id, 0);
+        copied.push((id, src));
+    }
+    copied
+}
+
+#[cfg(test)]
+mod tests;
