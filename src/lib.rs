@@ -13,6 +13,7 @@ pub mod clock;
 pub mod daemon;
 pub mod directory;
 pub mod events;
+pub mod ffi;
 pub mod hints;
 pub mod layout;
 pub mod manager;

@@ -8,6 +8,8 @@ pub mod events;
 pub mod index;
 pub mod pool;
 pub mod transfer;
+#[cfg(feature = "cuda")]
+pub mod transfer_cuda;
 
 use std::time::{Duration, Instant};
 

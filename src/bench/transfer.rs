@@ -17,8 +17,21 @@ use crate::page::{Namespace, PageHash};
 use crate::tier::TierKind;
 use crate::tier::device::EmulatedDevice;
 
+/// Which device region the bench moves pages from and to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceKind {
+    /// A host buffer standing in for GPU memory; moves go through the manager and tiers.
+    Emulated,
+    /// GPU 0 through cudarc (feature `cuda`); page moves are compared with raw
+    /// `cudaMemcpyAsync` of the same bytes.
+    Cuda,
+}
+
 #[derive(Debug, Args)]
 pub struct TransferArgs {
+    /// The device region. Default: emulated.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Emulated)]
+    pub device: DeviceKind,
     /// Object sizes in KiB.
     #[arg(long, value_delimiter = ',', default_values_t = [16u64, 64, 256, 2048])]
     pub sizes_kib: Vec<u64>,
@@ -204,14 +217,24 @@ pub fn run(args: TransferArgs) -> anyhow::Result<()> {
             (1..=64 * 1024).contains(&kib),
             "object size {kib} KiB is out of range (1 KiB to 64 MiB)"
         );
-        rows.extend(rows_for(kib, &args, &dir)?);
+        match args.device {
+            DeviceKind::Emulated => rows.extend(rows_for(kib, &args, &dir)?),
+            #[cfg(feature = "cuda")]
+            DeviceKind::Cuda => rows.extend(super::transfer_cuda::rows_for(kib, &args)?),
+            #[cfg(not(feature = "cuda"))]
+            DeviceKind::Cuda => anyhow::bail!("this kvtier was built without the `cuda` feature"),
+        }
     }
+    let reference = match args.device {
+        DeviceKind::Emulated => "memcpy GB/s",
+        DeviceKind::Cuda => "raw cuMemcpy",
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         println!(
             "{:<14} {:>10} {:>10} {:>12} {:>7}",
-            "path", "object", "GB/s", "memcpy GB/s", "ratio"
+            "path", "object", "GB/s", reference, "ratio"
         );
         for r in &rows {
             println!(

@@ -147,13 +147,12 @@ impl Client {
                 layout: self.cfg.layout.clone(),
             };
             let dev = self.device.read().as_deref().map(Self::device_request);
-            *slot = Some(Conn::open(
-                &self.cfg.socket,
-                self.cfg.timeout,
-                self.cfg.max_frame_bytes,
-                hello,
-                dev,
-            )?);
+            let conn = Conn::open(&self.cfg.socket, self.cfg.timeout, self.cfg.max_frame_bytes, hello, dev)?;
+            // A new connection may bring a new mapping of the arena (a restarted daemon).
+            if let Some(dev) = self.device.read().as_deref() {
+                Self::pin_arena(&conn.arena, dev)?;
+            }
+            *slot = Some(conn);
         }
         slot.as_mut()
             .ok_or_else(|| ClientError::Unavailable("no connection".into()))
@@ -209,11 +208,25 @@ impl Client {
     /// Registers this rank's device region; copies go through it from now on.
     pub fn register_device(&self, dev: Arc<dyn DeviceRegion>) -> Result<(), ClientError> {
         let req = Self::device_request(dev.as_ref());
-        *self.device.write() = Some(dev);
+        *self.device.write() = Some(dev.clone());
         match self.call(req)? {
-            Response::Ok => Ok(()),
+            Response::Ok => Self::pin_arena(self.arena_map()?.as_ref(), dev.as_ref()),
             r => Err(Self::unexpected(r)),
         }
+    }
+
+    /// Hands this process's mapping of the arena to the device region (a GPU region
+    /// registers it as pinned memory; the emulated one ignores it).
+    fn pin_arena(arena: &HostArena, dev: &dyn DeviceRegion) -> Result<(), ClientError> {
+        let len = arena.slots() as usize * arena.slot_bytes();
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: an empty view of slot 0 only yields the mapping's base address.
+        let base = unsafe { arena.slot(crate::tier::host::SlotId(0), 0)? }
+            .as_ptr()
+            .cast_mut();
+        Ok(dev.register_host(base, len)?)
     }
 
     pub fn lookup(&self, hashes: &[PageHash]) -> Result<PrefixHit, ClientError> {

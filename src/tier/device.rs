@@ -51,6 +51,13 @@ pub trait DeviceRegion: Send + Sync {
     fn copy_to_host(&self, batch: &mut [ObjectCopy<&mut [u8]>]) -> Result<(), DeviceError>;
     /// Host → device: scatters each host buffer into its device page.
     fn copy_from_host(&self, batch: &[ObjectCopy<&[u8]>]) -> Result<(), DeviceError>;
+    /// The host memory copies will use (this process's mapping of the daemon's arena), so
+    /// a GPU region can register it as pinned memory once. `base..base + len` must stay
+    /// mapped while the region is in use. Default: nothing to do.
+    fn register_host(&self, base: *mut u8, len: usize) -> Result<(), DeviceError> {
+        let _ = (base, len);
+        Ok(())
+    }
 }
 
 /// A host buffer standing in for one rank's GPU KV region, laid out as engines lay out

@@ -4,6 +4,10 @@
 //! the trait for one rank's GPU KV region and its emulated stand-in, `host` the shared
 //! memory arena the daemon owns. The pool tier's backends live in `crate::pool`.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_batch;
 pub mod device;
 pub mod host;
 

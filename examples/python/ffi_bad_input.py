@@ -1,0 +1,61 @@
+"""Bad input through ctypes: each call gets its kvtier error code, and the process lives on.
+
+    python3 ffi_bad_input.py --socket /run/kvtier.sock --lib target/debug/libkvtier.so
+
+Prints one ``case name code`` line per case and ``OK bad-input`` at the end.
+"""
+
+import argparse
+import ctypes
+import os
+import sys
+
+import kvtier_ctypes as kv
+
+
+def expect(name, want, rc, lib):
+    msg = lib.kvtier_last_error().decode(errors="replace")
+    assert rc == want, f"{name}: code {rc} ({msg}), want {want}"
+    assert want == kv.OK or msg, f"{name}: no message"
+    print(f"case {name} {rc}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--lib")
+    args = ap.parse_args()
+    lib = kv.load_library(args.lib)
+    hit = kv.PrefixHit()
+    one = (1).to_bytes(8, "big")
+
+    expect("null-handle", kv.ERR_NULL, lib.kvtier_lookup(None, one, 8, 1, ctypes.byref(hit)), lib)
+    expect("null-options", kv.ERR_NULL, lib.kvtier_connect(None, ctypes.byref(ctypes.c_void_p())), lib)
+    opts = kv.ConnectOptions(ctypes.sizeof(kv.ConnectOptions) - 8, os.fsencode(args.socket), b"bad", b"m")
+    expect("wrong-struct-size", kv.ERR_INVALID, lib.kvtier_connect(ctypes.byref(opts), ctypes.byref(ctypes.c_void_p())),
+           lib)
+    try:
+        kv.Client(lib, args.socket + ".absent", "bad", "m")
+        raise AssertionError("connected to a closed daemon")
+    except kv.KvtierError as e:
+        expect("closed-daemon", kv.ERR_UNAVAILABLE, e.code, lib)
+
+    with kv.Client(lib, args.socket, "bad-input", "bad-model") as c:
+        c.register_emulated(4)
+        expect("zero-length-batch", kv.ERR_EMPTY_BATCH, lib.kvtier_lookup(c.handle, None, 8, 0, ctypes.byref(hit)), lib)
+        expect("null-hashes", kv.ERR_NULL, lib.kvtier_lookup(c.handle, None, 8, 3, ctypes.byref(hit)), lib)
+        expect("bad-hash-length", kv.ERR_INVALID, lib.kvtier_lookup(c.handle, one, 5, 1, ctypes.byref(hit)), lib)
+        slots = (ctypes.c_uint32 * 1)(0)
+        receipt = kv.StoreReceipt()
+        rc = lib.kvtier_store(c.handle, one * 2, 8, 2, slots, 1, b"", ctypes.byref(receipt))
+        expect("mismatched-lengths", kv.ERR_LENGTH_MISMATCH, rc, lib)
+        expect("bad-slot", kv.ERR_DEVICE, lib.kvtier_device_fill_page(c.handle, 99, 1), lib)
+        expect("wrong-object-size", kv.ERR_DEVICE, lib.kvtier_device_write_object(c.handle, 0, 0, b"xx", 2), lib)
+        # Still alive and serving after all that.
+        assert c.lookup([1]) == (0, 0, 0)
+    print("OK bad-input")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

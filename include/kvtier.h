@@ -1,0 +1,197 @@
+/*
+ * kvtier.h: the plain C ABI of the kvtier engine client (one engine rank).
+ *
+ * For Python ctypes and anything else that calls C. No Rust types cross it: opaque
+ * handles, fixed-width integers, byte buffers. Every function returns an int32_t code,
+ * KVTIER_OK (0) on success or a negative KVTIER_ERR_* code; the message of the last
+ * failure on the calling thread is kvtier_last_error(). Null pointers, wrong struct sizes
+ * and mismatched array lengths return an error code; they never abort the process. Every
+ * call has a timeout (the connect option timeout_ms, 5 s by default).
+ *
+ * Page hashes are opaque byte strings of 8 to 32 bytes chosen by the engine. A batch is
+ * `count` hashes of `hash_len` bytes each, back to back (a u64 block hash is 8 bytes,
+ * big-endian, so its hex key reads like the number).
+ *
+ * A client handle is thread-safe: calls on one handle are serialised.
+ */
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Return codes ------------------------------------------------------------------ */
+#define KVTIER_OK 0
+#define KVTIER_ERR_NULL (-1)             /* a required pointer argument was null */
+#define KVTIER_ERR_INVALID (-2)          /* bad argument: struct size, hash length, enum */
+#define KVTIER_ERR_EMPTY_BATCH (-3)      /* a batch with no entries */
+#define KVTIER_ERR_LENGTH_MISMATCH (-4)  /* parallel arrays of different lengths */
+#define KVTIER_ERR_UNAVAILABLE (-5)      /* daemon not reachable; retry later */
+#define KVTIER_ERR_TIMEOUT (-6)          /* daemon did not answer in time */
+#define KVTIER_ERR_PROTOCOL (-7)         /* unexpected answer from the daemon */
+#define KVTIER_ERR_ARENA (-8)            /* host arena could not be mapped, or bad slot */
+#define KVTIER_ERR_DEVICE (-9)           /* device copy failed, or bad device slot/part */
+#define KVTIER_ERR_LAYOUT (-10)          /* invalid layout or identity */
+#define KVTIER_ERR_INTERNAL (-11)        /* a bug inside kvtier; close the handle */
+#define KVTIER_ERR_BUFFER_TOO_SMALL (-12)
+/* The daemon refused the request: code = KVTIER_ERR_REMOTE_BASE - daemon code, with
+ * daemon codes 1 bad_frame, 2 unsupported_version, 3 frame_too_large, 4 unknown_message,
+ * 5 not_connected, 6 layout_mismatch, 7 bad_layout, 8 unknown_grant, 9 no_space,
+ * 10 bad_hint, 11 bad_request, 12 too_many_connections, 13 shutting_down, 14 internal. */
+#define KVTIER_ERR_REMOTE_BASE (-100)
+
+/* ---- Enumerations ------------------------------------------------------------------ */
+#define KVTIER_ATTENTION_MHA 0u
+#define KVTIER_ATTENTION_MLA 1u
+#define KVTIER_ORDER_LAYER_FIRST 0u
+#define KVTIER_ORDER_PAGE_FIRST 1u
+
+#define KVTIER_PART_K 0u
+#define KVTIER_PART_V 1u
+#define KVTIER_PART_LATENT 2u
+
+#define KVTIER_TIER_DEVICE 0u
+#define KVTIER_TIER_HOST 1u
+#define KVTIER_TIER_POOL 2u
+
+#define KVTIER_LOAD_BEST_EFFORT 0u   /* take what is complete now */
+#define KVTIER_LOAD_WAIT_COMPLETE 1u /* wait for pages being stored (bounded by the daemon) */
+#define KVTIER_LOAD_TIMEOUT 2u       /* wait at most wait_ms, then take what is complete */
+
+#define KVTIER_PHASE_REASONING 0u
+#define KVTIER_PHASE_ACTING 1u
+#define KVTIER_PHASE_PAUSED 2u
+#define KVTIER_PHASE_ENDED 3u
+
+#define KVTIER_HINT_SHARE 1u
+#define KVTIER_HINT_PREFETCH 2u
+#define KVTIER_HINT_DEMOTE 3u
+#define KVTIER_HINT_PIN 4u
+#define KVTIER_HINT_RETAIN 5u
+
+#define KVTIER_TARGET_PAGES 0u
+#define KVTIER_TARGET_PREFIX 1u
+#define KVTIER_TARGET_SESSION 2u
+
+#define KVTIER_OUTCOME_ACCEPTED 0u
+#define KVTIER_OUTCOME_CLIPPED 1u
+#define KVTIER_OUTCOME_DEFERRED 2u
+#define KVTIER_OUTCOME_IGNORED 3u
+
+/* Hint reasons: 0 none, 1 unknown_pages, 2 pin_budget, 3 max_ttl, 4 queue_full,
+ * 5 pool_degraded, 6 no_space, 7 already_there, 8 not_complete, 9 unknown_session,
+ * 10 wrong_tier, 11 in_flight, 12 no_pool, 13 unknown_action. */
+
+/* ---- Types ------------------------------------------------------------------------- */
+typedef struct kvtier_client kvtier_client_t;
+
+/* Set struct_size = sizeof(kvtier_connect_options_t). Strings are NUL-terminated UTF-8;
+ * lora and salt may be null (empty). */
+typedef struct kvtier_connect_options {
+    size_t struct_size;
+    const char *socket;
+    const char *instance;
+    const char *model;
+    const char *lora;
+    const char *salt;
+    uint16_t tp_rank, tp_size, pp_rank, pp_size, dp_rank;
+    uint32_t layers, kv_heads, head_dim, dtype_bytes, page_tokens;
+    uint32_t attention;  /* KVTIER_ATTENTION_* */
+    uint32_t byte_order; /* KVTIER_ORDER_* */
+    uint32_t timeout_ms; /* every call's timeout; 0 = 5000 */
+} kvtier_connect_options_t;
+
+/* Contiguous prefix of complete pages credited to the nearest tier holding them. */
+typedef struct kvtier_prefix_hit {
+    uint64_t device, host, pool;
+} kvtier_prefix_hit_t;
+
+typedef struct kvtier_store_receipt {
+    uint64_t ticket;   /* kvtier_wait on it for completeness across ranks */
+    uint64_t written;  /* pages this rank wrote (others were already on host) */
+    uint32_t complete; /* pages complete across every rank at commit time */
+} kvtier_store_receipt_t;
+
+typedef struct kvtier_ticket_status {
+    uint32_t complete, total, failed;
+} kvtier_ticket_status_t;
+
+/* Set struct_size = sizeof(kvtier_hint_t). Fields a kind does not use are ignored. */
+typedef struct kvtier_hint {
+    size_t struct_size;
+    uint32_t kind;          /* KVTIER_HINT_* */
+    uint32_t target;        /* KVTIER_TARGET_* */
+    const uint8_t *hashes;  /* pages / prefix targets */
+    size_t hash_len;
+    size_t count;
+    const char *session;    /* session target */
+    uint32_t tier;          /* prefetch/demote destination, pin tier: KVTIER_TIER_* */
+    int32_t priority;       /* retain: -128..127 */
+    uint64_t ttl_ms;        /* pin, retain */
+    uint64_t deadline_ms;   /* prefetch; 0 = none */
+} kvtier_hint_t;
+
+typedef struct kvtier_hint_outcome {
+    uint32_t outcome;   /* KVTIER_OUTCOME_* */
+    uint32_t reason;    /* 0 or a hint reason */
+    uint64_t applied;   /* pages the hint applied to (accepted, clipped, deferred) */
+    uint64_t requested; /* pages asked for (clipped) */
+} kvtier_hint_outcome_t;
+
+/* ---- Errors ------------------------------------------------------------------------ */
+/* Message of the last failure on this thread ("" if none); valid until the next call. */
+const char *kvtier_last_error(void);
+/* A stable name for a code ("ok", "null", "unavailable", "remote", ...). Never null. */
+const char *kvtier_error_name(int32_t code);
+
+/* ---- Connection -------------------------------------------------------------------- */
+int32_t kvtier_connect(const kvtier_connect_options_t *opts, kvtier_client_t **out);
+/* Frees the handle; null is a no-op. */
+int32_t kvtier_close(kvtier_client_t *client);
+
+/* ---- Device region ----------------------------------------------------------------- */
+/* Creates an emulated device region of `pages` pages (a host buffer laid out like GPU KV)
+ * and registers it; later copies go through it. */
+int32_t kvtier_register_emulated(kvtier_client_t *client, uint32_t pages);
+/* Allocates a region of `pages` pages on GPU `ordinal` and registers it; the arena is
+ * pinned for it. KVTIER_ERR_DEVICE when kvtier was built without the `cuda` feature or
+ * no driver/GPU is present. */
+int32_t kvtier_register_cuda(kvtier_client_t *client, uint32_t ordinal, uint32_t pages);
+/* Bytes of one object (one part of one page) of this rank. */
+int32_t kvtier_object_bytes(const kvtier_client_t *client, size_t *out);
+/* Writes the deterministic test pattern of `seed` into every part and layer of a page. */
+int32_t kvtier_device_fill_page(kvtier_client_t *client, uint32_t slot, uint64_t seed);
+/* *out = 1 when the page holds exactly the pattern of `seed`, else 0. */
+int32_t kvtier_device_page_matches(kvtier_client_t *client, uint32_t slot, uint64_t seed, int32_t *out);
+/* Copies one object (KVTIER_PART_*) in or out of a device page; len = object bytes. */
+int32_t kvtier_device_write_object(kvtier_client_t *client, uint32_t slot, uint32_t part, const uint8_t *data,
+                                   size_t len);
+int32_t kvtier_device_read_object(kvtier_client_t *client, uint32_t slot, uint32_t part, uint8_t *out, size_t len);
+
+/* ---- Pages ------------------------------------------------------------------------- */
+int32_t kvtier_lookup(kvtier_client_t *client, const uint8_t *hashes, size_t hash_len, size_t count,
+                      kvtier_prefix_hit_t *out);
+/* Offloads pages: slots[i] holds page i in the device region. slot_count must equal count. */
+int32_t kvtier_store(kvtier_client_t *client, const uint8_t *hashes, size_t hash_len, size_t count,
+                     const uint32_t *slots, size_t slot_count, const char *session, kvtier_store_receipt_t *out);
+/* Loads the leading pages complete on host into slots; *loaded = how many. */
+int32_t kvtier_load(kvtier_client_t *client, const uint8_t *hashes, size_t hash_len, size_t count,
+                    const uint32_t *slots, size_t slot_count, uint32_t wait_mode, uint32_t wait_ms, size_t *loaded);
+int32_t kvtier_poll(kvtier_client_t *client, uint64_t ticket, kvtier_ticket_status_t *out);
+int32_t kvtier_wait(kvtier_client_t *client, uint64_t ticket, uint32_t timeout_ms, kvtier_ticket_status_t *out);
+/* The engine freed these device pages. */
+int32_t kvtier_removed(kvtier_client_t *client, const uint8_t *hashes, size_t hash_len, size_t count);
+
+/* ---- Sessions and hints ------------------------------------------------------------ */
+/* parent may be null. phase: KVTIER_PHASE_*. */
+int32_t kvtier_session(kvtier_client_t *client, const char *id, const char *parent, uint32_t phase);
+int32_t kvtier_hint(kvtier_client_t *client, const kvtier_hint_t *hint, kvtier_hint_outcome_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_H */

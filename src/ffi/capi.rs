@@ -1,0 +1,317 @@
+//! The plain C ABI (`include/kvtier.h`): opaque handles, integer codes, a thread-local
+//! message. Every entry point runs inside [`guard`], so a panic becomes
+//! `KVTIER_ERR_INTERNAL` instead of unwinding into C; every pointer is checked for null
+//! and every length against its partner before a slice is formed.
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char};
+
+use super::convert::{self, ConnectFields};
+use super::{ERR_EMPTY_BATCH, ERR_INVALID, ERR_LENGTH_MISMATCH, ERR_NULL, FfiError, Handle, OK, guard, hashes_from};
+use crate::page::{MAX_HASH_BYTES, PageHash};
+use crate::protocol::MAX_PAGES;
+
+pub use super::capi_device::*;
+pub use super::capi_hint::*;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last(msg: &str) {
+    // A message with an interior NUL is cut there rather than lost.
+    let cut = msg.split('\0').next().unwrap_or_default();
+    let c = CString::new(cut).unwrap_or_default();
+    LAST_ERROR.with(|l| *l.borrow_mut() = c);
+}
+
+/// Runs an entry point: `OK`, or the error's code with its message kept for the thread.
+pub(super) fn run(f: impl FnOnce() -> Result<(), FfiError>) -> i32 {
+    match guard(f) {
+        Ok(()) => {
+            set_last("");
+            OK
+        }
+        Err(e) => {
+            set_last(&e.message);
+            e.code
+        }
+    }
+}
+
+pub(super) fn null(what: &str) -> FfiError {
+    FfiError::new(ERR_NULL, format!("{what} is a null pointer"))
+}
+
+/// # Safety
+/// `p` is null or a handle from `kvtier_connect` not yet closed.
+pub(super) unsafe fn handle<'a>(p: *const Handle) -> Result<&'a Handle, FfiError> {
+    // SAFETY: non-null handles come from `Box::into_raw` in `kvtier_connect`.
+    unsafe { p.as_ref() }.ok_or_else(|| null("the client handle"))
+}
+
+/// # Safety
+/// `p` is null or points to writable memory for a `T`.
+pub(super) unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, FfiError> {
+    // SAFETY: caller contract.
+    unsafe { p.as_mut() }.ok_or_else(|| null(what))
+}
+
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+pub(super) unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, FfiError> {
+    if p.is_null() {
+        return Err(null(what));
+    }
+    // SAFETY: caller contract: NUL-terminated.
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| FfiError::new(ERR_INVALID, format!("{what} is not UTF-8")))
+}
+
+/// Like [`text`], but null reads as the empty string.
+pub(super) unsafe fn text_or_empty<'a>(p: *const c_char, what: &str) -> Result<&'a str, FfiError> {
+    // SAFETY: caller contract.
+    if p.is_null() { Ok("") } else { unsafe { text(p, what) } }
+}
+
+/// # Safety
+/// `ptr` is null or valid for `hash_len * count` bytes.
+pub(super) unsafe fn hash_batch(ptr: *const u8, hash_len: usize, count: usize) -> Result<Vec<PageHash>, FfiError> {
+    if count == 0 {
+        return Err(FfiError::new(ERR_EMPTY_BATCH, "the batch names no pages"));
+    }
+    if ptr.is_null() {
+        return Err(null("the hash array"));
+    }
+    if !(8..=MAX_HASH_BYTES).contains(&hash_len) || count > MAX_PAGES {
+        // Validated (with the precise message) before any slice is formed.
+        return hashes_from(&[], hash_len, count);
+    }
+    // SAFETY: bounded above (at most 2 MiB) and the caller's contract covers the bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr, hash_len * count) };
+    hashes_from(bytes, hash_len, count)
+}
+
+/// # Safety
+/// `ptr` is null or valid for `n` u32s.
+unsafe fn slot_batch<'a>(ptr: *const u32, n: usize, pages: usize) -> Result<&'a [u32], FfiError> {
+    if n != pages {
+        return Err(FfiError::new(
+            ERR_LENGTH_MISMATCH,
+            format!("{n} device slots for {pages} page hashes"),
+        ));
+    }
+    if ptr.is_null() {
+        return Err(null("the slot array"));
+    }
+    // SAFETY: `n` equals a page count already bounded by MAX_PAGES; caller contract.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, n) })
+}
+
+/// See `include/kvtier.h`.
+#[unsafe(no_mangle)]
+pub extern "C" fn kvtier_last_error() -> *const c_char {
+    LAST_ERROR.with(|l| l.borrow().as_ptr())
+}
+
+/// See `include/kvtier.h`.
+#[unsafe(no_mangle)]
+pub extern "C" fn kvtier_error_name(code: i32) -> *const c_char {
+    let name: &'static CStr = match code {
+        0 => c"ok",
+        -1 => c"null",
+        -2 => c"invalid",
+        -3 => c"empty_batch",
+        -4 => c"length_mismatch",
+        -5 => c"unavailable",
+        -6 => c"timeout",
+        -7 => c"protocol",
+        -8 => c"arena",
+        -9 => c"device",
+        -10 => c"layout",
+        -11 => c"internal",
+        -12 => c"buffer_too_small",
+        c if c <= super::ERR_REMOTE_BASE => c"remote",
+        _ => c"unknown",
+    };
+    name.as_ptr()
+}
+
+/// The connect options struct of `include/kvtier.h`.
+#[repr(C)]
+pub struct ConnectOptions {
+    pub struct_size: usize,
+    pub socket: *const c_char,
+    pub instance: *const c_char,
+    pub model: *const c_char,
+    pub lora: *const c_char,
+    pub salt: *const c_char,
+    pub ranks: [u16; 5],
+    pub geometry: [u32; 5],
+    pub attention: u32,
+    pub byte_order: u32,
+    pub timeout_ms: u32,
+}
+
+/// # Safety
+/// `opts` is null or a valid `kvtier_connect_options_t`; `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_connect(opts: *const ConnectOptions, out_client: *mut *mut Handle) -> i32 {
+    run(|| {
+        // SAFETY: caller contract.
+        let slot = unsafe { out(out_client, "the output handle pointer") }?;
+        *slot = std::ptr::null_mut();
+        // SAFETY: caller contract.
+        let o = unsafe { opts.as_ref() }.ok_or_else(|| null("the connect options"))?;
+        if o.struct_size != std::mem::size_of::<ConnectOptions>() {
+            return Err(FfiError::new(
+                ERR_INVALID,
+                format!(
+                    "connect options of {} bytes; this library expects {}",
+                    o.struct_size,
+                    std::mem::size_of::<ConnectOptions>()
+                ),
+            ));
+        }
+        // SAFETY: caller contract: NUL-terminated strings or null.
+        let fields = unsafe {
+            ConnectFields {
+                socket: text(o.socket, "socket")?,
+                instance: text(o.instance, "instance")?,
+                model: text(o.model, "model")?,
+                lora: text_or_empty(o.lora, "lora")?,
+                salt: text_or_empty(o.salt, "salt")?,
+                ranks: o.ranks,
+                geometry: o.geometry,
+                parallel: [o.ranks[1], o.ranks[3]],
+                attention: o.attention,
+                byte_order: o.byte_order,
+                timeout_ms: o.timeout_ms as u64,
+            }
+        };
+        let h = Handle::connect(fields.config()?)?;
+        *slot = Box::into_raw(Box::new(h));
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `client` is null or a handle from `kvtier_connect`, closed at most once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_close(client: *mut Handle) -> i32 {
+    run(|| {
+        if !client.is_null() {
+            // SAFETY: created by `Box::into_raw` in `kvtier_connect`.
+            drop(unsafe { Box::from_raw(client) });
+        }
+        Ok(())
+    })
+}
+
+/// The prefix hit struct of `include/kvtier.h`.
+#[repr(C)]
+pub struct PrefixHitC {
+    pub device: u64,
+    pub host: u64,
+    pub pool: u64,
+}
+
+/// # Safety
+/// Pointers null or valid as documented in `include/kvtier.h`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_lookup(
+    client: *mut Handle,
+    hashes: *const u8,
+    hash_len: usize,
+    count: usize,
+    out_hit: *mut PrefixHitC,
+) -> i32 {
+    run(|| {
+        // SAFETY: caller contract for every pointer.
+        let (h, o) = unsafe { (handle(client)?, out(out_hit, "the output")?) };
+        let hashes = unsafe { hash_batch(hashes, hash_len, count) }?;
+        let hit = h.client().lookup(&hashes)?;
+        *o = PrefixHitC {
+            device: hit.device as u64,
+            host: hit.host as u64,
+            pool: hit.pool as u64,
+        };
+        Ok(())
+    })
+}
+
+/// The store receipt struct of `include/kvtier.h`.
+#[repr(C)]
+pub struct StoreReceiptC {
+    pub ticket: u64,
+    pub written: u64,
+    pub complete: u32,
+}
+
+/// # Safety
+/// Pointers null or valid as documented in `include/kvtier.h`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_store(
+    client: *mut Handle,
+    hashes: *const u8,
+    hash_len: usize,
+    count: usize,
+    slots: *const u32,
+    slot_count: usize,
+    session: *const c_char,
+    out_receipt: *mut StoreReceiptC,
+) -> i32 {
+    run(|| {
+        // SAFETY: caller contract for every pointer.
+        let (h, o) = unsafe { (handle(client)?, out(out_receipt, "the output")?) };
+        let hashes = unsafe { hash_batch(hashes, hash_len, count) }?;
+        let slots = unsafe { slot_batch(slots, slot_count, hashes.len()) }?;
+        let session = unsafe { text_or_empty(session, "session") }?;
+        let r = h.client().store(&hashes, slots, session)?;
+        *o = StoreReceiptC {
+            ticket: r.ticket,
+            written: r.written as u64,
+            complete: r.complete,
+        };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// Pointers null or valid as documented in `include/kvtier.h`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_load(
+    client: *mut Handle,
+    hashes: *const u8,
+    hash_len: usize,
+    count: usize,
+    slots: *const u32,
+    slot_count: usize,
+    wait_mode: u32,
+    wait_ms: u32,
+    loaded: *mut usize,
+) -> i32 {
+    run(|| {
+        // SAFETY: caller contract for every pointer.
+        let (h, o) = unsafe { (handle(client)?, out(loaded, "the output")?) };
+        let hashes = unsafe { hash_batch(hashes, hash_len, count) }?;
+        let slots = unsafe { slot_batch(slots, slot_count, hashes.len()) }?;
+        let wait = convert::load_wait(wait_mode, wait_ms)?;
+        *o = h.client().load(&hashes, slots, wait)?;
+        Ok(())
+    })
+}
+
+/// # Safety
+/// Pointers null or valid as documented in `include/kvtier.h`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_removed(client: *mut Handle, hashes: *const u8, hash_len: usize, count: usize) -> i32 {
+    run(|| {
+        // SAFETY: caller contract for every pointer.
+        let h = unsafe { handle(client) }?;
+        let hashes = unsafe { hash_batch(hashes, hash_len, count) }?;
+        h.client().removed(&hashes)?;
+        Ok(())
+    })
+}

@@ -1,0 +1,96 @@
+//! The C ABI's session and hint entry points (see `include/kvtier.h`): tool-boundary
+//! phases of a session, and KV hints with their outcomes.
+
+use std::ffi::c_char;
+
+use super::capi::{handle, hash_batch, null, out, run, text, text_or_empty};
+use super::convert::{self, HintFields};
+use super::{ERR_INVALID, FfiError, Handle};
+
+/// # Safety
+/// Pointers null or valid as documented in `include/kvtier.h`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_session(
+    client: *mut Handle,
+    id: *const c_char,
+    parent: *const c_char,
+    phase: u32,
+) -> i32 {
+    run(|| {
+        // SAFETY: caller contract for every pointer.
+        let h = unsafe { handle(client) }?;
+        let id = unsafe { text(id, "session id") }?;
+        let parent = unsafe { text_or_empty(parent, "parent session id") }?;
+        let phase = convert::phase(phase)?;
+        h.client().session(id, (!parent.is_empty()).then_some(parent), phase)?;
+        Ok(())
+    })
+}
+
+/// The hint struct of `include/kvtier.h`.
+#[repr(C)]
+pub struct HintC {
+    pub struct_size: usize,
+    pub kind: u32,
+    pub target: u32,
+    pub hashes: *const u8,
+    pub hash_len: usize,
+    pub count: usize,
+    pub session: *const c_char,
+    pub tier: u32,
+    pub priority: i32,
+    pub ttl_ms: u64,
+    pub deadline_ms: u64,
+}
+
+/// The hint outcome struct of `include/kvtier.h`.
+#[repr(C)]
+pub struct HintOutcomeC {
+    pub outcome: u32,
+    pub reason: u32,
+    pub applied: u64,
+    pub requested: u64,
+}
+
+/// # Safety
+/// Pointers null or valid as documented in `include/kvtier.h`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_hint(client: *mut Handle, hint: *const HintC, out_outcome: *mut HintOutcomeC) -> i32 {
+    run(|| {
+        // SAFETY: caller contract for every pointer.
+        let (h, o) = unsafe { (handle(client)?, out(out_outcome, "the output")?) };
+        let hc = unsafe { hint.as_ref() }.ok_or_else(|| null("the hint"))?;
+        if hc.struct_size != std::mem::size_of::<HintC>() {
+            return Err(FfiError::new(
+                ERR_INVALID,
+                format!(
+                    "a hint of {} bytes; this library expects {}",
+                    hc.struct_size,
+                    std::mem::size_of::<HintC>()
+                ),
+            ));
+        }
+        let fields = HintFields {
+            kind: hc.kind,
+            target: hc.target,
+            tier: hc.tier,
+            ttl_ms: hc.ttl_ms,
+            priority: hc.priority,
+            deadline_ms: hc.deadline_ms,
+        };
+        let (hashes, session) = if hc.target == 2 {
+            (Vec::new(), unsafe { text(hc.session, "the hint's session") }?)
+        } else {
+            (unsafe { hash_batch(hc.hashes, hc.hash_len, hc.count) }?, "")
+        };
+        let outcome = h.client().hint(fields.hint(hashes, session)?)?;
+        let (outcome, applied, requested, reason) = convert::outcome(&outcome);
+        *o = HintOutcomeC {
+            outcome,
+            reason,
+            applied,
+            requested,
+        };
+        Ok(())
+    })
+}

@@ -1,0 +1,124 @@
+//! The object both foreign interfaces hand out: a connected client plus the device region
+//! the engine registered through the boundary (an emulated one it can fill and check).
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::{ERR_INVALID, FfiError};
+use crate::client::{Client, ClientConfig};
+use crate::layout::Part;
+use crate::tier::device::{DeviceRegion, EmulatedDevice, ObjectCopy};
+
+/// Most pages an emulated region created through the boundary may hold.
+pub const MAX_EMULATED_PAGES: u32 = 1 << 20;
+
+/// A connected engine rank as a foreign caller holds it.
+pub struct Handle {
+    client: Client,
+    emulated: RwLock<Option<Arc<EmulatedDevice>>>,
+}
+
+pub(crate) fn part(p: u32) -> Result<Part, FfiError> {
+    match p {
+        0 => Ok(Part::K),
+        1 => Ok(Part::V),
+        2 => Ok(Part::Latent),
+        p => Err(FfiError::new(
+            ERR_INVALID,
+            format!("part {p} is not 0 (K), 1 (V) or 2 (latent)"),
+        )),
+    }
+}
+
+impl Handle {
+    pub fn connect(cfg: ClientConfig) -> Result<Self, FfiError> {
+        Ok(Self {
+            client: Client::connect(cfg)?,
+            emulated: RwLock::new(None),
+        })
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Creates an emulated region of `pages` pages for this rank and registers it.
+    pub fn register_emulated(&self, pages: u32) -> Result<(), FfiError> {
+        if pages == 0 || pages > MAX_EMULATED_PAGES {
+            return Err(FfiError::new(
+                ERR_INVALID,
+                format!("an emulated region holds 1 to {MAX_EMULATED_PAGES} pages, not {pages}"),
+            ));
+        }
+        let layout = self.client.layout();
+        let bytes = (pages as u64).saturating_mul(layout.page_bytes());
+        // One rank holds its share of a page; the whole page bounds it from above.
+        if bytes > 16 << 30 {
+            return Err(FfiError::new(
+                ERR_INVALID,
+                format!("{bytes} bytes is too large an emulated region"),
+            ));
+        }
+        let dev = Arc::new(EmulatedDevice::new(layout, self.client.identity().pp_rank, pages));
+        self.client.register_device(dev.clone())?;
+        *self.emulated.write() = Some(dev);
+        Ok(())
+    }
+
+    /// Registers any device region (the CUDA one, for instance).
+    pub fn register(&self, dev: Arc<dyn DeviceRegion>) -> Result<(), FfiError> {
+        self.client.register_device(dev)?;
+        *self.emulated.write() = None;
+        Ok(())
+    }
+
+    /// Allocates a region of `pages` pages on GPU `ordinal` and registers it (feature
+    /// `cuda`); without the feature, or without a driver, a device error.
+    pub fn register_cuda(&self, ordinal: u32, pages: u32) -> Result<(), FfiError> {
+        #[cfg(feature = "cuda")]
+        {
+            let pp = self.client.identity().pp_rank;
+            let dev = crate::tier::cuda::CudaDevice::new(self.client.layout(), pp, pages, ordinal as usize)?;
+            self.register(Arc::new(dev))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (ordinal, pages);
+            Err(FfiError::new(
+                super::ERR_DEVICE,
+                "kvtier was built without the `cuda` feature",
+            ))
+        }
+    }
+
+    pub fn emulated(&self) -> Result<Arc<EmulatedDevice>, FfiError> {
+        self.emulated
+            .read()
+            .clone()
+            .ok_or_else(|| FfiError::new(ERR_INVALID, "no emulated device region is registered"))
+    }
+
+    /// Bytes of one object of this rank.
+    pub fn object_bytes(&self) -> usize {
+        let layout = self.client.layout();
+        let id = self.client.identity();
+        layout
+            .rank_objects(id.tp_rank, id.pp_rank)
+            .ok()
+            .and_then(|o| o.first().map(|&i| layout.object_bytes(i) as usize))
+            .unwrap_or(0)
+    }
+
+    pub fn write_object(&self, slot: u32, p: u32, data: &[u8]) -> Result<(), FfiError> {
+        let dev = self.emulated()?;
+        dev.copy_from_host(&[ObjectCopy::new(slot, part(p)?, data)])?;
+        Ok(())
+    }
+
+    pub fn read_object(&self, slot: u32, p: u32, out: &mut [u8]) -> Result<(), FfiError> {
+        let dev = self.emulated()?;
+        dev.copy_to_host(&mut [ObjectCopy::new(slot, part(p)?, out)])?;
+        Ok(())
+    }
+}
