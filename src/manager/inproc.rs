@@ -24,23 +24,8 @@ impl Manager {
         device_slots: &[u32],
         session: u32,
     ) -> Result<Ticket, ManagerError> {
-        if hashes.len() != device_slots.len() {
-            return Err(ManagerError::LengthMismatch {
-                hashes: hashes.len(),
-                slots: device_slots.len(),
-            });
-        }
-        let device = self.device(ns, tp_rank, pp_rank)?;
-        let layout = self.layout(ns)?;
-        let ticket = self.inner.tickets.issue()?;
-        let grant = match self.begin_store(ns, tp_rank, pp_rank, hashes, session, 0) {
-            Ok(g) => g,
-            Err(e) => {
-                self.inner.tickets.complete(ticket, OpResult::default());
-                let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
-                return Err(e);
-            }
-        };
+        let (device, layout, ticket) = self.prepare(ns, tp_rank, pp_rank, hashes, device_slots)?;
+        let grant = self.settle_on_error(ticket, self.begin_store(ns, tp_rank, pp_rank, hashes, session, 0))?;
         let mut guard = GrantGuard::new(self.clone(), grant.id, ticket);
         let slots = device_slots.to_vec();
         let job = move || {
@@ -90,24 +75,8 @@ impl Manager {
         device_slots: &[u32],
         wait: LoadWait,
     ) -> Result<Ticket, ManagerError> {
-        if hashes.len() != device_slots.len() {
-            return Err(ManagerError::LengthMismatch {
-                hashes: hashes.len(),
-                slots: device_slots.len(),
-            });
-        }
-        let device = self.device(ns, tp_rank, pp_rank)?;
-        let layout = self.layout(ns)?;
-        let ticket = self.inner.tickets.issue()?;
-        let grant = self.begin_load(ns, tp_rank, pp_rank, hashes, wait, 0);
-        let grant = match grant {
-            Ok(g) => g,
-            Err(e) => {
-                self.inner.tickets.complete(ticket, OpResult::default());
-                let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
-                return Err(e);
-            }
-        };
+        let (device, layout, ticket) = self.prepare(ns, tp_rank, pp_rank, hashes, device_slots)?;
+        let grant = self.settle_on_error(ticket, self.begin_load(ns, tp_rank, pp_rank, hashes, wait, 0))?;
         let mut guard = GrantGuard::new(self.clone(), grant.id, ticket);
         let slots = device_slots.to_vec();
         let total = hashes.len();
@@ -139,6 +108,38 @@ impl Manager {
             guard.done(result);
         };
         self.submit(Box::new(job), ticket)
+    }
+
+    /// What an in-process store or load needs before its grant: matching lengths, the
+    /// attached device of the rank, the layout, and a ticket.
+    fn prepare(
+        &self,
+        ns: NamespaceId,
+        tp_rank: u16,
+        pp_rank: u16,
+        hashes: &[PageHash],
+        device_slots: &[u32],
+    ) -> Result<(Arc<dyn DeviceRegion>, Layout, Ticket), ManagerError> {
+        if hashes.len() != device_slots.len() {
+            return Err(ManagerError::LengthMismatch {
+                hashes: hashes.len(),
+                slots: device_slots.len(),
+            });
+        }
+        let device = self.device(ns, tp_rank, pp_rank)?;
+        let layout = self.layout(ns)?;
+        let ticket = self.inner.tickets.issue()?;
+        Ok((device, layout, ticket))
+    }
+
+    /// Passes a grant through; on an error, settles and collects the ticket first so it
+    /// does not stay outstanding.
+    fn settle_on_error<G>(&self, ticket: Ticket, grant: Result<G, ManagerError>) -> Result<G, ManagerError> {
+        if grant.is_err() {
+            self.inner.tickets.complete(ticket, OpResult::default());
+            let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
+        }
+        grant
     }
 
     /// Waits up to `timeout` for an in-process operation's result.
