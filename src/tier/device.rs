@@ -7,7 +7,7 @@
 //! (H2D). [`EmulatedDevice`] does it on a host buffer, so every path runs without a GPU;
 //! the CUDA implementation (feature `cuda`) implements the same trait.
 
-use std::cell::UnsafeCell;
+use std::alloc::Layout as AllocLayout;
 
 use crate::layout::{ByteOrder, Layout, Part};
 
@@ -60,10 +60,41 @@ pub trait DeviceRegion: Send + Sync {
     }
 }
 
+/// Zeroed host memory aligned like a GPU allocation (to a 4 KiB page), so copies between
+/// it and the page-aligned arena run at memcpy speed. A plain `Vec` sits 16 bytes past a
+/// page boundary, and copying into such an address from a page-aligned source hits the
+/// 4 KiB-aliasing slow path of `rep movsb`: about a third of memcpy speed.
+struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    layout: AllocLayout,
+}
+
+impl AlignedBuf {
+    const ALIGN: usize = 4096;
+
+    fn zeroed(len: usize) -> Self {
+        let layout = AllocLayout::from_size_align(len.max(1), Self::ALIGN).expect("a region size below isize::MAX");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Self { ptr, layout }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+// SAFETY: a plain owned allocation; `EmulatedDevice` governs access to its bytes.
+unsafe impl Send for AlignedBuf {}
+
 /// A host buffer standing in for one rank's GPU KV region, laid out as engines lay out
 /// GPU KV: `[part][layer][page][token][heads*head_dim*dtype]`.
 pub struct EmulatedDevice {
-    buf: Box<[UnsafeCell<u8>]>,
+    buf: AlignedBuf,
     parts: &'static [Part],
     layers: u32,
     pages: u32,
@@ -95,10 +126,7 @@ impl EmulatedDevice {
         let token_bytes = layout.token_layer_bytes();
         let page_tokens = layout.page_tokens() as usize;
         let len = parts.len() * layers as usize * pages as usize * page_tokens * token_bytes;
-        let buf = (0..len)
-            .map(|_| UnsafeCell::new(0u8))
-            .collect::<Vec<_>>()
-            .into_boxed_slice();
+        let buf = AlignedBuf::zeroed(len);
         Self {
             buf,
             parts,
@@ -111,7 +139,7 @@ impl EmulatedDevice {
     }
 
     fn base(&self) -> *mut u8 {
-        UnsafeCell::raw_get(self.buf.as_ptr())
+        self.buf.ptr.as_ptr()
     }
 
     fn page_layer_bytes(&self) -> usize {
