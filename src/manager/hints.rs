@@ -142,7 +142,7 @@ impl Manager {
             }
             // Staging is synchronous for the hint's own pages so that a prefetch to device
             // can say which pages are ready; it is bounded by the batch size.
-            self.stage_prefix_from_pool_each(ns, &in_pool);
+            self.stage_pages_from_pool(ns, &in_pool);
         }
         let mut st = self.inner.state.lock();
         let ready: Vec<PageId> = pages
@@ -157,13 +157,6 @@ impl Manager {
         let _ = on_host;
         drop(st);
         clip(ready.len(), requested, Reason::NotComplete)
-    }
-
-    /// Stages each page on its own (not a prefix): a prefetch names pages, not a chain.
-    fn stage_prefix_from_pool_each(&self, ns: NamespaceId, hashes: &[crate::page::PageHash]) {
-        for h in hashes {
-            self.stage_prefix_from_pool(ns, std::slice::from_ref(h), None);
-        }
     }
 
     fn demote(&self, ns: NamespaceId, pages: &[PageId], requested: usize, to: TierKind, hint: &Hint) -> HintOutcome {

@@ -380,6 +380,64 @@ fn demote_and_share_move_pages_to_the_right_tier() {
 }
 
 #[test]
+fn prefetch_stages_every_named_pool_page_past_gaps_in_one_call() {
+    // More pages than one pool batch (64), so staging runs batch after batch.
+    let f = fixture(1, 256, Some(256));
+    let hs = hashes(0..100);
+    let slots: Vec<u32> = (0..100).map(|i| i % 64).collect();
+    for (h, s) in hs[..90].chunks(45).zip(slots.chunks(45)) {
+        f.store_all(h, s);
+    }
+    let out =
+        f.m.hint(
+            f.ns,
+            Hint::Share {
+                target: HintTarget::Pages(hs[..90].to_vec()),
+            },
+        )
+        .unwrap();
+    assert_eq!(out, HintOutcome::Accepted { pages: 90 });
+    assert!(f.m.quiesce(WAIT));
+    // Drop the host copies of the shared pages; pages 90.. go to host only.
+    f.m.removed(f.ns, 0, 0, &hs[..90]).unwrap();
+    f.m.make_host_room(usize::MAX);
+    assert_eq!(f.m.lookup(f.ns, &hs[..90]).unwrap().host, 0);
+    f.store_all(&hs[90..], &slots[90..]);
+    assert!(hs[90..].iter().all(|h| f.status(h, TierKind::Host)));
+    // The named pages: an unknown hash first, a host-only page, then pool pages.
+    let mut named = vec![PageHash::from_u64(0xdead_beef), hs[95]];
+    named.extend_from_slice(&hs[..90]);
+    let out =
+        f.m.hint(
+            f.ns,
+            Hint::Prefetch {
+                target: HintTarget::Pages(named),
+                to: TierKind::Host,
+                deadline_ms: None,
+            },
+        )
+        .unwrap();
+    // 91 known pages are on host now; the unknown one is clipped.
+    assert_eq!(
+        out,
+        HintOutcome::Clipped {
+            applied: 91,
+            requested: 92,
+            reason: Reason::NotComplete
+        }
+    );
+    assert!(hs.iter().all(|h| f.status(h, TierKind::Host)));
+    // And the staged bytes are the stored bytes.
+    for (i, h) in hs[..90].iter().enumerate().step_by(17) {
+        let t =
+            f.m.load(f.ns, 0, 0, std::slice::from_ref(h), &[63], LoadWait::WaitComplete)
+                .unwrap();
+        assert_eq!(f.m.wait(t, WAIT).unwrap().pages, 1);
+        assert!(f.devs[0].page_matches(63, h.prefix_u64()).unwrap(), "page {i}");
+    }
+}
+
+#[test]
 fn bad_input_gets_typed_errors() {
     let f = fixture(1, 16, None);
     let hs = hashes(0..2);

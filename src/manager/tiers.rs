@@ -195,6 +195,19 @@ impl Manager {
         hashes: &[PageHash],
         deadline: Option<Instant>,
     ) -> usize {
+        self.stage_from_pool(ns, hashes, deadline, true)
+    }
+
+    /// Brings every pool-complete page of `hashes` that is not on host into host, skipping
+    /// the others (a prefetch names pages, not a chain). Returns pages staged.
+    pub(crate) fn stage_pages_from_pool(&self, ns: NamespaceId, hashes: &[PageHash]) -> usize {
+        self.stage_from_pool(ns, hashes, None, false)
+    }
+
+    /// Stages pages from the pool in batches of [`POOL_BATCH`]: one index pass, one pool
+    /// batch and one settle per batch. With `prefix`, the first page that is unknown or not
+    /// in the pool ends it; otherwise such pages are skipped. A full arena always ends it.
+    fn stage_from_pool(&self, ns: NamespaceId, hashes: &[PageHash], deadline: Option<Instant>, prefix: bool) -> usize {
         let Some(pool) = self.pool().filter(|p| p.health() == PoolHealth::Ok) else {
             return 0;
         };
@@ -227,16 +240,19 @@ impl Manager {
                     return staged;
                 };
                 for h in chunk {
-                    let Some(id) = st.dir.find(ns, h) else {
-                        stop = true;
-                        break;
+                    let Some(id) = st
+                        .dir
+                        .find(ns, h)
+                        .filter(|&id| st.dir.is_complete(id, TierKind::Host) || st.dir.is_complete(id, TierKind::Pool))
+                    else {
+                        if prefix {
+                            stop = true;
+                            break;
+                        }
+                        continue;
                     };
                     if st.dir.is_complete(id, TierKind::Host) {
                         continue;
-                    }
-                    if !st.dir.is_complete(id, TierKind::Pool) {
-                        stop = true;
-                        break;
                     }
                     let missing: Vec<usize> = st
                         .dir
