@@ -57,6 +57,12 @@ pub struct Daemon {
     pub log: PathBuf,
 }
 
+/// The `kvtier` binary the tests run: `KVTIER_BIN` where set (a prebuilt test binary
+/// copied to another machine, as `scripts/gpu-bundle.sh` does), else the one cargo built.
+pub fn kvtier_bin() -> PathBuf {
+    std::env::var_os("KVTIER_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kvtier")), PathBuf::from)
+}
+
 impl Daemon {
     pub fn start(dir: &Path, arena_bytes: u64) -> Self {
         let mut d = Self {
@@ -76,7 +82,7 @@ impl Daemon {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        let child = Command::new(kvtier_bin())
             .args(["serve", "--socket"])
             .arg(&self.socket)
             .arg("--arena-path")
