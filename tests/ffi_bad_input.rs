@@ -198,7 +198,7 @@ unsafe fn register_tensors_checks_its_arguments(h: *mut Handle) {
     assert_eq!(reg(null(), 8, run, 16), ffi::ERR_NULL);
     assert!(last_error().contains("null"), "{}", last_error());
     assert_eq!(reg(good.as_ptr(), 7, run, 16), ffi::ERR_LENGTH_MISMATCH);
-    assert!(last_error().contains("want 8"), "{}", last_error());
+    assert!(last_error().contains("x 4 layers = 8"), "{}", last_error());
     assert_eq!(reg(good.as_ptr(), 0, run, 16), ffi::ERR_LENGTH_MISMATCH);
     assert_eq!(reg(good.as_ptr(), 8, 0, 16), ffi::ERR_INVALID);
     assert!(last_error().contains("stride 0"), "{}", last_error());

@@ -268,17 +268,20 @@ fn copies_out_wait_for_the_engine_stream() {
     let dev = dev.with_compute_stream(engine.clone());
     let obj = dev.object_bytes();
     let run = obj / 2;
-    for round in 0..4u64 {
+    for round in 0..8u64 {
         let bytes: Vec<Vec<u8>> = (0..2).map(|l| pattern(round * 10 + l, run)).collect();
         dev.context().bind_to_thread().unwrap();
         for (l, b) in bytes.iter().enumerate() {
-            // K of page 1, layer l, in an owned region: part 0, layer l, page 1.
+            // K of page 1, layer l, in an owned region: part 0, layer l, page 1; written
+            // in pieces, as a kernel per head would, so the write takes a while.
             let at = dev.device_ptr() + ((l * 4 + 1) * run) as u64;
-            // SAFETY: inside the region; `bytes` outlives the copy (we synchronise below).
-            ok(
-                unsafe { sys::cuMemcpyHtoDAsync_v2(at, b.as_ptr().cast(), b.len(), engine.cu_stream()) },
-                "engine write",
-            );
+            for (i, piece) in b.chunks(run / 4).enumerate() {
+                let to = at + (i * (run / 4)) as u64;
+                // SAFETY: inside the region; `bytes` outlives the copy (synchronised below).
+                let r =
+                    unsafe { sys::cuMemcpyHtoDAsync_v2(to, piece.as_ptr().cast(), piece.len(), engine.cu_stream()) };
+                ok(r, "engine write");
+            }
         }
         let mut k = vec![0u8; obj];
         dev.copy_to_host(&mut [ObjectCopy::new(1, Part::K, &mut k[..])])
@@ -640,6 +643,9 @@ fn run_scenario(dir: &Path, name: &str, env: &[(&str, &str)], filter: &[&str]) -
     out
 }
 
+/// A driver configuration: its name, the emulated driver's environment, test filters.
+type Scenario<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a str]);
+
 fn passed(out: &str) -> usize {
     out.lines()
         .filter_map(|l| l.strip_prefix("test result: ok. "))
@@ -655,10 +661,11 @@ fn every_gpu_test_runs_on_the_emulated_driver() {
     let tmp = tempfile::tempdir().unwrap();
     build_fake_driver(tmp.path());
     let me = "every_gpu_test_runs_on_the_emulated_driver";
-    let scenarios: [(&str, &[(&str, &str)], &[&str]); 4] = [
-        ("batched", &[], &["--skip", me]),
-        ("old-driver", &[("KVTIER_FAKE_CUDA_VERSION", "12040")], &["--skip", me]),
-        ("batch-refused", &[("KVTIER_FAKE_CUDA_NO_BATCH", "1")], &["--skip", me]),
+    let skip: &[&str] = &["--skip", me];
+    let scenarios: [Scenario; 4] = [
+        ("batched", &[], skip),
+        ("old-driver", &[("KVTIER_FAKE_CUDA_VERSION", "12040")], skip),
+        ("batch-refused", &[("KVTIER_FAKE_CUDA_NO_BATCH", "1")], skip),
         (
             "hung",
             &[("KVTIER_FAKE_CUDA_HANG", "1")],
