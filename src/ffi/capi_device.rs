@@ -1,6 +1,7 @@
 //! The C ABI's device-region and ticket entry points (see `include/kvtier.h`): register
-//! an emulated region, fill and check pages with the shared test pattern, copy single
-//! objects in and out, and poll or wait on store tickets.
+//! an emulated region, a CUDA region, or the engine's own CUDA KV tensors; fill and check
+//! pages with the shared test pattern, copy single objects in and out, and poll or wait
+//! on store tickets.
 
 use std::time::Duration;
 
