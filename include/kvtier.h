@@ -38,6 +38,7 @@ extern "C" {
 #define KVTIER_ERR_LAYOUT (-10)          /* invalid layout or identity */
 #define KVTIER_ERR_INTERNAL (-11)        /* a bug inside kvtier; close the handle */
 #define KVTIER_ERR_BUFFER_TOO_SMALL (-12)
+#define KVTIER_ERR_UNSUPPORTED (-13)     /* kvtier was built without the `cuda` feature */
 /* The daemon refused the request: code = KVTIER_ERR_REMOTE_BASE - daemon code, with
  * daemon codes 1 bad_frame, 2 unsupported_version, 3 frame_too_large, 4 unknown_message,
  * 5 not_connected, 6 layout_mismatch, 7 bad_layout, 8 unknown_grant, 9 no_space,
@@ -158,9 +159,25 @@ int32_t kvtier_close(kvtier_client_t *client);
  * and registers it; later copies go through it. */
 int32_t kvtier_register_emulated(kvtier_client_t *client, uint32_t pages);
 /* Allocates a region of `pages` pages on GPU `ordinal` and registers it; the arena is
- * pinned for it. KVTIER_ERR_DEVICE when kvtier was built without the `cuda` feature or
- * no driver/GPU is present. */
+ * pinned for it. KVTIER_ERR_UNSUPPORTED when kvtier was built without the `cuda` feature,
+ * KVTIER_ERR_DEVICE when no driver/GPU is present. */
 int32_t kvtier_register_cuda(kvtier_client_t *client, uint32_t ordinal, uint32_t pages);
+/* Registers the engine's own KV tensors on GPU `ordinal` as this rank's region; kvtier
+ * copies pages in and out of them and never frees them. `ptrs[p * layers + l]` is the
+ * device address of page 0 of part p (K = 0 then V = 1 for MHA; the latent for MLA),
+ * layer l of this rank's PP stage, so n_ptrs = parts x stage layers. Page s of each
+ * tensor is the contiguous run of page_tokens x heads x head_dim x dtype bytes at
+ * ptrs[i] + s * page_stride, for s < pages (vLLM [2, blocks, ...]: K = t[0], V = t[1],
+ * stride one block; [blocks, 2, ...]: stride two blocks; SGLang: k_buffer/v_buffer,
+ * stride page_size tokens). `stream` is the engine's compute stream (a CUstream, 0 = the
+ * default stream): copies out of the tensors wait for the work queued on it. The tensors
+ * must stay allocated until the client is closed or another region is registered.
+ * KVTIER_ERR_NULL (null ptrs), KVTIER_ERR_LENGTH_MISMATCH (n_ptrs wrong for the layout),
+ * KVTIER_ERR_INVALID (a null address, page_stride below one page, pages 0, overlapping
+ * tensors) in every build; then KVTIER_ERR_UNSUPPORTED without the `cuda` feature and
+ * KVTIER_ERR_DEVICE without a driver. */
+int32_t kvtier_register_cuda_tensors(kvtier_client_t *client, uint32_t ordinal, const uint64_t *ptrs, size_t n_ptrs,
+                                     uint64_t page_stride, uint32_t pages, uint64_t stream);
 /* Bytes of one object (one part of one page) of this rank. */
 int32_t kvtier_object_bytes(const kvtier_client_t *client, size_t *out);
 /* Writes the deterministic test pattern of `seed` into every part and layer of a page. */

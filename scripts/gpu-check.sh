@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU and driver: runs the GPU tests and the CUDA transfer
 # bench (page moves vs raw cudaMemcpyAsync of the same bytes). Fails when no driver is
-# found, so a skipped run is never mistaken for a pass.
+# found, or when the tests ran only on the emulated driver CI uses, so a skipped or
+# emulated run is never mistaken for a pass.
 #
 # Usage: scripts/gpu-check.sh [extra bench args, e.g. --mib 512]
 set -euo pipefail
@@ -13,10 +14,27 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 nvidia-smi -L
 
+# The emulated driver the tests build for CI must never stand in for the real one here:
+# refuse a library path that already holds a libcuda.so from somewhere else than the
+# system's driver install, and require the tests to report the real driver.
+if [ -n "${LD_LIBRARY_PATH:-}" ]; then
+    IFS=: read -ra dirs <<<"$LD_LIBRARY_PATH"
+    for d in "${dirs[@]}"; do
+        if [ -n "$d" ] && [ -e "$d/libcuda.so" ] && nm -D "$d/libcuda.so" 2>/dev/null | grep -q kvtier_fake_cuda; then
+            echo "gpu-check: $d/libcuda.so on LD_LIBRARY_PATH is the emulated driver" >&2
+            exit 1
+        fi
+    done
+fi
+
 log=$(mktemp)
 cargo test --release --features cuda --test gpu -- --test-threads=1 2>&1 | tee "$log"
 if grep -q "SKIPPED: no CUDA driver" "$log"; then
     echo "gpu-check: the GPU tests skipped although nvidia-smi sees a GPU" >&2
+    exit 1
+fi
+if ! grep -q "GPU test ran on the real CUDA driver" "$log"; then
+    echo "gpu-check: no GPU test reported running on the real CUDA driver" >&2
     exit 1
 fi
 

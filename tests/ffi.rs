@@ -141,6 +141,9 @@ fn python_bad_input_gets_codes_and_survives() {
         "mismatched-lengths -4",
         "bad-slot -9",
         "wrong-object-size -9",
+        "tensors-null -1",
+        "tensors-wrong-count -4",
+        "tensors-zero-stride -2",
     ] {
         assert!(out.contains(&format!("case {case}")), "{case}: {out}");
     }

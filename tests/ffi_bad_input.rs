@@ -74,6 +74,11 @@ fn null_and_size_errors_have_codes() {
         assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_NULL);
         assert_eq!(kvtier_close(null_mut()), ffi::OK);
         assert_eq!(kvtier_register_emulated(null_mut(), 4), ffi::ERR_NULL);
+        let ptrs = [1u64 << 20; 8];
+        assert_eq!(
+            kvtier_register_cuda_tensors(null_mut(), 0, ptrs.as_ptr(), 8, 4096, 4, 0),
+            ffi::ERR_NULL
+        );
         assert_eq!(kvtier_removed(null_mut(), one.as_ptr(), 8, 1), ffi::ERR_NULL);
         assert_eq!(kvtier_session(null_mut(), null(), null(), 0), ffi::ERR_NULL);
     }
@@ -129,6 +134,7 @@ fn batches_and_a_closed_daemon() {
             ffi::ERR_INVALID
         );
         assert_eq!(kvtier_session(h, session.as_ptr(), null(), 9), ffi::ERR_INVALID);
+        register_tensors_checks_its_arguments(h);
         let mut m = 0i32;
         assert_eq!(kvtier_device_page_matches(h, 8, 1, &mut m), ffi::ERR_DEVICE);
         assert_eq!(
@@ -176,6 +182,57 @@ fn batches_and_a_closed_daemon() {
     }
 }
 
+/// `kvtier_register_cuda_tensors` on a handle whose layout has 4 layers, K and V, and a
+/// page run of 4 tokens x 4 heads x 16 dims x 2 bytes = 512 bytes: 8 addresses.
+///
+/// # Safety
+/// `h` is a live handle.
+unsafe fn register_tensors_checks_its_arguments(h: *mut Handle) {
+    let run = 512u64;
+    // K of layer l at (1 + l) MiB, V right after all of K's 16 pages.
+    let good: Vec<u64> = (0..8u64).map(|i| ((1 + i % 4) << 20) + (i / 4) * 16 * run).collect();
+    let reg = |ptrs: *const u64, n: usize, stride: u64, pages: u32| {
+        // SAFETY: `ptrs` is null or points at `good`-sized arrays below.
+        unsafe { kvtier_register_cuda_tensors(h, 0, ptrs, n, stride, pages, 0) }
+    };
+    assert_eq!(reg(null(), 8, run, 16), ffi::ERR_NULL);
+    assert!(last_error().contains("null"), "{}", last_error());
+    assert_eq!(reg(good.as_ptr(), 7, run, 16), ffi::ERR_LENGTH_MISMATCH);
+    assert!(last_error().contains("x 4 layers = 8"), "{}", last_error());
+    assert_eq!(reg(good.as_ptr(), 0, run, 16), ffi::ERR_LENGTH_MISMATCH);
+    assert_eq!(reg(good.as_ptr(), 8, 0, 16), ffi::ERR_INVALID);
+    assert!(last_error().contains("stride 0"), "{}", last_error());
+    assert_eq!(reg(good.as_ptr(), 8, run - 1, 16), ffi::ERR_INVALID);
+    assert_eq!(reg(good.as_ptr(), 8, run, 0), ffi::ERR_INVALID);
+    let mut bad = good.clone();
+    bad[5] = 0;
+    assert_eq!(reg(bad.as_ptr(), 8, run, 16), ffi::ERR_INVALID);
+    assert!(last_error().contains("tensor 5 (part V, layer 1)"), "{}", last_error());
+    let mut bad = good.clone();
+    bad[4] = bad[0] + 15 * run; // V of layer 0 starts in K's last page
+    assert_eq!(reg(bad.as_ptr(), 8, run, 16), ffi::ERR_INVALID);
+    assert!(last_error().contains("overlap"), "{}", last_error());
+    // Well-formed: what happens next depends on the build.
+    let rc = reg(good.as_ptr(), 8, run, 16);
+    if cfg!(feature = "cuda") {
+        if !kvtier_driver_present() {
+            assert_eq!(rc, ffi::ERR_DEVICE, "{}", last_error());
+        }
+    } else {
+        assert_eq!(rc, ffi::ERR_UNSUPPORTED, "{}", last_error());
+        assert!(last_error().contains("without the `cuda` feature"), "{}", last_error());
+        // SAFETY: live handle.
+        assert_eq!(unsafe { kvtier_register_cuda(h, 0, 4) }, ffi::ERR_UNSUPPORTED);
+    }
+}
+
+fn kvtier_driver_present() -> bool {
+    #[cfg(feature = "cuda")]
+    return kvtier::tier::cuda::driver_present();
+    #[cfg(not(feature = "cuda"))]
+    false
+}
+
 #[test]
 fn error_names_are_stable() {
     let name = |c| {
@@ -186,6 +243,7 @@ fn error_names_are_stable() {
     };
     assert_eq!(name(ffi::OK), "ok");
     assert_eq!(name(ffi::ERR_UNAVAILABLE), "unavailable");
+    assert_eq!(name(ffi::ERR_UNSUPPORTED), "unsupported");
     assert_eq!(name(ffi::ERR_REMOTE_BASE - 9), "remote");
     assert_eq!(name(12345), "unknown");
 }

@@ -51,6 +51,12 @@ def main():
         expect("mismatched-lengths", kv.ERR_LENGTH_MISMATCH, rc, lib)
         expect("bad-slot", kv.ERR_DEVICE, lib.kvtier_device_fill_page(c.handle, 99, 1), lib)
         expect("wrong-object-size", kv.ERR_DEVICE, lib.kvtier_device_write_object(c.handle, 0, 0, b"xx", 2), lib)
+        # Engine tensors: default layout (4 layers, K and V) needs 8 addresses.
+        ptrs = (ctypes.c_uint64 * 8)(*[(1 + i) << 20 for i in range(8)])
+        reg = lib.kvtier_register_cuda_tensors
+        expect("tensors-null", kv.ERR_NULL, reg(c.handle, 0, None, 8, 512, 16, 0), lib)
+        expect("tensors-wrong-count", kv.ERR_LENGTH_MISMATCH, reg(c.handle, 0, ptrs, 7, 512, 16, 0), lib)
+        expect("tensors-zero-stride", kv.ERR_INVALID, reg(c.handle, 0, ptrs, 8, 0, 16, 0), lib)
         # Still alive and serving after all that.
         assert c.lookup([1]) == (0, 0, 0)
     print("OK bad-input")

@@ -19,6 +19,7 @@ ERR_LENGTH_MISMATCH = -4
 ERR_UNAVAILABLE = -5
 ERR_TIMEOUT = -6
 ERR_DEVICE = -9
+ERR_UNSUPPORTED = -13
 ERR_REMOTE_BASE = -100
 
 PART_K, PART_V, PART_LATENT = 0, 1, 2
@@ -101,6 +102,11 @@ _SIGNATURES = {
     "kvtier_connect": ([POINTER(ConnectOptions), POINTER(ctypes.c_void_p)], c_int32),
     "kvtier_close": ([ctypes.c_void_p], c_int32),
     "kvtier_register_emulated": ([ctypes.c_void_p, c_uint32], c_int32),
+    "kvtier_register_cuda": ([ctypes.c_void_p, c_uint32, c_uint32], c_int32),
+    "kvtier_register_cuda_tensors": (
+        [ctypes.c_void_p, c_uint32, POINTER(c_uint64), c_size_t, c_uint64, c_uint32, c_uint64],
+        c_int32,
+    ),
     "kvtier_object_bytes": ([ctypes.c_void_p, POINTER(c_size_t)], c_int32),
     "kvtier_device_fill_page": ([ctypes.c_void_p, c_uint32, c_uint64], c_int32),
     "kvtier_device_page_matches": ([ctypes.c_void_p, c_uint32, c_uint64, POINTER(c_int32)], c_int32),
@@ -177,6 +183,16 @@ class Client:
 
     def register_emulated(self, pages):
         self._check(self.lib.kvtier_register_emulated(self.handle, pages))
+
+    def register_cuda(self, ordinal, pages):
+        self._check(self.lib.kvtier_register_cuda(self.handle, ordinal, pages))
+
+    def register_cuda_tensors(self, ordinal, ptrs, page_stride, pages, stream=0):
+        """Registers the engine's own KV tensors (device addresses, see kvtier.h and
+        ``kvtier_torch.py``, which builds them from torch tensors)."""
+        arr = (c_uint64 * len(ptrs))(*ptrs)
+        self._check(self.lib.kvtier_register_cuda_tensors(
+            self.handle, ordinal, arr, len(ptrs), page_stride, pages, stream))
 
     def object_bytes(self):
         n = c_size_t()

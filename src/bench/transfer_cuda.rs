@@ -44,6 +44,11 @@ pub fn rows_for(object_kib: u64, args: &TransferArgs) -> anyhow::Result<Vec<Row>
     let obj = layout.object_bytes(0) as usize;
     let pages = (((args.mib << 20) as usize) / (2 * obj)).max(args.batch);
     let dev = CudaDevice::new(&layout, 0, pages as u32, 0)?;
+    // The device's name says when it is not a real GPU (the emulated driver CI uses).
+    eprintln!(
+        "cuda device 0: {}",
+        dev.context().name().unwrap_or_else(|e| e.to_string())
+    );
     let mut host = vec![0u8; pages * 2 * obj];
     dev.register_host(host.as_mut_ptr(), host.len())?;
     // Known bytes in: each object gets its own pattern.

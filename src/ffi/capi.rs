@@ -132,6 +132,7 @@ pub extern "C" fn kvtier_error_name(code: i32) -> *const c_char {
         -10 => c"layout",
         -11 => c"internal",
         -12 => c"buffer_too_small",
+        -13 => c"unsupported",
         c if c <= super::ERR_REMOTE_BASE => c"remote",
         _ => c"unknown",
     };

@@ -1,11 +1,12 @@
 //! The C ABI's device-region and ticket entry points (see `include/kvtier.h`): register
-//! an emulated region, fill and check pages with the shared test pattern, copy single
-//! objects in and out, and poll or wait on store tickets.
+//! an emulated region, a CUDA region, or the engine's own CUDA KV tensors; fill and check
+//! pages with the shared test pattern, copy single objects in and out, and poll or wait
+//! on store tickets.
 
 use std::time::Duration;
 
 use super::capi::{handle, out, run};
-use super::{ERR_NULL, FfiError, Handle};
+use super::{ERR_LENGTH_MISMATCH, ERR_NULL, FfiError, Handle};
 use crate::protocol::TicketStatus;
 
 /// # Safety
@@ -22,6 +23,41 @@ pub unsafe extern "C" fn kvtier_register_emulated(client: *mut Handle, pages: u3
 pub unsafe extern "C" fn kvtier_register_cuda(client: *mut Handle, ordinal: u32, pages: u32) -> i32 {
     // SAFETY: caller contract.
     run(|| unsafe { handle(client) }?.register_cuda(ordinal, pages))
+}
+
+/// Most tensor addresses one registration may pass (parts x stage layers).
+pub const MAX_TENSORS: usize = 1 << 16;
+
+/// # Safety
+/// `client` is null or a live handle; `ptrs` is null or readable for `n_ptrs` values;
+/// the addresses and `stream` follow `kvtier_register_cuda_tensors` in `include/kvtier.h`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_register_cuda_tensors(
+    client: *mut Handle,
+    ordinal: u32,
+    ptrs: *const u64,
+    n_ptrs: usize,
+    page_stride: u64,
+    pages: u32,
+    stream: u64,
+) -> i32 {
+    run(|| {
+        // SAFETY: caller contract.
+        let h = unsafe { handle(client) }?;
+        if ptrs.is_null() {
+            return Err(FfiError::new(ERR_NULL, "the tensor address array is a null pointer"));
+        }
+        if n_ptrs == 0 || n_ptrs > MAX_TENSORS {
+            return Err(FfiError::new(
+                ERR_LENGTH_MISMATCH,
+                format!("{n_ptrs} tensor addresses; a rank passes 1 to {MAX_TENSORS}"),
+            ));
+        }
+        // SAFETY: caller contract: `ptrs` readable for `n_ptrs` values (bounded above).
+        let ptrs = unsafe { std::slice::from_raw_parts(ptrs, n_ptrs) };
+        // SAFETY: caller contract (the addresses are the engine's live KV tensors).
+        unsafe { h.register_cuda_tensors(ordinal, ptrs, page_stride, pages, stream) }
+    })
 }
 
 /// # Safety

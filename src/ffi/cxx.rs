@@ -88,6 +88,16 @@ mod bridge {
         fn register_emulated(self: &CxxClient, pages: u32) -> Result<()>;
         /// A region on GPU `ordinal` (feature `cuda`; otherwise a device error).
         fn register_cuda(self: &CxxClient, ordinal: u32, pages: u32) -> Result<()>;
+        /// The engine's own KV tensors on GPU `ordinal` (see
+        /// `kvtier_register_cuda_tensors` in `kvtier.h` for the arguments).
+        unsafe fn register_cuda_tensors(
+            self: &CxxClient,
+            ordinal: u32,
+            ptrs: &[u64],
+            page_stride: u64,
+            pages: u32,
+            stream: u64,
+        ) -> Result<()>;
         fn object_bytes(self: &CxxClient) -> usize;
         fn fill_page(self: &CxxClient, slot: u32, seed: u64) -> Result<()>;
         fn page_matches(self: &CxxClient, slot: u32, seed: u64) -> Result<bool>;
@@ -162,6 +172,20 @@ impl CxxClient {
 
     fn register_cuda(&self, ordinal: u32, pages: u32) -> Result<(), FfiError> {
         guard(|| self.0.register_cuda(ordinal, pages))
+    }
+
+    /// # Safety
+    /// As `Handle::register_cuda_tensors`.
+    unsafe fn register_cuda_tensors(
+        &self,
+        ordinal: u32,
+        ptrs: &[u64],
+        page_stride: u64,
+        pages: u32,
+        stream: u64,
+    ) -> Result<(), FfiError> {
+        // SAFETY: caller contract.
+        guard(|| unsafe { self.0.register_cuda_tensors(ordinal, ptrs, page_stride, pages, stream) })
     }
 
     fn object_bytes(&self) -> usize {

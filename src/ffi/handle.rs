@@ -8,7 +8,8 @@ use parking_lot::RwLock;
 use super::{ERR_INVALID, FfiError};
 use crate::client::{Client, ClientConfig};
 use crate::layout::Part;
-use crate::tier::device::{DeviceRegion, EmulatedDevice, ObjectCopy};
+use crate::tier::device::{DeviceError, DeviceRegion, EmulatedDevice, ObjectCopy};
+use crate::tier::tensors::{KvTensors, PageMap};
 
 /// Most pages an emulated region created through the boundary may hold.
 pub const MAX_EMULATED_PAGES: u32 = 1 << 20;
@@ -74,7 +75,8 @@ impl Handle {
     }
 
     /// Allocates a region of `pages` pages on GPU `ordinal` and registers it (feature
-    /// `cuda`); without the feature, or without a driver, a device error.
+    /// `cuda`); without the feature [`ERR_UNSUPPORTED`](super::ERR_UNSUPPORTED), without
+    /// a driver a device error.
     pub fn register_cuda(&self, ordinal: u32, pages: u32) -> Result<(), FfiError> {
         #[cfg(feature = "cuda")]
         {
@@ -85,10 +87,48 @@ impl Handle {
         #[cfg(not(feature = "cuda"))]
         {
             let _ = (ordinal, pages);
-            Err(FfiError::new(
-                super::ERR_DEVICE,
-                "kvtier was built without the `cuda` feature",
-            ))
+            Err(DeviceError::NoCuda.into())
+        }
+    }
+
+    /// Wraps the engine's own KV tensors on GPU `ordinal` and registers them (feature
+    /// `cuda`): `ptrs[p * layers + l]` is page 0 of part `p`, layer `l` of this rank's
+    /// stage, each page `page_stride` bytes after the previous one. The addresses are
+    /// checked in every build; without the feature a valid set is
+    /// [`ERR_UNSUPPORTED`](super::ERR_UNSUPPORTED).
+    ///
+    /// # Safety
+    /// As [`crate::tier::cuda::CudaDevice::wrap`]; a non-zero `stream` is a `CUstream` of
+    /// the same context that outlives the registration.
+    pub unsafe fn register_cuda_tensors(
+        &self,
+        ordinal: u32,
+        ptrs: &[u64],
+        page_stride: u64,
+        pages: u32,
+        stream: u64,
+    ) -> Result<(), FfiError> {
+        let tensors = KvTensors {
+            bases: ptrs.to_vec(),
+            page_stride,
+            pages,
+        };
+        let layout = self.client.layout();
+        let pp = self.client.identity().pp_rank;
+        PageMap::wrap(layout, pp, &tensors).map_err(DeviceError::from)?;
+        #[cfg(feature = "cuda")]
+        {
+            // SAFETY: caller contract.
+            let dev = unsafe {
+                crate::tier::cuda::CudaDevice::wrap(layout, pp, &tensors, ordinal as usize)?
+                    .with_raw_compute_stream(stream)
+            };
+            self.register(Arc::new(dev))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (ordinal, stream);
+            Err(DeviceError::NoCuda.into())
         }
     }
 

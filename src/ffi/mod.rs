@@ -21,6 +21,7 @@ use crate::client::ClientError;
 use crate::hints::Reason;
 use crate::page::{MAX_HASH_BYTES, PageHash};
 use crate::tier::device::DeviceError;
+use crate::tier::tensors::TensorError;
 
 /// Success.
 pub const OK: i32 = 0;
@@ -48,6 +49,8 @@ pub const ERR_LAYOUT: i32 = -10;
 pub const ERR_INTERNAL: i32 = -11;
 /// The output buffer is too small.
 pub const ERR_BUFFER_TOO_SMALL: i32 = -12;
+/// This kvtier was built without a feature the call needs (`cuda`).
+pub const ERR_UNSUPPORTED: i32 = -13;
 /// The daemon refused the request: the code is `ERR_REMOTE_BASE - <daemon error code>`
 /// (the daemon's codes are `crate::protocol::ErrorCode`).
 pub const ERR_REMOTE_BASE: i32 = -100;
@@ -98,7 +101,13 @@ impl From<ClientError> for FfiError {
 
 impl From<DeviceError> for FfiError {
     fn from(e: DeviceError) -> Self {
-        Self::new(ERR_DEVICE, e.to_string())
+        let code = match &e {
+            DeviceError::Tensors(TensorError::Count { .. }) => ERR_LENGTH_MISMATCH,
+            DeviceError::Tensors(_) => ERR_INVALID,
+            DeviceError::NoCuda => ERR_UNSUPPORTED,
+            _ => ERR_DEVICE,
+        };
+        Self::new(code, e.to_string())
     }
 }
 

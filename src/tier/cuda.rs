@@ -1,5 +1,7 @@
-//! The CUDA device tier (feature `cuda`): one rank's KV region in GPU memory, with the
-//! same byte layout as the emulated device (`[part][layer][page][token bytes]`).
+//! The CUDA device tier (feature `cuda`): one rank's KV region in GPU memory, either
+//! allocated here (`[part][layer][page][token bytes]`, like the emulated device) or
+//! wrapped around the engine's own KV tensors ([`CudaDevice::wrap`]), which it never
+//! frees. Both are addressed through one [`PageMap`].
 //!
 //! cudarc is loaded at run time, so this builds without a toolkit; [`driver_present`]
 //! says whether a driver and a GPU are there (cudarc panics at its first call when
@@ -10,6 +12,9 @@
 //! `cuMemcpyBatchAsync` where the driver has it (CUDA 12.8+); page-first objects move as
 //! one 2-D copy per layer. The daemon's arena, mapped by this process, is registered as
 //! pinned memory in bounded chunks ([`PIN_CHUNK_BYTES`]) and the time it took is logged.
+//! A batch that does not land within the copy timeout marks the region broken: the
+//! driver may still write into the host buffers later, so it refuses further copies and,
+//! when dropped, leaks its memory rather than freeing what a hung copy may still touch.
 
 use std::panic::catch_unwind;
 use std::sync::Arc;
@@ -21,7 +26,8 @@ use cudarc::driver::{CudaContext, CudaStream};
 use parking_lot::Mutex;
 
 use super::device::{DeviceError, DeviceRegion, ObjectCopy};
-use crate::layout::{ByteOrder, Layout, Part};
+use super::tensors::{KvTensors, PageMap};
+use crate::layout::{Layout, Part};
 
 /// Largest single `cuMemHostRegister` call; bigger ranges are registered chunk by chunk.
 pub const PIN_CHUNK_BYTES: usize = 1 << 30;
@@ -73,17 +79,16 @@ pub struct CudaDevice {
     pub(super) ctx: Arc<CudaContext>,
     pub(super) copy: Arc<CudaStream>,
     compute: Arc<CudaStream>,
-    base: CUdeviceptr,
-    parts: &'static [Part],
-    layers: u32,
-    pages: u32,
-    page_tokens: usize,
-    token_bytes: usize,
-    order: ByteOrder,
+    map: PageMap,
+    /// The allocation this region made (freed on drop); `None` for wrapped tensors.
+    owned: Option<CUdeviceptr>,
     pinned: Mutex<Pinned>,
     pub(super) batch: AtomicBool,
+    /// Set when a batch did not land in time; the region refuses copies from then on.
+    broken: AtomicBool,
     serial: Mutex<()>,
     timeout: Duration,
+    pin_chunk: usize,
 }
 
 // SAFETY: the raw device address and host pointers are only used under `serial`, on the
@@ -91,45 +96,73 @@ pub struct CudaDevice {
 unsafe impl Send for CudaDevice {}
 unsafe impl Sync for CudaDevice {}
 
+/// The context of GPU `ordinal`, a copy stream, and whether the driver batches copies.
+fn open(ordinal: usize) -> Result<(Arc<CudaContext>, Arc<CudaStream>, bool), DeviceError> {
+    if !driver_present() {
+        return Err(DeviceError::Copy("no CUDA driver or GPU".into()));
+    }
+    let ctx = catch_unwind(|| CudaContext::new(ordinal))
+        .map_err(|_| DeviceError::Copy("the CUDA driver failed to load".into()))?
+        .map_err(driver_err)?;
+    let copy = ctx.new_stream().map_err(driver_err)?;
+    let mut version = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut version) };
+    Ok((ctx, copy, version >= 12080))
+}
+
 impl CudaDevice {
+    fn build(
+        ctx: Arc<CudaContext>,
+        copy: Arc<CudaStream>,
+        batch: bool,
+        map: PageMap,
+        owned: Option<CUdeviceptr>,
+    ) -> Self {
+        Self {
+            compute: ctx.default_stream(),
+            ctx,
+            copy,
+            map,
+            owned,
+            pinned: Mutex::new(Pinned::default()),
+            batch: AtomicBool::new(batch),
+            broken: AtomicBool::new(false),
+            serial: Mutex::new(()),
+            timeout: DEFAULT_COPY_TIMEOUT,
+            pin_chunk: PIN_CHUNK_BYTES,
+        }
+    }
+
     /// Allocates a region of `pages` pages for rank `pp_rank` of `layout` on GPU `ordinal`.
     pub fn new(layout: &Layout, pp_rank: u16, pages: u32, ordinal: usize) -> Result<Self, DeviceError> {
-        if !driver_present() {
-            return Err(DeviceError::Copy("no CUDA driver or GPU".into()));
-        }
-        let ctx = catch_unwind(|| CudaContext::new(ordinal))
-            .map_err(|_| DeviceError::Copy("the CUDA driver failed to load".into()))?
-            .map_err(driver_err)?;
-        let copy = ctx.new_stream().map_err(driver_err)?;
-        let compute = ctx.default_stream();
-        let parts = layout.rank_parts();
-        let layers = layout.stage_layers(pp_rank);
-        let page_tokens = layout.page_tokens() as usize;
-        let token_bytes = layout.token_layer_bytes();
-        let bytes = parts.len() * layers as usize * pages as usize * page_tokens * token_bytes;
+        let (ctx, copy, batch) = open(ordinal)?;
+        let bytes = PageMap::contiguous_bytes(layout, pp_rank, pages);
         ctx.bind_to_thread().map_err(driver_err)?;
         let mut base: CUdeviceptr = 0;
         // SAFETY: allocates device memory on the bound context; freed in Drop.
         check(unsafe { sys::cuMemAlloc_v2(&mut base, bytes.max(1)) }, "cuMemAlloc")?;
-        let mut version = 0;
-        // SAFETY: writes one int.
-        unsafe { sys::cuDriverGetVersion(&mut version) };
-        Ok(Self {
-            ctx,
-            copy,
-            compute,
-            base,
-            parts,
-            layers,
-            pages,
-            page_tokens,
-            token_bytes,
-            order: layout.byte_order(),
-            pinned: Mutex::new(Pinned::default()),
-            batch: AtomicBool::new(version >= 12080),
-            serial: Mutex::new(()),
-            timeout: DEFAULT_COPY_TIMEOUT,
-        })
+        let map = PageMap::contiguous(layout, pp_rank, pages, base);
+        Ok(Self::build(ctx, copy, batch, map, Some(base)))
+    }
+
+    /// Wraps the engine's own KV tensors on GPU `ordinal` (see [`KvTensors`] for the
+    /// order of the addresses). The tensors are checked before the driver is touched, so
+    /// bad addresses are a [`DeviceError::Tensors`] with or without a GPU.
+    ///
+    /// # Safety
+    /// Every page of every tensor must be device memory of GPU `ordinal`'s primary
+    /// context (what PyTorch allocates), and stay allocated while the region lives; the
+    /// engine must not write a page while a copy of it is in flight.
+    pub unsafe fn wrap(
+        layout: &Layout,
+        pp_rank: u16,
+        tensors: &KvTensors,
+        ordinal: usize,
+    ) -> Result<Self, DeviceError> {
+        let map = PageMap::wrap(layout, pp_rank, tensors)?;
+        let (ctx, copy, batch) = open(ordinal)?;
+        Ok(Self::build(ctx, copy, batch, map, None))
     }
 
     /// The engine stream whose work device→host copies must follow. Default: the
@@ -139,9 +172,30 @@ impl CudaDevice {
         self
     }
 
+    /// The engine's compute stream as a raw `CUstream` (PyTorch's
+    /// `torch.cuda.current_stream().cuda_stream`); 0 keeps the default stream. Default: 0.
+    ///
+    /// # Safety
+    /// A non-zero `stream` must be a stream of this region's context that outlives it.
+    pub unsafe fn with_raw_compute_stream(self, stream: u64) -> Self {
+        if stream == 0 {
+            return self;
+        }
+        // SAFETY: caller contract.
+        let s = unsafe { self.ctx.wrap_borrowed_stream(stream as sys::CUstream) };
+        self.with_compute_stream(s)
+    }
+
     /// Longest wait for one copy batch. Default: 10 s.
     pub fn with_copy_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Largest single pinned-memory registration; larger host ranges are registered in
+    /// chunks of this size. Default: [`PIN_CHUNK_BYTES`] (1 GiB).
+    pub fn with_pin_chunk_bytes(mut self, bytes: usize) -> Self {
+        self.pin_chunk = bytes.max(1);
         self
     }
 
@@ -154,9 +208,15 @@ impl CudaDevice {
         &self.copy
     }
 
-    /// Device address of the region's first byte.
+    /// Device address of page 0 of the first (part, layer); for an owned region, the
+    /// first byte of its allocation.
     pub fn device_ptr(&self) -> CUdeviceptr {
-        self.base
+        self.map.chunk(0, 0, 0)
+    }
+
+    /// Whether this region wraps engine-owned tensors (and so never frees them).
+    pub fn is_wrapped(&self) -> bool {
+        self.owned.is_none()
     }
 
     /// Whether batched copies are in use (the driver has them and they have not failed).
@@ -164,73 +224,51 @@ impl CudaDevice {
         self.batch.load(Ordering::Relaxed)
     }
 
-    fn page_layer_bytes(&self) -> usize {
-        self.page_tokens * self.token_bytes
-    }
-
-    fn chunk(&self, part: usize, layer: u32, slot: u32) -> CUdeviceptr {
-        let off = ((part * self.layers as usize + layer as usize) * self.pages as usize + slot as usize)
-            * self.page_layer_bytes();
-        self.base + off as u64
+    /// Whether a copy batch failed to land in time, leaving the region unusable.
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
     }
 
     fn plan(&self, slot: u32, part: Part, len: usize, host: *mut u8, out: &mut Vec<Move>) -> Result<(), DeviceError> {
-        if slot >= self.pages {
-            return Err(DeviceError::BadSlot {
-                slot,
-                pages: self.pages,
-            });
-        }
-        let p = self
-            .parts
-            .iter()
-            .position(|&x| x == part)
-            .ok_or(DeviceError::BadPart(part))?;
-        if len != self.object_bytes() {
-            return Err(DeviceError::WrongSize {
-                got: len,
-                want: self.object_bytes(),
-            });
-        }
-        let run = self.page_layer_bytes();
-        for layer in 0..self.layers {
-            let (host_off, rows) = match self.order {
-                ByteOrder::LayerFirst => (layer as usize * run, None),
-                ByteOrder::PageFirst => (
-                    layer as usize * self.token_bytes,
-                    Some((self.page_tokens, self.layers as usize * self.token_bytes)),
-                ),
-            };
+        self.map.plan(slot, part, len, |r| {
             out.push(Move {
-                dev: self.chunk(p, layer, slot),
+                dev: r.dev,
                 // SAFETY: `host_off` < `len`, the checked object size.
-                host: unsafe { host.add(host_off) },
-                width: if rows.is_some() { self.token_bytes } else { run },
-                rows,
-            });
-        }
-        Ok(())
+                host: unsafe { host.add(r.host_off) },
+                width: r.width,
+                rows: r.rows,
+            })
+        })
     }
 
     /// Issues the moves on the copy stream after the compute stream's work, then waits
     /// (bounded) for them to land.
     fn run(&self, moves: &[Move], to_host: bool) -> Result<(), DeviceError> {
         let _serial = self.serial.lock();
+        if self.is_broken() {
+            return Err(DeviceError::Copy(
+                "an earlier copy batch never finished; the region is unusable".into(),
+            ));
+        }
         self.ctx.bind_to_thread().map_err(driver_err)?;
         let ready = self.ctx.new_event(None).map_err(driver_err)?;
         ready.record(&self.compute).map_err(driver_err)?;
         self.copy.wait(&ready).map_err(driver_err)?;
         let flat = moves.iter().all(|m| m.rows.is_none());
-        if !(flat && moves.len() > 1 && self.batched() && self.issue_batch(moves, to_host).is_ok()) {
-            for m in moves {
-                self.issue_one(m, to_host)?;
-            }
-        }
+        let issued = if flat && moves.len() > 1 && self.batched() && self.issue_batch(moves, to_host).is_ok() {
+            Ok(())
+        } else {
+            moves.iter().try_for_each(|m| self.issue_one(m, to_host))
+        };
+        // Even when a move was refused, the ones issued before it must land before the
+        // host buffers go back to the caller.
         let done = self.ctx.new_event(None).map_err(driver_err)?;
         done.record(&self.copy).map_err(driver_err)?;
         let t = Instant::now();
         while !done.try_is_complete().map_err(driver_err)? {
             if t.elapsed() > self.timeout {
+                self.broken.store(true, Ordering::Relaxed);
+                tracing::error!(timeout = ?self.timeout, "a CUDA copy batch did not finish; the region is unusable");
                 return Err(DeviceError::Copy(format!(
                     "copies did not finish in {:?}",
                     self.timeout
@@ -238,7 +276,7 @@ impl CudaDevice {
             }
             std::thread::yield_now();
         }
-        Ok(())
+        issued
     }
 
     fn issue_one(&self, m: &Move, to_host: bool) -> Result<(), DeviceError> {
@@ -255,21 +293,36 @@ impl CudaDevice {
                 "cuMemcpyHtoDAsync",
             ),
             (Some((rows, pitch)), to_host) => {
-                // SAFETY: a plain C struct; zero is a valid value for every field.
-                let mut c: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-                c.WidthInBytes = m.width;
-                c.Height = rows;
-                if to_host {
-                    (c.srcMemoryType, c.srcDevice, c.srcPitch) =
-                        (sys::CUmemorytype::CU_MEMORYTYPE_DEVICE, m.dev, m.width);
-                    (c.dstMemoryType, c.dstHost, c.dstPitch) =
-                        (sys::CUmemorytype::CU_MEMORYTYPE_HOST, m.host.cast(), pitch);
+                // Every field spelled out: the memory-type enum has no zero value, so a
+                // zeroed struct is not a valid one.
+                use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE as DEVICE, CU_MEMORYTYPE_HOST as HOST};
+                let (src_type, dst_type, src_pitch, dst_pitch) = if to_host {
+                    (DEVICE, HOST, m.width, pitch)
                 } else {
-                    (c.srcMemoryType, c.srcHost, c.srcPitch) =
-                        (sys::CUmemorytype::CU_MEMORYTYPE_HOST, m.host.cast(), pitch);
-                    (c.dstMemoryType, c.dstDevice, c.dstPitch) =
-                        (sys::CUmemorytype::CU_MEMORYTYPE_DEVICE, m.dev, m.width);
-                }
+                    (HOST, DEVICE, pitch, m.width)
+                };
+                let c = sys::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcMemoryType: src_type,
+                    srcHost: if to_host {
+                        std::ptr::null()
+                    } else {
+                        m.host.cast_const().cast()
+                    },
+                    srcDevice: if to_host { m.dev } else { 0 },
+                    srcArray: std::ptr::null_mut(),
+                    srcPitch: src_pitch,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstMemoryType: dst_type,
+                    dstHost: if to_host { m.host.cast() } else { std::ptr::null_mut() },
+                    dstDevice: if to_host { 0 } else { m.dev },
+                    dstArray: std::ptr::null_mut(),
+                    dstPitch: dst_pitch,
+                    WidthInBytes: m.width,
+                    Height: rows,
+                };
                 check(unsafe { sys::cuMemcpy2DAsync_v2(&c, stream) }, "cuMemcpy2DAsync")
             }
         }
@@ -282,15 +335,15 @@ impl DeviceRegion for CudaDevice {
     }
 
     fn pages(&self) -> u32 {
-        self.pages
+        self.map.pages()
     }
 
     fn object_bytes(&self) -> usize {
-        self.layers as usize * self.page_layer_bytes()
+        self.map.object_bytes()
     }
 
     fn copy_to_host(&self, batch: &mut [ObjectCopy<&mut [u8]>]) -> Result<(), DeviceError> {
-        let mut moves = Vec::with_capacity(batch.len() * self.layers as usize);
+        let mut moves = Vec::with_capacity(batch.len() * self.map.layers() as usize);
         for c in batch.iter_mut() {
             self.plan(c.slot, c.part, c.host.len(), c.host.as_mut_ptr(), &mut moves)?;
         }
@@ -298,7 +351,7 @@ impl DeviceRegion for CudaDevice {
     }
 
     fn copy_from_host(&self, batch: &[ObjectCopy<&[u8]>]) -> Result<(), DeviceError> {
-        let mut moves = Vec::with_capacity(batch.len() * self.layers as usize);
+        let mut moves = Vec::with_capacity(batch.len() * self.map.layers() as usize);
         for c in batch {
             // Only read from in this direction.
             self.plan(c.slot, c.part, c.host.len(), c.host.as_ptr().cast_mut(), &mut moves)?;
@@ -315,13 +368,20 @@ impl DeviceRegion for CudaDevice {
         let t = Instant::now();
         let mut chunks = 0;
         let mut off = 0;
+        let first = pinned.chunks.len();
         while off < len {
-            let n = PIN_CHUNK_BYTES.min(len - off);
+            let n = self.pin_chunk.min(len - off);
             // SAFETY: `base..base+len` is this process's mapping of the arena (caller
             // contract); the driver validates the range.
             let chunk = (base as usize + off) as *mut std::ffi::c_void;
             let r = unsafe { sys::cuMemHostRegister_v2(chunk, n, 1) };
             if r != CUresult::CUDA_SUCCESS && r != CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED {
+                // Undo this call's chunks, so a retry (say with smaller chunks) starts clean.
+                for &c in &pinned.chunks[first..] {
+                    // SAFETY: registered just above; no copy uses the range yet.
+                    let _ = unsafe { sys::cuMemHostUnregister(c as *mut _) };
+                }
+                pinned.chunks.truncate(first);
                 return Err(DeviceError::Copy(format!("cuMemHostRegister of chunk {chunks}: {r:?}")));
             }
             if r == CUresult::CUDA_SUCCESS {
@@ -344,14 +404,22 @@ impl DeviceRegion for CudaDevice {
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         // Errors are ignored: nothing useful can be done about them while dropping.
+        if self.is_broken() {
+            // A hung copy may still read or write the device memory and the pinned host
+            // ranges; waiting for it could block forever. Leak both instead.
+            tracing::error!("dropping a broken CUDA region: its memory and pinned ranges are leaked");
+            return;
+        }
         if self.ctx.bind_to_thread().is_ok() {
+            let _ = self.copy.synchronize();
             for &b in self.pinned.lock().chunks.iter() {
-                // SAFETY: registered by `register_host`.
+                // SAFETY: registered by `register_host`; no copy is in flight after the sync.
                 let _ = unsafe { sys::cuMemHostUnregister(b as *mut _) };
             }
-            let _ = self.copy.synchronize();
-            // SAFETY: allocated in `new`; no copy is in flight after the sync.
-            let _ = unsafe { sys::cuMemFree_v2(self.base) };
+            if let Some(base) = self.owned {
+                // SAFETY: allocated in `new`; wrapped tensors belong to the engine.
+                let _ = unsafe { sys::cuMemFree_v2(base) };
+            }
         }
     }
 }

@@ -5,11 +5,14 @@
 //! of one page across the layers of the rank's PP stage, in the layout's byte order. The
 //! [`DeviceRegion`] trait gathers objects out of that region (D2H) and scatters them back
 //! (H2D). [`EmulatedDevice`] does it on a host buffer, so every path runs without a GPU;
-//! the CUDA implementation (feature `cuda`) implements the same trait.
+//! the CUDA implementation (feature `cuda`) implements the same trait. Both address pages
+//! through a [`PageMap`](super::tensors::PageMap), so an owned region and wrapped engine
+//! tensors share one addressing rule.
 
 use std::alloc::Layout as AllocLayout;
 
-use crate::layout::{ByteOrder, Layout, Part};
+use super::tensors::{KvTensors, PageMap, TensorError};
+use crate::layout::{Layout, Part};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DeviceError {
@@ -23,6 +26,10 @@ pub enum DeviceError {
     BadLayer { layer: u32, layers: u32 },
     #[error("device copy failed: {0}")]
     Copy(String),
+    #[error("cannot wrap these KV tensors: {0}")]
+    Tensors(#[from] TensorError),
+    #[error("this kvtier was built without the `cuda` feature")]
+    NoCuda,
 }
 
 /// One object copy between a device page and a host buffer.
@@ -67,6 +74,7 @@ pub trait DeviceRegion: Send + Sync {
 struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
     layout: AllocLayout,
+    len: usize,
 }
 
 impl AlignedBuf {
@@ -77,7 +85,11 @@ impl AlignedBuf {
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Self { ptr, layout }
+        Self { ptr, layout, len }
+    }
+
+    fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -91,16 +103,13 @@ impl Drop for AlignedBuf {
 // SAFETY: a plain owned allocation; `EmulatedDevice` governs access to its bytes.
 unsafe impl Send for AlignedBuf {}
 
-/// A host buffer standing in for one rank's GPU KV region, laid out as engines lay out
-/// GPU KV: `[part][layer][page][token][heads*head_dim*dtype]`.
+/// A host buffer standing in for one rank's GPU KV region. By default it is laid out as
+/// an owned region (`[part][layer][page][token][heads*head_dim*dtype]`); built with
+/// [`EmulatedDevice::with_tensors`] it is addressed like wrapped engine tensors, with
+/// each (part, layer) at an offset into the buffer and its own page stride.
 pub struct EmulatedDevice {
     buf: AlignedBuf,
-    parts: &'static [Part],
-    layers: u32,
-    pages: u32,
-    page_tokens: usize,
-    token_bytes: usize,
-    order: ByteOrder,
+    map: PageMap,
 }
 
 // SAFETY: the buffer is only reached through raw copies of whole, disjoint page ranges;
@@ -111,8 +120,8 @@ unsafe impl Sync for EmulatedDevice {}
 impl std::fmt::Debug for EmulatedDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EmulatedDevice")
-            .field("pages", &self.pages)
-            .field("layers", &self.layers)
+            .field("pages", &self.map.pages())
+            .field("layers", &self.map.layers())
             .field("object_bytes", &self.object_bytes())
             .finish()
     }
@@ -121,117 +130,91 @@ impl std::fmt::Debug for EmulatedDevice {
 impl EmulatedDevice {
     /// A region of `pages` pages for the rank `(tp_rank, pp_rank)` of `layout`.
     pub fn new(layout: &Layout, pp_rank: u16, pages: u32) -> Self {
-        let layers = layout.stage_layers(pp_rank);
-        let parts = layout.rank_parts();
-        let token_bytes = layout.token_layer_bytes();
-        let page_tokens = layout.page_tokens() as usize;
-        let len = parts.len() * layers as usize * pages as usize * page_tokens * token_bytes;
-        let buf = AlignedBuf::zeroed(len);
+        let len = PageMap::contiguous_bytes(layout, pp_rank, pages);
         Self {
-            buf,
-            parts,
-            layers,
-            pages,
-            page_tokens,
-            token_bytes,
-            order: layout.byte_order(),
+            buf: AlignedBuf::zeroed(len),
+            map: PageMap::contiguous(layout, pp_rank, pages, 0),
         }
+    }
+
+    /// A buffer of `len` bytes addressed like engine-owned tensors: `tensors.bases` are
+    /// byte offsets into the buffer (checked as [`PageMap::wrap`] checks addresses; an
+    /// offset of 0 counts as null, so start the first tensor past it).
+    pub fn with_tensors(layout: &Layout, pp_rank: u16, tensors: &KvTensors, len: usize) -> Result<Self, DeviceError> {
+        let map = PageMap::wrap(layout, pp_rank, tensors)?;
+        if let Some(index) = map.beyond(len as u64) {
+            return Err(TensorError::OutOfBuffer { index, len: len as u64 }.into());
+        }
+        Ok(Self { buf: AlignedBuf::zeroed(len), map })
     }
 
     fn base(&self) -> *mut u8 {
         self.buf.ptr.as_ptr()
     }
 
-    fn page_layer_bytes(&self) -> usize {
-        self.page_tokens * self.token_bytes
-    }
-
-    fn part_index(&self, part: Part) -> Result<usize, DeviceError> {
-        self.parts
-            .iter()
-            .position(|&p| p == part)
-            .ok_or(DeviceError::BadPart(part))
-    }
-
-    /// Offset of (part, layer, page) in the buffer.
-    fn chunk(&self, part: usize, layer: u32, slot: u32) -> usize {
-        ((part * self.layers as usize + layer as usize) * self.pages as usize + slot as usize) * self.page_layer_bytes()
-    }
-
-    fn check(&self, slot: u32, part: Part, len: usize) -> Result<usize, DeviceError> {
-        if slot >= self.pages {
-            return Err(DeviceError::BadSlot {
-                slot,
-                pages: self.pages,
-            });
+    /// Raw bytes of the buffer (what a kernel sees at those offsets), or `None` out of range.
+    pub fn read_raw(&self, offset: usize, len: usize) -> Option<Vec<u8>> {
+        if offset.checked_add(len)? > self.buf.len() {
+            return None;
         }
-        let p = self.part_index(part)?;
-        if len != self.object_bytes() {
-            return Err(DeviceError::WrongSize {
-                got: len,
-                want: self.object_bytes(),
-            });
-        }
-        Ok(p)
+        let mut out = vec![0u8; len];
+        // SAFETY: in bounds; no copy runs on pages a test inspects.
+        unsafe { std::ptr::copy_nonoverlapping(self.base().add(offset), out.as_mut_ptr(), len) };
+        Some(out)
     }
 
     /// Copies between the object's bytes and its place in the region. `to_host` picks the
-    /// direction. Layer-first is one run per layer; page-first interleaves per token.
+    /// direction.
     ///
     /// # Safety
-    /// `host` must be valid for `object_bytes()` bytes in the chosen direction, and no
-    /// other copy may touch the same device page concurrently.
-    unsafe fn copy_object(&self, part: usize, slot: u32, host: *mut u8, to_host: bool) {
-        let run = self.page_layer_bytes();
+    /// `host` must be valid for `object_bytes()` bytes in the chosen direction, the copy
+    /// must have been checked by `PageMap::check`, and no other copy may touch the same
+    /// device page concurrently.
+    unsafe fn copy_object(&self, slot: u32, part: Part, host: *mut u8, to_host: bool) -> Result<(), DeviceError> {
         let base = self.base();
-        let mv = |dev_off: usize, host_off: usize, n: usize| {
-            // SAFETY: offsets are inside the region and the host buffer (checked sizes).
+        let mv = |dev_off: u64, host_off: usize, n: usize| {
+            // SAFETY: runs lie inside the buffer (checked when the map was built) and the
+            // host buffer (checked size).
             unsafe {
+                let dev = base.add(dev_off as usize);
                 if to_host {
-                    std::ptr::copy_nonoverlapping(base.add(dev_off), host.add(host_off), n);
+                    std::ptr::copy_nonoverlapping(dev, host.add(host_off), n);
                 } else {
-                    std::ptr::copy_nonoverlapping(host.add(host_off), base.add(dev_off), n);
+                    std::ptr::copy_nonoverlapping(host.add(host_off), dev, n);
                 }
             }
         };
-        match self.order {
-            ByteOrder::LayerFirst => {
-                for layer in 0..self.layers {
-                    mv(self.chunk(part, layer, slot), layer as usize * run, run);
+        self.map.plan(slot, part, self.object_bytes(), |r| match r.rows {
+            None => mv(r.dev, r.host_off, r.width),
+            Some((rows, pitch)) => {
+                for t in 0..rows {
+                    mv(r.dev + (t * r.width) as u64, r.host_off + t * pitch, r.width);
                 }
             }
-            ByteOrder::PageFirst => {
-                let layers = self.layers as usize;
-                for layer in 0..self.layers {
-                    let chunk = self.chunk(part, layer, slot);
-                    for t in 0..self.page_tokens {
-                        let host_off = (t * layers + layer as usize) * self.token_bytes;
-                        mv(chunk + t * self.token_bytes, host_off, self.token_bytes);
-                    }
-                }
-            }
-        }
+        })
     }
 
     /// What the engine's attention kernel would write: the bytes of one layer of one page.
     pub fn write_layer(&self, slot: u32, part: Part, layer: u32, data: &[u8]) -> Result<(), DeviceError> {
-        let p = self.part_index(part)?;
-        self.check_layer(slot, layer, data.len())?;
+        let p = self.map.part_index(part)?;
+        self.map.check_layer(slot, layer, data.len())?;
+        let at = self.map.chunk(p, layer, slot) as usize;
         // SAFETY: bounds checked; the engine owns this device page while writing it.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.base().add(self.chunk(p, layer, slot)), data.len());
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.base().add(at), data.len());
         }
         Ok(())
     }
 
     /// What the engine's attention kernel would read: one layer of one page.
     pub fn read_layer(&self, slot: u32, part: Part, layer: u32) -> Result<Vec<u8>, DeviceError> {
-        let p = self.part_index(part)?;
-        self.check_layer(slot, layer, self.page_layer_bytes())?;
-        let mut out = vec![0u8; self.page_layer_bytes()];
+        let p = self.map.part_index(part)?;
+        self.map.check_layer(slot, layer, self.map.run())?;
+        let mut out = vec![0u8; self.map.run()];
+        let at = self.map.chunk(p, layer, slot) as usize;
         // SAFETY: bounds checked.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.base().add(self.chunk(p, layer, slot)), out.as_mut_ptr(), out.len());
+            std::ptr::copy_nonoverlapping(self.base().add(at), out.as_mut_ptr(), out.len());
         }
         Ok(out)
     }
@@ -239,12 +222,9 @@ impl EmulatedDevice {
     /// Fills every layer and part of a page with bytes derived from `seed` (tests, benches
     /// and the C++ test engine use the same rule to check what comes back).
     pub fn fill_page(&self, slot: u32, seed: u64) -> Result<(), DeviceError> {
-        for (pi, &part) in self.parts.iter().enumerate() {
-            for layer in 0..self.layers {
-                let data = pattern(
-                    seed ^ ((pi as u64) << 56) ^ ((layer as u64) << 40),
-                    self.page_layer_bytes(),
-                );
+        for (pi, &part) in self.map.parts().iter().enumerate() {
+            for layer in 0..self.map.layers() {
+                let data = pattern(layer_seed(seed, pi, layer), self.map.run());
                 self.write_layer(slot, part, layer, &data)?;
             }
         }
@@ -253,12 +233,9 @@ impl EmulatedDevice {
 
     /// Whether a page holds exactly what `fill_page(_, seed)` wrote.
     pub fn page_matches(&self, slot: u32, seed: u64) -> Result<bool, DeviceError> {
-        for (pi, &part) in self.parts.iter().enumerate() {
-            for layer in 0..self.layers {
-                let want = pattern(
-                    seed ^ ((pi as u64) << 56) ^ ((layer as u64) << 40),
-                    self.page_layer_bytes(),
-                );
+        for (pi, &part) in self.map.parts().iter().enumerate() {
+            for layer in 0..self.map.layers() {
+                let want = pattern(layer_seed(seed, pi, layer), self.map.run());
                 if self.read_layer(slot, part, layer)? != want {
                     return Ok(false);
                 }
@@ -266,28 +243,11 @@ impl EmulatedDevice {
         }
         Ok(true)
     }
+}
 
-    fn check_layer(&self, slot: u32, layer: u32, len: usize) -> Result<(), DeviceError> {
-        if slot >= self.pages {
-            return Err(DeviceError::BadSlot {
-                slot,
-                pages: self.pages,
-            });
-        }
-        if layer >= self.layers {
-            return Err(DeviceError::BadLayer {
-                layer,
-                layers: self.layers,
-            });
-        }
-        if len != self.page_layer_bytes() {
-            return Err(DeviceError::WrongSize {
-                got: len,
-                want: self.page_layer_bytes(),
-            });
-        }
-        Ok(())
-    }
+/// The seed of one (part index, layer) run of a page filled by `fill_page(_, seed)`.
+pub fn layer_seed(seed: u64, part: usize, layer: u32) -> u64 {
+    seed ^ ((part as u64) << 56) ^ ((layer as u64) << 40)
 }
 
 /// Deterministic bytes from a seed (splitmix64), so any side can check content.
@@ -311,34 +271,32 @@ impl DeviceRegion for EmulatedDevice {
     }
 
     fn pages(&self) -> u32 {
-        self.pages
+        self.map.pages()
     }
 
     fn object_bytes(&self) -> usize {
-        self.layers as usize * self.page_layer_bytes()
+        self.map.object_bytes()
     }
 
     fn copy_to_host(&self, batch: &mut [ObjectCopy<&mut [u8]>]) -> Result<(), DeviceError> {
         for c in batch.iter() {
-            self.check(c.slot, c.part, c.host.len())?;
+            self.map.check(c.slot, c.part, c.host.len())?;
         }
         for c in batch.iter_mut() {
-            let p = self.part_index(c.part)?;
-            // SAFETY: sizes checked above; `host` is an exclusive borrow.
-            unsafe { self.copy_object(p, c.slot, c.host.as_mut_ptr(), true) };
+            // SAFETY: checked above; `host` is an exclusive borrow.
+            unsafe { self.copy_object(c.slot, c.part, c.host.as_mut_ptr(), true)? };
         }
         Ok(())
     }
 
     fn copy_from_host(&self, batch: &[ObjectCopy<&[u8]>]) -> Result<(), DeviceError> {
         for c in batch {
-            self.check(c.slot, c.part, c.host.len())?;
+            self.map.check(c.slot, c.part, c.host.len())?;
         }
         for c in batch {
-            let p = self.part_index(c.part)?;
-            // SAFETY: sizes checked; the host slice is only read (the cast is for the
-            // shared copy routine, which reads from it in this direction).
-            unsafe { self.copy_object(p, c.slot, c.host.as_ptr() as *mut u8, false) };
+            // SAFETY: checked; the host slice is only read (the cast is for the shared
+            // copy routine, which reads from it in this direction).
+            unsafe { self.copy_object(c.slot, c.part, c.host.as_ptr() as *mut u8, false)? };
         }
         Ok(())
     }
@@ -347,7 +305,7 @@ impl DeviceRegion for EmulatedDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::LayoutSpec;
+    use crate::layout::{ByteOrder, LayoutSpec};
 
     #[test]
     fn objects_round_trip_in_both_byte_orders() {
@@ -400,5 +358,40 @@ mod tests {
             dev.copy_from_host(&[ObjectCopy::new(0, Part::Latent, &buf[1..])]),
             Err(DeviceError::WrongSize { .. })
         ));
+    }
+
+    #[test]
+    fn wrapped_tensors_put_pages_where_the_engine_expects_them() {
+        // [blocks, 2, block_size, heads, head_dim] per layer: K and V of a block are
+        // neighbours, so each part's pages are two runs apart.
+        for order in [ByteOrder::LayerFirst, ByteOrder::PageFirst] {
+            let layout = LayoutSpec::mha(2, 2, 8, 2, 4).with_byte_order(order).build().unwrap();
+            let (blocks, run) = (6u64, 128u64);
+            let layer_bytes = blocks * 2 * run;
+            let l = |i: u64| 64 + i * layer_bytes;
+            let t = KvTensors {
+                bases: vec![l(0), l(1), l(0) + run, l(1) + run],
+                page_stride: 2 * run,
+                pages: blocks as u32,
+            };
+            let len = (64 + 2 * layer_bytes) as usize;
+            assert!(matches!(
+                EmulatedDevice::with_tensors(&layout, 0, &t, len - 1),
+                Err(DeviceError::Tensors(TensorError::OutOfBuffer { index: 3, .. }))
+            ));
+            let dev = EmulatedDevice::with_tensors(&layout, 0, &t, len).unwrap();
+            dev.fill_page(4, 9).unwrap();
+            // V of layer 1, block 4 sits right after K of layer 1, block 4.
+            let at = (l(1) + 4 * 2 * run + run) as usize;
+            let want = pattern(layer_seed(9, 1, 1), run as usize);
+            assert_eq!(dev.read_raw(at, run as usize).unwrap(), want);
+            let mut v = vec![0u8; dev.object_bytes()];
+            dev.copy_to_host(&mut [ObjectCopy::new(4, Part::V, &mut v[..])])
+                .unwrap();
+            dev.copy_from_host(&[ObjectCopy::new(0, Part::V, &v[..])]).unwrap();
+            assert_eq!(dev.read_layer(0, Part::V, 1).unwrap(), want);
+            // Block 0's K was never written.
+            assert_eq!(dev.read_raw(l(1) as usize, 8).unwrap(), vec![0u8; 8]);
+        }
     }
 }

@@ -1,0 +1,366 @@
+//! Where each page of a rank's device region lives: one base address per (part, layer) of
+//! the rank's PP stage and one page stride, which is the shape engines' own KV tensors
+//! have.
+//!
+//! vLLM keeps per layer a `[2, blocks, block_size, heads, head_dim]` tensor (K at `t[0]`,
+//! V at `t[1]`, stride one block) or `[blocks, 2, block_size, heads, head_dim]` (K and V
+//! interleaved, stride two blocks); SGLang keeps `k_buffer[layer]` and `v_buffer[layer]`
+//! (or one MLA `kv_buffer[layer]`) of `[tokens, heads, head_dim]`, a page being
+//! `page_size` consecutive tokens. In each of them one page of one (part, layer) is a
+//! contiguous run of `page_tokens * token_bytes` bytes at `base + slot * page_stride`.
+//! [`PageMap`] turns a (slot, part) into those runs for both an owned region (one
+//! allocation cut `[part][layer][page]`) and wrapped engine tensors ([`KvTensors`]).
+
+use crate::layout::{ByteOrder, Layout, Part};
+
+use super::device::DeviceError;
+
+/// Engine-owned KV tensors to wrap, as addresses: the caller keeps them alive and frees
+/// them; a region built on them never does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvTensors {
+    /// Address of page 0 of each (part, layer) of the rank's stage, parts outer, in
+    /// [`Layout::rank_parts`] order: `bases[p * layers + l]` (for MHA all K layers, then
+    /// all V layers).
+    pub bases: Vec<u64>,
+    /// Bytes from one page to the next inside one (part, layer) tensor.
+    pub page_stride: u64,
+    /// Pages each tensor holds.
+    pub pages: u32,
+}
+
+/// Why a set of tensors cannot be wrapped.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TensorError {
+    #[error("{got} tensor addresses given; the rank's stage has {parts} part(s) x {layers} layers = {want}")]
+    Count {
+        got: usize,
+        want: usize,
+        parts: usize,
+        layers: u32,
+    },
+    #[error("tensor {index} (part {part:?}, layer {layer}) has a null address")]
+    Null { index: usize, part: Part, layer: u32 },
+    #[error("page stride {stride} is smaller than one page's run of {run} bytes")]
+    Stride { stride: u64, run: u64 },
+    #[error("a region holds at least one page")]
+    NoPages,
+    #[error("tensor {index} runs past the end of the address space")]
+    Overflow { index: usize },
+    #[error("the pages of tensors {a} and {b} overlap")]
+    Overlap { a: usize, b: usize },
+    #[error("tensor {index} runs past the region's {len} bytes")]
+    OutOfBuffer { index: usize, len: u64 },
+}
+
+/// One contiguous device run of a page in one (part, layer), and where its bytes go in
+/// the object. A page-first object scatters the run: `rows = Some((rows, host_pitch))`
+/// moves `rows` pieces of `width` bytes, consecutive on the device and `host_pitch`
+/// apart in the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub dev: u64,
+    pub host_off: usize,
+    pub width: usize,
+    pub rows: Option<(usize, usize)>,
+}
+
+/// Validated addressing of one rank's region.
+#[derive(Clone, Debug)]
+pub struct PageMap {
+    parts: &'static [Part],
+    layers: u32,
+    pages: u32,
+    page_tokens: usize,
+    token_bytes: usize,
+    order: ByteOrder,
+    bases: Vec<u64>,
+    stride: u64,
+}
+
+impl PageMap {
+    fn shape(layout: &Layout, pp_rank: u16, pages: u32, bases: Vec<u64>, stride: u64) -> Self {
+        Self {
+            parts: layout.rank_parts(),
+            layers: layout.stage_layers(pp_rank),
+            pages,
+            page_tokens: layout.page_tokens() as usize,
+            token_bytes: layout.token_layer_bytes(),
+            order: layout.byte_order(),
+            bases,
+            stride,
+        }
+    }
+
+    /// Bytes of an owned region of `pages` pages for rank `pp_rank`.
+    pub fn contiguous_bytes(layout: &Layout, pp_rank: u16, pages: u32) -> usize {
+        let run = layout.page_tokens() as usize * layout.token_layer_bytes();
+        layout.rank_parts().len() * layout.stage_layers(pp_rank) as usize * pages as usize * run
+    }
+
+    /// An owned region at `base`, cut `[part][layer][page][token bytes]`.
+    pub fn contiguous(layout: &Layout, pp_rank: u16, pages: u32, base: u64) -> Self {
+        let run = (layout.page_tokens() as usize * layout.token_layer_bytes()) as u64;
+        let n = layout.rank_parts().len() * layout.stage_layers(pp_rank) as usize;
+        let bases = (0..n as u64).map(|i| base + i * pages as u64 * run).collect();
+        Self::shape(layout, pp_rank, pages, bases, run)
+    }
+
+    /// Engine-owned tensors, checked: one non-null address per (part, layer), a stride of
+    /// at least one page's run, no page of one tensor overlapping a page of another, and
+    /// no address wrapping around.
+    pub fn wrap(layout: &Layout, pp_rank: u16, t: &KvTensors) -> Result<Self, TensorError> {
+        let map = Self::shape(layout, pp_rank, t.pages, t.bases.clone(), t.page_stride);
+        let want = map.parts.len() * map.layers as usize;
+        if t.bases.len() != want {
+            return Err(TensorError::Count {
+                got: t.bases.len(),
+                want,
+                parts: map.parts.len(),
+                layers: map.layers,
+            });
+        }
+        if let Some(index) = t.bases.iter().position(|&b| b == 0) {
+            let layers = map.layers as usize;
+            return Err(TensorError::Null {
+                index,
+                part: map.parts[index / layers],
+                layer: (index % layers) as u32,
+            });
+        }
+        let run = map.run() as u64;
+        if t.page_stride < run {
+            return Err(TensorError::Stride {
+                stride: t.page_stride,
+                run,
+            });
+        }
+        if t.pages == 0 {
+            return Err(TensorError::NoPages);
+        }
+        for (index, &b) in t.bases.iter().enumerate() {
+            let span = (t.pages as u64 - 1)
+                .checked_mul(t.page_stride)
+                .and_then(|s| s.checked_add(run));
+            if span.and_then(|s| b.checked_add(s)).is_none() {
+                return Err(TensorError::Overflow { index });
+            }
+        }
+        // Pages of two tensors sharing a stride S overlap when their bases differ by
+        // k*S + r with r (or S - r) shorter than a run and the page indices in range.
+        for a in 0..t.bases.len() {
+            for b in a + 1..t.bases.len() {
+                let d = t.bases[a].abs_diff(t.bases[b]);
+                let (k, r) = (d / t.page_stride, d % t.page_stride);
+                let last = t.pages as u64 - 1;
+                if (r < run && k <= last) || (t.page_stride - r < run && k < last) {
+                    return Err(TensorError::Overlap { a, b });
+                }
+            }
+        }
+        Ok(map)
+    }
+
+    pub fn pages(&self) -> u32 {
+        self.pages
+    }
+
+    pub fn layers(&self) -> u32 {
+        self.layers
+    }
+
+    pub fn parts(&self) -> &'static [Part] {
+        self.parts
+    }
+
+    /// Bytes of one page of one (part, layer).
+    pub fn run(&self) -> usize {
+        self.page_tokens * self.token_bytes
+    }
+
+    /// Bytes of one object (one part of one page across the stage's layers).
+    pub fn object_bytes(&self) -> usize {
+        self.layers as usize * self.run()
+    }
+
+    /// One past the highest address any page reaches.
+    pub fn end(&self) -> u64 {
+        let last = (self.pages.max(1) as u64 - 1) * self.stride + self.run() as u64;
+        self.bases.iter().map(|b| b + last).max().unwrap_or(0)
+    }
+
+    /// The first tensor whose pages reach past `len`, if any.
+    pub fn beyond(&self, len: u64) -> Option<usize> {
+        let last = (self.pages.max(1) as u64 - 1) * self.stride + self.run() as u64;
+        self.bases.iter().position(|b| b + last > len)
+    }
+
+    pub fn part_index(&self, part: Part) -> Result<usize, DeviceError> {
+        self.parts
+            .iter()
+            .position(|&p| p == part)
+            .ok_or(DeviceError::BadPart(part))
+    }
+
+    /// Address of page `slot` of (part index, layer). Callers check the bounds.
+    pub fn chunk(&self, part: usize, layer: u32, slot: u32) -> u64 {
+        self.bases[part * self.layers as usize + layer as usize] + slot as u64 * self.stride
+    }
+
+    /// Checks one object copy; returns the part's index.
+    pub fn check(&self, slot: u32, part: Part, len: usize) -> Result<usize, DeviceError> {
+        if slot >= self.pages {
+            return Err(DeviceError::BadSlot {
+                slot,
+                pages: self.pages,
+            });
+        }
+        let p = self.part_index(part)?;
+        if len != self.object_bytes() {
+            return Err(DeviceError::WrongSize {
+                got: len,
+                want: self.object_bytes(),
+            });
+        }
+        Ok(p)
+    }
+
+    /// Checks one layer access (what an attention kernel reads or writes).
+    pub fn check_layer(&self, slot: u32, layer: u32, len: usize) -> Result<(), DeviceError> {
+        if slot >= self.pages {
+            return Err(DeviceError::BadSlot {
+                slot,
+                pages: self.pages,
+            });
+        }
+        if layer >= self.layers {
+            return Err(DeviceError::BadLayer {
+                layer,
+                layers: self.layers,
+            });
+        }
+        if len != self.run() {
+            return Err(DeviceError::WrongSize {
+                got: len,
+                want: self.run(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The runs of one object, one per layer, in the layout's byte order: layer-first is
+    /// one contiguous run per layer; page-first interleaves the layers per token.
+    pub fn plan(&self, slot: u32, part: Part, len: usize, mut f: impl FnMut(Run)) -> Result<(), DeviceError> {
+        let p = self.check(slot, part, len)?;
+        let run = self.run();
+        for layer in 0..self.layers {
+            let (host_off, width, rows) = match self.order {
+                ByteOrder::LayerFirst => (layer as usize * run, run, None),
+                ByteOrder::PageFirst => (
+                    layer as usize * self.token_bytes,
+                    self.token_bytes,
+                    Some((self.page_tokens, self.layers as usize * self.token_bytes)),
+                ),
+            };
+            f(Run {
+                dev: self.chunk(p, layer, slot),
+                host_off,
+                width,
+                rows,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::LayoutSpec;
+
+    fn layout() -> Layout {
+        // 2 layers, run = 4 tokens x 2 heads x 8 dims x 2 bytes = 128 bytes.
+        LayoutSpec::mha(2, 2, 8, 2, 4).build().unwrap()
+    }
+
+    fn wrap(bases: Vec<u64>, page_stride: u64, pages: u32) -> Result<PageMap, TensorError> {
+        PageMap::wrap(
+            &layout(),
+            0,
+            &KvTensors {
+                bases,
+                page_stride,
+                pages,
+            },
+        )
+    }
+
+    #[test]
+    fn owned_regions_are_one_tensor_per_part_and_layer() {
+        let m = PageMap::contiguous(&layout(), 0, 4, 1000);
+        assert_eq!(m.run(), 128);
+        assert_eq!(m.chunk(0, 0, 0), 1000);
+        assert_eq!(m.chunk(0, 1, 0), 1000 + 4 * 128);
+        assert_eq!(m.chunk(1, 1, 3), 1000 + (3 * 4 + 3) * 128);
+        assert_eq!(m.end(), 1000 + PageMap::contiguous_bytes(&layout(), 0, 4) as u64);
+    }
+
+    #[test]
+    fn vllm_and_sglang_shapes_wrap() {
+        // vLLM [2, blocks, ...] per layer: V follows all K blocks.
+        let (blocks, run) = (8u64, 128u64);
+        let l0 = 1 << 20;
+        let l1 = l0 + 2 * blocks * run;
+        let m = wrap(vec![l0, l1, l0 + blocks * run, l1 + blocks * run], run, 8).unwrap();
+        assert_eq!(m.chunk(1, 0, 2), l0 + (8 + 2) * run);
+        // [blocks, 2, ...]: K and V interleave page by page.
+        let m = wrap(vec![l0, l1, l0 + run, l1 + run], 2 * run, 8).unwrap();
+        assert_eq!(m.chunk(1, 1, 3), l1 + run + 3 * 2 * run);
+        assert_eq!(m.end(), l1 + run + 7 * 2 * run + run);
+    }
+
+    #[test]
+    fn bad_tensors_are_typed_errors() {
+        assert!(matches!(
+            wrap(vec![1 << 20; 3], 128, 4),
+            Err(TensorError::Count { got: 3, want: 4, .. })
+        ));
+        assert_eq!(
+            wrap(vec![1 << 20, 2 << 20, 0, 4 << 20], 128, 4).unwrap_err(),
+            TensorError::Null {
+                index: 2,
+                part: Part::V,
+                layer: 0
+            }
+        );
+        assert_eq!(
+            wrap(vec![1 << 20, 2 << 20, 3 << 20, 4 << 20], 0, 4).unwrap_err(),
+            TensorError::Stride { stride: 0, run: 128 }
+        );
+        assert_eq!(
+            wrap(vec![1 << 20, 2 << 20, 3 << 20, 4 << 20], 128, 0).unwrap_err(),
+            TensorError::NoPages
+        );
+        assert_eq!(
+            wrap(vec![1 << 20, 2 << 20, 3 << 20, u64::MAX - 100], 128, 1).unwrap_err(),
+            TensorError::Overflow { index: 3 }
+        );
+        // The same pointer for K and V, V starting inside K's last page, and an
+        // interleave off by a few bytes all overlap; exactly adjacent tensors do not.
+        let base = 1 << 20;
+        assert_eq!(
+            wrap(vec![base, 2 << 20, base, 4 << 20], 128, 4).unwrap_err(),
+            TensorError::Overlap { a: 0, b: 2 }
+        );
+        assert!(matches!(
+            wrap(vec![base, 2 << 20, base + 3 * 128 + 64, 4 << 20], 128, 4),
+            Err(TensorError::Overlap { a: 0, b: 2 })
+        ));
+        assert!(matches!(
+            wrap(vec![base, 2 << 20, base + 100, 4 << 20], 256, 4),
+            Err(TensorError::Overlap { a: 0, b: 2 })
+        ));
+        wrap(vec![base, 2 << 20, base + 4 * 128, 4 << 20], 128, 4).unwrap();
+        wrap(vec![base, 2 << 20, base + 128, 4 << 20], 256, 4).unwrap();
+    }
+}
