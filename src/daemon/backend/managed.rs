@@ -20,7 +20,10 @@ use crate::hints::{Hint, HintOutcome};
 use crate::layout::LayoutSpec;
 use crate::manager::{self, Manager, ManagerConfig, ManagerError, PoolConfig, StoreStatus};
 use crate::page::{Namespace, NamespaceId, PageHash};
-use crate::protocol::{ArenaInfo, DaemonStats, GrantPage, LoadWait, ObjectSlot, SessionPhase, TicketStatus};
+use crate::protocol::{
+    AdviceBatch, AdviceKind, ArenaInfo, DaemonStats, EngineAdvice, GrantPage, LoadWait, ObjectSlot, SessionPhase,
+    TicketStatus,
+};
 use crate::tier::TierKind;
 use crate::tier::host::{ArenaOptions, SlotId};
 
@@ -363,6 +366,22 @@ impl Backend for ManagedTiers {
             Err(ManagerError::Hint(e)) => Err(BackendError::Hint(e)),
             Err(e) => Err(e.into()),
         }
+    }
+
+    fn take_advice(&self, ns: NamespaceId, max_pages: usize) -> AdviceBatch {
+        let (taken, more) = self.mgr.take_advice_for(ns, max_pages);
+        let advice = taken
+            .into_iter()
+            .map(|a| {
+                let (kind, hashes) = match a {
+                    manager::Advice::EvictFirst { hashes, .. } => (AdviceKind::EvictFirst, hashes),
+                    manager::Advice::Offload { hashes, .. } => (AdviceKind::Offload, hashes),
+                    manager::Advice::ReadyToLoad { hashes, .. } => (AdviceKind::ReadyToLoad, hashes),
+                };
+                EngineAdvice { kind, hashes }
+            })
+            .collect();
+        AdviceBatch { advice, more }
     }
 
     fn stats(&self) -> DaemonStats {
