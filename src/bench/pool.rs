@@ -129,7 +129,7 @@ fn side_by_side(
 ) -> anyhow::Result<(f64, f64)> {
     let (mut k, mut r) = (0.0, 0.0);
     for c in 0..chunks {
-        if round > 0 && (c + round) % 2 == 0 {
+        if round > 0 && (c + round).is_multiple_of(2) {
             k += kvtier(c)?;
             r += reference(c)?;
         } else {

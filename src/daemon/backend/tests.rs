@@ -164,7 +164,10 @@ fn a_page_staged_back_from_the_pool_is_journalled_and_recovered_then_released() 
         b.manager().make_host_room(usize::MAX);
         b.tick();
         assert!(!host_complete(&b, reg.ns, &h));
-        assert!(complete_in(&b, reg.ns, &h, TierKind::Pool), "the page is in the pool only");
+        assert!(
+            complete_in(&b, reg.ns, &h, TierKind::Pool),
+            "the page is in the pool only"
+        );
         let back = Hint::Prefetch {
             target: HintTarget::Pages(vec![h]),
             to: TierKind::Host,
