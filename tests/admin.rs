@@ -1,12 +1,15 @@
 //! The admin socket driven by real clients: curl over the Unix socket (also as another
 //! user, to be refused), the `kvtier` CLI, and Python's Prometheus text parser.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
+use common::python;
 use kvtier::admin::{self, AdminConfig, EngineInfo, EngineView, SessionInfo};
 use kvtier::manager::{Manager, ManagerConfig};
 use kvtier::shutdown::Shutdown;
@@ -40,19 +43,6 @@ impl EngineView for Engines {
             pages: Some(3),
         }]
     }
-}
-
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("KVTIER_PYTHON") {
-        return p.into();
-    }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
-    assert!(
-        p.exists(),
-        "no Python test environment at {}: run scripts/test.sh (it creates .venv)",
-        p.display()
-    );
-    p
 }
 
 /// A manager with one TP=2 namespace (four objects per page) and pages 1..=3 complete on

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use kvtier::client::ClientError;
 use kvtier::hints::{Hint, HintOutcome, HintTarget};
-use kvtier::protocol::{ErrorCode, Header, LoadWait, Request, Response, kind};
+use kvtier::protocol::{
+    AdviceBatch, AdviceKind, EngineAdvice, ErrorCode, Header, Identity, LoadWait, Request, Response, kind,
+};
 use kvtier::tier::device::EmulatedDevice;
 
 /// Not a test: the body of a rank process (see `common::RankProc`).
@@ -207,6 +209,85 @@ fn daemon_restart_recovers_pages_and_discards_a_corrupt_one() {
     let s = c.stats().unwrap();
     assert_eq!((s.recovered_pages, s.discarded_pages), (7, 0));
     assert_eq!(c.lookup(&hs).unwrap().host, 5);
+}
+
+#[test]
+fn engine_advice_travels_from_the_daemon_to_the_rank_that_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), 16 << 20);
+    let c = d.client(identity("advice", 0, 0, 1, 1), spec(1, 1));
+    let layout = spec(1, 1).build().unwrap();
+    let dev = Arc::new(EmulatedDevice::new(&layout, 0, 16));
+    c.register_device(dev.clone()).unwrap();
+    let hs = hashes(4000, 6);
+    for (i, h) in hs.iter().enumerate() {
+        dev.fill_page(i as u32, seed(h, 0, 0)).unwrap();
+    }
+    let slots: Vec<u32> = (0..6).collect();
+    assert_eq!(c.store(&hs, &slots, "").unwrap().complete, 6);
+    assert_eq!(
+        c.take_advice(1024).unwrap(),
+        AdviceBatch::default(),
+        "nothing to advise yet"
+    );
+
+    // Demote four pages to host: they have a host copy, so the engine should evict them first.
+    let demote = Hint::Demote {
+        target: HintTarget::Pages(hs[..4].to_vec()),
+        to: kvtier::TierKind::Host,
+    };
+    assert_eq!(c.hint(demote).unwrap(), HintOutcome::Accepted { pages: 4 });
+    // The engine frees the last two; a prefetch to device finds them on host: ready to load.
+    c.removed(&hs[4..]).unwrap();
+    let prefetch = Hint::Prefetch {
+        target: HintTarget::Pages(hs[4..].to_vec()),
+        to: kvtier::TierKind::Device,
+        deadline_ms: None,
+    };
+    assert_eq!(c.hint(prefetch).unwrap(), HintOutcome::Accepted { pages: 2 });
+
+    // Another namespace's rank gets none of it.
+    let other = Identity {
+        namespace: kvtier::Namespace::model("other-model"),
+        ..identity("other", 0, 0, 1, 1)
+    };
+    let other = d.client(other, spec(1, 1));
+    assert_eq!(other.take_advice(1024).unwrap(), AdviceBatch::default());
+
+    // A budget of three pages splits the first entry and says more is waiting.
+    let advice = |kind, hashes: &[kvtier::PageHash]| EngineAdvice {
+        kind,
+        hashes: hashes.to_vec(),
+    };
+    assert_eq!(
+        c.take_advice(3).unwrap(),
+        AdviceBatch {
+            advice: vec![advice(AdviceKind::EvictFirst, &hs[..3])],
+            more: true
+        }
+    );
+    assert_eq!(
+        c.take_advice(1024).unwrap(),
+        AdviceBatch {
+            advice: vec![
+                advice(AdviceKind::EvictFirst, &hs[3..4]),
+                advice(AdviceKind::ReadyToLoad, &hs[4..])
+            ],
+            more: false
+        }
+    );
+    assert_eq!(c.take_advice(1024).unwrap(), AdviceBatch::default(), "taken once");
+    assert!(matches!(c.take_advice(0), Err(ClientError::BadInput(_))));
+
+    // On the wire: a zero budget is a typed error, and the request needs a connected rank.
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&raw_frame(kind::TAKE_ADVICE, 1, &0u32.to_le_bytes()))
+        .unwrap();
+    assert_eq!(code(answer(&mut s)), Some(ErrorCode::BadFrame));
+    s.write_all(&raw_frame(kind::TAKE_ADVICE, 2, &16u32.to_le_bytes()))
+        .unwrap();
+    assert_eq!(code(answer(&mut s)), Some(ErrorCode::NotConnected));
 }
 
 #[test]

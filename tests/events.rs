@@ -3,12 +3,15 @@
 //! connected from the replay socket, and hands back what it decoded so this test can
 //! compare it, event by event, with kvtier's own event log.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::python;
 use kvtier::events::{PageEvent, PageEventKind};
 use kvtier::hints::{Hint, HintTarget};
 use kvtier::manager::{Manager, ManagerConfig, Tunables};
@@ -20,19 +23,6 @@ use kvtier::shutdown::Shutdown;
 use kvtier::tier::device::pattern;
 use kvtier::{LayoutSpec, Namespace, PageHash, TierKind};
 use serde_json::{Value, json};
-
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("KVTIER_PYTHON") {
-        return p.into();
-    }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
-    assert!(
-        p.exists(),
-        "no Python test environment at {}: run scripts/test.sh (it creates .venv)",
-        p.display()
-    );
-    p
-}
 
 /// Waits (bounded) until every publisher has read the event log to its end.
 fn drained(m: &Manager, pubs: &[&PublisherHandle]) {

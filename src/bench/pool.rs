@@ -111,6 +111,65 @@ fn gbps(bytes: usize, secs: f64) -> f64 {
     bytes as f64 / secs.max(1e-9) / 1e9
 }
 
+/// Seconds `f` takes.
+fn timed(f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+/// Runs kvtier's side and the reference side of every batch, batch by batch, alternating
+/// which goes first from round 1 on (round 0, the warm-up, runs the reference first), so
+/// both meet the same machine load. Returns the total seconds of each side.
+fn side_by_side(
+    round: usize,
+    chunks: usize,
+    mut kvtier: impl FnMut(usize) -> anyhow::Result<f64>,
+    mut reference: impl FnMut(usize) -> anyhow::Result<f64>,
+) -> anyhow::Result<(f64, f64)> {
+    let (mut k, mut r) = (0.0, 0.0);
+    for c in 0..chunks {
+        if round > 0 && (c + round).is_multiple_of(2) {
+            k += kvtier(c)?;
+            r += reference(c)?;
+        } else {
+            r += reference(c)?;
+            k += kvtier(c)?;
+        }
+    }
+    Ok((k, r))
+}
+
+/// What the two rows (put and get) of one measurement share.
+struct Shape {
+    backend: &'static str,
+    reference: &'static str,
+    object_bytes: usize,
+    objects: usize,
+    batch: usize,
+    rounds: usize,
+}
+
+impl Shape {
+    /// A row from per-round seconds of kvtier (`k`) and of the reference (`r`): medians as GB/s.
+    fn row(&self, op: &'static str, k: Vec<f64>, r: Vec<f64>) -> Row {
+        let total = self.objects * self.object_bytes;
+        let (kg, rg) = (gbps(total, median(k)), gbps(total, median(r)));
+        Row {
+            backend: self.backend,
+            op,
+            object_bytes: self.object_bytes,
+            objects: self.objects,
+            batch: self.batch,
+            rounds: self.rounds,
+            kvtier_gbps: kg,
+            raw_gbps: rg,
+            ratio: kg / rg.max(1e-12),
+            reference: self.reference,
+        }
+    }
+}
+
 fn bench_size(args: &PoolBenchArgs, size: usize) -> anyhow::Result<Vec<Row>> {
     let n = (args.bytes / size).max(1);
     let batch = (args.batch_bytes / size).clamp(1, 1024);
@@ -224,25 +283,8 @@ fn bench_mooncake(
         // Batch by batch, side by side, alternating which goes first, so both sides meet
         // the same machine load. In the warm-up round kvtier's get goes last, into zeroed
         // slots, and its bytes are checked against the source.
-        let (mut t_kp, mut t_rp, mut t_kg, mut t_rg) = (0.0, 0.0, 0.0, 0.0);
-        for c in 0..chunks {
-            if round > 0 && (c + round) % 2 == 0 {
-                t_kp += kv_put(c)?;
-                t_rp += raw(true, c)?;
-            } else {
-                t_rp += raw(true, c)?;
-                t_kp += kv_put(c)?;
-            }
-        }
-        for c in 0..chunks {
-            if round > 0 && (c + round) % 2 == 0 {
-                t_kg += kv_get(c, false)?;
-                t_rg += raw(false, c)?;
-            } else {
-                t_rg += raw(false, c)?;
-                t_kg += kv_get(c, round == 0)?;
-            }
-        }
+        let (t_kp, t_rp) = side_by_side(round, chunks, kv_put, |c| raw(true, c))?;
+        let (t_kg, t_rg) = side_by_side(round, chunks, |c| kv_get(c, round == 0), |c| raw(false, c))?;
         if round == 0 {
             if src.iter().zip(dst).any(|(a, b)| a != b) {
                 bail!("kvtier get returned different bytes");
@@ -258,22 +300,15 @@ fn bench_mooncake(
         let refs: Vec<&str> = all.iter().map(String::as_str).collect();
         pool.remove_batch(&refs, true);
     }
-    let row = |op, k: Vec<f64>, r: Vec<f64>| {
-        let (kg, rg) = (gbps(total, median(k)), gbps(total, median(r)));
-        Row {
-            backend: "mooncake",
-            op,
-            object_bytes: size,
-            objects: n,
-            batch,
-            rounds: args.rounds,
-            kvtier_gbps: kg,
-            raw_gbps: rg,
-            ratio: kg / rg.max(1e-12),
-            reference: "wheel python client",
-        }
+    let shape = Shape {
+        backend: "mooncake",
+        reference: "wheel python client",
+        object_bytes: size,
+        objects: n,
+        batch,
+        rounds: args.rounds,
     };
-    Ok(vec![row("put", kp, rp), row("get", kg, rg)])
+    Ok(vec![shape.row("put", kp, rp), shape.row("get", kg, rg)])
 }
 
 fn bench_local(args: &PoolBenchArgs, size: usize, batch: usize, src: &[&[u8]], tag: &str) -> anyhow::Result<Vec<Row>> {
@@ -290,40 +325,34 @@ fn bench_local(args: &PoolBenchArgs, size: usize, batch: usize, src: &[&[u8]], t
     let (mut kp, mut kg, mut rp, mut rg) = (vec![], vec![], vec![], vec![]);
     let keys: Vec<String> = (0..n).map(|i| format!("kvb-{i}")).collect();
     for _ in 0..args.rounds {
-        let t = Instant::now();
-        for (ks, objs) in keys.chunks(batch).zip(src.chunks(batch)) {
-            let items: Vec<(&str, &[u8])> = ks.iter().map(String::as_str).zip(objs.iter().copied()).collect();
-            pool.batch_put_from(&items);
-        }
-        kp.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        for (ks, chunk) in keys.chunks(batch).zip(out.chunks_mut(batch * size)) {
-            let mut items: Vec<(&str, &mut [u8])> = ks.iter().map(String::as_str).zip(chunk.chunks_mut(size)).collect();
-            pool.batch_get_into(&mut items);
-        }
-        kg.push(t.elapsed().as_secs_f64());
+        kp.push(timed(|| {
+            for (ks, objs) in keys.chunks(batch).zip(src.chunks(batch)) {
+                let items: Vec<(&str, &[u8])> = ks.iter().map(String::as_str).zip(objs.iter().copied()).collect();
+                pool.batch_put_from(&items);
+            }
+        }));
+        kg.push(timed(|| {
+            for (ks, chunk) in keys.chunks(batch).zip(out.chunks_mut(batch * size)) {
+                let mut items: Vec<(&str, &mut [u8])> =
+                    ks.iter().map(String::as_str).zip(chunk.chunks_mut(size)).collect();
+                pool.batch_get_into(&mut items);
+            }
+        }));
         // The physical reference: the same bytes copied with memcpy, both directions.
-        let t = Instant::now();
-        for (o, s) in out.chunks_mut(size).zip(src) {
-            o.copy_from_slice(s);
-        }
-        rp.push(t.elapsed().as_secs_f64());
+        rp.push(timed(|| {
+            for (o, s) in out.chunks_mut(size).zip(src) {
+                o.copy_from_slice(s);
+            }
+        }));
         rg.push(rp[rp.len() - 1]);
     }
-    let row = |op, k: Vec<f64>, r: Vec<f64>| {
-        let (kg, rg) = (gbps(total, median(k)), gbps(total, median(r)));
-        Row {
-            backend: "local",
-            op,
-            object_bytes: size,
-            objects: n,
-            batch,
-            rounds: args.rounds,
-            kvtier_gbps: kg,
-            raw_gbps: rg,
-            ratio: kg / rg.max(1e-12),
-            reference: "memcpy",
-        }
+    let shape = Shape {
+        backend: "local",
+        reference: "memcpy",
+        object_bytes: size,
+        objects: n,
+        batch,
+        rounds: args.rounds,
     };
-    Ok(vec![row("put", kp, rp), row("get", kg, rg)])
+    Ok(vec![shape.row("put", kp, rp), shape.row("get", kg, rg)])
 }

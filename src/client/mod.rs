@@ -21,8 +21,8 @@ use crate::hints::{Hint, HintOutcome};
 use crate::layout::{Layout, LayoutError, LayoutSpec};
 use crate::page::PageHash;
 use crate::protocol::{
-    ArenaInfo, DaemonStats, DeviceInfo, GrantPage, Identity, LoadWait, RemoteError, Request, Response, SessionPhase,
-    TicketStatus,
+    AdviceBatch, ArenaInfo, DaemonStats, DeviceInfo, GrantPage, Identity, LoadWait, MAX_ADVICE, MAX_PAGES, RemoteError,
+    Request, Response, SessionPhase, TicketStatus,
 };
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
@@ -355,6 +355,30 @@ impl Client {
     pub fn hint(&self, hint: Hint) -> Result<HintOutcome, ClientError> {
         match self.call(Request::Hint(hint))? {
             Response::Hint(o) => Ok(o),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Takes the advice the daemon holds for this rank's namespace (pages to evict first,
+    /// to offload, or ready to load), oldest first, at most `max_pages` page hashes (and no
+    /// more than a response frame of this client holds). Advice goes to whichever rank of
+    /// the namespace asks first, so ask from one rank (the scheduler's). When the answer
+    /// says `more`, ask again.
+    pub fn take_advice(&self, max_pages: usize) -> Result<AdviceBatch, ClientError> {
+        // Worst case per page: a 32-byte hash and its length byte; per entry, its kind
+        // and count.
+        let overhead = crate::protocol::HEADER_BYTES + 5 + 5 * MAX_ADVICE;
+        let fits = self.cfg.max_frame_bytes.saturating_sub(overhead) / (1 + crate::page::MAX_HASH_BYTES);
+        let budget = max_pages.min(fits).min(MAX_PAGES);
+        if budget == 0 {
+            return Err(ClientError::BadInput(format!(
+                "an advice budget of {max_pages} pages fits no page"
+            )));
+        }
+        match self.call(Request::TakeAdvice {
+            max_pages: budget as u32,
+        })? {
+            Response::Advice(a) => Ok(a),
             r => Err(Self::unexpected(r)),
         }
     }

@@ -50,6 +50,33 @@ pub(super) unsafe fn handle<'a>(p: *const Handle) -> Result<&'a Handle, FfiError
     unsafe { p.as_ref() }.ok_or_else(|| null("the client handle"))
 }
 
+/// Runs an entry point on a live client handle: `ERR_NULL` when `client` is null.
+///
+/// # Safety
+/// `client` is null or a handle from `kvtier_connect` not yet closed.
+pub(super) unsafe fn on_handle(client: *const Handle, f: impl FnOnce(&Handle) -> Result<(), FfiError>) -> i32 {
+    // SAFETY: caller contract.
+    run(|| f(unsafe { handle(client) }?))
+}
+
+/// Runs an entry point that answers through one output pointer: the handle is checked,
+/// then the output, and what `f` returns is written only when it succeeds.
+///
+/// # Safety
+/// `client` as in [`on_handle`]; `output` is null or writable.
+pub(super) unsafe fn to_output<T>(
+    client: *const Handle,
+    output: *mut T,
+    f: impl FnOnce(&Handle) -> Result<T, FfiError>,
+) -> i32 {
+    run(|| {
+        // SAFETY: caller contract.
+        let (h, o) = unsafe { (handle(client)?, out(output, "the output")?) };
+        *o = f(h)?;
+        Ok(())
+    })
+}
+
 /// # Safety
 /// `p` is null or points to writable memory for a `T`.
 pub(super) unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, FfiError> {
@@ -228,18 +255,17 @@ pub unsafe extern "C" fn kvtier_lookup(
     count: usize,
     out_hit: *mut PrefixHitC,
 ) -> i32 {
-    run(|| {
-        // SAFETY: caller contract for every pointer.
-        let (h, o) = unsafe { (handle(client)?, out(out_hit, "the output")?) };
-        let hashes = unsafe { hash_batch(hashes, hash_len, count) }?;
-        let hit = h.client().lookup(&hashes)?;
-        *o = PrefixHitC {
-            device: hit.device as u64,
-            host: hit.host as u64,
-            pool: hit.pool as u64,
-        };
-        Ok(())
-    })
+    // SAFETY: caller contract for every pointer.
+    unsafe {
+        to_output(client, out_hit, |h| {
+            let hit = h.client().lookup(&hash_batch(hashes, hash_len, count)?)?;
+            Ok(PrefixHitC {
+                device: hit.device as u64,
+                host: hit.host as u64,
+                pool: hit.pool as u64,
+            })
+        })
+    }
 }
 
 /// The store receipt struct of `include/kvtier.h`.
@@ -263,20 +289,20 @@ pub unsafe extern "C" fn kvtier_store(
     session: *const c_char,
     out_receipt: *mut StoreReceiptC,
 ) -> i32 {
-    run(|| {
-        // SAFETY: caller contract for every pointer.
-        let (h, o) = unsafe { (handle(client)?, out(out_receipt, "the output")?) };
-        let hashes = unsafe { hash_batch(hashes, hash_len, count) }?;
-        let slots = unsafe { slot_batch(slots, slot_count, hashes.len()) }?;
-        let session = unsafe { text_or_empty(session, "session") }?;
-        let r = h.client().store(&hashes, slots, session)?;
-        *o = StoreReceiptC {
-            ticket: r.ticket,
-            written: r.written as u64,
-            complete: r.complete,
-        };
-        Ok(())
-    })
+    // SAFETY: caller contract for every pointer.
+    unsafe {
+        to_output(client, out_receipt, |h| {
+            let hashes = hash_batch(hashes, hash_len, count)?;
+            let slots = slot_batch(slots, slot_count, hashes.len())?;
+            let session = text_or_empty(session, "session")?;
+            let r = h.client().store(&hashes, slots, session)?;
+            Ok(StoreReceiptC {
+                ticket: r.ticket,
+                written: r.written as u64,
+                complete: r.complete,
+            })
+        })
+    }
 }
 
 /// # Safety
@@ -293,26 +319,25 @@ pub unsafe extern "C" fn kvtier_load(
     wait_ms: u32,
     loaded: *mut usize,
 ) -> i32 {
-    run(|| {
-        // SAFETY: caller contract for every pointer.
-        let (h, o) = unsafe { (handle(client)?, out(loaded, "the output")?) };
-        let hashes = unsafe { hash_batch(hashes, hash_len, count) }?;
-        let slots = unsafe { slot_batch(slots, slot_count, hashes.len()) }?;
-        let wait = convert::load_wait(wait_mode, wait_ms)?;
-        *o = h.client().load(&hashes, slots, wait)?;
-        Ok(())
-    })
+    // SAFETY: caller contract for every pointer.
+    unsafe {
+        to_output(client, loaded, |h| {
+            let hashes = hash_batch(hashes, hash_len, count)?;
+            let slots = slot_batch(slots, slot_count, hashes.len())?;
+            let wait = convert::load_wait(wait_mode, wait_ms)?;
+            Ok(h.client().load(&hashes, slots, wait)?)
+        })
+    }
 }
 
 /// # Safety
 /// Pointers null or valid as documented in `include/kvtier.h`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvtier_removed(client: *mut Handle, hashes: *const u8, hash_len: usize, count: usize) -> i32 {
-    run(|| {
-        // SAFETY: caller contract for every pointer.
-        let h = unsafe { handle(client) }?;
-        let hashes = unsafe { hash_batch(hashes, hash_len, count) }?;
-        h.client().removed(&hashes)?;
-        Ok(())
-    })
+    // SAFETY: caller contract for every pointer.
+    unsafe {
+        on_handle(client, |h| {
+            Ok(h.client().removed(&hash_batch(hashes, hash_len, count)?)?)
+        })
+    }
 }

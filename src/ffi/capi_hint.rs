@@ -3,7 +3,7 @@
 
 use std::ffi::c_char;
 
-use super::capi::{handle, hash_batch, null, out, run, text, text_or_empty};
+use super::capi::{hash_batch, null, on_handle, text, text_or_empty, to_output};
 use super::convert::{self, HintFields};
 use super::{ERR_INVALID, FfiError, Handle};
 
@@ -16,15 +16,15 @@ pub unsafe extern "C" fn kvtier_session(
     parent: *const c_char,
     phase: u32,
 ) -> i32 {
-    run(|| {
-        // SAFETY: caller contract for every pointer.
-        let h = unsafe { handle(client) }?;
-        let id = unsafe { text(id, "session id") }?;
-        let parent = unsafe { text_or_empty(parent, "parent session id") }?;
-        let phase = convert::phase(phase)?;
-        h.client().session(id, (!parent.is_empty()).then_some(parent), phase)?;
-        Ok(())
-    })
+    // SAFETY: caller contract for every pointer.
+    unsafe {
+        on_handle(client, |h| {
+            let id = text(id, "session id")?;
+            let parent = text_or_empty(parent, "parent session id")?;
+            let phase = convert::phase(phase)?;
+            Ok(h.client().session(id, (!parent.is_empty()).then_some(parent), phase)?)
+        })
+    }
 }
 
 /// The hint struct of `include/kvtier.h`.
@@ -56,41 +56,41 @@ pub struct HintOutcomeC {
 /// Pointers null or valid as documented in `include/kvtier.h`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvtier_hint(client: *mut Handle, hint: *const HintC, out_outcome: *mut HintOutcomeC) -> i32 {
-    run(|| {
-        // SAFETY: caller contract for every pointer.
-        let (h, o) = unsafe { (handle(client)?, out(out_outcome, "the output")?) };
-        let hc = unsafe { hint.as_ref() }.ok_or_else(|| null("the hint"))?;
-        if hc.struct_size != std::mem::size_of::<HintC>() {
-            return Err(FfiError::new(
-                ERR_INVALID,
-                format!(
-                    "a hint of {} bytes; this library expects {}",
-                    hc.struct_size,
-                    std::mem::size_of::<HintC>()
-                ),
-            ));
-        }
-        let fields = HintFields {
-            kind: hc.kind,
-            target: hc.target,
-            tier: hc.tier,
-            ttl_ms: hc.ttl_ms,
-            priority: hc.priority,
-            deadline_ms: hc.deadline_ms,
-        };
-        let (hashes, session) = if hc.target == 2 {
-            (Vec::new(), unsafe { text(hc.session, "the hint's session") }?)
-        } else {
-            (unsafe { hash_batch(hc.hashes, hc.hash_len, hc.count) }?, "")
-        };
-        let outcome = h.client().hint(fields.hint(hashes, session)?)?;
-        let (outcome, applied, requested, reason) = convert::outcome(&outcome);
-        *o = HintOutcomeC {
-            outcome,
-            reason,
-            applied,
-            requested,
-        };
-        Ok(())
-    })
+    // SAFETY: caller contract for every pointer.
+    unsafe {
+        to_output(client, out_outcome, |h| {
+            let hc = hint.as_ref().ok_or_else(|| null("the hint"))?;
+            if hc.struct_size != std::mem::size_of::<HintC>() {
+                return Err(FfiError::new(
+                    ERR_INVALID,
+                    format!(
+                        "a hint of {} bytes; this library expects {}",
+                        hc.struct_size,
+                        std::mem::size_of::<HintC>()
+                    ),
+                ));
+            }
+            let fields = HintFields {
+                kind: hc.kind,
+                target: hc.target,
+                tier: hc.tier,
+                ttl_ms: hc.ttl_ms,
+                priority: hc.priority,
+                deadline_ms: hc.deadline_ms,
+            };
+            let (hashes, session) = if hc.target == 2 {
+                (Vec::new(), text(hc.session, "the hint's session")?)
+            } else {
+                (hash_batch(hc.hashes, hc.hash_len, hc.count)?, "")
+            };
+            let outcome = h.client().hint(fields.hint(hashes, session)?)?;
+            let (outcome, applied, requested, reason) = convert::outcome(&outcome);
+            Ok(HintOutcomeC {
+                outcome,
+                reason,
+                applied,
+                requested,
+            })
+        })
+    }
 }

@@ -349,6 +349,13 @@ impl Manager {
         self.inner.state.lock().advice.drain(..).collect()
     }
 
+    /// Takes one namespace's advice, at most `max_pages` page hashes in all (an entry that
+    /// does not fit is split); other namespaces' advice stays. Returns the advice, oldest
+    /// first, and whether more of the namespace's is waiting.
+    pub fn take_advice_for(&self, ns: NamespaceId, max_pages: usize) -> (Vec<Advice>, bool) {
+        self.inner.state.lock().take_advice_for(ns, max_pages)
+    }
+
     /// Current tunables.
     pub fn tunables(&self) -> Tunables {
         self.inner.state.lock().tun

@@ -4,7 +4,9 @@
 //! daemon reopens it without truncating ([`Manager::open_existing_arena`]), verifies its
 //! own records of what each slot held, and hands every page that checked out back to the
 //! manager ([`Manager::adopt_host_page`]). What is in the file is the caller's to vouch
-//! for: the manager only books the slots and marks the pages complete on host.
+//! for: the manager only books the slots and marks the pages complete on host. A journal
+//! learns what a page that reached host by other ways than a commit (staged back from the
+//! pool) holds through [`Manager::read_host_page`].
 
 use std::sync::Arc;
 
@@ -36,6 +38,40 @@ impl Manager {
         let arena = Arc::new(HostArena::open(&cfg.host_path, slot_bytes, &cfg.arena)?);
         let _ = self.inner.arena.set(arena.clone());
         Ok(arena)
+    }
+
+    /// Runs `f` over a page complete on host: each object's slot and bytes, in canonical
+    /// order. The page is leased meanwhile, so it is neither evicted nor rewritten under
+    /// `f`. `None` when the page is not complete on host.
+    pub fn read_host_page<R>(
+        &self,
+        ns: NamespaceId,
+        hash: &PageHash,
+        f: impl FnOnce(&[(SlotId, &[u8])]) -> R,
+    ) -> Option<R> {
+        let arena = self.arena()?;
+        let layout = self.layout(ns).ok()?;
+        let (id, slots) = {
+            let mut st = self.inner.state.lock();
+            let id = st.dir.find(ns, hash)?;
+            if !st.dir.is_complete(id, TierKind::Host) {
+                return None;
+            }
+            let slots: Vec<SlotId> = (0..layout.object_count())
+                .map(|o| st.host_slot(id, o))
+                .collect::<Option<_>>()?;
+            st.lease(id);
+            (id, slots)
+        };
+        let objects: Result<Vec<(SlotId, &[u8])>, _> = slots
+            .iter()
+            .enumerate()
+            // SAFETY: the page is leased: its slots are not freed or rewritten until unleased.
+            .map(|(o, &s)| unsafe { arena.slot(s, layout.object_bytes(o) as usize) }.map(|b| (s, b)))
+            .collect();
+        let out = objects.ok().map(|o| f(&o));
+        self.inner.state.lock().unlease(id);
+        out
     }
 
     /// Marks a page complete on host whose objects already sit in `slots` (one per object
@@ -104,5 +140,14 @@ mod tests {
                 .is_err()
         );
         assert!(m.adopt_host_page(ns, &PageHash::from_u64(6), &[SlotId(4)]).is_err());
+        let leases = |m: &Manager| m.inner.state.lock().leases.values().sum::<u32>();
+        let before = leases(&m);
+        let read = m.read_host_page(ns, &h, |objs| {
+            objs.iter().map(|&(s, b)| (s, b.len(), b[0])).collect::<Vec<_>>()
+        });
+        let len = m.layout(ns).unwrap().object_bytes(0) as usize;
+        assert_eq!(read, Some(vec![(SlotId(3), len, 7), (SlotId(9), len, 7)]));
+        assert_eq!(m.read_host_page(ns, &PageHash::from_u64(6), |_| ()), None);
+        assert_eq!(leases(&m), before, "the read gave its lease back");
     }
 }

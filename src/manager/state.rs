@@ -33,6 +33,40 @@ pub enum Advice {
     ReadyToLoad { ns: NamespaceId, hashes: Vec<PageHash> },
 }
 
+impl Advice {
+    pub fn ns(&self) -> NamespaceId {
+        match self {
+            Advice::EvictFirst { ns, .. } | Advice::Offload { ns, .. } | Advice::ReadyToLoad { ns, .. } => *ns,
+        }
+    }
+
+    pub fn hashes(&self) -> &[PageHash] {
+        match self {
+            Advice::EvictFirst { hashes, .. } | Advice::Offload { hashes, .. } | Advice::ReadyToLoad { hashes, .. } => {
+                hashes
+            }
+        }
+    }
+
+    /// Keeps the first `at` pages and returns the rest as advice of the same kind.
+    pub(crate) fn split_off(&mut self, at: usize) -> Advice {
+        match self {
+            Advice::EvictFirst { ns, hashes } => Advice::EvictFirst {
+                ns: *ns,
+                hashes: hashes.split_off(at),
+            },
+            Advice::Offload { ns, hashes } => Advice::Offload {
+                ns: *ns,
+                hashes: hashes.split_off(at),
+            },
+            Advice::ReadyToLoad { ns, hashes } => Advice::ReadyToLoad {
+                ns: *ns,
+                hashes: hashes.split_off(at),
+            },
+        }
+    }
+}
+
 /// A store or load in progress: the slots it reserved or leased.
 #[derive(Debug)]
 pub(crate) struct Grant {
@@ -149,6 +183,35 @@ impl State {
             self.advice.pop_front();
         }
         self.advice.push_back(a);
+    }
+
+    /// Takes namespace `ns`'s advice, oldest first, up to `max_pages` page hashes in all;
+    /// an entry that does not fit is split and its rest kept first in line. Other
+    /// namespaces' advice stays. Returns the advice and whether more of `ns`'s is left.
+    pub fn take_advice_for(&mut self, ns: NamespaceId, max_pages: usize) -> (Vec<Advice>, bool) {
+        let mut budget = max_pages;
+        let mut taken = Vec::new();
+        let mut more = false;
+        let mut kept = VecDeque::with_capacity(self.advice.len());
+        for mut a in self.advice.drain(..) {
+            if a.ns() != ns {
+                kept.push_back(a);
+            } else if a.hashes().is_empty() {
+                // Advice about no page says nothing: dropped.
+            } else if budget == 0 {
+                more = true;
+                kept.push_back(a);
+            } else {
+                if a.hashes().len() > budget {
+                    kept.push_back(a.split_off(budget));
+                    more = true;
+                }
+                budget -= a.hashes().len();
+                taken.push(a);
+            }
+        }
+        self.advice = kept;
+        (taken, more)
     }
 
     pub fn new_grant(&mut self, g: Grant) -> u64 {

@@ -664,3 +664,63 @@ fn copies_are_timed_per_tier_pair() {
     assert_eq!(count(TierKind::Pool, TierKind::Host), 0);
     assert_eq!(s.copy_latency.len(), 6);
 }
+
+#[test]
+fn advice_is_taken_per_namespace_within_a_page_budget() {
+    let f = fixture(1, 8, None);
+    let other = NamespaceId(f.ns.0 + 1);
+    let hs = hashes(0..5);
+    {
+        let mut st = f.m.inner.state.lock();
+        st.push_advice(Advice::EvictFirst {
+            ns: f.ns,
+            hashes: hs[..3].to_vec(),
+        });
+        st.push_advice(Advice::Offload {
+            ns: other,
+            hashes: hs[..1].to_vec(),
+        });
+        st.push_advice(Advice::ReadyToLoad {
+            ns: f.ns,
+            hashes: hs[3..].to_vec(),
+        });
+    }
+    // Two pages: the first entry is split, its rest stays first in line.
+    let (got, more) = f.m.take_advice_for(f.ns, 2);
+    assert_eq!(
+        (got, more),
+        (
+            vec![Advice::EvictFirst {
+                ns: f.ns,
+                hashes: hs[..2].to_vec()
+            }],
+            true
+        )
+    );
+    let (got, more) = f.m.take_advice_for(f.ns, 100);
+    assert_eq!(
+        (got, more),
+        (
+            vec![
+                Advice::EvictFirst {
+                    ns: f.ns,
+                    hashes: hs[2..3].to_vec()
+                },
+                Advice::ReadyToLoad {
+                    ns: f.ns,
+                    hashes: hs[3..].to_vec()
+                }
+            ],
+            false
+        )
+    );
+    assert_eq!(f.m.take_advice_for(f.ns, 100), (vec![], false));
+    // The other namespace's advice was left alone.
+    assert_eq!(
+        f.m.take_advice(),
+        vec![Advice::Offload {
+            ns: other,
+            hashes: hs[..1].to_vec()
+        }]
+    );
+}

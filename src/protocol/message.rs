@@ -68,6 +68,11 @@ pub enum Request {
     Ping {
         payload: Vec<u8>,
     },
+    /// Takes the advice waiting for the rank's namespace, at most `max_pages` page hashes
+    /// (1 to [`MAX_PAGES`]); an entry that does not fit is split.
+    TakeAdvice {
+        max_pages: u32,
+    },
 }
 
 /// The daemon's answer to one request.
@@ -99,6 +104,7 @@ pub enum Response {
     Pong {
         payload: Vec<u8>,
     },
+    Advice(AdviceBatch),
     Error(RemoteError),
 }
 
@@ -112,14 +118,30 @@ macro_rules! kinds {
 kinds! {
     CONNECT = 0x01, REGISTER_DEVICE = 0x02, LOOKUP = 0x03, STORE = 0x04, COMMIT = 0x05,
     ABORT = 0x06, LOAD = 0x07, LOAD_DONE = 0x08, POLL = 0x09, WAIT = 0x0a, REMOVED = 0x0b,
-    SESSION = 0x0c, HINT = 0x0d, STATS = 0x0e, PING = 0x0f,
+    SESSION = 0x0c, HINT = 0x0d, STATS = 0x0e, PING = 0x0f, TAKE_ADVICE = 0x10,
     R_CONNECTED = 0x81, R_OK = 0x82, R_LOOKUP = 0x83, R_STORE_GRANT = 0x84, R_COMMITTED = 0x85,
     R_LOAD_GRANT = 0x86, R_TICKET = 0x87, R_HINT = 0x88, R_STATS = 0x89, R_PONG = 0x8a,
-    R_ERROR = 0xff,
+    R_ADVICE = 0x8b, R_ERROR = 0xff,
 }
 
 /// Largest ping payload.
 pub(crate) const MAX_PING: usize = 1 << 20;
+
+/// A `TakeAdvice` page budget: 1 to [`MAX_PAGES`].
+fn advice_budget(max_pages: u32) -> Result<u32, DecodeError> {
+    match max_pages as usize {
+        0 => Err(DecodeError::Invalid {
+            what: "advice page budget",
+            why: "0 pages; ask for at least 1".into(),
+        }),
+        n if n > MAX_PAGES => Err(DecodeError::TooLong {
+            what: "advice page budget",
+            len: n,
+            max: MAX_PAGES,
+        }),
+        _ => Ok(max_pages),
+    }
+}
 
 impl Request {
     pub fn kind(&self) -> u8 {
@@ -140,6 +162,7 @@ impl Request {
             Request::Hint(_) => HINT,
             Request::Stats => STATS,
             Request::Ping { .. } => PING,
+            Request::TakeAdvice { .. } => TAKE_ADVICE,
         }
     }
 
@@ -194,6 +217,7 @@ impl Request {
             Request::Hint(h) => encode_hint(w, h),
             Request::Stats => {}
             Request::Ping { payload } => w.bytes(payload),
+            Request::TakeAdvice { max_pages } => w.u32(*max_pages),
         }
     }
 
@@ -254,6 +278,9 @@ impl Request {
             kind::STATS => Request::Stats,
             kind::PING => Request::Ping {
                 payload: r.bytes("ping payload", MAX_PING)?.to_vec(),
+            },
+            kind::TAKE_ADVICE => Request::TakeAdvice {
+                max_pages: advice_budget(r.u32()?)?,
             },
             tag => {
                 return Err(DecodeError::BadTag {

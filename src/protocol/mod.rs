@@ -23,6 +23,6 @@ pub use error::{ErrorCode, RemoteError};
 pub use frame::{DEFAULT_MAX_BODY, FrameError, HEADER_BYTES, Header, read_frame};
 pub use message::{Request, Response, kind};
 pub use types::{
-    ArenaInfo, DaemonStats, DeviceInfo, GrantPage, Identity, LoadWait, MAX_PAGES, ObjectSlot, SessionPhase,
-    TicketStatus,
+    AdviceBatch, AdviceKind, ArenaInfo, DaemonStats, DeviceInfo, EngineAdvice, GrantPage, Identity, LoadWait,
+    MAX_ADVICE, MAX_PAGES, ObjectSlot, SessionPhase, TicketStatus,
 };

@@ -23,6 +23,7 @@ impl Response {
             Response::Hint(_) => R_HINT,
             Response::Stats(_) => R_STATS,
             Response::Pong { .. } => R_PONG,
+            Response::Advice(_) => R_ADVICE,
             Response::Error(_) => R_ERROR,
         }
     }
@@ -83,6 +84,7 @@ impl Response {
             Response::Hint(o) => encode_outcome(w, o),
             Response::Stats(s) => s.fields().iter().for_each(|&v| w.u64(v)),
             Response::Pong { payload } => w.bytes(payload),
+            Response::Advice(a) => a.encode(w),
             Response::Error(e) => {
                 w.u16(e.code.code());
                 w.str(&e.message);
@@ -154,6 +156,7 @@ impl Response {
             kind::R_PONG => Response::Pong {
                 payload: r.bytes("pong payload", MAX_PING)?.to_vec(),
             },
+            kind::R_ADVICE => Response::Advice(AdviceBatch::decode(&mut r)?),
             kind::R_ERROR => {
                 let code = ErrorCode::from_code(r.u16()?);
                 Response::Error(RemoteError::new(code, r.str("error message", MAX_STR)?))

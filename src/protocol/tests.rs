@@ -82,6 +82,15 @@ fn slots() -> impl Strategy<Value = Vec<ObjectSlot>> {
     )
 }
 
+fn advice() -> impl Strategy<Value = EngineAdvice> {
+    let kind = prop::sample::select(vec![
+        AdviceKind::EvictFirst,
+        AdviceKind::Offload,
+        AdviceKind::ReadyToLoad,
+    ]);
+    (kind, prop::collection::vec(hash(), 1..6)).prop_map(|(kind, hashes)| EngineAdvice { kind, hashes })
+}
+
 fn request() -> impl Strategy<Value = Request> {
     let identity = (text(), text(), text(), text(), any::<[u16; 5]>()).prop_map(|(i, m, l, s, r)| Identity {
         instance: i,
@@ -134,6 +143,7 @@ fn request() -> impl Strategy<Value = Request> {
         hint().prop_map(Request::Hint),
         Just(Request::Stats),
         prop::collection::vec(any::<u8>(), 0..64).prop_map(|payload| Request::Ping { payload }),
+        (1..=MAX_PAGES as u32).prop_map(|max_pages| Request::TakeAdvice { max_pages }),
     ]
 }
 
@@ -194,6 +204,8 @@ fn response() -> impl Strategy<Value = Response> {
         outcome.prop_map(Response::Hint),
         any::<[u64; 7]>().prop_map(|f| Response::Stats(DaemonStats::from_fields(f))),
         prop::collection::vec(any::<u8>(), 0..64).prop_map(|payload| Response::Pong { payload }),
+        (any::<bool>(), prop::collection::vec(advice(), 0..4))
+            .prop_map(|(more, advice)| Response::Advice(AdviceBatch { advice, more })),
         (prop::sample::select(ErrorCode::ALL.to_vec()), text()).prop_map(|(code, msg)| Response::error(code, msg)),
     ]
 }
@@ -257,4 +269,40 @@ proptest! {
         }
         let _ = decode_request_frame(&out);
     }
+}
+
+#[test]
+fn advice_bounds_are_typed_errors() {
+    let decode = |max: u32| Request::decode(kind::TAKE_ADVICE, &max.to_le_bytes());
+    assert_eq!(decode(16), Ok(Request::TakeAdvice { max_pages: 16 }));
+    assert!(matches!(decode(0), Err(DecodeError::Invalid { .. })));
+    assert!(matches!(
+        decode(MAX_PAGES as u32 + 1),
+        Err(DecodeError::TooLong { len, .. }) if len == MAX_PAGES + 1
+    ));
+    // An entry with no pages, an unknown kind, and more entries than the cap.
+    let body = |more: u8, n: u32, kind: u8, hashes: u32| {
+        let mut b = vec![more];
+        b.extend_from_slice(&n.to_le_bytes());
+        b.push(kind);
+        b.extend_from_slice(&hashes.to_le_bytes());
+        b.extend_from_slice(&[0u8; 16]);
+        b
+    };
+    let empty = body(0, 1, 0, 0);
+    assert!(matches!(
+        Response::decode(kind::R_ADVICE, &empty),
+        Err(DecodeError::Invalid { what: "advice", .. })
+    ));
+    assert!(matches!(
+        Response::decode(kind::R_ADVICE, &body(0, 1, 9, 1)),
+        Err(DecodeError::BadTag {
+            what: "advice kind",
+            tag: 9
+        })
+    ));
+    assert!(matches!(
+        Response::decode(kind::R_ADVICE, &body(1, MAX_ADVICE as u32 + 1, 0, 1)),
+        Err(DecodeError::TooLong { what: "advice", .. })
+    ));
 }

@@ -1,7 +1,7 @@
 //! The structured fields requests and responses carry, and their wire encodings.
 
 use crate::layout::{AttentionKind, ByteOrder, LayoutSpec};
-use crate::page::Namespace;
+use crate::page::{MIN_HASH_BYTES, Namespace, PageHash};
 
 use super::codec::{DecodeError, Reader, Writer};
 
@@ -9,6 +9,9 @@ use super::codec::{DecodeError, Reader, Writer};
 pub const MAX_STR: usize = 4096;
 /// Most pages one request may name.
 pub const MAX_PAGES: usize = 65_536;
+/// Most advice entries one answer carries (their page hashes together stay within
+/// [`MAX_PAGES`]).
+pub const MAX_ADVICE: usize = 4096;
 
 /// Who is connecting: one engine rank.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -276,5 +279,90 @@ impl DaemonStats {
             recovered_pages: f[5],
             discarded_pages: f[6],
         }
+    }
+}
+
+/// What kvtier advises an engine to do with its device pages, which only the engine can
+/// touch. Codes are part of the wire contract; never renumber, only append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AdviceKind {
+    /// Evict these device pages first: a complete colder copy exists.
+    EvictFirst = 0,
+    /// Store these device pages to host: a demote or share needs a colder copy first.
+    Offload = 1,
+    /// These pages are staged in host and ready to load (a prefetch to device).
+    ReadyToLoad = 2,
+}
+
+impl AdviceKind {
+    pub(crate) fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub(crate) fn from_code(tag: u8) -> Result<Self, DecodeError> {
+        Ok(match tag {
+            0 => AdviceKind::EvictFirst,
+            1 => AdviceKind::Offload,
+            2 => AdviceKind::ReadyToLoad,
+            tag => {
+                return Err(DecodeError::BadTag {
+                    what: "advice kind",
+                    tag,
+                });
+            }
+        })
+    }
+}
+
+/// One piece of advice about pages of the asking rank's namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineAdvice {
+    pub kind: AdviceKind,
+    /// At least one page.
+    pub hashes: Vec<PageHash>,
+}
+
+/// The advice a `TakeAdvice` request took, oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AdviceBatch {
+    pub advice: Vec<EngineAdvice>,
+    /// More advice for the namespace is waiting (the page budget ran out): ask again.
+    pub more: bool,
+}
+
+impl AdviceBatch {
+    /// Page hashes in the batch, all entries together.
+    pub fn pages(&self) -> usize {
+        self.advice.iter().map(|a| a.hashes.len()).sum()
+    }
+
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        w.bool(self.more);
+        w.count(self.advice.len());
+        for a in &self.advice {
+            w.u8(a.kind.code());
+            w.hashes(&a.hashes);
+        }
+    }
+
+    pub(crate) fn decode(r: &mut Reader) -> Result<Self, DecodeError> {
+        let more = r.bool()?;
+        // Each entry takes a kind byte, a count and at least one hash.
+        let n = r.count("advice", MAX_ADVICE, 1 + 4 + 1 + MIN_HASH_BYTES)?;
+        let mut advice = Vec::with_capacity(n);
+        let mut pages = 0;
+        for _ in 0..n {
+            let kind = AdviceKind::from_code(r.u8()?)?;
+            let hashes = r.hashes(MAX_PAGES - pages)?;
+            if hashes.is_empty() {
+                return Err(DecodeError::Invalid {
+                    what: "advice",
+                    why: "an entry names no pages".into(),
+                });
+            }
+            pages += hashes.len();
+            advice.push(EngineAdvice { kind, hashes });
+        }
+        Ok(Self { advice, more })
     }
 }

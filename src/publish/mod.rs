@@ -119,6 +119,42 @@ impl Drop for PublisherHandle {
     }
 }
 
+/// A ZMQ context with the bound PUB socket every publisher sends on: its high-water mark,
+/// and a short linger so a stop is not held up by a slow subscriber. Returns the socket
+/// and the endpoint it is bound to.
+pub(crate) fn pub_socket(ctx: &zmq::Context, endpoint: &str, hwm: i32) -> Result<(zmq::Socket, String), PublishError> {
+    let publ = ctx.socket(zmq::PUB).map_err(zmq_err("PUB socket"))?;
+    publ.set_sndhwm(hwm).map_err(zmq_err("PUB hwm"))?;
+    publ.set_linger(500).map_err(zmq_err("PUB linger"))?;
+    let bound = bind(&publ, endpoint)?;
+    Ok((publ, bound))
+}
+
+/// Starts a publisher's thread, which gets the stop flag and the counters, with the counters
+/// starting at `first_event` (the event log's next sequence when the publisher started).
+pub(crate) fn start(
+    name: &str,
+    first_event: u64,
+    endpoint: String,
+    replay_endpoint: Option<String>,
+    body: impl FnOnce(Arc<AtomicBool>, Arc<PublisherStats>) + Send + 'static,
+) -> Result<PublisherHandle, PublishError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stats = Arc::new(PublisherStats::default());
+    stats.next_event.store(first_event, Relaxed);
+    let (s, st) = (stop.clone(), stats.clone());
+    let thread = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || body(s, st))?;
+    Ok(PublisherHandle {
+        stop,
+        stats,
+        thread: Some(thread),
+        endpoint,
+        replay_endpoint,
+    })
+}
+
 /// Binds a socket and returns the endpoint it is bound to.
 pub(crate) fn bind(sock: &zmq::Socket, endpoint: &str) -> Result<String, PublishError> {
     sock.bind(endpoint).map_err(zmq_err(format!("bind {endpoint}")))?;

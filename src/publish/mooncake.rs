@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use super::msgpack::Writer;
-use super::{POLL, PublishError, PublisherHandle, PublisherStats, bind, send_batch, wall_clock, zmq_err};
+use super::{POLL, PublishError, PublisherHandle, PublisherStats, pub_socket, send_batch, start, wall_clock};
 use crate::events::{PageEvent, PageEventKind};
 use crate::manager::Manager;
 use crate::page::NamespaceId;
@@ -95,28 +95,14 @@ pub fn spawn(cfg: MooncakeConfig, manager: Manager, shutdown: Shutdown) -> Resul
         return Err(PublishError::Config("max_batch_objects must be positive".into()));
     }
     let ctx = zmq::Context::new();
-    let publ = ctx.socket(zmq::PUB).map_err(zmq_err("PUB socket"))?;
-    publ.set_sndhwm(cfg.hwm).map_err(zmq_err("PUB hwm"))?;
-    publ.set_linger(500).map_err(zmq_err("PUB linger"))?;
-    let endpoint = bind(&publ, &cfg.endpoint)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let stats = Arc::new(PublisherStats::default());
-    stats.next_event.store(manager.events().last_seq() + 1, Relaxed);
-    let (s, st) = (stop.clone(), stats.clone());
-    let thread = std::thread::Builder::new()
-        .name("kvtier-pub-mooncake".into())
-        .spawn(move || {
-            let _ctx = ctx;
-            run(cfg, manager, publ, s, shutdown, st)
-        })?;
-    tracing::info!(endpoint = %endpoint, "Mooncake object event publisher started");
-    Ok(PublisherHandle {
-        stop,
-        stats,
-        thread: Some(thread),
-        endpoint,
-        replay_endpoint: None,
-    })
+    let (publ, endpoint) = pub_socket(&ctx, &cfg.endpoint, cfg.hwm)?;
+    let first = manager.events().last_seq() + 1;
+    let handle = start("kvtier-pub-mooncake", first, endpoint, None, move |stop, stats| {
+        let _ctx = ctx;
+        run(cfg, manager, publ, stop, shutdown, stats)
+    })?;
+    tracing::info!(endpoint = %handle.endpoint, "Mooncake object event publisher started");
+    Ok(handle)
 }
 
 fn run(

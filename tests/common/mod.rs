@@ -1,5 +1,6 @@
-//! Helpers for the daemon integration tests: the daemon as a real process, engine ranks
-//! as real processes (this test binary re-executed in "rank" mode), and the rank driver.
+//! Helpers for the integration tests: the daemon as a real process, engine ranks as real
+//! processes (this test binary re-executed in "rank" mode), the rank driver, and the
+//! Python interpreter of the test environment.
 
 #![allow(dead_code)]
 
@@ -46,6 +47,20 @@ pub fn hashes(base: u64, n: usize) -> Vec<PageHash> {
 /// The bytes a rank writes for a page: distinct per page and per rank.
 pub fn seed(hash: &PageHash, tp: u16, pp: u16) -> u64 {
     hash.prefix_u64().wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (((tp as u64) << 8) | pp as u64)
+}
+
+/// The Python interpreter of the test environment (`KVTIER_PYTHON`, else `.venv`).
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("KVTIER_PYTHON") {
+        return p.into();
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
+    assert!(
+        p.exists(),
+        "no Python test environment at {}: run scripts/test.sh (it creates .venv)",
+        p.display()
+    );
+    p
 }
 
 /// A daemon running as the built `kvtier` binary.

@@ -1,11 +1,13 @@
 //! The daemon's journal of committed host objects, and recovery from it.
 //!
 //! Every commit appends one manifest record per object (slot, length, xxh3 of the bytes
-//! the rank wrote). Pages that leave host (the manager's `removed`/`cleared` events)
-//! append release records. Before a commit's records are appended the journal catches
-//! up with the event stream, so a slot freed by eviction and granted again is released
-//! before it is recorded anew. A restart replays the manifest, verifies each object
-//! against the arena and hands intact complete pages back to the manager.
+//! the rank wrote). A page that becomes complete on host without a commit (staged back
+//! from the pool by a load or a prefetch) is recorded when the journal reads its `stored`
+//! event, from the bytes in its slots. Pages that leave host (the manager's
+//! `removed`/`cleared` events) append release records. Before a commit the journal
+//! catches up with the event stream, so a slot freed by eviction and granted again is
+//! released before it is recorded anew. A restart replays the manifest, verifies each
+//! object against the arena and hands intact complete pages back to the manager.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -66,7 +68,8 @@ impl Journal {
         Ok(())
     }
 
-    /// Applies the manager's host removals since the last call.
+    /// Applies the manager's host changes since the last call: removals release their
+    /// records, pages that became complete without a commit are recorded.
     pub fn sync(&mut self, mgr: &Manager) {
         loop {
             let batch = mgr.events().read_from(self.next_seq, 4096, Duration::ZERO);
@@ -82,7 +85,7 @@ impl Journal {
                         let keys: Vec<_> = self.live.keys().copied().collect();
                         keys.into_iter().for_each(|(ns, h)| self.release(ns, h));
                     }
-                    PageEventKind::Stored => {}
+                    PageEventKind::Stored => self.record_host_page(mgr, ev.ns, ev.hash),
                 }
             }
         }
@@ -96,19 +99,50 @@ impl Journal {
         }
     }
 
-    /// Records a commit's objects (after catching up with removals).
-    pub fn commit(&mut self, mgr: &Manager, recs: Vec<ObjectRecord>) {
-        self.sync(mgr);
+    /// Records the objects a page holds on host that the journal has no record of (the
+    /// page was staged back from the pool): its slots and the checksums of their bytes
+    /// as they are now. Objects already recorded in the same slot (committed) are kept.
+    fn record_host_page(&mut self, mgr: &Manager, ns: NamespaceId, hash: PageHash) {
+        let known = self.live.get(&(ns, hash));
+        let recorded = |o: usize, slot: SlotId| {
+            known.is_some_and(|k| k.iter().any(|r| r.object as usize == o && r.slot == slot.0))
+        };
+        let recs = mgr.read_host_page(ns, &hash, |objects| {
+            objects
+                .iter()
+                .enumerate()
+                .filter(|&(o, &(slot, _))| !recorded(o, slot))
+                .map(|(o, &(slot, bytes))| ObjectRecord {
+                    ns: ns.0,
+                    hash,
+                    object: o as u16,
+                    slot: slot.0,
+                    len: bytes.len() as u64,
+                    checksum: xxh3_64(bytes),
+                })
+                .collect::<Vec<_>>()
+        });
+        if let Some(recs) = recs.filter(|r| !r.is_empty()) {
+            tracing::debug!(page = %hash.to_hex(), objects = recs.len(), "journalled a page staged into host");
+            self.record(recs);
+        }
+    }
+
+    /// Appends object records; a record replaces the page's earlier one for the same
+    /// object, whose slot is released when it differs.
+    pub fn record(&mut self, recs: Vec<ObjectRecord>) {
         for r in recs {
-            if let Some(m) = self.manifest.as_mut() {
-                m.object(&r);
-            }
-            let ns = NamespaceId(r.ns);
-            let page = self.live.entry((ns, r.hash)).or_default();
+            let page = self.live.entry((NamespaceId(r.ns), r.hash)).or_default();
+            let old: Vec<ObjectRecord> = page.iter().filter(|o| o.object == r.object).copied().collect();
             page.retain(|o| o.object != r.object);
             page.push(r);
+            if let Some(m) = self.manifest.as_mut() {
+                for o in old.iter().filter(|o| o.slot != r.slot) {
+                    m.release(o.slot, &o.hash);
+                }
+                m.object(&r);
+            }
         }
-        self.flush();
     }
 
     pub fn flush(&mut self) {

@@ -20,7 +20,10 @@ use crate::hints::{Hint, HintOutcome};
 use crate::layout::LayoutSpec;
 use crate::manager::{self, Manager, ManagerConfig, ManagerError, PoolConfig, StoreStatus};
 use crate::page::{Namespace, NamespaceId, PageHash};
-use crate::protocol::{ArenaInfo, DaemonStats, GrantPage, LoadWait, ObjectSlot, SessionPhase, TicketStatus};
+use crate::protocol::{
+    AdviceBatch, AdviceKind, ArenaInfo, DaemonStats, EngineAdvice, GrantPage, LoadWait, ObjectSlot, SessionPhase,
+    TicketStatus,
+};
 use crate::tier::TierKind;
 use crate::tier::host::{ArenaOptions, SlotId};
 
@@ -259,8 +262,16 @@ impl Backend for ManagedTiers {
                 });
             }
         }
-        self.mgr.commit_store(grant, &flags)?;
-        self.journal.lock().commit(&self.mgr, recs);
+        {
+            // Removals first, so a slot freed by eviction and granted again is released
+            // before it is recorded anew; the records go in before the journal next reads
+            // events, so the commit's own `stored` events find them in place.
+            let mut journal = self.journal.lock();
+            journal.sync(&self.mgr);
+            self.mgr.commit_store(grant, &flags)?;
+            journal.record(recs);
+            journal.flush();
+        }
         let complete = self.complete_on_host(info.ns, &info.hashes);
         self.tickets.insert(grant, info.ns, info.hashes);
         self.tickets.bump();
@@ -358,11 +369,35 @@ impl Backend for ManagedTiers {
     }
 
     fn hint(&self, ns: NamespaceId, hint: &Hint) -> Result<HintOutcome, BackendError> {
-        match self.mgr.hint(ns, hint.clone()) {
-            Ok(o) => Ok(o),
-            Err(ManagerError::Hint(e)) => Err(BackendError::Hint(e)),
-            Err(e) => Err(e.into()),
+        let outcome = match self.mgr.hint(ns, hint.clone()) {
+            Ok(o) => o,
+            Err(ManagerError::Hint(e)) => return Err(BackendError::Hint(e)),
+            Err(e) => return Err(e.into()),
+        };
+        if matches!(hint, Hint::Prefetch { .. }) {
+            // A prefetch stages pages from the pool before it answers: journal them now,
+            // not at the next tick, so a crash right after the answer keeps them.
+            let mut journal = self.journal.lock();
+            journal.sync(&self.mgr);
+            journal.flush();
         }
+        Ok(outcome)
+    }
+
+    fn take_advice(&self, ns: NamespaceId, max_pages: usize) -> AdviceBatch {
+        let (taken, more) = self.mgr.take_advice_for(ns, max_pages);
+        let advice = taken
+            .into_iter()
+            .map(|a| {
+                let (kind, hashes) = match a {
+                    manager::Advice::EvictFirst { hashes, .. } => (AdviceKind::EvictFirst, hashes),
+                    manager::Advice::Offload { hashes, .. } => (AdviceKind::Offload, hashes),
+                    manager::Advice::ReadyToLoad { hashes, .. } => (AdviceKind::ReadyToLoad, hashes),
+                };
+                EngineAdvice { kind, hashes }
+            })
+            .collect();
+        AdviceBatch { advice, more }
     }
 
     fn stats(&self) -> DaemonStats {

@@ -20,7 +20,9 @@ use crate::hints::{Hint, HintError, HintOutcome};
 use crate::layout::{Layout, LayoutSpec};
 use crate::manager::ManagerError;
 use crate::page::{Namespace, NamespaceId, PageHash};
-use crate::protocol::{ArenaInfo, DaemonStats, GrantPage, LoadWait, ObjectSlot, SessionPhase, TicketStatus};
+use crate::protocol::{
+    AdviceBatch, ArenaInfo, DaemonStats, GrantPage, LoadWait, ObjectSlot, SessionPhase, TicketStatus,
+};
 
 pub use managed::{ManagedTiers, TiersConfig};
 
@@ -97,6 +99,8 @@ pub trait Backend: Send + Sync + 'static {
     /// A session changed phase (tool-call start/end, pause, end).
     fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase);
     fn hint(&self, ns: NamespaceId, hint: &Hint) -> Result<HintOutcome, BackendError>;
+    /// Takes the namespace's advice for engines, at most `max_pages` page hashes in all.
+    fn take_advice(&self, ns: NamespaceId, max_pages: usize) -> AdviceBatch;
     /// Counters (the daemon adds its connection count).
     fn stats(&self) -> DaemonStats;
     /// Periodic work: TTLs, watermark eviction, deferred hints, manifest upkeep.

@@ -39,11 +39,15 @@ fn store(b: &ManagedTiers, arena: &HostArena, ns: NamespaceId, h: PageHash, fill
     b.commit_store(grant, &vec![true; pages.len()]).is_ok()
 }
 
-fn host_complete(b: &ManagedTiers, ns: NamespaceId, h: &PageHash) -> bool {
+fn complete_in(b: &ManagedTiers, ns: NamespaceId, h: &PageHash, tier: crate::tier::TierKind) -> bool {
     b.manager()
         .page_status(ns, h)
         .unwrap()
-        .is_some_and(|s| s.tiers[crate::tier::TierKind::Host.index()].complete)
+        .is_some_and(|s| s.tiers[tier.index()].complete)
+}
+
+fn host_complete(b: &ManagedTiers, ns: NamespaceId, h: &PageHash) -> bool {
+    complete_in(b, ns, h, crate::tier::TierKind::Host)
 }
 
 #[test]
@@ -133,4 +137,63 @@ fn a_load_with_a_timeout_waits_for_the_other_rank_and_best_effort_does_not() {
         .begin_load(ns, 0, 0, &[PageHash::from_u64(43)], LoadWait::Timeout(2_000), 1)
         .unwrap();
     assert!(pages.is_empty() && t.elapsed() < Duration::from_millis(200));
+}
+
+#[test]
+fn a_page_staged_back_from_the_pool_is_journalled_and_recovered_then_released() {
+    use crate::hints::{HintOutcome, HintTarget};
+    use crate::tier::TierKind;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), true);
+    cfg.pool_bytes = 1 << 20;
+    let spec = LayoutSpec::mha(1, 1, 16, 2, 4); // two 128-byte objects a page
+    let ns_name = Namespace::model("m");
+    let h = PageHash::from_u64(77);
+    let hint = |b: &ManagedTiers, ns, hint| b.hint(ns, &hint).unwrap();
+    {
+        let b = ManagedTiers::open(cfg.clone(), SystemClock::new()).unwrap();
+        let reg = b.register(&ns_name, &spec).unwrap();
+        let arena = b.manager().arena().unwrap();
+        assert!(store(&b, &arena, reg.ns, h, 0xa5));
+        let to_pool = Hint::Demote {
+            target: HintTarget::Pages(vec![h]),
+            to: TierKind::Pool,
+        };
+        assert_eq!(hint(&b, reg.ns, to_pool), HintOutcome::Accepted { pages: 1 });
+        // Off host, and the journal has seen it go (the daemon ticks every 100 ms).
+        b.manager().make_host_room(usize::MAX);
+        b.tick();
+        assert!(!host_complete(&b, reg.ns, &h));
+        assert!(
+            complete_in(&b, reg.ns, &h, TierKind::Pool),
+            "the page is in the pool only"
+        );
+        let back = Hint::Prefetch {
+            target: HintTarget::Pages(vec![h]),
+            to: TierKind::Host,
+            deadline_ms: None,
+        };
+        assert_eq!(hint(&b, reg.ns, back), HintOutcome::Accepted { pages: 1 });
+        assert!(host_complete(&b, reg.ns, &h), "staged back into host");
+        // Crash right after the answer: no tick, no shutdown.
+    }
+    let b = ManagedTiers::open(cfg.clone(), SystemClock::new()).unwrap();
+    assert_eq!((b.stats().recovered_pages, b.stats().discarded_pages), (1, 0));
+    let reg = b.register(&ns_name, &spec).unwrap();
+    let arena = b.manager().arena().unwrap();
+    assert_eq!(b.lookup(reg.ns, &[h]).unwrap().host, 1, "a host hit after the restart");
+    let (g, pages) = b.begin_load(reg.ns, 0, 0, &[h], LoadWait::BestEffort, 2).unwrap();
+    assert_eq!(pages[0].len(), 2);
+    for s in &pages[0] {
+        // SAFETY: the load grant leases the page.
+        let bytes = unsafe { arena.slot(SlotId(s.slot), 128).unwrap() };
+        assert!(bytes.iter().all(|&x| x == 0xa5), "the staged bytes survived");
+    }
+    b.finish_load(g, 1).unwrap();
+    // Evicted again (the recovered manager has no pool copy of it): gone from the manifest.
+    b.manager().make_host_room(usize::MAX);
+    b.shutdown().unwrap();
+    drop(b);
+    let b = ManagedTiers::open(cfg, SystemClock::new()).unwrap();
+    assert_eq!((b.stats().recovered_pages, b.stats().discarded_pages), (0, 0));
 }

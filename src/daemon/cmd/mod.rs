@@ -2,6 +2,7 @@
 //! handler answers with a response (an error response is still an answer) and never
 //! panics on client input.
 
+mod advice;
 mod connect;
 mod hint;
 mod load;
@@ -47,6 +48,7 @@ fn run(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Response, Backe
         Request::Removed { hashes } => removed::removed(shared, conn, &hashes),
         Request::Session { id, parent, phase } => session::session(shared, &id, parent.as_deref(), phase),
         Request::Hint(h) => hint::hint(shared, rank(conn)?, &h),
+        Request::TakeAdvice { max_pages } => Ok(advice::take_advice(shared, rank(conn)?, max_pages)),
         Request::Connect { .. } | Request::Ping { .. } | Request::Stats => unreachable_request(),
     }
 }

@@ -33,7 +33,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use super::msgpack::Writer;
-use super::{POLL, PublishError, PublisherHandle, PublisherStats, bind, send_batch, wall_clock, zmq_err};
+use super::{
+    POLL, PublishError, PublisherHandle, PublisherStats, bind, pub_socket, send_batch, start, wall_clock, zmq_err,
+};
 use crate::events::{PageEvent, PageEventKind};
 use crate::manager::Manager;
 use crate::page::{NamespaceId, PageHash};
@@ -198,10 +200,7 @@ pub fn spawn(cfg: VllmConfig, manager: Manager, shutdown: Shutdown) -> Result<Pu
         ));
     }
     let ctx = zmq::Context::new();
-    let publ = ctx.socket(zmq::PUB).map_err(zmq_err("PUB socket"))?;
-    publ.set_sndhwm(cfg.hwm).map_err(zmq_err("PUB hwm"))?;
-    publ.set_linger(500).map_err(zmq_err("PUB linger"))?;
-    let endpoint = bind(&publ, &cfg.endpoint)?;
+    let (publ, endpoint) = pub_socket(&ctx, &cfg.endpoint, cfg.hwm)?;
     let replay = match &cfg.replay_endpoint {
         Some(e) => {
             let r = ctx.socket(zmq::ROUTER).map_err(zmq_err("ROUTER socket"))?;
@@ -213,24 +212,19 @@ pub fn spawn(cfg: VllmConfig, manager: Manager, shutdown: Shutdown) -> Result<Pu
         None => None,
     };
     let replay_endpoint = replay.as_ref().map(|(_, e)| e.clone());
-    let stop = Arc::new(AtomicBool::new(false));
-    let stats = Arc::new(PublisherStats::default());
-    stats.next_event.store(manager.events().last_seq() + 1, Relaxed);
-    let (s, st) = (stop.clone(), stats.clone());
-    let thread = std::thread::Builder::new()
-        .name("kvtier-pub-vllm".into())
-        .spawn(move || {
-            let _ctx = ctx;
-            run(cfg, manager, publ, replay.map(|(r, _)| r), s, shutdown, st)
-        })?;
-    tracing::info!(endpoint = %endpoint, replay = ?replay_endpoint, "vLLM KV event publisher started");
-    Ok(PublisherHandle {
-        stop,
-        stats,
-        thread: Some(thread),
+    let first = manager.events().last_seq() + 1;
+    let handle = start(
+        "kvtier-pub-vllm",
+        first,
         endpoint,
         replay_endpoint,
-    })
+        move |stop, stats| {
+            let _ctx = ctx;
+            run(cfg, manager, publ, replay.map(|(r, _)| r), stop, shutdown, stats)
+        },
+    )?;
+    tracing::info!(endpoint = %handle.endpoint, replay = ?handle.replay_endpoint, "vLLM KV event publisher started");
+    Ok(handle)
 }
 
 fn run(

@@ -46,6 +46,9 @@ unsafe impl Send for MooncakeCPool {}
 // SAFETY: as above.
 unsafe impl Sync for MooncakeCPool {}
 
+/// A buffer as the C ABI takes it: pointer and size.
+type Buf = (*mut c_void, usize);
+
 fn cstr(s: &str) -> Result<CString, MooncakeError> {
     CString::new(s).map_err(|_| MooncakeError::Config(format!("{s:?} contains a NUL byte")))
 }
@@ -137,62 +140,81 @@ impl MooncakeCPool {
             .collect()
     }
 
-    /// One batch put of registered buffers.
-    fn put_raw(&self, keys: &[&str], bufs: &[(*mut c_void, usize)]) -> Vec<Result<(), PoolError>> {
-        let ck = match self.keys(keys) {
-            Ok(k) => k,
-            Err(e) => return vec![Err(e); keys.len()],
-        };
+    /// One batch call over registered buffers: `call` gets the C arrays (keys, buffer
+    /// pointers, sizes, count, one output code per key) and returns the call's own code.
+    /// A failed call that set no per-key code fails every key with it.
+    fn batch_raw<C: Copy + Default + PartialEq>(
+        &self,
+        keys: &[&str],
+        bufs: &[Buf],
+        call: impl FnOnce(*mut *const c_char, *mut *mut c_void, *const usize, usize, *mut C) -> i32,
+    ) -> Result<Vec<C>, PoolError> {
+        let ck = self.keys(keys)?;
         let kp: Vec<*const c_char> = ck.iter().map(|k| k.as_ptr()).collect();
         let mut ptrs: Vec<*mut c_void> = bufs.iter().map(|b| b.0).collect();
         let sizes: Vec<usize> = bufs.iter().map(|b| b.1).collect();
-        let mut out = vec![0i32; keys.len()];
-        // SAFETY: arrays of `count` entries; buffers registered and alive for the call.
-        let rc = unsafe {
-            self.lib.mooncake_store_batch_put_from(
-                self.store,
-                kp.as_ptr().cast_mut(),
-                ptrs.as_mut_ptr(),
-                sizes.as_ptr(),
-                keys.len(),
-                std::ptr::null(),
-                out.as_mut_ptr(),
-            )
-        };
-        if rc < 0 && out.iter().all(|&c| c == 0) {
-            return vec![Err(codes::to_error(rc as i64, 0)); keys.len()];
+        let mut out = vec![C::default(); keys.len()];
+        let rc = call(
+            kp.as_ptr().cast_mut(),
+            ptrs.as_mut_ptr(),
+            sizes.as_ptr(),
+            keys.len(),
+            out.as_mut_ptr(),
+        );
+        if rc < 0 && out.iter().all(|c| *c == C::default()) {
+            return Err(codes::to_error(rc as i64, 0));
         }
-        out.into_iter().map(|c| codes::put_result(c as i64)).collect()
+        Ok(out)
+    }
+
+    /// One batch put of registered buffers.
+    fn put_raw(&self, keys: &[&str], bufs: &[Buf]) -> Vec<Result<(), PoolError>> {
+        // SAFETY: arrays of `count` entries; buffers registered and alive for the call.
+        let out = self.batch_raw(keys, bufs, |k, p, s, n, o: *mut i32| unsafe {
+            self.lib
+                .mooncake_store_batch_put_from(self.store, k, p, s, n, std::ptr::null(), o)
+        });
+        match out {
+            Ok(out) => out.into_iter().map(|c| codes::put_result(c as i64)).collect(),
+            Err(e) => vec![Err(e); keys.len()],
+        }
     }
 
     /// One batch get into registered buffers.
-    fn get_raw(&self, keys: &[&str], bufs: &[(*mut c_void, usize)]) -> Vec<Result<usize, PoolError>> {
-        let ck = match self.keys(keys) {
-            Ok(k) => k,
-            Err(e) => return vec![Err(e); keys.len()],
-        };
-        let kp: Vec<*const c_char> = ck.iter().map(|k| k.as_ptr()).collect();
-        let mut ptrs: Vec<*mut c_void> = bufs.iter().map(|b| b.0).collect();
-        let sizes: Vec<usize> = bufs.iter().map(|b| b.1).collect();
-        let mut out = vec![0i64; keys.len()];
+    fn get_raw(&self, keys: &[&str], bufs: &[Buf]) -> Vec<Result<usize, PoolError>> {
         // SAFETY: as in `put_raw`; the callee writes at most `sizes[i]` bytes to `ptrs[i]`.
-        let rc = unsafe {
-            self.lib.mooncake_store_batch_get_into(
-                self.store,
-                kp.as_ptr().cast_mut(),
-                ptrs.as_mut_ptr(),
-                sizes.as_ptr(),
-                keys.len(),
-                out.as_mut_ptr(),
-            )
-        };
-        if rc < 0 && out.iter().all(|&c| c == 0) {
-            return vec![Err(codes::to_error(rc as i64, 0)); keys.len()];
+        let out = self.batch_raw(keys, bufs, |k, p, s, n, o: *mut i64| unsafe {
+            self.lib.mooncake_store_batch_get_into(self.store, k, p, s, n, o)
+        });
+        match out {
+            Ok(out) => out
+                .into_iter()
+                .zip(bufs)
+                .map(|(c, b)| codes::get_result(c, b.1))
+                .collect(),
+            Err(e) => vec![Err(e); keys.len()],
         }
-        out.into_iter()
-            .zip(sizes)
-            .map(|(c, n)| codes::get_result(c, n))
-            .collect()
+    }
+
+    /// Moves the items whose buffers lie in the registered arena (`Some`) straight from or
+    /// into them with `raw`, `max_batch` a call. The others come back `None`, for the
+    /// staging buffer.
+    fn direct<T>(
+        &self,
+        keys: &[&str],
+        bufs: &[Option<Buf>],
+        raw: impl Fn(&[&str], &[Buf]) -> Vec<Result<T, PoolError>>,
+    ) -> Vec<Option<Result<T, PoolError>>> {
+        let mut out: Vec<Option<Result<T, PoolError>>> = bufs.iter().map(|_| None).collect();
+        let direct: Vec<(usize, Buf)> = bufs.iter().enumerate().filter_map(|(i, b)| Some((i, (*b)?))).collect();
+        for chunk in direct.chunks(self.cfg.max_batch) {
+            let ks: Vec<&str> = chunk.iter().map(|&(i, _)| keys[i]).collect();
+            let bs: Vec<Buf> = chunk.iter().map(|&(_, b)| b).collect();
+            for (&(i, _), r) in chunk.iter().zip(raw(&ks, &bs)) {
+                out[i] = Some(r);
+            }
+        }
+        out
     }
 }
 
@@ -202,60 +224,53 @@ impl PoolBackend for MooncakeCPool {
     }
 
     fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), PoolError>> {
-        let mut out: Vec<Result<(), PoolError>> = vec![Ok(()); items.len()];
-        let direct: Vec<usize> = (0..items.len()).filter(|&i| self.in_arena(items[i].1)).collect();
-        for chunk in direct.chunks(self.cfg.max_batch) {
-            let keys: Vec<&str> = chunk.iter().map(|&i| items[i].0).collect();
-            let bufs: Vec<_> = chunk
-                .iter()
-                .map(|&i| (items[i].1.as_ptr().cast_mut().cast(), items[i].1.len()))
-                .collect();
-            for (&i, r) in chunk.iter().zip(self.put_raw(&keys, &bufs)) {
-                out[i] = r;
-            }
-        }
+        let keys: Vec<&str> = items.iter().map(|i| i.0).collect();
+        let bufs: Vec<Option<Buf>> = items
+            .iter()
+            .map(|(_, d)| self.in_arena(d).then(|| (d.as_ptr().cast_mut().cast(), d.len())))
+            .collect();
+        let done = self.direct(&keys, &bufs, |k, b| self.put_raw(k, b));
         let mut staging = self.staging.lock();
-        for (i, (key, data)) in items.iter().enumerate().filter(|(i, _)| !direct.contains(i)) {
-            out[i] = if data.len() > staging.len() {
-                Err(PoolError::TooLarge {
-                    len: data.len(),
-                    max: staging.len(),
+        done.into_iter()
+            .zip(items)
+            .map(|(r, (key, data))| {
+                r.unwrap_or_else(|| {
+                    if data.len() > staging.len() {
+                        return Err(PoolError::TooLarge {
+                            len: data.len(),
+                            max: staging.len(),
+                        });
+                    }
+                    staging[..data.len()].copy_from_slice(data);
+                    let buf = (staging.as_mut_ptr().cast(), data.len());
+                    self.put_raw(&[key], &[buf]).pop().unwrap_or(Err(PoolError::NotFound))
                 })
-            } else {
-                staging[..data.len()].copy_from_slice(data);
-                let buf = (staging.as_mut_ptr().cast(), data.len());
-                self.put_raw(&[key], &[buf]).pop().unwrap_or(Err(PoolError::NotFound))
-            };
-        }
-        out
+            })
+            .collect()
     }
 
     fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>> {
-        let mut out: Vec<Result<usize, PoolError>> = vec![Ok(0); items.len()];
-        let direct: Vec<usize> = (0..items.len()).filter(|&i| self.in_arena(items[i].1)).collect();
-        for chunk in direct.chunks(self.cfg.max_batch) {
-            let keys: Vec<&str> = chunk.iter().map(|&i| items[i].0).collect();
-            let bufs: Vec<_> = chunk
-                .iter()
-                .map(|&i| (items[i].1.as_mut_ptr().cast(), items[i].1.len()))
-                .collect();
-            for (&i, r) in chunk.iter().zip(self.get_raw(&keys, &bufs)) {
-                out[i] = r;
-            }
-        }
+        let keys: Vec<&str> = items.iter().map(|i| i.0).collect();
+        let bufs: Vec<Option<Buf>> = items
+            .iter_mut()
+            .map(|(_, b)| self.in_arena(b).then(|| (b.as_mut_ptr().cast(), b.len())))
+            .collect();
+        let done = self.direct(&keys, &bufs, |k, b| self.get_raw(k, b));
         let mut staging = self.staging.lock();
-        for (i, (key, buf)) in items.iter_mut().enumerate() {
-            if direct.contains(&i) {
-                continue;
-            }
-            let n = buf.len().min(staging.len());
-            let sb = (staging.as_mut_ptr().cast(), n);
-            out[i] = self.get_raw(&[key], &[sb]).pop().unwrap_or(Err(PoolError::NotFound));
-            if let Ok(len) = out[i] {
-                buf[..len.min(n)].copy_from_slice(&staging[..len.min(n)]);
-            }
-        }
-        out
+        done.into_iter()
+            .zip(items.iter_mut())
+            .map(|(r, (key, buf))| {
+                r.unwrap_or_else(|| {
+                    let n = buf.len().min(staging.len());
+                    let sb = (staging.as_mut_ptr().cast(), n);
+                    let r = self.get_raw(&[key], &[sb]).pop().unwrap_or(Err(PoolError::NotFound));
+                    if let Ok(len) = r {
+                        buf[..len.min(n)].copy_from_slice(&staging[..len.min(n)]);
+                    }
+                    r
+                })
+            })
+            .collect()
     }
 
     fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
