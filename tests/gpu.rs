@@ -437,6 +437,9 @@ fn client_stores_and_loads_gpu_pages_through_the_daemon() {
     if let Some(b) = &before {
         assert_eq!(delta(b, ST_PAGEABLE), 0, "store and load copy only pinned arena memory");
         assert!(delta(b, ST_BATCHES) + delta(b, ST_COPIES) + delta(b, ST_COPIES_2D) > 0);
+        // Each copy batch waits once for the engine's stream: one batch for the 4-page
+        // store and one for the 4-page load, not one per page.
+        assert_eq!(delta(b, ST_STREAM_WAITS), 2, "one device batch per request");
     }
     for p in 0..4u32 {
         let mut k = vec![0u8; obj];

@@ -30,30 +30,32 @@ impl Client {
         Ok(())
     }
 
-    /// Copies the plan's objects from the device into their slots. Returns, per granted
-    /// page, whether it was written.
+    /// Copies the plan's objects from the device into their slots, every page of the plan
+    /// in one device batch (on a GPU: one stream order and one completion wait for the
+    /// request, not one per page). Returns, per granted page, whether it was written.
     pub fn write_plan(&self, plan: &StorePlan, device_slots: &[u32]) -> Result<Vec<bool>, ClientError> {
         let dev = self.device()?;
         let objects = self.layout.objects();
+        let mut batch = Vec::with_capacity(plan.pages.iter().map(|p| p.slots.len()).sum());
         for page in &plan.pages {
             let dev_slot = *device_slots
                 .get(page.index as usize)
                 .ok_or_else(|| ClientError::Protocol(format!("grant names page {}", page.index)))?;
             self.check_slots(&plan.arena, &page.slots)?;
-            let mut batch = Vec::with_capacity(page.slots.len());
             for s in &page.slots {
                 let o = s.object as usize;
                 let len = self.layout.object_bytes(o) as usize;
-                // SAFETY: the grant gives this rank the slot exclusively until commit/abort.
+                // SAFETY: the grant gives this rank the slot exclusively until commit/abort,
+                // and a grant names each slot once.
                 let host = unsafe { plan.arena.slot_mut(SlotId(s.slot), len)? };
                 batch.push(ObjectCopy::new(dev_slot, objects[o].part, host));
             }
-            dev.copy_to_host(&mut batch)?;
         }
+        dev.copy_to_host(&mut batch)?;
         Ok(vec![true; plan.pages.len()])
     }
 
-    /// Copies granted pages from their slots into the device.
+    /// Copies granted pages from their slots into the device, in one device batch.
     pub(super) fn read_pages(
         &self,
         arena: &HostArena,
@@ -62,23 +64,24 @@ impl Client {
     ) -> Result<(), ClientError> {
         let dev = self.device()?;
         let objects = self.layout.objects();
+        let mla = self.layout.attention() == crate::layout::AttentionKind::Mla;
+        let mut batch = Vec::with_capacity(pages.iter().map(Vec::len).sum());
         for (slots, &dev_slot) in pages.iter().zip(device_slots) {
             self.check_slots(arena, slots)?;
-            let mut batch = Vec::with_capacity(slots.len());
             for s in slots {
                 let o = s.object as usize;
                 let len = self.layout.object_bytes(o) as usize;
                 // SAFETY: the load grant holds the page against eviction; nobody writes it.
                 let host = unsafe { arena.slot(SlotId(s.slot), len)? };
-                let part = if self.layout.attention() == crate::layout::AttentionKind::Mla {
+                let part = if mla {
                     crate::layout::Part::Latent
                 } else {
                     objects[o].part
                 };
                 batch.push(ObjectCopy::new(dev_slot, part, host));
             }
-            dev.copy_from_host(&batch)?;
         }
+        dev.copy_from_host(&batch)?;
         Ok(())
     }
 }

@@ -145,7 +145,10 @@ impl EmulatedDevice {
         if let Some(index) = map.beyond(len as u64) {
             return Err(TensorError::OutOfBuffer { index, len: len as u64 }.into());
         }
-        Ok(Self { buf: AlignedBuf::zeroed(len), map })
+        Ok(Self {
+            buf: AlignedBuf::zeroed(len),
+            map,
+        })
     }
 
     fn base(&self) -> *mut u8 {
