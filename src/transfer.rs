@@ -18,6 +18,16 @@ use parking_lot::{Condvar, Mutex};
 /// A unit of work for a transfer worker.
 pub type Job = Box<dyn FnOnce() + Send + 'static>;
 
+thread_local! {
+    static ON_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is a transfer worker. Work that would wait for other jobs
+/// must not do so from a worker: with every worker waiting, the jobs would never run.
+pub fn on_worker() -> bool {
+    ON_WORKER.with(|w| w.get())
+}
+
 /// A fixed pool of transfer workers fed by a bounded queue.
 pub struct TransferEngine {
     tx: Option<Sender<Job>>,
@@ -57,6 +67,7 @@ impl TransferEngine {
                 std::thread::Builder::new()
                     .name(format!("kvtier-xfer-{i}"))
                     .spawn(move || {
+                        ON_WORKER.with(|w| w.set(true));
                         while let Ok(job) = rx.recv() {
                             // A panicking job must not take the worker down with it; the job's
                             // own guard (see the manager) fails its ticket.

@@ -5,7 +5,8 @@
 //! copy (unlocked), settle (locked: mark what arrived present, free what did not). In-
 //! flight objects keep their pages out of eviction, so a page is never evicted mid-move.
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::state::{Advice, State};
 use super::{Manager, ManagerError};
@@ -18,6 +19,31 @@ use crate::tier::host::SlotId;
 
 /// Pages handled per pool batch.
 const POOL_BATCH: usize = 64;
+/// Longest a prefetch waits for the batches it handed to the transfer workers.
+const FANOUT_WAIT: Duration = Duration::from_secs(30);
+
+/// Batches handed out by a fanned-out staging: (finished, pages staged).
+#[derive(Default)]
+struct Fanout {
+    state: parking_lot::Mutex<(usize, usize)>,
+    cond: parking_lot::Condvar,
+}
+
+/// Counts its batch as finished when dropped: after it ran, or unrun (a shut-down queue),
+/// so the waiter never waits for a batch that will not come.
+struct FanoutGuard {
+    done: Arc<Fanout>,
+    staged: usize,
+}
+
+impl Drop for FanoutGuard {
+    fn drop(&mut self) {
+        let mut g = self.done.state.lock();
+        g.0 += 1;
+        g.1 += self.staged;
+        self.done.cond.notify_all();
+    }
+}
 
 /// One object moving between host and pool.
 struct ObjMove {
@@ -200,8 +226,39 @@ impl Manager {
 
     /// Brings every pool-complete page of `hashes` that is not on host into host, skipping
     /// the others (a prefetch names pages, not a chain). Returns pages staged.
+    ///
+    /// Batches past the first go to the transfer workers, so a large prefetch copies on
+    /// several threads; this thread stages the first batch (and any batch the full queue
+    /// hands back), then waits up to [`FANOUT_WAIT`] for the rest.
     pub(crate) fn stage_pages_from_pool(&self, ns: NamespaceId, hashes: &[PageHash]) -> usize {
-        self.stage_from_pool(ns, hashes, None, false)
+        if hashes.len() <= POOL_BATCH || crate::transfer::on_worker() {
+            return self.stage_from_pool(ns, hashes, None, false);
+        }
+        let done = Arc::new(Fanout::default());
+        let mut rest = 0;
+        for chunk in hashes[POOL_BATCH..].chunks(POOL_BATCH) {
+            rest += 1;
+            let guard = FanoutGuard {
+                done: done.clone(),
+                staged: 0,
+            };
+            let (m, chunk) = (self.clone(), chunk.to_vec());
+            let job: crate::transfer::Job = Box::new(move || {
+                // Moves the whole guard in (a closure would capture only the field), so
+                // it counts the batch finished when this job ends, not when it is queued.
+                let mut guard = guard;
+                guard.staged = m.stage_from_pool(ns, &chunk, None, false);
+            });
+            if let Err(job) = self.inner.xfer.try_submit(job) {
+                job();
+            }
+        }
+        let mut staged = self.stage_from_pool(ns, &hashes[..POOL_BATCH], None, false);
+        let deadline = Instant::now() + FANOUT_WAIT;
+        let mut g = done.state.lock();
+        while g.0 < rest && !done.cond.wait_until(&mut g, deadline).timed_out() {}
+        staged += g.1;
+        staged
     }
 
     /// Stages pages from the pool in batches of [`POOL_BATCH`]: one index pass, one pool
