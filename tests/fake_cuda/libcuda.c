@@ -612,36 +612,30 @@ static CUresult copy_1d(unsigned char *dst_dev_or_host, const unsigned char *src
     return enqueue_copy(h, g, 1, n);
 }
 
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream h) {
+/* A 1-D copy between device memory and host memory at `host`, either way. */
+static CUresult copy_host_dev(CUdeviceptr dev, void *host, size_t n, CUstream h, int to_host) {
     NEED_CTX();
-    if (!src)
+    if (!host)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mu);
-    unsigned char *d = resolve(dst, n);
+    unsigned char *d = resolve(dev, n);
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     if (d) {
-        if (!registered(src, n))
+        if (!registered(host, n))
             bump(ST_PAGEABLE_COPIES, 1);
-        r = copy_1d(d, src, n, h);
+        r = to_host ? copy_1d(host, d, n, h) : copy_1d(d, host, n, h);
     }
     pthread_mutex_unlock(&mu);
     return r;
 }
 
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream h) {
+    /* Only read from in this direction. */
+    return copy_host_dev(dst, (void *)src, n, h, 0);
+}
+
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream h) {
-    NEED_CTX();
-    if (!dst)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&mu);
-    unsigned char *s = resolve(src, n);
-    CUresult r = CUDA_ERROR_INVALID_VALUE;
-    if (s) {
-        if (!registered(dst, n))
-            bump(ST_PAGEABLE_COPIES, 1);
-        r = copy_1d(dst, s, n, h);
-    }
-    pthread_mutex_unlock(&mu);
-    return r;
+    return copy_host_dev(src, dst, n, h, 1);
 }
 
 static CUresult wait_stream(struct fake_stream *s) {
