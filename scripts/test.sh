@@ -5,6 +5,9 @@
 #   - a mooncake_master on loopback, stopped again when the tests end, pass or fail.
 #
 # Usage: scripts/test.sh [extra cargo test args]
+# A test whose environment is missing writes `SKIPPED: <test>: <why>` to stderr and passes.
+# KVTIER_REQUIRE (a comma list: mooncake, mooncake-c, python, cc, cxx, curl, root), when set
+# in the environment, makes those fail instead; .ci/run sets it, this script only passes it on.
 # Everything is built once, in release mode, so the benches that .ci/run measures
 # afterwards reuse the same build.
 set -euo pipefail

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::rank::RankProc;
 use common::*;
 use kvtier::client::ClientError;
 use kvtier::hints::{Hint, HintOutcome, HintTarget};
@@ -17,14 +18,6 @@ use kvtier::protocol::{
     AdviceBatch, AdviceKind, EngineAdvice, ErrorCode, Header, Identity, LoadWait, Request, Response, kind,
 };
 use kvtier::tier::device::EmulatedDevice;
-
-/// Not a test: the body of a rank process (see `common::RankProc`).
-#[test]
-fn rank_child() {
-    if std::env::var_os("KVT_RANK").is_some() {
-        rank_main();
-    }
-}
 
 #[test]
 fn tp2_pp2_page_is_complete_only_after_all_four_ranks_stored() {

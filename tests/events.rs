@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::python;
+use common::require::python;
 use kvtier::events::{PageEvent, PageEventKind};
 use kvtier::hints::{Hint, HintTarget};
 use kvtier::manager::{Manager, ManagerConfig, Tunables};
@@ -65,6 +65,12 @@ fn seqs(v: &Value) -> Vec<u64> {
 
 #[test]
 fn routers_decode_vllm_and_mooncake_events_and_replay_fills_gaps() {
+    let Some(python) = python(
+        &["zmq", "msgpack"],
+        "the router-side subscriber needs pyzmq and msgpack",
+    ) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = ManagerConfig::in_dir(dir.path(), 1 << 20, Some(1 << 20));
     cfg.arena.lock = false;
@@ -126,7 +132,7 @@ fn routers_decode_vllm_and_mooncake_events_and_replay_fills_gaps() {
     assert!(pos.counts().batches >= 2, "max_batch_events 2 splits three events");
     assert_eq!(moon.counts().batches, 0, "no pool events yet");
 
-    let mut py = Command::new(python())
+    let mut py = Command::new(&python)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("python/tests/kv_subscriber.py"))
         .args([
             pos.endpoint(),

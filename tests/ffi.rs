@@ -5,11 +5,13 @@
 mod common;
 mod ffi_support;
 
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::Daemon;
+use common::require::{python, require};
 use ffi_support::{build_engine, run_with_deadline, seed_of};
 use kvtier::layout::LayoutSpec;
 use kvtier::page::{Namespace, PageHash};
@@ -44,6 +46,9 @@ fn verify_from_rust(d: &Daemon, instance: &str, model: &str, spec: LayoutSpec, t
 
 #[test]
 fn cpp_engine_runs_as_two_tp_ranks() {
+    if !require("cxx", "compiles the C++ test engine") {
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     let exe = build_engine(tmp.path());
     let d = Daemon::start(tmp.path(), 16 << 20);
@@ -80,10 +85,8 @@ fn cpp_engine_runs_as_two_tp_ranks() {
 }
 
 /// Runs one script of `examples/python` against the daemon; returns its stdout.
-fn run_python(d: &Daemon, script: &str) -> String {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let venv = repo.join(".venv/bin/python3");
-    let python = if venv.exists() { venv } else { "python3".into() };
+fn run_python(python: &Path, d: &Daemon, script: &str) -> String {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut cmd = Command::new(python);
     cmd.arg(repo.join("examples/python").join(script))
         .arg("--socket")
@@ -103,9 +106,12 @@ fn run_python(d: &Daemon, script: &str) -> String {
 
 #[test]
 fn python_vllm_connector_demo_round_trips_bytes() {
+    let Some(py) = python(&[], "runs examples/python/vllm_connector_demo.py") else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let d = Daemon::start(tmp.path(), 16 << 20);
-    let out = run_python(&d, "vllm_connector_demo.py");
+    let out = run_python(&py, &d, "vllm_connector_demo.py");
     assert!(out.contains("OK vllm saved=6 matched_tokens=24"), "{out}");
     // The pages Python saved are on host for any rank of the namespace to find.
     let id = Identity {
@@ -119,17 +125,23 @@ fn python_vllm_connector_demo_round_trips_bytes() {
 
 #[test]
 fn python_hicache_backend_round_trips_bytes() {
+    let Some(py) = python(&[], "runs examples/python/hicache_backend.py") else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let d = Daemon::start(tmp.path(), 16 << 20);
-    let out = run_python(&d, "hicache_backend.py");
+    let out = run_python(&py, &d, "hicache_backend.py");
     assert!(out.contains("OK hicache exists=4"), "{out}");
 }
 
 #[test]
 fn python_bad_input_gets_codes_and_survives() {
+    let Some(py) = python(&[], "runs examples/python/ffi_bad_input.py") else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let d = Daemon::start(tmp.path(), 16 << 20);
-    let out = run_python(&d, "ffi_bad_input.py");
+    let out = run_python(&py, &d, "ffi_bad_input.py");
     for case in [
         "null-handle -1",
         "null-options -1",

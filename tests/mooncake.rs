@@ -2,15 +2,19 @@
 //! client, as SGLang HiCache uses it.
 //!
 //! Needs a master from `scripts/mooncake-env.sh start` and the variables that
-//! `scripts/mooncake-env.sh env` prints. Without `KVTIER_MOONCAKE_MASTER` every test fails
-//! (so CI cannot skip silently) unless `KVTIER_SKIP_MOONCAKE=1`. The tests share the
+//! `scripts/mooncake-env.sh env` prints. Without `KVTIER_MOONCAKE_MASTER` (or with
+//! `KVTIER_SKIP_MOONCAKE=1`) every test writes a `SKIPPED` line to raw stderr, and fails
+//! instead where `KVTIER_REQUIRE` lists `mooncake`, as `.ci/run` does. The tests share the
 //! master and one kills it, so they run one at a time.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::require::require;
 use kvtier::pool::mooncake::{MooncakeConfig, MooncakePool, RemovePolicy};
 use kvtier::pool::{PoolBackend, PoolError, PoolHealth, page};
 use kvtier::tier::device::pattern;
@@ -20,22 +24,17 @@ use parking_lot::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// The store's config from the environment, or `None` when skipping is allowed.
+/// The store's config from the environment, or `None` after a loud skip (a failure where
+/// `KVTIER_REQUIRE` lists `mooncake`).
 fn config() -> Option<MooncakeConfig> {
-    match MooncakeConfig::from_env() {
-        Some(c) => Some(
-            c.with_segment_bytes(256 << 20)
-                .with_probe_interval(Duration::from_millis(100)),
-        ),
-        None if std::env::var("KVTIER_SKIP_MOONCAKE").as_deref() == Ok("1") => {
-            eprintln!("SKIPPED: KVTIER_MOONCAKE_MASTER not set and KVTIER_SKIP_MOONCAKE=1");
-            None
-        }
-        None => panic!(
-            "KVTIER_MOONCAKE_MASTER is not set: run `scripts/mooncake-env.sh install && scripts/mooncake-env.sh \
-             start && eval \"$(scripts/mooncake-env.sh env)\"` first, or set KVTIER_SKIP_MOONCAKE=1 to skip"
-        ),
+    if !require("mooncake", "needs a running mooncake_master") {
+        return None;
     }
+    let c = MooncakeConfig::from_env().expect("KVTIER_MOONCAKE_MASTER is set (checked above)");
+    Some(
+        c.with_segment_bytes(256 << 20)
+            .with_probe_interval(Duration::from_millis(100)),
+    )
 }
 
 fn python() -> PathBuf {
@@ -370,10 +369,9 @@ fn killed_helper_is_restarted_and_the_pool_comes_back() {
 #[cfg(feature = "mooncake-c")]
 #[test]
 fn c_abi_pool_round_trips_a_page() {
-    use kvtier::pool::mooncake::cabi::{LIBRARY_ENV, MooncakeCPool};
+    use kvtier::pool::mooncake::cabi::MooncakeCPool;
     let _g = SERIAL.lock();
-    if std::env::var_os(LIBRARY_ENV).is_none() {
-        eprintln!("SKIPPED: MOONCAKE_STORE_LIBRARY not set; the C ABI path was built but not run");
+    if !require("mooncake-c", "the C ABI path was built but cannot run") {
         return;
     }
     let Some(cfg) = config() else { return };

@@ -1,22 +1,21 @@
 //! Helpers for the integration tests: the daemon as a real process, engine ranks as real
-//! processes (this test binary re-executed in "rank" mode), the rank driver, and the
-//! Python interpreter of the test environment.
+//! processes ([`rank`]), raw frames, and what a test needs from its environment
+//! ([`require`]: loud skips, and failures where `KVTIER_REQUIRE` lists the need).
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
+pub mod rank;
+pub mod require;
+
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::Arc;
-use std::sync::mpsc::{Receiver, channel};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvtier::client::{Client, ClientConfig};
 use kvtier::layout::LayoutSpec;
 use kvtier::page::{Namespace, PageHash};
-use kvtier::protocol::{ErrorCode, Header, Identity, LoadWait, Response, read_frame};
-use kvtier::tier::device::EmulatedDevice;
+use kvtier::protocol::{ErrorCode, Header, Identity, Response, read_frame};
 
 /// 1 layer, 1 KV head, head dim 16, fp16, 4 tokens a page: 128-byte objects.
 pub fn small_spec() -> LayoutSpec {
@@ -47,20 +46,6 @@ pub fn hashes(base: u64, n: usize) -> Vec<PageHash> {
 /// The bytes a rank writes for a page: distinct per page and per rank.
 pub fn seed(hash: &PageHash, tp: u16, pp: u16) -> u64 {
     hash.prefix_u64().wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (((tp as u64) << 8) | pp as u64)
-}
-
-/// The Python interpreter of the test environment (`KVTIER_PYTHON`, else `.venv`).
-pub fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("KVTIER_PYTHON") {
-        return p.into();
-    }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
-    assert!(
-        p.exists(),
-        "no Python test environment at {}: run scripts/test.sh (it creates .venv)",
-        p.display()
-    );
-    p
 }
 
 /// A daemon running as the built `kvtier` binary.
@@ -158,146 +143,6 @@ impl Drop for Daemon {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
-        }
-    }
-}
-
-/// An engine rank running as a separate OS process, driven line by line.
-pub struct RankProc {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
-}
-
-impl RankProc {
-    pub fn spawn(socket: &Path, instance: &str, tp: u16, pp: u16, tps: u16, pps: u16) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["rank_child", "--exact", "--nocapture", "--test-threads=1"])
-            .env("KVT_RANK", "1")
-            .env("KVT_SOCKET", socket)
-            .env("KVT_INSTANCE", instance)
-            .env("KVT_TP", format!("{tp},{pp},{tps},{pps}"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                // The test harness may have printed on the same line first.
-                if let Some(at) = line.find("@@ ") {
-                    let _ = tx.send(line[at + 3..].to_owned());
-                }
-            }
-        });
-        let mut r = Self { child, stdin, lines };
-        assert_eq!(r.cmd("ready"), "ready");
-        r
-    }
-
-    /// Sends one command and returns its answer line.
-    pub fn cmd(&mut self, line: &str) -> String {
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
-        self.lines.recv_timeout(Duration::from_secs(20)).expect("rank answered")
-    }
-
-    /// Sends a command and parses the numbers of its answer.
-    pub fn nums(&mut self, line: &str) -> Vec<u64> {
-        let a = self.cmd(line);
-        a.split_whitespace()
-            .skip(1)
-            .map(|w| w.parse().unwrap_or_else(|_| panic!("{line:?} -> {a:?}")))
-            .collect()
-    }
-
-    pub fn kill9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    pub fn exit(mut self) {
-        let _ = writeln!(self.stdin, "exit");
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for RankProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The rank process: reads commands on stdin, answers `@@ …` lines on stdout.
-pub fn rank_main() {
-    let env = |k: &str| std::env::var(k).unwrap();
-    let r: Vec<u16> = env("KVT_TP").split(',').map(|v| v.parse().unwrap()).collect();
-    let (tp, pp, tps, pps) = (r[0], r[1], r[2], r[3]);
-    let layout = spec(tps, pps);
-    let cfg = ClientConfig::new(
-        env("KVT_SOCKET"),
-        identity(&env("KVT_INSTANCE"), tp, pp, tps, pps),
-        layout.clone(),
-    );
-    let client = Client::connect(cfg.with_timeout(Duration::from_secs(10))).unwrap();
-    let built = layout.build().unwrap();
-    let dev = Arc::new(EmulatedDevice::new(&built, pp, 256));
-    client.register_device(dev.clone()).unwrap();
-    let mut plans = Vec::new();
-    for line in std::io::stdin().lock().lines().map_while(Result::ok) {
-        let w: Vec<&str> = line.split_whitespace().collect();
-        let num = |i: usize| w.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        let hs = hashes(num(1), num(2) as usize);
-        let slots: Vec<u32> = (0..hs.len() as u32).collect();
-        let answer = match w.first().copied() {
-            Some("ready") => Ok("ready".to_string()),
-            Some("store") => {
-                for (i, h) in hs.iter().enumerate() {
-                    dev.fill_page(i as u32, seed(h, tp, pp)).unwrap();
-                }
-                client
-                    .store(&hs, &slots, "s")
-                    .map(|r| format!("stored {} {} {}", r.written, r.complete, r.ticket))
-            }
-            Some("begin") => {
-                for (i, h) in hs.iter().enumerate() {
-                    dev.fill_page(i as u32, seed(h, tp, pp)).unwrap();
-                }
-                client.begin_store(&hs, "s").and_then(|p| {
-                    client.write_plan(&p, &slots)?;
-                    let n = p.pages.len();
-                    plans.push(p);
-                    Ok(format!("begun {n}"))
-                })
-            }
-            Some("lookup") => client
-                .lookup(&hs)
-                .map(|h| format!("hit {} {} {}", h.device, h.host, h.pool)),
-            Some("load") => {
-                let fresh = Arc::new(EmulatedDevice::new(&built, pp, 256));
-                client.register_device(fresh.clone()).unwrap();
-                let r = client.load(&hs, &slots, LoadWait::BestEffort).map(|n| {
-                    let ok = (0..n)
-                        .filter(|&i| fresh.page_matches(i as u32, seed(&hs[i], tp, pp)).unwrap())
-                        .count();
-                    format!("loaded {n} {ok}")
-                });
-                client.register_device(dev.clone()).unwrap();
-                r
-            }
-            Some("wait") => client
-                .wait(num(1), Duration::from_millis(num(2)))
-                .map(|t| format!("ticket {} {} {}", t.complete, t.total, t.failed)),
-            Some("exit") | None => break,
-            Some(other) => Ok(format!("unknown {other}")),
-        };
-        match answer {
-            Ok(a) => println!("@@ {a}"),
-            Err(e) => println!("@@ err {e}"),
         }
     }
 }

@@ -46,7 +46,7 @@ pub fn build_engine(dir: &Path) -> PathBuf {
     let so = cdylib();
     let lib = so.parent().expect("library directory").to_owned();
     let exe = dir.join("test_engine");
-    let mut cmd = Command::new(std::env::var("CXX").unwrap_or_else(|_| "g++".into()));
+    let mut cmd = Command::new(crate::common::require::tool("CXX", "g++"));
     cmd.args(["-std=c++17", "-O1", "-Wall", "-Werror"])
         .arg("-I")
         .arg(repo("include"))

@@ -2,29 +2,37 @@
 //! rarely built where tests run), and the typed error of a missing library.
 
 use super::*;
+use crate::pool::test_env;
 use crate::tier::device::pattern;
 use crate::tier::host::ArenaOptions;
 
-/// Builds the stand-in library of `tests/data` with the system C compiler.
-fn stub_library(dir: &Path) -> Option<std::path::PathBuf> {
+/// Builds the stand-in library of `tests/data` with the system C compiler. With a compiler
+/// present, a failed build is a failed test, never a skip.
+fn stub_library(dir: &Path) -> std::path::PathBuf {
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/mooncake_store_stub.c");
     let out = dir.join("libmooncake_store_stub.so");
-    let ok = std::process::Command::new("cc")
+    let cc = test_env::cc();
+    let o = std::process::Command::new(&cc)
         .args(["-shared", "-fPIC", "-O1", "-o"])
         .arg(&out)
         .arg(src)
-        .status()
-        .is_ok_and(|s| s.success());
-    ok.then_some(out)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cc}: {e}"));
+    assert!(
+        o.status.success(),
+        "building the stand-in Mooncake library failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
 }
 
 #[test]
 fn the_c_abi_plumbing_moves_bytes_and_maps_codes() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(lib) = stub_library(dir.path()) else {
-        eprintln!("SKIPPED: no C compiler (cc) to build the stand-in Mooncake library");
+    if !test_env::require("cc", "builds the stand-in Mooncake library") {
         return;
-    };
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lib = stub_library(dir.path());
     let opts = ArenaOptions {
         lock: false,
         ..ArenaOptions::default()

@@ -1,0 +1,163 @@
+//! What a test needs from its environment, and what happens when it is missing: a loud
+//! skip on a developer's machine, a failure where CI says it provides it.
+//!
+//! A test that cannot run writes `SKIPPED: <test>: <why>` to the raw stderr handle. The
+//! test harness captures `print!`/`eprint!` output of passing tests, so a skip written
+//! through them would read as a plain pass; the raw handle shows in every `cargo test`
+//! log. `KVTIER_REQUIRE` (a comma list of the names below, exported by `.ci/run`) names
+//! what the environment must provide: a test whose missing requirement is listed panics
+//! instead, so nothing skips in CI by accident.
+//!
+//! The names: `mooncake` (a `mooncake_master` from `scripts/mooncake-env.sh`, announced by
+//! `KVTIER_MOONCAKE_MASTER`; `KVTIER_SKIP_MOONCAKE=1` counts as missing), `mooncake-c`
+//! (`MOONCAKE_STORE_LIBRARY`, a site-built Mooncake C ABI library), `python` (the test
+//! environment's interpreter with the modules a test names), `cc` and `cxx` (C and C++
+//! compilers, `$CC`/`cc` and `$CXX`/`g++`), `curl`, and `root` (tests that switch user).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Every requirement a test may name; `KVTIER_REQUIRE` may list only these.
+pub const KNOWN: &[&str] = &["mooncake", "mooncake-c", "python", "cc", "cxx", "curl", "root"];
+
+/// Writes one line to the raw stderr handle, which the test harness does not capture.
+pub fn say(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// The requirements `KVTIER_REQUIRE` lists. An unknown name panics: a typo there would
+/// otherwise turn a required environment back into an optional one.
+pub fn required() -> Vec<String> {
+    let list = std::env::var("KVTIER_REQUIRE").unwrap_or_default();
+    let names: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect();
+    for n in &names {
+        assert!(
+            KNOWN.contains(&n.as_str()),
+            "KVTIER_REQUIRE names {n:?}, which no test knows; the names are {KNOWN:?}"
+        );
+    }
+    names
+}
+
+/// Whether a test that needs `what` may run: true when it is present. When it is missing,
+/// panics if `KVTIER_REQUIRE` lists `what`, else writes a `SKIPPED` line and returns false
+/// (the test then returns). `why` says what the test wanted it for.
+pub fn require(what: &str, why: &str) -> bool {
+    match probe(what) {
+        Ok(()) => true,
+        Err(missing) => {
+            skip_or_fail(what, &format!("{why}: {missing}"));
+            false
+        }
+    }
+}
+
+/// The Python interpreter of the test environment when it can import `modules`, after
+/// [`require`]'s rules for `python` (a loud skip, or a failure where it is required).
+/// `KVTIER_PYTHON` names it where set; else `<repo>/.venv/bin/python3`, else `python3`.
+pub fn python(modules: &[&str], why: &str) -> Option<PathBuf> {
+    match probe_python(modules) {
+        Ok(p) => Some(p),
+        Err(missing) => {
+            skip_or_fail("python", &format!("{why}: {missing}"));
+            None
+        }
+    }
+}
+
+fn skip_or_fail(what: &str, reason: &str) {
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    if required().iter().any(|n| n == what) {
+        panic!("{test}: {reason}; KVTIER_REQUIRE lists {what:?}, so this environment must provide it");
+    }
+    say(&format!(
+        "SKIPPED: {test}: {reason} (with KVTIER_REQUIRE={what} this fails instead)"
+    ));
+}
+
+/// `Ok` when `what` is present, else why not.
+fn probe(what: &str) -> Result<(), String> {
+    let env_set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    match what {
+        "mooncake" if std::env::var("KVTIER_SKIP_MOONCAKE").as_deref() == Ok("1") => {
+            Err("KVTIER_SKIP_MOONCAKE=1".into())
+        }
+        "mooncake" if !env_set("KVTIER_MOONCAKE_MASTER") => Err(
+            "KVTIER_MOONCAKE_MASTER is not set (run `scripts/mooncake-env.sh install && \
+             scripts/mooncake-env.sh start && eval \"$(scripts/mooncake-env.sh env)\"`)"
+                .into(),
+        ),
+        "mooncake-c" if !env_set("MOONCAKE_STORE_LIBRARY") => {
+            Err("MOONCAKE_STORE_LIBRARY is not set (no site-built libmooncake_store.so)".into())
+        }
+        "mooncake" | "mooncake-c" => Ok(()),
+        "python" => probe_python(&[]).map(drop),
+        "cc" => runs(&tool("CC", "cc"), &["--version"]),
+        "cxx" => runs(&tool("CXX", "g++"), &["--version"]),
+        "curl" => runs("curl", &["--version"]),
+        // SAFETY: getuid has no preconditions.
+        "root" if unsafe { libc::getuid() } != 0 => Err("not running as root".into()),
+        "root" => Ok(()),
+        other => panic!("unknown requirement {other:?}; the names are {KNOWN:?}"),
+    }
+}
+
+/// A tool's command: the environment variable where set, else the default.
+pub fn tool(var: &str, default: &str) -> String {
+    std::env::var(var)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.into())
+}
+
+fn runs(cmd: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {cmd}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd} {} exited with {}", args.join(" "), out.status))
+    }
+}
+
+fn probe_python(modules: &[&str]) -> Result<PathBuf, String> {
+    let py = match std::env::var_os("KVTIER_PYTHON").filter(|v| !v.is_empty()) {
+        // An explicit choice that is wrong is reported, never replaced by another Python.
+        Some(p) if !Path::new(&p).exists() => {
+            return Err(format!("KVTIER_PYTHON={} does not exist", Path::new(&p).display()));
+        }
+        Some(p) => PathBuf::from(p),
+        None => {
+            let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
+            if venv.exists() { venv } else { PathBuf::from("python3") }
+        }
+    };
+    let import = if modules.is_empty() {
+        "pass".to_owned()
+    } else {
+        format!("import {}", modules.join(", "))
+    };
+    let out = Command::new(&py)
+        .args(["-c", &import])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e} (scripts/test.sh creates .venv)", py.display()))?;
+    if out.status.success() {
+        return Ok(py);
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    Err(format!(
+        "{} cannot `{import}`: {} (scripts/test.sh installs python/requirements-test.txt)",
+        py.display(),
+        err.lines().last().unwrap_or("no message")
+    ))
+}
