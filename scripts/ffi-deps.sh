@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Installs what the FFI tests need beyond Rust: a C++17 compiler (the C++ test engine is
-# compiled against the cxx bridge) and python3 (the ctypes examples; standard library
-# only). Idempotent: installs nothing when both are present.
+# Installs what the FFI and admin tests need beyond Rust: a C++17 compiler (the C++ test
+# engine is compiled against the cxx bridge), python3 (the ctypes examples; standard library
+# only) and curl (the admin tests talk to the admin socket with it, as operators do). Idempotent: installs nothing when both are present.
 set -euo pipefail
 
 need=()
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 if [ "${#need[@]}" -eq 0 ]; then
     exit 0
 fi
