@@ -140,7 +140,9 @@ pub fn serve(cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<(
         Ok::<_, std::io::Error>((extras, served))
     })?;
     extras.stop();
-    drop(rt);
+    // Commands still on the blocking pool end within `max_wait_ms` (their grants are
+    // released as they end); this bounds the wait for them all the same.
+    rt.shutdown_timeout(Duration::from_millis(cfg.max_wait_ms) + Duration::from_secs(1));
     let _ = std::fs::remove_file(&cfg.socket);
     backend.shutdown().context("compacting the manifest")?;
     served.context("serving")?;

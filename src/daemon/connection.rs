@@ -171,10 +171,13 @@ async fn serve(
     let mut frames = FramedRead::with_capacity(rd, FrameCodec::new(shared.limits.max_frame_bytes), 64 << 10);
     let mut enc = FrameCodec::new(shared.limits.max_frame_bytes);
     let mut out = BytesMut::with_capacity(64 << 10);
+    // One waiter on the token for the connection's life, not one per request.
+    let cancelled = shutdown.cancelled();
+    tokio::pin!(cancelled);
     loop {
         let next = tokio::select! {
             biased;
-            _ = shutdown.cancelled() => {
+            _ = &mut cancelled => {
                 let notice = Response::error(ErrorCode::ShuttingDown, "the daemon is shutting down");
                 enc.encode(Outgoing::Response(0, &notice), &mut out)?;
                 return flush(&mut wr, &mut out).await;
