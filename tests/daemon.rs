@@ -470,3 +470,42 @@ fn serve_without_configuration_prints_where_things_are() {
     assert!(text.contains("control socket .kvtier/kvtier.sock"), "{text}");
     assert!(text.contains("host arena") && text.contains("1024 MiB"), "{text}");
 }
+
+#[test]
+fn an_unknown_events_encoding_stops_the_start_and_names_the_allowed_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kvtier.toml");
+    std::fs::write(&file, "events_encoding = \"binary\"\n").unwrap();
+    let socket = dir.path().join("k.sock");
+    let run = |extra: &[&str], env: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"));
+        cmd.arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .env_remove("KVTIER_EVENTS_ENCODING")
+            .env("KVTIER_ARENA_PATH", dir.path().join("arena"));
+        if let Some(v) = env {
+            cmd.env("KVTIER_EVENTS_ENCODING", v);
+        }
+        cmd.output().unwrap()
+    };
+    let config = format!("--config={}", file.display());
+    for out in [
+        run(&[config.as_str()], None),
+        run(&[], Some("binary")),
+        run(&["--set", "events_encoding=binary"], None),
+    ] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "started with a bad events_encoding: {err}");
+        assert!(
+            err.contains("binary") && err.contains("positional") && err.contains("named"),
+            "{err}"
+        );
+        assert!(!socket.exists(), "refused before binding");
+    }
+    // An allowed value from the flag wins over a bad one in the environment.
+    let out = run(&["--set", "events_encoding=named", "--print-config"], Some("binary"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("events_encoding = \"named\""));
+}

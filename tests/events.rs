@@ -254,7 +254,7 @@ fn routers_decode_vllm_and_mooncake_events_and_replay_fills_gaps() {
     assert_eq!(want[0][1], format!("kvtier_m_{}_0_k", hs[0].to_hex()));
     assert_eq!(flatten(&r["mooncake"], 0), want);
 
-    sd.trigger();
+    sd.cancel();
     pos.stop();
     named.stop();
     moon.stop();

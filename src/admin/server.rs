@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::http::{self, HttpError};
 use super::{AdminConfig, AdminError, EngineView, routes, security};
 use crate::manager::Manager;
-use crate::shutdown::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// How long the accept loop waits before looking at the shutdown signal again.
 const ACCEPT_POLL_MS: i32 = 100;
@@ -32,14 +32,14 @@ pub(crate) struct Ctx {
     pub manager: Manager,
     pub engines: Arc<dyn EngineView>,
     pub started: Instant,
-    pub shutdown: Shutdown,
+    pub shutdown: CancellationToken,
     pub stop: AtomicBool,
     pub active: AtomicUsize,
 }
 
 impl Ctx {
     pub fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Relaxed) || self.shutdown.is_triggered()
+        self.stop.load(Ordering::Relaxed) || self.shutdown.is_cancelled()
     }
 }
 
@@ -77,7 +77,7 @@ pub fn spawn(
     cfg: AdminConfig,
     manager: Manager,
     engines: Arc<dyn EngineView>,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) -> Result<AdminHandle, AdminError> {
     cfg.validate()?;
     let listener = security::bind(&cfg)?;

@@ -162,7 +162,7 @@ fn measure(args: &ControlArgs, dir: &std::path::Path) -> anyhow::Result<([f64; 8
     let shutdown = Shutdown::new();
     let listener = UnixListener::bind(&cfg.socket)?;
     let (sd, sock) = (shutdown.clone(), cfg.socket.clone());
-    let daemon = std::thread::spawn(move || server::run(listener, sd, shared, Duration::from_millis(100)));
+    let daemon = std::thread::spawn(move || server::run_blocking(listener, sd, shared, Duration::from_millis(100)));
     let echo_path = dir.join("echo.sock");
     let echo_listener = UnixListener::bind(&echo_path)?;
     std::thread::spawn(move || echo_server(echo_listener));
@@ -240,7 +240,7 @@ fn measure(args: &ControlArgs, dir: &std::path::Path) -> anyhow::Result<([f64; 8
     }
     let ops = (args.batches * args.depth) as f64 / t.elapsed().as_secs_f64();
     drop((raw, client, echo));
-    shutdown.fire();
+    shutdown.cancel();
     daemon.join().map_err(|_| anyhow::anyhow!("daemon thread panicked"))??;
     Ok((
         [

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
 use anyhow::{Context, bail};
 use clap::Args;
 
@@ -16,7 +18,6 @@ use super::backend::{Backend, ManagedTiers};
 use super::config::{ConfigError, DaemonConfig};
 use super::connection::Shared;
 use super::server;
-use super::shutdown::Shutdown;
 
 /// Run the per-node daemon.
 #[derive(Args, Debug, Default, Clone)]
@@ -79,7 +80,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         print!("{}", toml::to_string(&cfg)?);
         return Ok(());
     }
-    serve(cfg, Shutdown::with_signals()?)
+    serve(cfg, CancellationToken::new())
 }
 
 fn private_dir(dir: &Path) -> anyhow::Result<()> {
@@ -109,13 +110,48 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Runs the daemon with a ready configuration until `shutdown` fires.
-pub fn serve(cfg: DaemonConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+/// Runs the daemon with a ready configuration until `shutdown` is cancelled, by the
+/// caller or by SIGTERM/SIGINT.
+pub fn serve(cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let rt = server::runtime().context("starting the control-plane runtime")?;
+    // Signals first: once the socket is bound a client may already see the daemon.
+    let signals = {
+        let _in_runtime = rt.enter();
+        crate::shutdown::cancel_on_signals(shutdown.clone()).context("installing signal handlers")?
+    };
     let listener = bind(&cfg.socket)?;
     if let Some(dir) = cfg.arena_path.parent() {
         private_dir(dir)?;
     }
     let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).context("opening the tiers")?);
+    announce(&cfg, &backend)?;
+    tracing::info!(socket = %cfg.socket.display(), "serving");
+    let shared = Arc::new(Shared::new(backend.clone(), cfg.limits()));
+    backend.manager().set_upkeep_waker(shared.upkeep_waker());
+    let tick = Duration::from_millis(cfg.tick_ms.max(1));
+    let (extras, served) = rt.block_on(async {
+        tokio::spawn(signals);
+        let extras = start_side_services(&cfg, backend.manager().clone(), shared.clone(), &shutdown);
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::UnixListener::from_std(listener)?;
+        let served = server::run(listener, shutdown.clone(), shared, tick).await;
+        // Whatever ended the server ends the side services too.
+        shutdown.cancel();
+        Ok::<_, std::io::Error>((extras, served))
+    })?;
+    extras.stop();
+    // Commands still on the blocking pool end within `max_wait_ms` (their grants are
+    // released as they end); this bounds the wait for them all the same.
+    rt.shutdown_timeout(Duration::from_millis(cfg.max_wait_ms) + Duration::from_secs(1));
+    let _ = std::fs::remove_file(&cfg.socket);
+    backend.shutdown().context("compacting the manifest")?;
+    served.context("serving")?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The start-up report on stdout: where everything is.
+fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
     let stats = backend.stats();
     let mut out = std::io::stdout().lock();
     writeln!(out, "kvtier serve: control socket {}", cfg.socket.display())?;
@@ -134,25 +170,8 @@ pub fn serve(cfg: DaemonConfig, shutdown: Shutdown) -> anyhow::Result<()> {
         },
         backend.manifest_path().display()
     )?;
-    writeln!(
-        out,
-        "kvtier serve: device {}, local pool {} MiB",
-        cfg.device,
-        cfg.pool_bytes >> 20
-    )?;
+    writeln!(out, "kvtier serve: local pool {} MiB", cfg.pool_bytes >> 20)?;
     out.flush()?;
-    drop(out);
-    tracing::info!(socket = %cfg.socket.display(), "serving");
-    let shared = Arc::new(Shared::new(backend.clone(), cfg.limits()));
-    let side = crate::shutdown::Shutdown::new();
-    let extras = start_side_services(&cfg, backend.manager().clone(), shared.clone(), &side);
-    let served = server::run(listener, shutdown, shared, Duration::from_millis(cfg.tick_ms.max(1)));
-    side.trigger();
-    extras.stop();
-    let _ = std::fs::remove_file(&cfg.socket);
-    backend.shutdown().context("compacting the manifest")?;
-    served.context("serving")?;
-    tracing::info!("stopped");
     Ok(())
 }
 
@@ -180,7 +199,7 @@ fn start_side_services(
     cfg: &DaemonConfig,
     manager: crate::manager::Manager,
     shared: Arc<Shared>,
-    side: &crate::shutdown::Shutdown,
+    side: &CancellationToken,
 ) -> SideServices {
     let admin_cfg = crate::admin::AdminConfig {
         socket: cfg.admin_socket.clone(),
@@ -201,11 +220,7 @@ fn start_side_services(
         let vcfg = crate::publish::vllm::VllmConfig {
             endpoint: cfg.events_endpoint.clone(),
             replay_endpoint: Some(cfg.events_replay_endpoint.clone()).filter(|e| !e.is_empty()),
-            encoding: if cfg.events_encoding == "named" {
-                crate::publish::vllm::Encoding::Named
-            } else {
-                crate::publish::vllm::Encoding::Positional
-            },
+            encoding: cfg.events_encoding.into(),
             ..crate::publish::vllm::VllmConfig::default()
         };
         match crate::publish::vllm::spawn(vcfg, manager.clone(), side.clone()) {

@@ -4,6 +4,11 @@
 //! environment variables (the key in upper case: `KVTIER_ARENA_BYTES=…`), then flags
 //! (`--socket`, `--arena-path`, `--arena-bytes`, and `--set key=value` for any key).
 //! The daemon runs with no configuration at all.
+//!
+//! Keys with a fixed set of values are serde enums ([`EventsEncoding`]): an unknown value
+//! is refused at start, from any of the three sources, with the allowed values in the
+//! message. (The pool backend, `none | local | mooncake`, becomes one such enum beside
+//! `pool_bytes` when the cluster work lands.)
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -31,8 +36,6 @@ pub struct DaemonConfig {
     /// Local shared-memory pool size in bytes (G3), beside the arena (`<arena>.pool`);
     /// 0 runs without a pool. Default: 2 GiB.
     pub pool_bytes: u64,
-    /// Device kind engines use when they have no GPU. Default: `"emulated"`.
-    pub device: String,
     /// Most client connections at once. Default: 256.
     pub max_connections: usize,
     /// Most ranks one instance may connect. Default: 64.
@@ -53,7 +56,10 @@ pub struct DaemonConfig {
     pub lock_arena: bool,
     /// Touch the arena at start so first copies do not fault. Default: true.
     pub prefault: bool,
-    /// Period of background work (TTL expiry), in ms. Default: 100.
+    /// Period of the upkeep task's fallback run, in ms: what no event announces (pin and
+    /// retain TTLs expiring, the pool's own evictions) is noticed within this. Eviction
+    /// by watermark does not wait for it: the manager wakes upkeep when a watermark is
+    /// crossed. Default: 1000.
     pub tick_ms: u64,
     /// Admin socket (HTTP/1.1, mode 0600). Default: `admin.sock` beside the control socket.
     pub admin_socket: PathBuf,
@@ -61,10 +67,31 @@ pub struct DaemonConfig {
     pub events_endpoint: String,
     /// Replay (ROUTER) endpoint of the KV events; empty disables it. Default: `tcp://127.0.0.1:5571`.
     pub events_replay_endpoint: String,
-    /// KV event encoding, `positional` (vLLM's array form) or `named` (maps). Default: `positional`.
-    pub events_encoding: String,
+    /// KV event encoding: `positional` (vLLM's array form) or `named` (maps).
+    /// Default: `positional`.
+    pub events_encoding: EventsEncoding,
     /// Mooncake-style pool object event PUB endpoint; empty disables it. Default: `tcp://127.0.0.1:5572`.
     pub pool_events_endpoint: String,
+}
+
+/// How the vLLM-format KV events are encoded (`events_encoding`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventsEncoding {
+    /// vLLM's own array form (what its subscribers decode).
+    #[default]
+    Positional,
+    /// Maps with field names (readable, larger).
+    Named,
+}
+
+impl From<EventsEncoding> for crate::publish::vllm::Encoding {
+    fn from(e: EventsEncoding) -> Self {
+        match e {
+            EventsEncoding::Positional => Self::Positional,
+            EventsEncoding::Named => Self::Named,
+        }
+    }
 }
 
 fn runtime_dir() -> PathBuf {
@@ -90,7 +117,6 @@ impl Default for DaemonConfig {
             arena_path,
             arena_bytes: 1 << 30,
             pool_bytes: 2 << 30,
-            device: "emulated".into(),
             max_connections: 256,
             max_ranks: 64,
             max_frame_bytes: crate::protocol::DEFAULT_MAX_BODY,
@@ -101,11 +127,11 @@ impl Default for DaemonConfig {
             recover: true,
             lock_arena: true,
             prefault: true,
-            tick_ms: 100,
+            tick_ms: 1_000,
             admin_socket: dir.join("admin.sock"),
             events_endpoint: "tcp://127.0.0.1:5570".into(),
             events_replay_endpoint: "tcp://127.0.0.1:5571".into(),
-            events_encoding: "positional".into(),
+            events_encoding: EventsEncoding::Positional,
             pool_events_endpoint: "tcp://127.0.0.1:5572".into(),
         }
     }
@@ -195,11 +221,8 @@ impl DaemonConfig {
         if !(0.0..=1.0).contains(&self.pin_budget) {
             return bad("pin_budget must be between 0 and 1");
         }
-        if self.events_encoding != "positional" && self.events_encoding != "named" {
-            return bad("events_encoding must be \"positional\" or \"named\"");
-        }
-        if self.device != "emulated" && self.device != "cuda" {
-            return bad("device must be \"emulated\" or \"cuda\"");
+        if self.tick_ms == 0 {
+            return bad("tick_ms must be at least 1");
         }
         Ok(())
     }
@@ -230,6 +253,7 @@ impl DaemonConfig {
             max_connections: self.max_connections,
             max_frame_bytes: self.max_frame_bytes,
             max_ranks: self.max_ranks,
+            max_wait: Duration::from_millis(self.max_wait_ms),
         }
     }
 }
@@ -262,5 +286,40 @@ mod tests {
         assert!(DaemonConfig::load(None, Vec::new(), &[("nope".into(), "1".into())]).is_err());
         assert!(DaemonConfig::load(None, Vec::new(), &[("pin_budget".into(), "2.0".into())]).is_err());
         assert!(DaemonConfig::keys().contains(&"arena_path".to_string()));
+    }
+
+    #[test]
+    fn an_unknown_enum_value_is_refused_from_every_source_with_the_allowed_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kvtier.toml");
+        std::fs::write(&file, "events_encoding = \"binary\"\n").unwrap();
+        let env = |v: &str| vec![("KVTIER_EVENTS_ENCODING".to_string(), v.to_string())];
+        let flag = |v: &str| vec![("events_encoding".to_string(), v.to_string())];
+        let refusals = [
+            DaemonConfig::load(Some(&file), Vec::new(), &[]),
+            DaemonConfig::load(None, env("binary"), &[]),
+            DaemonConfig::load(None, Vec::new(), &flag("binary")),
+        ];
+        for r in refusals {
+            let msg = r.unwrap_err().to_string();
+            assert!(
+                msg.contains("binary") && msg.contains("positional") && msg.contains("named"),
+                "{msg}"
+            );
+        }
+        // The same sources with an allowed value, in precedence order file < env < flag.
+        std::fs::write(&file, "events_encoding = \"named\"\n").unwrap();
+        let c = DaemonConfig::load(Some(&file), Vec::new(), &[]).unwrap();
+        assert_eq!(c.events_encoding, EventsEncoding::Named);
+        let c = DaemonConfig::load(Some(&file), env("positional"), &[]).unwrap();
+        assert_eq!(c.events_encoding, EventsEncoding::Positional);
+        let c = DaemonConfig::load(Some(&file), env("positional"), &flag("named")).unwrap();
+        assert_eq!(c.events_encoding, EventsEncoding::Named);
+        assert_eq!(DaemonConfig::default().events_encoding, EventsEncoding::Positional);
+        // `device` configured nothing (engines choose their device) and is gone.
+        let old = DaemonConfig::load(None, Vec::new(), &[("device".into(), "cuda".into())]);
+        assert!(old.unwrap_err().to_string().contains("device"));
+        let printed = toml::to_string(&DaemonConfig::default()).unwrap();
+        assert!(printed.contains("events_encoding = \"positional\""), "{printed}");
     }
 }

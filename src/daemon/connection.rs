@@ -1,29 +1,46 @@
-//! One client connection: read frames, dispatch commands, write answers, clean up.
+//! One client connection, a tokio task: read frames, dispatch commands, write answers,
+//! clean up.
 //!
-//! Responses to requests that arrived together are written together (one write when the
-//! read buffer is drained), so a pipelining client pays one system call per batch. When
-//! the peer goes away (EOF, a reset, or a frame error) every grant the connection still
-//! holds is released at once: store slots go back to the arena, load holds are dropped.
+//! Frames are decoded by [`FrameCodec`] from the socket's read half. Responses to requests
+//! that arrived together are written together (one write once no whole frame is left in
+//! the read buffer), so a pipelining client pays one system call per batch. Short
+//! commands run inline on the task; the few that can block (a ticket or load wait, a
+//! store that makes room, a commit that checksums its pages, a prefetch staged from the
+//! pool, registering a namespace) run on tokio's blocking pool, with a deadline. When the
+//! peer goes away (EOF, a reset, or a frame error) or shutdown fires, every grant the
+//! connection still holds is released at once: store slots go back to the arena, load
+//! holds are dropped.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufReader, ErrorKind};
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::BytesMut;
+use futures_util::StreamExt;
 use parking_lot::Mutex;
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::{Notify, oneshot};
+use tokio_util::codec::{Encoder, FramedRead};
+use tokio_util::sync::CancellationToken;
 
 use crate::layout::{Layout, LayoutSpec};
 use crate::page::{Namespace, NamespaceId, PageHash};
-use crate::protocol::{ErrorCode, FrameError, Identity, Request, Response, frame, read_frame};
+use crate::protocol::{ErrorCode, FrameCodec, FrameError, Identity, Outgoing, Request, Response};
 
 use super::backend::Backend;
 use super::cmd;
-use super::shutdown::Shutdown;
 
-/// How often an idle handler looks at the shutdown token.
-const IDLE_POLL: Duration = Duration::from_millis(100);
+/// Longest a write of answers may take before the peer is given up on.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// What a blocking command may take beyond the backend's own wait bound (`max_wait`)
+/// before the handler stops waiting for it (and the command's task releases the
+/// connection's grants itself when it ends).
+const BLOCKING_SLACK: Duration = Duration::from_secs(5);
+/// Answers buffered beyond this are written even while more requests are buffered.
+const FLUSH_BYTES: usize = 32 << 10;
 
 /// Limits the server applies to every connection.
 #[derive(Clone, Debug)]
@@ -32,6 +49,9 @@ pub struct Limits {
     pub max_frame_bytes: usize,
     /// Most ranks (connections) one instance may hold.
     pub max_ranks: usize,
+    /// Longest the backend lets a load or ticket wait block (`max_wait_ms`); a blocking
+    /// command's deadline is this plus a margin.
+    pub max_wait: Duration,
 }
 
 /// What every rank of an instance must agree on.
@@ -51,6 +71,8 @@ pub struct Shared {
     pub(crate) ranks: Mutex<HashMap<u64, (crate::protocol::Identity, std::time::Instant)>>,
     pub(crate) connections: AtomicU64,
     next_conn: AtomicU64,
+    /// Wakes the upkeep task ([`super::upkeep`]) before its periodic tick.
+    pub(crate) upkeep: Arc<Notify>,
 }
 
 impl Shared {
@@ -62,7 +84,16 @@ impl Shared {
             ranks: Mutex::new(HashMap::new()),
             connections: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
+            upkeep: Arc::new(Notify::new()),
         }
+    }
+
+    /// A waker for the manager (`Manager::set_upkeep_waker`): called from any thread
+    /// when eviction becomes due, it makes the upkeep task run now rather than at its next
+    /// periodic tick. Wakes while a run is in progress coalesce into one more run.
+    pub fn upkeep_waker(&self) -> Arc<dyn Fn() + Send + Sync> {
+        let notify = self.upkeep.clone();
+        Arc::new(move || notify.notify_one())
     }
 
     pub fn connections(&self) -> u64 {
@@ -94,43 +125,69 @@ pub(crate) struct Conn {
 /// new pages are not tracked (the engine's own `removed` still clears them).
 pub(crate) const MAX_DEVICE_PAGES: usize = 1 << 22;
 
-/// Serves one connection until the peer leaves or shutdown fires.
-pub fn handle(stream: UnixStream, shared: Arc<Shared>, shutdown: Shutdown) {
-    let mut conn = Conn {
+/// Serves one connection until the peer leaves or `shutdown` fires, then releases what
+/// it held.
+pub async fn handle(stream: UnixStream, shared: Arc<Shared>, shutdown: CancellationToken) {
+    let mut slot = Some(Box::new(Conn {
         id: shared.next_conn.fetch_add(1, Ordering::Relaxed),
         rank: None,
         store_grants: HashSet::new(),
         load_grants: HashSet::new(),
         device: HashSet::new(),
         loads: HashMap::new(),
-    };
-    tracing::debug!(conn = conn.id, "connection opened");
-    if let Err(e) = serve(&stream, &shared, &mut conn, &shutdown) {
-        tracing::debug!(conn = conn.id, error = %e, "connection ended");
+    }));
+    let id = slot.as_ref().map_or(0, |c| c.id);
+    tracing::debug!(conn = id, "connection opened");
+    if let Err(e) = serve(stream, &shared, &mut slot, &shutdown).await {
+        tracing::debug!(conn = id, error = %e, "connection ended");
     }
-    release(&shared, &mut conn);
+    // `None` when a blocking command outlived its deadline: it owns the state and
+    // releases it when it ends.
+    if let Some(mut conn) = slot {
+        release(&shared, &mut conn);
+    }
 }
 
-fn serve(stream: &UnixStream, shared: &Shared, conn: &mut Conn, shutdown: &Shutdown) -> Result<(), FrameError> {
-    stream.set_read_timeout(Some(IDLE_POLL)).map_err(FrameError::Io)?;
-    stream
-        .set_write_timeout(Some(Duration::from_secs(5)))
-        .map_err(FrameError::Io)?;
-    let mut reader = BufReader::with_capacity(64 << 10, stream);
-    let mut writer = stream;
-    let mut body = Vec::new();
-    let mut out = Vec::with_capacity(64 << 10);
+/// Why a connection ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("writing answers took longer than {0:?}")]
+    WriteTimeout(Duration),
+    #[error("a blocking command took longer than {0:?}")]
+    CommandTimeout(Duration),
+    #[error("a blocking command failed: {0}")]
+    CommandFailed(String),
+}
+
+async fn serve(
+    stream: UnixStream,
+    shared: &Arc<Shared>,
+    slot: &mut Option<Box<Conn>>,
+    shutdown: &CancellationToken,
+) -> Result<(), ConnError> {
+    let (rd, mut wr) = stream.into_split();
+    let mut frames = FramedRead::with_capacity(rd, FrameCodec::new(shared.limits.max_frame_bytes), 64 << 10);
+    let mut enc = FrameCodec::new(shared.limits.max_frame_bytes);
+    let mut out = BytesMut::with_capacity(64 << 10);
+    // One waiter on the token for the connection's life, not one per request.
+    let cancelled = shutdown.cancelled();
+    tokio::pin!(cancelled);
     loop {
-        if shutdown.is_fired() {
-            Response::error(ErrorCode::ShuttingDown, "the daemon is shutting down").encode(0, &mut out);
-            let _ = frame::write_all(&mut writer, &out);
-            return Ok(());
-        }
-        let header = match read_frame(&mut reader, shared.limits.max_frame_bytes, &mut body) {
-            Ok(h) => h,
-            Err(FrameError::Timeout) => continue,
-            Err(FrameError::Closed) => return Ok(()),
-            Err(e) => {
+        let next = tokio::select! {
+            biased;
+            _ = &mut cancelled => {
+                let notice = Response::error(ErrorCode::ShuttingDown, "the daemon is shutting down");
+                enc.encode(Outgoing::Response(0, &notice), &mut out)?;
+                return flush(&mut wr, &mut out).await;
+            }
+            f = frames.next() => f,
+        };
+        let frame = match next {
+            None => return Ok(()),
+            Some(Ok(f)) => f,
+            Some(Err(e)) => {
                 // The stream is no longer at a frame boundary: answer once, then close.
                 let code = match &e {
                     FrameError::TooLarge { .. } => ErrorCode::FrameTooLarge,
@@ -138,28 +195,83 @@ fn serve(stream: &UnixStream, shared: &Shared, conn: &mut Conn, shutdown: &Shutd
                     _ => ErrorCode::BadFrame,
                 };
                 if !matches!(e, FrameError::Io(_) | FrameError::Truncated) {
-                    Response::error(code, e.to_string()).encode(0, &mut out);
-                    let _ = frame::write_all(&mut writer, &out);
+                    enc.encode(Outgoing::Response(0, &Response::error(code, e.to_string())), &mut out)?;
+                    let _ = flush(&mut wr, &mut out).await;
                 }
-                return Err(e);
+                return Err(e.into());
             }
         };
-        let resp = match Request::decode(header.kind, &body) {
-            Ok(req) => cmd::dispatch(shared, conn, req),
+        let (kind, request_id) = (frame.header.kind, frame.header.request_id);
+        let resp = match Request::decode(kind, &frame.body) {
+            Ok(req) if cmd::blocks(&req) => offload(shared, slot, req).await?,
+            Ok(req) => match slot.as_mut() {
+                Some(conn) => cmd::dispatch(shared, conn, req),
+                None => return Err(ConnError::CommandFailed("connection state lost".into())),
+            },
             // A body that does not decode leaves the stream intact: answer and go on.
-            Err(e) if header.kind < 0x80 => Response::error(ErrorCode::BadFrame, e.to_string()),
-            Err(_) => Response::error(
-                ErrorCode::UnknownMessage,
-                format!("kind {:#04x} is not a request", header.kind),
-            ),
+            Err(e) if kind < 0x80 => Response::error(ErrorCode::BadFrame, e.to_string()),
+            Err(_) => Response::error(ErrorCode::UnknownMessage, format!("kind {kind:#04x} is not a request")),
         };
-        resp.encode(header.request_id, &mut out);
-        if reader.buffer().is_empty() || out.len() >= 32 << 10 {
-            match frame::write_all(&mut writer, &out) {
-                Ok(()) => out.clear(),
-                Err(e) if matches!(&e, FrameError::Io(io) if io.kind() == ErrorKind::BrokenPipe) => return Ok(()),
-                Err(e) => return Err(e),
+        enc.encode(Outgoing::Response(request_id, &resp), &mut out)?;
+        if !frames.decoder().frame_ready(frames.read_buffer()) || out.len() >= FLUSH_BYTES {
+            match flush(&mut wr, &mut out).await {
+                Err(ConnError::Frame(FrameError::Io(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                other => other?,
             }
+        }
+    }
+}
+
+/// Writes the buffered answers, within [`WRITE_TIMEOUT`].
+async fn flush(wr: &mut OwnedWriteHalf, out: &mut BytesMut) -> Result<(), ConnError> {
+    match tokio::time::timeout(WRITE_TIMEOUT, wr.write_all(out)).await {
+        Ok(Ok(())) => {
+            out.clear();
+            Ok(())
+        }
+        Ok(Err(e)) => Err(FrameError::from(e).into()),
+        Err(_) => Err(ConnError::WriteTimeout(WRITE_TIMEOUT)),
+    }
+}
+
+/// Runs a command that may block on tokio's blocking pool, so no runtime worker waits on
+/// a ticket, a transfer or pool I/O. The connection's state travels with the command and
+/// comes back with its answer. If the answer does not come within the deadline the
+/// handler gives up on the connection; the command, when it ends, finds nobody to hand
+/// the state back to and releases the connection's grants itself.
+async fn offload(shared: &Arc<Shared>, slot: &mut Option<Box<Conn>>, req: Request) -> Result<Response, ConnError> {
+    let Some(mut conn) = slot.take() else {
+        return Err(ConnError::CommandFailed("connection state lost".into()));
+    };
+    let (tx, mut rx) = oneshot::channel::<(Box<Conn>, Response)>();
+    let sh = shared.clone();
+    tokio::task::spawn_blocking(move || {
+        let resp = cmd::dispatch(&sh, &mut conn, req);
+        if let Err((mut conn, _)) = tx.send((conn, resp)) {
+            tracing::warn!(
+                conn = conn.id,
+                "a blocking command outlived its connection; releasing its grants"
+            );
+            release(&sh, &mut conn);
+        }
+    });
+    let limit = shared.limits.max_wait + BLOCKING_SLACK;
+    match tokio::time::timeout(limit, &mut rx).await {
+        Ok(Ok((conn, resp))) => {
+            *slot = Some(conn);
+            Ok(resp)
+        }
+        Ok(Err(_)) => Err(ConnError::CommandFailed(
+            "the command's task ended without an answer".into(),
+        )),
+        Err(_) => {
+            // Closing first makes the race with a late answer explicit: either it is in
+            // the channel now (take it and release here) or its sender sees the close.
+            rx.close();
+            if let Ok((mut conn, _)) = rx.try_recv() {
+                release(shared, &mut conn);
+            }
+            Err(ConnError::CommandTimeout(limit))
         }
     }
 }

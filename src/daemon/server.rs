@@ -1,174 +1,133 @@
-//! The accept loop: `run(listener, shutdown)` serves until the token fires.
+//! The accept loop: `run(listener, shutdown)` serves until the token is cancelled.
 //!
-//! A thread per connection, at most `max_connections` at once (one over the limit gets a
-//! `too_many_connections` error and is closed). The loop also drives the backend's
-//! periodic work. On shutdown it stops accepting, lets every handler notice within its
-//! idle poll, and waits for them (bounded) so grants are released before it returns.
+//! A tokio task per connection, at most `max_connections` at once (one over the limit
+//! gets a `too_many_connections` error and is closed), and the [`upkeep`] task beside
+//! them. On shutdown it stops accepting; every connection task sees the token at once,
+//! tells its client `shutting_down`, releases its grants and ends; `run` waits for them
+//! (bounded by [`DRAIN`]) before it returns.
+//!
+//! The runtime is a current-thread one ([`runtime`]): one thread runs the accept loop,
+//! the connections and the timers, so a request never costs a wake-up of another thread
+//! (the round trip stays close to a raw socket echo), while everything that can block
+//! goes to the blocking pool (see `cmd::blocks`).
+//!
+//! [`upkeep`]: super::upkeep
 
-use std::os::fd::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::protocol::{ErrorCode, Response, frame};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::codec::Encoder;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::protocol::{ErrorCode, FrameCodec, Outgoing, Response};
 
 use super::connection::{self, Shared};
-use super::shutdown::Shutdown;
+use super::upkeep;
 
-/// How long shutdown waits for connection handlers to finish.
+/// How long shutdown waits for connection tasks to finish.
 const DRAIN: Duration = Duration::from_secs(3);
+/// Pause after a failed accept (e.g. out of descriptors), so the loop does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// Most threads of the blocking pool: commands that may block, and upkeep runs.
+const BLOCKING_THREADS: usize = 64;
 
-/// Serves `listener` until `shutdown` fires. Returns once every handler has finished (or
-/// the drain deadline passed).
-pub fn run(listener: UnixListener, shutdown: Shutdown, shared: Arc<Shared>, tick: Duration) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let mut handlers: Vec<JoinHandle<()>> = Vec::new();
-    let mut last_tick = Instant::now();
-    while !shutdown.is_fired() {
-        if wait_readable(&listener, 100) {
-            loop {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        if let Some(h) = admit(stream, &shared, &shutdown) {
-                            handlers.push(h);
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        break;
-                    }
-                }
+/// The runtime the daemon's control plane runs on (see the module doc for why one
+/// thread).
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS)
+        .thread_name("kvtier-ctl")
+        .build()
+}
+
+/// Serves `listener` until `shutdown` is cancelled, with upkeep every `tick` (and
+/// whenever [`Shared::upkeep_waker`] is called). Returns once every connection task has
+/// finished or the drain deadline passed.
+pub async fn run(
+    listener: UnixListener,
+    shutdown: CancellationToken,
+    shared: Arc<Shared>,
+    tick: Duration,
+) -> std::io::Result<()> {
+    let tasks = TaskTracker::new();
+    tasks.spawn(upkeep::run(shared.clone(), tick, shutdown.clone()));
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, _)) => admit(stream, &shared, &shutdown, &tasks),
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
             }
         }
-        if last_tick.elapsed() >= tick {
-            shared.backend.tick();
-            last_tick = Instant::now();
-            handlers.retain(|h| !h.is_finished());
-        }
     }
+    drop(listener);
     tracing::info!(
         connections = shared.connections(),
         "shutting down: draining connections"
     );
-    let deadline = Instant::now() + DRAIN;
-    while handlers.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for h in handlers.into_iter().filter(|h| h.is_finished()) {
-        let _ = h.join();
+    tasks.close();
+    if tokio::time::timeout(DRAIN, tasks.wait()).await.is_err() {
+        tracing::warn!(
+            connections = shared.connections(),
+            "connections still open after the drain deadline"
+        );
     }
     Ok(())
 }
 
-fn admit(stream: UnixStream, shared: &Arc<Shared>, shutdown: &Shutdown) -> Option<JoinHandle<()>> {
-    if stream.set_nonblocking(false).is_err() {
-        return None;
+/// [`run`] on a fresh [`runtime`], for callers on a plain thread (tests, benches).
+pub fn run_blocking(
+    listener: std::os::unix::net::UnixListener,
+    shutdown: CancellationToken,
+    shared: Arc<Shared>,
+    tick: Duration,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    runtime()?.block_on(async move { run(UnixListener::from_std(listener)?, shutdown, shared, tick).await })
+}
+
+/// Counts a connection for as long as its task lives, however the task ends.
+struct Admitted(Arc<Shared>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+fn admit(stream: UnixStream, shared: &Arc<Shared>, shutdown: &CancellationToken, tasks: &TaskTracker) {
     let n = shared.connections.fetch_add(1, Ordering::SeqCst);
+    let admitted = Admitted(shared.clone());
     if n as usize >= shared.limits.max_connections {
-        shared.connections.fetch_sub(1, Ordering::SeqCst);
-        let mut out = Vec::new();
-        Response::error(
+        drop(admitted);
+        let refusal = Response::error(
             ErrorCode::TooManyConnections,
             "the daemon serves its maximum number of connections",
-        )
-        .encode(0, &mut out);
-        let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-        let _ = frame::write_all(&mut &stream, &out);
-        return None;
+        );
+        let mut out = bytes::BytesMut::new();
+        if FrameCodec::new(0)
+            .encode(Outgoing::Response(0, &refusal), &mut out)
+            .is_ok()
+        {
+            // A fresh socket's send buffer takes a small frame whole; if it does not,
+            // the refusal is the close itself. Never waits.
+            let _ = stream.try_write(&out);
+        }
+        return;
     }
     let (shared, shutdown) = (shared.clone(), shutdown.clone());
-    let spawned = std::thread::Builder::new().name("kvtier-conn".into()).spawn(move || {
-        connection::handle(stream, shared.clone(), shutdown);
-        shared.connections.fetch_sub(1, Ordering::SeqCst);
+    tasks.spawn(async move {
+        // Dropped when the task ends, or when the runtime drops a task it never finished.
+        let _admitted = admitted;
+        connection::handle(stream, shared, shutdown).await;
     });
-    match spawned {
-        Ok(h) => Some(h),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot start a connection thread");
-            None
-        }
-    }
-}
-
-/// Waits up to `ms` for the listener to have a pending connection.
-fn wait_readable(listener: &UnixListener, ms: i32) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::SystemClock;
-    use crate::daemon::{DaemonConfig, ManagedTiers};
-    use crate::protocol::{Request, read_frame};
-
-    fn ask(s: &mut UnixStream, req: &Request) -> Option<Response> {
-        let mut out = Vec::new();
-        req.encode(1, &mut out);
-        frame::write_all(&mut &*s, &out).ok()?;
-        let mut body = Vec::new();
-        let h = read_frame(s, 1 << 20, &mut body).ok()?;
-        Response::decode(h.kind, &body).ok()
-    }
-
-    #[test]
-    fn connections_beyond_the_limit_are_refused_and_shutdown_is_prompt() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = DaemonConfig {
-            socket: dir.path().join("s.sock"),
-            arena_path: dir.path().join("arena"),
-            arena_bytes: 1 << 20,
-            pool_bytes: 0,
-            max_connections: 2,
-            lock_arena: false,
-            prefault: false,
-            ..DaemonConfig::default()
-        };
-        let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).unwrap());
-        let shared = Arc::new(Shared::new(backend, cfg.limits()));
-        let listener = UnixListener::bind(&cfg.socket).unwrap();
-        let shutdown = Shutdown::new();
-        let (sd, sh) = (shutdown.clone(), shared.clone());
-        let server = std::thread::spawn(move || run(listener, sd, sh, Duration::from_millis(20)));
-        let ping = Request::Ping { payload: vec![1] };
-        let mut a = UnixStream::connect(&cfg.socket).unwrap();
-        let mut b = UnixStream::connect(&cfg.socket).unwrap();
-        assert_eq!(ask(&mut a, &ping), Some(Response::Pong { payload: vec![1] }));
-        assert_eq!(ask(&mut b, &ping), Some(Response::Pong { payload: vec![1] }));
-        assert_eq!(shared.connections(), 2);
-        let mut c = UnixStream::connect(&cfg.socket).unwrap();
-        match ask(&mut c, &ping) {
-            Some(Response::Error(e)) => assert_eq!(e.code, ErrorCode::TooManyConnections),
-            None => {} // refused and closed before the request was read
-            other => panic!("third connection served: {other:?}"),
-        }
-        drop(b);
-        let t = Instant::now();
-        while shared.connections() > 1 {
-            assert!(
-                t.elapsed() < Duration::from_secs(2),
-                "a closed connection is not released"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let mut d = UnixStream::connect(&cfg.socket).unwrap();
-        assert_eq!(ask(&mut d, &ping), Some(Response::Pong { payload: vec![1] }));
-        let t = Instant::now();
-        shutdown.fire();
-        server.join().unwrap().unwrap();
-        assert!(t.elapsed() < Duration::from_secs(1), "shutdown took {:?}", t.elapsed());
-        assert_eq!(shared.connections(), 0);
-        drop(a);
-    }
 }

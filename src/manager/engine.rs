@@ -159,6 +159,8 @@ impl Manager {
             owner,
         });
         self.publish(&mut st);
+        drop(st);
+        self.wake_upkeep_if_due();
         Ok(StoreGrant { id, pages })
     }
 

@@ -70,6 +70,7 @@ impl Manager {
             pages: grant_pages,
             owner: 0,
         });
+        self.wake_upkeep_if_due();
         self.commit_store(id, &written)
     }
 

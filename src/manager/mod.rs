@@ -108,7 +108,12 @@ pub(crate) struct Inner {
     arena: OnceLock<Arc<HostArena>>,
     pool: OnceLock<Option<Arc<dyn PoolBackend>>>,
     devices: Mutex<DeviceMap>,
+    /// Called when eviction becomes due (see [`Manager::set_upkeep_waker`]).
+    upkeep_waker: OnceLock<UpkeepWaker>,
 }
+
+/// What [`Manager::set_upkeep_waker`] takes.
+pub type UpkeepWaker = Arc<dyn Fn() + Send + Sync>;
 
 impl std::fmt::Debug for Manager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -129,6 +134,7 @@ impl Manager {
                 arena: OnceLock::new(),
                 pool: OnceLock::new(),
                 devices: Mutex::new(Default::default()),
+                upkeep_waker: OnceLock::new(),
                 state: Mutex::new(state),
                 clock,
                 cfg,
@@ -354,6 +360,29 @@ impl Manager {
     /// first, and whether more of the namespace's is waiting.
     pub fn take_advice_for(&self, ns: NamespaceId, max_pages: usize) -> (Vec<Advice>, bool) {
         self.inner.state.lock().take_advice_for(ns, max_pages)
+    }
+
+    /// Sets the function called, outside every lock, when a store pushes host usage to
+    /// its high watermark (eviction became due), so a daemon's upkeep can run at once
+    /// instead of polling. The first waker set stays.
+    pub fn set_upkeep_waker(&self, waker: UpkeepWaker) {
+        let _ = self.inner.upkeep_waker.set(waker);
+    }
+
+    /// Calls the upkeep waker when host usage is at or above the high watermark. Called
+    /// with no lock held, after host slots were allocated.
+    pub(crate) fn wake_upkeep_if_due(&self) {
+        let (Some(wake), Some(arena)) = (self.inner.upkeep_waker.get(), self.arena()) else {
+            return;
+        };
+        let tun = self.tunables();
+        if tun
+            .host_watermarks
+            .reclaim(arena.used() as usize, arena.slots() as usize)
+            > 0
+        {
+            wake();
+        }
     }
 
     /// Current tunables.

@@ -3,13 +3,16 @@
 //! Length-prefixed binary frames over a Unix socket ([`frame`]): a fixed 16-byte header
 //! with magic, version, message kind, body length and request id, then a body written
 //! with a small hand-written codec ([`codec`]: little-endian integers, length-prefixed
-//! strings and arrays with caps). Nothing on the wire is a serde encoding of a Rust enum,
+//! strings and arrays with caps). The daemon reads and writes frames through a
+//! `tokio-util` codec over `bytes` ([`frame_codec`]); the blocking client uses
+//! [`read_frame`] on std I/O, and both check headers with the same [`Header::decode`]. Nothing on the wire is a serde encoding of a Rust enum,
 //! so the C ABI can speak the same bytes. Bulk KV data never travels here: requests carry
 //! page hashes and arena slot numbers only.
 
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod frame_codec;
 mod hint;
 pub mod message;
 mod response;
@@ -21,6 +24,7 @@ mod tests;
 pub use codec::DecodeError;
 pub use error::{ErrorCode, RemoteError};
 pub use frame::{DEFAULT_MAX_BODY, FrameError, HEADER_BYTES, Header, read_frame};
+pub use frame_codec::{Frame, FrameCodec, Outgoing};
 pub use message::{Request, Response, kind};
 pub use types::{
     AdviceBatch, AdviceKind, ArenaInfo, DaemonStats, DeviceInfo, EngineAdvice, GrantPage, Identity, LoadWait,

@@ -20,8 +20,8 @@ use super::{POLL, PublishError, PublisherHandle, PublisherStats, pub_socket, sen
 use crate::events::{PageEvent, PageEventKind};
 use crate::manager::Manager;
 use crate::page::NamespaceId;
-use crate::shutdown::Shutdown;
 use crate::tier::TierKind;
+use tokio_util::sync::CancellationToken;
 
 /// Settings of the Mooncake-style object event publisher.
 #[derive(Clone, Debug)]
@@ -90,7 +90,11 @@ fn encode(buf: &mut Vec<u8>, cfg: &MooncakeConfig, ts_ms: u64, objs: &[ObjectEve
 
 /// Starts the publisher: binds its socket, then publishes the object events of every pool
 /// page event from the log's next sequence on, until stopped or `shutdown`.
-pub fn spawn(cfg: MooncakeConfig, manager: Manager, shutdown: Shutdown) -> Result<PublisherHandle, PublishError> {
+pub fn spawn(
+    cfg: MooncakeConfig,
+    manager: Manager,
+    shutdown: CancellationToken,
+) -> Result<PublisherHandle, PublishError> {
     if cfg.max_batch_objects == 0 {
         return Err(PublishError::Config("max_batch_objects must be positive".into()));
     }
@@ -110,7 +114,7 @@ fn run(
     manager: Manager,
     publ: zmq::Socket,
     stop: Arc<AtomicBool>,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
     stats: Arc<PublisherStats>,
 ) {
     let topic = cfg.topic.as_bytes().to_vec();
@@ -118,7 +122,7 @@ fn run(
     let mut seq = 0u64;
     let mut schemes = HashMap::new();
     let max_events = cfg.max_batch_objects.clamp(1, 1024);
-    while !stop.load(Relaxed) && !shutdown.is_triggered() {
+    while !stop.load(Relaxed) && !shutdown.is_cancelled() {
         let batch = manager.events().read_from(next, max_events, POLL);
         if batch.lost > 0 {
             stats.lost.fetch_add(batch.lost, Relaxed);

@@ -1,6 +1,8 @@
 //! One file per command. [`dispatch`] routes a decoded request to its handler; every
 //! handler answers with a response (an error response is still an answer) and never
-//! panics on client input.
+//! panics on client input. [`blocks`] says which commands the connection task must not
+//! run inline: handlers themselves are plain blocking code, and the caller decides where
+//! they run.
 
 mod advice;
 mod connect;
@@ -19,6 +21,29 @@ use crate::protocol::{ErrorCode, Request, Response};
 
 use super::backend::BackendError;
 use super::connection::{Conn, Rank, Shared};
+
+/// Whether a request may block for longer than a lookup: it waits (a ticket, a load with
+/// a wait policy), makes room or stages pages (a store may evict, a prefetch hint stages
+/// from the pool), reads every byte it commits (a commit checksums its pages), or does
+/// file I/O (connecting a rank may create the arena and start the manifest). Everything
+/// else is a short call under the manager's locks and runs inline.
+pub(crate) fn blocks(req: &Request) -> bool {
+    match req {
+        Request::Connect { .. } | Request::Store { .. } | Request::Commit { .. } | Request::Wait { .. } => true,
+        Request::Load { wait, .. } => *wait != crate::protocol::LoadWait::BestEffort,
+        Request::Hint(h) => matches!(h, crate::hints::Hint::Prefetch { .. }),
+        Request::RegisterDevice(_)
+        | Request::Lookup { .. }
+        | Request::Abort { .. }
+        | Request::LoadDone { .. }
+        | Request::Poll { .. }
+        | Request::Removed { .. }
+        | Request::Session { .. }
+        | Request::TakeAdvice { .. }
+        | Request::Stats
+        | Request::Ping { .. } => false,
+    }
+}
 
 pub(crate) fn dispatch(shared: &Shared, conn: &mut Conn, req: Request) -> Response {
     match req {

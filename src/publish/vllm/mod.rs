@@ -39,7 +39,7 @@ use super::{
 use crate::events::{PageEvent, PageEventKind};
 use crate::manager::Manager;
 use crate::page::{NamespaceId, PageHash};
-use crate::shutdown::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// The replay end marker: −1 as 8 bytes big-endian.
 pub const END_SEQ: [u8; 8] = [0xff; 8];
@@ -193,7 +193,7 @@ fn hash(w: &mut Writer, fmt: HashFormat, h: &PageHash) {
 
 /// Starts the publisher: binds its sockets, then publishes every page event from the
 /// log's next sequence on, until stopped or `shutdown`.
-pub fn spawn(cfg: VllmConfig, manager: Manager, shutdown: Shutdown) -> Result<PublisherHandle, PublishError> {
+pub fn spawn(cfg: VllmConfig, manager: Manager, shutdown: CancellationToken) -> Result<PublisherHandle, PublishError> {
     if cfg.max_batch_events == 0 || cfg.replay_batches == 0 {
         return Err(PublishError::Config(
             "max_batch_events and replay_batches must be positive".into(),
@@ -233,7 +233,7 @@ fn run(
     publ: zmq::Socket,
     replay: Option<zmq::Socket>,
     stop: Arc<AtomicBool>,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
     stats: Arc<PublisherStats>,
 ) {
     let topic = cfg.topic.as_bytes().to_vec();
@@ -242,7 +242,7 @@ fn run(
     let mut buffer: VecDeque<(u64, Vec<u8>)> = VecDeque::new();
     let mut buffered_bytes = 0usize;
     let mut sizes: HashMap<NamespaceId, u32> = HashMap::new();
-    while !stop.load(Relaxed) && !shutdown.is_triggered() {
+    while !stop.load(Relaxed) && !shutdown.is_cancelled() {
         if let Some(r) = &replay {
             serve_replays(r, &buffer, &stats);
         }
