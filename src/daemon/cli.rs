@@ -156,16 +156,28 @@ pub fn serve(cfg: DaemonConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The admin socket and the event publishers, started beside the control socket.
+/// The admin socket and the event publishers, started beside the control socket. The
+/// admin server runs on tokio: until the daemon itself runs on one runtime, the side
+/// services own a small one, and their cancellation token is cancelled in `stop`, right
+/// after the daemon's side `Shutdown` is triggered.
 struct SideServices {
+    runtime: Option<tokio::runtime::Runtime>,
+    cancel: tokio_util::sync::CancellationToken,
     admin: Option<crate::admin::AdminHandle>,
     publishers: Vec<crate::publish::PublisherHandle>,
 }
 
+/// How long stopping waits for the admin server to close its connections.
+const ADMIN_STOP: Duration = Duration::from_secs(15);
+
 impl SideServices {
     fn stop(self) {
-        if let Some(a) = self.admin {
-            a.stop();
+        self.cancel.cancel();
+        if let (Some(rt), Some(a)) = (&self.runtime, self.admin) {
+            let _ = rt.block_on(async { tokio::time::timeout(ADMIN_STOP, a.stop()).await });
+        }
+        if let Some(rt) = self.runtime {
+            rt.shutdown_timeout(Duration::from_secs(1));
         }
         for p in self.publishers {
             p.stop();
@@ -186,7 +198,20 @@ fn start_side_services(
         socket: cfg.admin_socket.clone(),
         ..crate::admin::AdminConfig::default()
     };
-    let admin = match crate::admin::spawn(admin_cfg, manager.clone(), shared, side.clone()) {
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(16)
+        .thread_name("kvtier-admin")
+        .enable_all()
+        .build()
+        .map_err(|e| tracing::warn!(error = %e, "no runtime for the admin socket"))
+        .ok();
+    let started = runtime.as_ref().map(|rt| {
+        let _in_runtime = rt.enter();
+        crate::admin::spawn(admin_cfg, manager.clone(), shared, cancel.clone())
+    });
+    let admin = match started.unwrap_or(Err(crate::admin::AdminError::Config("no runtime".into()))) {
         Ok(h) => {
             println!("kvtier serve: admin socket {}", cfg.admin_socket.display());
             Some(h)
@@ -231,5 +256,10 @@ fn start_side_services(
             }
         }
     }
-    SideServices { admin, publishers }
+    SideServices {
+        runtime,
+        cancel,
+        admin,
+        publishers,
+    }
 }
