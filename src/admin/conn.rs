@@ -183,24 +183,18 @@ impl Handler {
         let cfg = &self.state.cfg;
         if let Err(e) = check_head(&req, cfg.max_header, cfg.max_body) {
             tracing::info!(status = e.status(), "admin: request refused");
-            return answer(e.reply());
+            return error(e);
         }
         let (parts, body) = req.into_parts();
         let body = match Limited::new(body, cfg.max_body).collect().await {
             Ok(b) => b.to_bytes(),
             Err(e) if e.is::<LengthLimitError>() => {
-                return answer(
-                    ApiError::new(
-                        413,
-                        "body_too_large",
-                        format!("a body over the limit of {}", cfg.max_body),
-                    )
-                    .reply(),
-                );
+                let message = format!("a body over the limit of {}", cfg.max_body);
+                return error(ApiError::new(413, "body_too_large", message));
             }
             Err(e) => {
                 tracing::debug!(error = %e, "admin: request body not read");
-                return answer(ApiError::new(400, "bad_request", "the request body could not be read").reply());
+                return error(ApiError::new(400, "bad_request", "the request body could not be read"));
             }
         };
         self.deadline.extend(cfg.read_timeout);
@@ -232,7 +226,8 @@ impl Handler {
                 );
                 r
             }
-            other => answer(other),
+            Reply::Json(status, v) => answer(status, "application/json", json_body(&v)),
+            Reply::Text(status, content_type, text) => answer(status, content_type, Bytes::from(text)),
         }
     }
 }
@@ -281,18 +276,18 @@ fn check_head(req: &hyper::Request<Incoming>, max_header: usize, max_body: usize
 }
 
 /// A whole answer with its length.
-fn answer(reply: Reply) -> Response<AdminBody> {
-    let (status, content_type, body) = match reply {
-        Reply::Json(status, v) => (status, "application/json", json_body(&v)),
-        Reply::Text(status, content_type, text) => (status, content_type, Bytes::from(text)),
-        // Streams are answered by the handler; reaching here is a bug, reported as such.
-        Reply::Events { .. } => (500, "application/json", json_body(&json!({"code": "internal"}))),
-    };
+fn answer(status: u16, content_type: &'static str, body: Bytes) -> Response<AdminBody> {
     let mut r = Response::new(Either::Left(Full::new(body)));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     r.headers_mut()
         .insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
     r
+}
+
+/// The JSON error answer `{"code": …, "message": …}`.
+fn error(e: ApiError) -> Response<AdminBody> {
+    let (status, v) = e.into_json();
+    answer(status, "application/json", json_body(&v))
 }
 
 fn json_body(v: &Value) -> Bytes {

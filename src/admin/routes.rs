@@ -100,7 +100,12 @@ impl ApiError {
 
     /// The answer `{"code": …, "message": …}` with this error's status.
     pub(crate) fn reply(self) -> Reply {
-        Reply::Json(self.status, json!({ "code": self.code, "message": self.message }))
+        let (status, v) = self.into_json();
+        Reply::Json(status, v)
+    }
+
+    pub(crate) fn into_json(self) -> (u16, Value) {
+        (self.status, json!({ "code": self.code, "message": self.message }))
     }
 }
 
