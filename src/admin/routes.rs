@@ -1,4 +1,4 @@
-//! The admin endpoints. Each reads the manager (or the daemon's [`EngineView`]) and
+//! The admin endpoints. Each reads the manager (or the daemon's [`EngineView`](super::EngineView)) and
 //! answers JSON; errors are `{"code": <stable string>, "message": …}`.
 //!
 //! | method | path | answer |
@@ -16,7 +16,7 @@
 //!
 //! The handlers are synchronous: they take the manager's locks, and the server runs them
 //! on tokio's blocking pool so a large render never holds a runtime worker. The event
-//! stream is the exception; [`handle`] only validates it and [`super::events`] streams it.
+//! stream is the exception; `handle` only validates it and `events` streams it.
 
 use serde_json::{Value, json};
 

@@ -2,7 +2,7 @@
 //! and a cancellation token; [`spawn`] binds the socket, checks it and runs [`serve`] as a
 //! task on the current runtime.
 //!
-//! Each accepted connection is one task ([`super::conn`]), at most `max_connections` at
+//! Each accepted connection is one task (`conn`), at most `max_connections` at
 //! once (a semaphore); as many more at once get `503 too_many_connections`, and any
 //! beyond those are closed unanswered.
 //! On cancellation the loop stops accepting, connections finish what they answer (each
@@ -57,7 +57,7 @@ impl AdminState {
     /// The HTTP/1 settings every connection is served with. hyper cuts a head that
     /// takes longer than `read_timeout` and answers a bare 431 to one over the hard cap
     /// (twice `max_header`, at least hyper's minimum buffer); heads between
-    /// `max_header` and that cap get the typed JSON 431 from [`conn`].
+    /// `max_header` and that cap get the typed JSON 431 from `conn`.
     fn http(&self) -> http1::Builder {
         let cap = (self.cfg.max_header * 2).max(HYPER_MIN_BUF);
         let mut b = http1::Builder::new();

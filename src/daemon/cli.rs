@@ -199,9 +199,11 @@ fn start_side_services(
         ..crate::admin::AdminConfig::default()
     };
     let cancel = tokio_util::sync::CancellationToken::new();
+    // An admin connection holds at most one blocking thread at a time (its handler, or
+    // its event stream's wait), so this many never makes one connection wait for another.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
-        .max_blocking_threads(16)
+        .max_blocking_threads(admin_cfg.max_connections)
         .thread_name("kvtier-admin")
         .enable_all()
         .build()
