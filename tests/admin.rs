@@ -544,3 +544,32 @@ fn an_event_stream_ends_cleanly_when_the_server_stops() {
     assert_eq!(seqs, (0..3).map(|i| (i as u64 + 1, hs[i].to_hex())).collect::<Vec<_>>());
     assert!(!sock.exists());
 }
+
+#[test]
+fn the_callers_token_stops_the_server_and_its_own_stop_does_not_cancel_the_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _, _) = manager(dir.path());
+    let rt = runtime();
+    let parent = CancellationToken::new();
+    let spawn = |name: &str| {
+        let _in_runtime = rt.enter();
+        let cfg = AdminConfig::at(dir.path().join(name));
+        admin::spawn(cfg, m.clone(), Arc::new(Engines), parent.clone()).unwrap()
+    };
+    let (one, two) = (spawn("one.sock"), spawn("two.sock"));
+    stop(&rt, one);
+    assert!(!parent.is_cancelled());
+    assert_eq!(get(&two.socket(), "/v1/status").0, 200);
+
+    // The daemon's shutdown: only the shared token is cancelled; the server ends by itself
+    // and removes its socket (waited for with a generous bound).
+    parent.cancel();
+    let sock = two.socket();
+    let gone = (0..600).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        !sock.exists()
+    });
+    assert!(gone, "the socket outlived the cancellation");
+    assert!(UnixStream::connect(&sock).is_err());
+    drop(two);
+}
