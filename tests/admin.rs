@@ -1,21 +1,27 @@
 //! The admin socket driven by real clients: curl over the Unix socket (also as another
-//! user, to be refused), the `kvtier` CLI, and Python's Prometheus text parser.
+//! user, to be refused), the `kvtier` CLI, Python's Prometheus text parser, and raw
+//! sockets for what well-behaved clients never do (trickling, oversized heads, holding
+//! connections).
 
 mod common;
 
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::require::{python, require};
 use kvtier::admin::{self, AdminConfig, EngineInfo, EngineView, SessionInfo};
 use kvtier::manager::{Manager, ManagerConfig};
-use kvtier::shutdown::Shutdown;
 use kvtier::tier::device::pattern;
 use kvtier::{LayoutSpec, Namespace, NamespaceId, PageHash};
 use serde_json::{Value, json};
+use tokio::runtime::Runtime;
+use tokio_util::sync::CancellationToken;
 
 struct Engines;
 
@@ -63,6 +69,25 @@ fn manager(dir: &Path) -> (Manager, NamespaceId, Vec<PageHash>) {
     let g = m.begin_store(ns, 0, 0, &hs[3..], 0, 0).unwrap();
     assert_eq!(m.commit_store(g.id, &[true]).unwrap(), 1);
     (m, ns, hs)
+}
+
+/// The runtime the admin servers of one test run on (in its own worker threads, while
+/// the test drives clients from plain threads).
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn start(rt: &Runtime, cfg: AdminConfig, m: &Manager, engines: Arc<dyn EngineView>) -> admin::AdminHandle {
+    let _in_runtime = rt.enter();
+    admin::spawn(cfg, m.clone(), engines, CancellationToken::new()).unwrap()
+}
+
+fn stop(rt: &Runtime, h: admin::AdminHandle) {
+    rt.block_on(h.stop()).unwrap();
 }
 
 /// Runs curl against the socket; returns (HTTP status, body).
@@ -141,7 +166,8 @@ fn endpoints_limits_metrics_and_cli() {
     let mut cfg = AdminConfig::at(dir.path().join("run/admin.sock"));
     cfg.max_body = 1024;
     let sock = cfg.socket.clone();
-    let server = admin::spawn(cfg, m.clone(), Arc::new(Engines), Shutdown::new()).unwrap();
+    let rt = runtime();
+    let server = start(&rt, cfg, &m, Arc::new(Engines));
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     assert_eq!(
@@ -302,17 +328,28 @@ fn endpoints_limits_metrics_and_cli() {
     m.set_session_idle(idle, true);
     m.session_index("agent-2");
     let plain_cfg = AdminConfig::at(dir.path().join("run/plain.sock"));
-    let plain = admin::spawn(plain_cfg, m.clone(), Arc::new(admin::NoEngines), Shutdown::new()).unwrap();
+    let plain = start(&rt, plain_cfg, &m, Arc::new(admin::NoEngines));
     let none = json!(null);
     let want = json!({"sessions": [
         {"session_id": "agent-2", "parent_session_id": none, "phase": none, "idle": false, "pages": none},
         {"session_id": "agent-7", "parent_session_id": none, "phase": none, "idle": true, "pages": none},
     ]});
-    assert_eq!(get(&plain.socket(), "/v1/sessions"), (200, want));
+    assert_eq!(get(&plain.socket(), "/v1/sessions"), (200, want.clone()));
+    // Paged: the first of two, with where to go on; then the last, bare again.
+    let (code, first) = get(&plain.socket(), "/v1/sessions?limit=1");
+    assert_eq!(code, 200);
+    assert_eq!(
+        first,
+        json!({"sessions": [want["sessions"][0]], "truncated": true, "next_offset": 1, "total": 2})
+    );
+    let rest = get(&plain.socket(), "/v1/sessions?offset=1&limit=1");
+    assert_eq!(rest, (200, json!({"sessions": [want["sessions"][1]]})));
+    let (code, over) = get(&plain.socket(), "/v1/sessions?limit=10001");
+    assert_eq!((code, over["code"].as_str()), (400, Some("bad_query")));
     assert_eq!(get(&plain.socket(), "/v1/status").1["engines"], json!([]));
-    plain.stop();
+    stop(&rt, plain);
 
-    server.stop();
+    stop(&rt, server);
     assert!(!sock.exists());
 }
 
@@ -333,13 +370,8 @@ fn a_peer_not_on_the_allowlist_is_refused() {
         cfg.allow_uids = uids;
         cfg
     };
-    let strict = admin::spawn(
-        open("strict.sock", vec![0]),
-        m.clone(),
-        Arc::new(Engines),
-        Shutdown::new(),
-    )
-    .unwrap();
+    let rt = runtime();
+    let strict = start(&rt, open("strict.sock", vec![0]), &m, Arc::new(Engines));
     let (code, body) = curl(
         &strict.socket(),
         &["-d", "{\"secret\": 1}", "http://kvtier/v1/hints"],
@@ -354,17 +386,216 @@ fn a_peer_not_on_the_allowlist_is_refused() {
     // The owner is still served.
     assert_eq!(curl(&strict.socket(), &["http://kvtier/v1/status"], None).0, 200);
 
-    let shared = admin::spawn(
-        open("shared.sock", vec![0, NOBODY]),
-        m,
-        Arc::new(Engines),
-        Shutdown::new(),
-    )
-    .unwrap();
+    let shared = start(&rt, open("shared.sock", vec![0, NOBODY]), &m, Arc::new(Engines));
     assert_eq!(
         curl(&shared.socket(), &["http://kvtier/v1/status"], Some(NOBODY)).0,
         200
     );
-    strict.stop();
-    shared.stop();
+    stop(&rt, strict);
+    stop(&rt, shared);
+}
+
+/// One request over a raw socket, written whole and followed by a half-close (so no curl
+/// is needed, and heads can be as odd as a test wants); returns the status and body. The
+/// server closes after answering, so the body runs to the end of the stream.
+fn raw(sock: &Path, request: &str) -> (u16, String) {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (status, body)
+}
+
+fn raw_get(sock: &Path, path: &str, extra_head: &str) -> (u16, Value) {
+    let (code, body) = raw(
+        sock,
+        &format!("GET {path} HTTP/1.1\r\nHost: kvtier\r\n{extra_head}\r\n"),
+    );
+    (code, serde_json::from_str(&body).unwrap_or(Value::String(body)))
+}
+
+/// Opens a connection, sends `head`, then trickles one byte every 100 ms until the server
+/// cuts the connection (a write fails: `Ok(bytes sent)`) or 60 s pass (`Err`). Returns
+/// the connection's reading end and the trickling thread.
+fn trickle(sock: &Path, head: &'static str) -> (UnixStream, std::thread::JoinHandle<Result<usize, usize>>) {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    let reader = s.try_clone().unwrap();
+    let t = std::thread::spawn(move || {
+        for sent in 0..600 {
+            if s.write_all(b"a").is_err() {
+                return Ok(sent);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(600)
+    });
+    (reader, t)
+}
+
+/// Reads until the server closes the connection; fails if it is still open after 60 s.
+fn read_until_closed(mut s: UnixStream) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut got = Vec::new();
+    match s.read_to_end(&mut got) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("the server kept the connection open: {e}"),
+    }
+    got
+}
+
+#[test]
+fn a_trickling_client_is_cut_off_while_others_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _, _) = manager(dir.path());
+    let mut cfg = AdminConfig::at(dir.path().join("run/admin.sock"));
+    // Each byte arrives well within any per-read timeout; only a deadline on the whole
+    // request ends these.
+    cfg.read_timeout = Duration::from_secs(2);
+    let sock = cfg.socket.clone();
+    let rt = runtime();
+    let server = start(&rt, cfg, &m, Arc::new(Engines));
+
+    let (head_conn, head_trickle) = trickle(&sock, "GET /v1/status HTTP/1.1\r\nHost: kvtier\r\nX-Slow: ");
+    let (body_conn, body_trickle) = trickle(
+        &sock,
+        "POST /v1/hints HTTP/1.1\r\nHost: kvtier\r\nContent-Length: 100000\r\n\r\n",
+    );
+    // Served while both trickle.
+    let (code, st) = raw_get(&sock, "/v1/status", "");
+    assert_eq!((code, st["tiers"][1]["complete_pages"].as_u64()), (200, Some(3)));
+
+    // Cut off without an answer (there was no whole request to answer).
+    assert_eq!(read_until_closed(head_conn), b"");
+    assert_eq!(read_until_closed(body_conn), b"");
+    assert!(head_trickle.join().unwrap().is_ok(), "the head kept trickling in");
+    assert!(body_trickle.join().unwrap().is_ok(), "the body kept trickling in");
+    assert_eq!(raw_get(&sock, "/v1/tiers", "").0, 200);
+    stop(&rt, server);
+}
+
+#[test]
+fn connection_cap_and_head_limits_answer_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _, _) = manager(dir.path());
+    let mut cfg = AdminConfig::at(dir.path().join("run/admin.sock"));
+    cfg.max_connections = 2;
+    let sock = cfg.socket.clone();
+    let rt = runtime();
+    let server = start(&rt, cfg, &m, Arc::new(Engines));
+
+    // A head over max_header (16 KiB): the typed 431; far over it, hyper's own 431.
+    let big = format!("X-Big: {}\r\n", "a".repeat(20 << 10));
+    let (code, v) = raw_get(&sock, "/v1/status", &big);
+    assert_eq!((code, v["code"].as_str()), (431, Some("header_too_large")));
+    let huge = format!("X-Big: {}\r\n", "a".repeat(100 << 10));
+    assert_eq!(raw_get(&sock, "/v1/status", &huge).0, 431);
+    // A chunked body: 411, as before.
+    let chunked = "POST /v1/hints HTTP/1.1\r\nHost: kvtier\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+    let (code, body) = raw(&sock, chunked);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((code, v["code"].as_str()), (411, Some("length_required")));
+
+    // Two connections hold both slots with half a request; a third is turned away.
+    let hold: Vec<UnixStream> = (0..2)
+        .map(|_| {
+            let mut s = UnixStream::connect(&sock).unwrap();
+            s.write_all(b"GET /v1/status HTTP/1.1\r\n").unwrap();
+            s
+        })
+        .collect();
+    assert_eq!(
+        raw_get(&sock, "/v1/status", ""),
+        (
+            503,
+            json!({"code": "too_many_connections", "message": "the admin socket is at its limit"})
+        )
+    );
+    // Their slots come back once they hang up (polled: the server sees the hang-up
+    // asynchronously).
+    drop(hold);
+    let served = (0..300).any(|_| {
+        let ok = raw_get(&sock, "/v1/status", "").0 == 200;
+        if !ok {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        ok
+    });
+    assert!(served, "the slots of closed connections were not released");
+    stop(&rt, server);
+}
+
+#[test]
+fn an_event_stream_ends_cleanly_when_the_server_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _, hs) = manager(dir.path());
+    let cfg = AdminConfig::at(dir.path().join("run/admin.sock"));
+    let sock = cfg.socket.clone();
+    let rt = runtime();
+    let server = start(&rt, cfg, &m, Arc::new(Engines));
+
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(b"GET /v1/events?from=1 HTTP/1.1\r\nHost: kvtier\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&got).matches("\"seq\":").count() < 3 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    // No limit: the stream stays open until the server stops, then ends with the last chunk.
+    stop(&rt, server);
+    s.read_to_end(&mut got).unwrap();
+    let text = String::from_utf8(got).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    assert!(head.contains("content-type: application/x-ndjson"), "{head}");
+    assert!(body.ends_with("\r\n0\r\n\r\n"), "{body:?}");
+    let seqs: Vec<(u64, String)> = body
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|v| (v["seq"].as_u64().unwrap(), v["hash"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(seqs, (0..3).map(|i| (i as u64 + 1, hs[i].to_hex())).collect::<Vec<_>>());
+    assert!(!sock.exists());
+}
+
+#[test]
+fn the_callers_token_stops_the_server_and_its_own_stop_does_not_cancel_the_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _, _) = manager(dir.path());
+    let rt = runtime();
+    let parent = CancellationToken::new();
+    let spawn = |name: &str| {
+        let _in_runtime = rt.enter();
+        let cfg = AdminConfig::at(dir.path().join(name));
+        admin::spawn(cfg, m.clone(), Arc::new(Engines), parent.clone()).unwrap()
+    };
+    let (one, two) = (spawn("one.sock"), spawn("two.sock"));
+    stop(&rt, one);
+    assert!(!parent.is_cancelled());
+    assert_eq!(raw_get(&two.socket(), "/v1/status", "").0, 200);
+
+    // The daemon's shutdown: only the shared token is cancelled; the server ends by itself
+    // and removes its socket (waited for with a generous bound).
+    parent.cancel();
+    let sock = two.socket();
+    let gone = (0..600).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        !sock.exists()
+    });
+    assert!(gone, "the socket outlived the cancellation");
+    assert!(UnixStream::connect(&sock).is_err());
+    drop(two);
 }

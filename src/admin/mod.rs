@@ -1,14 +1,17 @@
 //! The admin socket: HTTP/1.1 over a Unix domain socket, for operators and scripts
-//! (`curl --unix-socket <path> http://kvtier/v1/status`).
+//! (`curl --unix-socket <path> http://kvtier/v1/status`), served by hyper on tokio.
 //!
-//! It owns the socket's security (mode, directory, peer credentials: [`security`]), a
-//! small bounded HTTP/1.1 reader and writer ([`http`]), the endpoints ([`routes`]), the
-//! Prometheus rendering ([`metrics`]) and the accept loop ([`server`]). It reads the
+//! It owns the socket's security (mode, directory, peer credentials: [`security`]), the
+//! accept loop and connection cap ([`server`]), each connection's deadlines and limits
+//! (`conn`), the endpoints ([`routes`]) over a decoded [`request::Request`], the event
+//! stream (`events`) and the Prometheus rendering ([`metrics`]). It reads the
 //! [`Manager`](crate::manager::Manager) and never reaches into the directory; what it
 //! knows of connected engines comes through [`EngineView`], which the daemon implements.
 
-pub mod http;
+mod conn;
+mod events;
 pub mod metrics;
+pub mod request;
 pub mod routes;
 pub mod security;
 pub mod server;
@@ -18,7 +21,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use server::{AdminHandle, spawn};
+pub use server::{AdminHandle, AdminState, serve, spawn};
 
 /// Why the admin server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -48,11 +51,13 @@ pub struct AdminConfig {
     pub allow_gids: Vec<u32>,
     /// Largest request body, in bytes; larger ones get 413. Default: 1 MiB.
     pub max_body: usize,
-    /// Largest request line plus headers, in bytes; larger ones get 431. Default: 16 KiB.
+    /// Largest request line plus headers, in bytes; larger ones get 431 (with the JSON
+    /// error up to twice this, a bare 431 from hyper beyond). Default: 16 KiB.
     pub max_header: usize,
     /// Connections served at once; more get 503. Default: 64.
     pub max_connections: usize,
-    /// How long a client may take to send its request. Default: 10 s.
+    /// How long a client may take to send its whole request (head and body, however it
+    /// trickles), and then how long the answer may take to be written. Default: 10 s.
     pub read_timeout: Duration,
     /// Most pages one `pages?prefix=` query may name. Default: 4096.
     pub max_prefix: usize,
@@ -91,9 +96,9 @@ impl AdminConfig {
                 self.mode
             )));
         }
-        if self.max_body == 0 || self.max_header < 64 || self.max_connections == 0 {
+        if self.max_body == 0 || self.max_header < 64 || self.max_connections == 0 || self.read_timeout.is_zero() {
             return Err(AdminError::Config(
-                "max_body and max_connections must be positive, max_header at least 64".into(),
+                "max_body, max_connections and read_timeout must be positive, max_header at least 64".into(),
             ));
         }
         Ok(())

@@ -1,11 +1,11 @@
-//! The admin endpoints. Each reads the manager (or the daemon's [`EngineView`]) and
+//! The admin endpoints. Each reads the manager (or the daemon's [`EngineView`](super::EngineView)) and
 //! answers JSON; errors are `{"code": <stable string>, "message": …}`.
 //!
 //! | method | path | answer |
 //! | --- | --- | --- |
 //! | GET | `/v1/status` | version, uptime, tiers, connected engines and ranks |
 //! | GET | `/v1/tiers` | per tier: capacity, used, complete/pinned/in-flight pages, evictions |
-//! | GET | `/v1/sessions` | sessions the daemon tracks |
+//! | GET | `/v1/sessions?offset=<n>&limit=<n>` | sessions the daemon tracks, one page of them |
 //! | GET | `/v1/pages?hash=<hex>` or `?prefix=<hex,hex,…>` | per-tier completeness, missing objects |
 //! | POST | `/v1/hints` | a JSON hint → its outcome, as on the engine path |
 //! | GET, PUT | `/v1/config` | the tunables; PUT changes only those, validated |
@@ -13,40 +13,52 @@
 //! | GET | `/metrics` | Prometheus text format |
 //!
 //! Pages and hints take `ns=<namespace id>` (default 0).
-
-use std::os::unix::io::AsRawFd;
-use std::os::unix::net::UnixStream;
-use std::time::Duration;
+//!
+//! The handlers are synchronous: they take the manager's locks, and the server runs them
+//! on tokio's blocking pool so a large render never holds a runtime worker. The event
+//! stream is the exception; `handle` only validates it and `events` streams it.
 
 use serde_json::{Value, json};
 
 use super::SessionInfo;
-use super::http::{self, Chunked, Request};
 use super::metrics;
-use super::server::Ctx;
+use super::request::Request;
+use super::server::AdminState;
 use crate::hints::Hint;
 use crate::manager::{ManagerError, Tunables};
 use crate::page::{NamespaceId, PageHash};
 use crate::tier::TierKind;
 
-/// Events read from the log per chunk of the stream, and how long one read waits.
-const EVENTS_PER_READ: usize = 512;
-const EVENTS_WAIT: Duration = Duration::from_millis(200);
+/// Sessions in one `/v1/sessions` answer unless `limit` says otherwise, and the most it
+/// may say: a node with a million interned sessions still answers in bounded memory.
+pub const SESSIONS_DEFAULT_LIMIT: usize = 1000;
+pub const SESSIONS_MAX_LIMIT: usize = 10_000;
 
-/// Answers one request on `s`.
-pub(crate) fn handle(ctx: &Ctx, req: &Request, s: &mut UnixStream) -> std::io::Result<()> {
+/// What to answer.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// A JSON document with its status.
+    Json(u16, Value),
+    /// Text with its content type (the Prometheus exposition).
+    Text(u16, &'static str, String),
+    /// The live event stream from sequence `from`, at most `limit` events.
+    Events { from: u64, limit: u64 },
+}
+
+/// Answers one request that has been read completely.
+pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
     let r = match (req.method.as_str(), req.path.trim_end_matches('/')) {
         ("GET", "/v1/status") => Ok(status(ctx)),
         ("GET", "/v1/tiers") => Ok(json!({ "tiers": ctx.manager.stats().tiers })),
-        ("GET", "/v1/sessions") => Ok(json!({ "sessions": sessions(ctx) })),
+        ("GET", "/v1/sessions") => sessions(ctx, req),
         ("GET", "/v1/pages") => pages(ctx, req),
         ("POST", "/v1/hints") => hint(ctx, req),
         ("GET", "/v1/config") => Ok(json!(ctx.manager.tunables())),
         ("PUT", "/v1/config") => put_config(ctx, req),
-        ("GET", "/v1/events") => return events(ctx, req, s),
+        ("GET", "/v1/events") => return events(ctx, req).unwrap_or_else(ApiError::reply),
         ("GET", "/metrics" | "/v1/metrics") => {
             let text = metrics::render(&ctx.manager.stats(), ctx.started.elapsed(), ctx.engines.engines().len());
-            return http::write_response(s, 200, "text/plain; version=0.0.4; charset=utf-8", text.as_bytes());
+            return Reply::Text(200, "text/plain; version=0.0.4; charset=utf-8", text);
         }
         (
             _,
@@ -60,8 +72,8 @@ pub(crate) fn handle(ctx: &Ctx, req: &Request, s: &mut UnixStream) -> std::io::R
         _ => Err(ApiError::new(404, "not_found", format!("no endpoint {}", req.path))),
     };
     match r {
-        Ok(v) => http::write_json(s, 200, &v),
-        Err(e) => http::write_error(s, e.status, e.code, &e.message),
+        Ok(v) => Reply::Json(200, v),
+        Err(e) => e.reply(),
     }
 }
 
@@ -74,12 +86,26 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
             message: message.into(),
         }
+    }
+
+    pub(crate) fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// The answer `{"code": …, "message": …}` with this error's status.
+    pub(crate) fn reply(self) -> Reply {
+        let (status, v) = self.into_json();
+        Reply::Json(status, v)
+    }
+
+    pub(crate) fn into_json(self) -> (u16, Value) {
+        (self.status, json!({ "code": self.code, "message": self.message }))
     }
 }
 
@@ -99,7 +125,7 @@ impl From<ManagerError> for ApiError {
     }
 }
 
-fn status(ctx: &Ctx) -> Value {
+fn status(ctx: &AdminState) -> Value {
     let stats = ctx.manager.stats();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
@@ -114,8 +140,46 @@ fn status(ctx: &Ctx) -> Value {
     })
 }
 
-/// The daemon's sessions, or the manager's when the daemon reports none.
-fn sessions(ctx: &Ctx) -> Vec<SessionInfo> {
+/// One page of the daemon's sessions, or of the manager's when the daemon reports none.
+/// `truncated` and `next_offset` appear only when sessions remain past this page, so a
+/// small node's answer is the bare `{"sessions": […]}` it always was.
+fn sessions(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> {
+    let offset = count_param(req, "offset", 0, usize::MAX)?;
+    let limit = count_param(req, "limit", SESSIONS_DEFAULT_LIMIT, SESSIONS_MAX_LIMIT)?;
+    let all = all_sessions(ctx);
+    let total = all.len();
+    let page: Vec<SessionInfo> = all.into_iter().skip(offset).take(limit).collect();
+    let end = offset.saturating_add(page.len());
+    let mut v = json!({ "sessions": page });
+    if end < total {
+        v["truncated"] = json!(true);
+        v["next_offset"] = json!(end);
+        v["total"] = json!(total);
+    }
+    Ok(v)
+}
+
+/// A non-negative integer parameter, `default` when absent, refused above `max`.
+fn count_param(req: &Request, name: &str, default: usize, max: usize) -> Result<usize, ApiError> {
+    let Some(v) = req.param(name) else {
+        return Ok(default);
+    };
+    match v.parse::<usize>() {
+        Ok(n) if n <= max => Ok(n),
+        Ok(n) => Err(ApiError::new(
+            400,
+            "bad_query",
+            format!("{name}={n} is over the maximum of {max}"),
+        )),
+        Err(_) => Err(ApiError::new(
+            400,
+            "bad_query",
+            format!("{name} must be a non-negative integer"),
+        )),
+    }
+}
+
+fn all_sessions(ctx: &AdminState) -> Vec<SessionInfo> {
     let from_daemon = ctx.engines.sessions();
     if !from_daemon.is_empty() {
         return from_daemon;
@@ -161,7 +225,7 @@ fn parse_hashes(list: &str, max: usize) -> Result<Vec<PageHash>, ApiError> {
         .collect()
 }
 
-fn pages(ctx: &Ctx, req: &Request) -> Result<Value, ApiError> {
+fn pages(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> {
     let ns = namespace(req)?;
     let (hashes, is_prefix) = match (req.param("hash"), req.param("prefix")) {
         (Some(h), None) => (parse_hashes(h, 1)?, false),
@@ -214,7 +278,7 @@ fn pages(ctx: &Ctx, req: &Request) -> Result<Value, ApiError> {
     Ok(v)
 }
 
-fn hint(ctx: &Ctx, req: &Request) -> Result<Value, ApiError> {
+fn hint(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> {
     let ns = namespace(req)?;
     let h: Hint = serde_json::from_slice(&req.body).map_err(|e| ApiError::new(400, "malformed_hint", e.to_string()))?;
     let kind = h.kind();
@@ -224,7 +288,7 @@ fn hint(ctx: &Ctx, req: &Request) -> Result<Value, ApiError> {
     Ok(v)
 }
 
-fn put_config(ctx: &Ctx, req: &Request) -> Result<Value, ApiError> {
+fn put_config(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> {
     let patch: Value = serde_json::from_slice(&req.body).map_err(|e| ApiError::new(400, "bad_json", e.to_string()))?;
     let mut cur =
         serde_json::to_value(ctx.manager.tunables()).map_err(|e| ApiError::new(500, "internal", e.to_string()))?;
@@ -265,61 +329,19 @@ fn merge(cur: &mut Value, patch: &Value, at: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Streams page events as JSON lines until the client leaves, `limit` events were sent,
-/// or the server stops.
-fn events(ctx: &Ctx, req: &Request, s: &mut UnixStream) -> std::io::Result<()> {
-    let log = ctx.manager.events();
+/// Validates an event stream request: `from` defaults to the next event, `limit` to
+/// no limit.
+fn events(ctx: &AdminState, req: &Request) -> Result<Reply, ApiError> {
     let parse = |name: &str| req.param(name).map(|v| v.parse::<u64>());
-    let (from, limit) = match (parse("from"), parse("limit")) {
+    match (parse("from"), parse("limit")) {
         (Some(Err(_)), _) | (_, Some(Err(_))) => {
-            return http::write_error(s, 400, "bad_query", "from and limit must be integers");
+            Err(ApiError::new(400, "bad_query", "from and limit must be integers"))
         }
-        (f, l) => (
-            f.and_then(Result::ok).unwrap_or(log.last_seq() + 1),
-            l.and_then(Result::ok).unwrap_or(u64::MAX),
-        ),
-    };
-    let mut next = from.max(1);
-    let mut sent = 0u64;
-    let mut out = Chunked::start(s, "application/x-ndjson")?;
-    let mut line = Vec::with_capacity(64 * EVENTS_PER_READ);
-    while sent < limit && !ctx.stopping() {
-        let want = (limit - sent).min(EVENTS_PER_READ as u64) as usize;
-        let batch = log.read_from(next, want, EVENTS_WAIT);
-        next = batch.next;
-        line.clear();
-        if batch.lost > 0 {
-            serde_json::to_writer(&mut line, &json!({ "lost": batch.lost })).map_err(std::io::Error::other)?;
-            line.push(b'\n');
-        }
-        for ev in &batch.events {
-            serde_json::to_writer(&mut line, ev).map_err(std::io::Error::other)?;
-            line.push(b'\n');
-        }
-        sent += batch.events.len() as u64;
-        if line.is_empty() {
-            if peer_closed(out_fd(&out)) {
-                return Ok(());
-            }
-            continue;
-        }
-        out.send(&line)?;
+        (f, l) => Ok(Reply::Events {
+            from: f
+                .and_then(Result::ok)
+                .unwrap_or_else(|| ctx.manager.events().last_seq() + 1),
+            limit: l.and_then(Result::ok).unwrap_or(u64::MAX),
+        }),
     }
-    out.finish()
-}
-
-fn out_fd(out: &Chunked<'_, UnixStream>) -> i32 {
-    out.inner().as_raw_fd()
-}
-
-/// Whether the client hung up (its end reads as closed), without blocking.
-fn peer_closed(fd: i32) -> bool {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN | libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd; zero timeout.
-    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-    n > 0 && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }

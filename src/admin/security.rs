@@ -22,8 +22,8 @@ pub struct PeerCred {
     pub gid: u32,
 }
 
-/// Reads `SO_PEERCRED` of a connected stream.
-pub fn peer_cred(stream: &UnixStream) -> std::io::Result<PeerCred> {
+/// Reads `SO_PEERCRED` of a connected Unix stream (std's or tokio's).
+pub fn peer_cred(stream: &impl AsRawFd) -> std::io::Result<PeerCred> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `cred` and `len` are valid for writes of the sizes given; the fd is open.

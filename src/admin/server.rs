@@ -1,206 +1,205 @@
-//! The admin server's accept loop and per-connection handling.
+//! The admin server's accept loop, on tokio: [`serve`] takes a bound listener, its state
+//! and a cancellation token; [`spawn`] binds the socket, checks it and runs [`serve`] as a
+//! task on the current runtime.
 //!
-//! One thread accepts (polling the listener with a timeout so shutdown is noticed), one
-//! thread serves each connection, at most `max_connections` at once. Peer credentials
-//! are checked before the request is read; a refused peer is logged by uid, gid and pid
-//! only, never with what it sent.
+//! Each accepted connection is one task (`conn`), at most `max_connections` at
+//! once (a semaphore); as many more at once get `503 too_many_connections`, and any
+//! beyond those are closed unanswered.
+//! On cancellation the loop stops accepting, connections finish what they answer (each
+//! has a deadline) and event streams end; [`serve`] waits for them, bounded, and returns.
 
-use std::io::Read;
-use std::os::unix::io::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::http::{self, HttpError};
-use super::{AdminConfig, AdminError, EngineView, routes, security};
-use crate::manager::Manager;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioTimer;
+use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-/// How long the accept loop waits before looking at the shutdown signal again.
-const ACCEPT_POLL_MS: i32 = 100;
-/// After answering, the most a connection is drained (so the client reads our answer
-/// rather than a reset) and for how long.
-const DRAIN_BYTES: usize = 16 << 20;
-const DRAIN_TIME: Duration = Duration::from_secs(2);
+use super::{AdminConfig, AdminError, EngineView, conn, security};
+use crate::manager::Manager;
 
-/// What every connection handler shares.
-pub(crate) struct Ctx {
-    pub cfg: AdminConfig,
-    pub manager: Manager,
-    pub engines: Arc<dyn EngineView>,
-    pub started: Instant,
-    pub shutdown: CancellationToken,
-    pub stop: AtomicBool,
-    pub active: AtomicUsize,
+/// How long the accept loop pauses after a failed accept (e.g. out of descriptors), so
+/// it does not spin while the condition lasts.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
+/// hyper's read buffer may not be smaller than this (its `max_buf_size` panics below it).
+const HYPER_MIN_BUF: usize = 8192;
+
+/// What every connection of one admin server shares: its settings, the manager it reads
+/// and the daemon's view of engines and sessions.
+pub struct AdminState {
+    pub(crate) cfg: AdminConfig,
+    pub(crate) manager: Manager,
+    pub(crate) engines: Arc<dyn EngineView>,
+    pub(crate) started: Instant,
 }
 
-impl Ctx {
-    pub fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Relaxed) || self.shutdown.is_cancelled()
+impl AdminState {
+    /// The state of a server with these settings; fails when they are invalid.
+    pub fn new(cfg: AdminConfig, manager: Manager, engines: Arc<dyn EngineView>) -> Result<Self, AdminError> {
+        cfg.validate()?;
+        Ok(Self {
+            cfg,
+            manager,
+            engines,
+            started: Instant::now(),
+        })
     }
+
+    pub fn config(&self) -> &AdminConfig {
+        &self.cfg
+    }
+
+    /// The HTTP/1 settings every connection is served with. hyper cuts a head that
+    /// takes longer than `read_timeout` and answers a bare 431 to one over the hard cap
+    /// (twice `max_header`, at least hyper's minimum buffer); heads between
+    /// `max_header` and that cap get the typed JSON 431 from `conn`.
+    fn http(&self) -> http1::Builder {
+        let cap = (self.cfg.max_header * 2).max(HYPER_MIN_BUF);
+        let mut b = http1::Builder::new();
+        b.timer(TokioTimer::new())
+            .header_read_timeout(self.cfg.read_timeout)
+            .keep_alive(false)
+            .half_close(true)
+            .max_header_size(cap)
+            .max_buf_size(cap);
+        b
+    }
+}
+
+/// Serves admin requests on `listener` until `cancel` is cancelled, then waits (at most
+/// `read_timeout`) for open connections to finish and returns. The listener must be
+/// bound already ([`spawn`] does it, with the socket's security checks).
+pub async fn serve(listener: UnixListener, state: AdminState, cancel: CancellationToken) -> Result<(), AdminError> {
+    let http = state.http();
+    let grace = state.cfg.read_timeout;
+    let state = Arc::new(state);
+    let slots = Arc::new(Semaphore::new(state.cfg.max_connections));
+    let refusals = Arc::new(Semaphore::new(state.cfg.max_connections));
+    let tracker = TaskTracker::new();
+    loop {
+        let stream = tokio::select! {
+            _ = cancel.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            // Answered in a task of its own (the client must be drained to see the
+            // answer), itself capped: past that, a connection is closed unanswered.
+            match refusals.clone().try_acquire_owned() {
+                Ok(p) => {
+                    tracker.spawn(async move {
+                        conn::refuse_busy(stream).await;
+                        drop(p);
+                    });
+                }
+                Err(_) => tracing::warn!("admin: connection closed unanswered, far over the limit"),
+            }
+            continue;
+        };
+        let c = conn::Conn {
+            state: state.clone(),
+            http: http.clone(),
+            cancel: cancel.clone(),
+            tracker: tracker.clone(),
+        };
+        tracker.spawn(async move {
+            c.serve(stream).await;
+            drop(permit);
+        });
+    }
+    // Refuse new clients at once (connection refused) while the open ones finish.
+    drop(listener);
+    tracker.close();
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        tracing::warn!(open = tracker.len(), "admin: connections still open at shutdown");
+    }
+    Ok(())
 }
 
 /// A running admin server.
 pub struct AdminHandle {
-    ctx: Arc<Ctx>,
-    thread: Option<JoinHandle<()>>,
+    socket: PathBuf,
+    cancel: CancellationToken,
+    task: Option<JoinHandle<Result<(), AdminError>>>,
 }
 
 impl AdminHandle {
     /// The socket path clients connect to.
     pub fn socket(&self) -> PathBuf {
-        self.ctx.cfg.socket.clone()
+        self.socket.clone()
     }
 
-    /// Stops accepting, waits for the accept loop to end and removes the socket file.
-    /// Open event streams end within their poll interval.
-    pub fn stop(mut self) {
-        self.ctx.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+    /// Asks the server to stop, without waiting: it stops accepting, ends event streams
+    /// and removes its socket file once open connections are done.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Stops the server and waits until it has ended and removed its socket file.
+    pub async fn stop(mut self) -> Result<(), AdminError> {
+        self.cancel.cancel();
+        match self.task.take() {
+            Some(t) => t
+                .await
+                .map_err(|e| AdminError::Io(std::io::Error::other(e.to_string())))?,
+            None => Ok(()),
         }
     }
 }
 
 impl Drop for AdminHandle {
     fn drop(&mut self) {
-        self.ctx.stop.store(true, Ordering::Relaxed);
+        self.cancel.cancel();
     }
 }
 
-/// Binds the admin socket and serves it on a background thread until `shutdown` is
-/// triggered or the handle is stopped.
+/// Binds the admin socket (mode, directory and stale-socket checks: [`security::bind`])
+/// and serves it in a task on the current tokio runtime until `cancel` (or the handle's
+/// own [`AdminHandle::stop`]) ends it; the socket file is removed then. Must be called
+/// from within a runtime.
 pub fn spawn(
     cfg: AdminConfig,
     manager: Manager,
     engines: Arc<dyn EngineView>,
-    shutdown: CancellationToken,
+    cancel: CancellationToken,
 ) -> Result<AdminHandle, AdminError> {
-    cfg.validate()?;
-    let listener = security::bind(&cfg)?;
-    let ctx = Arc::new(Ctx {
-        cfg,
-        manager,
-        engines,
-        started: Instant::now(),
-        shutdown,
-        stop: AtomicBool::new(false),
-        active: AtomicUsize::new(0),
-    });
-    let c = ctx.clone();
-    let thread = std::thread::Builder::new()
-        .name("kvtier-admin".into())
-        .spawn(move || accept_loop(listener, c))?;
-    tracing::info!(socket = %ctx.cfg.socket.display(), "admin socket listening");
-    Ok(AdminHandle {
-        ctx,
-        thread: Some(thread),
-    })
-}
-
-fn accept_loop(listener: UnixListener, ctx: Arc<Ctx>) {
-    while !ctx.stopping() {
-        let mut pfd = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the listener, which outlives the call.
-        let ready = unsafe { libc::poll(&mut pfd, 1, ACCEPT_POLL_MS) };
-        if ready <= 0 {
-            continue;
-        }
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "admin accept failed");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let _ = stream.set_read_timeout(Some(ctx.cfg.read_timeout));
-        let _ = stream.set_write_timeout(Some(ctx.cfg.read_timeout));
-        if ctx.active.fetch_add(1, Ordering::AcqRel) >= ctx.cfg.max_connections {
-            ctx.active.fetch_sub(1, Ordering::AcqRel);
-            let mut s = stream;
-            let _ = http::write_error(&mut s, 503, "too_many_connections", "the admin socket is at its limit");
-            continue;
-        }
-        let c = ctx.clone();
-        let spawned = std::thread::Builder::new()
-            .name("kvtier-admin-conn".into())
-            .spawn(move || {
-                serve(&c, stream);
-                c.active.fetch_sub(1, Ordering::AcqRel);
-            });
-        if let Err(e) = spawned {
-            ctx.active.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!(error = %e, "admin: cannot start a connection thread");
-        }
-    }
-    let _ = std::fs::remove_file(&ctx.cfg.socket);
-    tracing::info!(socket = %ctx.cfg.socket.display(), "admin socket closed");
-}
-
-fn serve(ctx: &Ctx, mut stream: UnixStream) {
-    let peer = match security::peer_cred(&stream) {
-        Ok(p) => p,
+    let state = AdminState::new(cfg, manager, engines)?;
+    let std_listener = security::bind(&state.cfg)?;
+    let socket = state.cfg.socket.clone();
+    let placed = std_listener
+        .set_nonblocking(true)
+        .and_then(|_| UnixListener::from_std(std_listener));
+    let listener = match placed {
+        Ok(l) => l,
         Err(e) => {
-            tracing::warn!(error = %e, "admin: no peer credentials; refused");
-            let _ = http::write_error(&mut stream, 403, "peer_not_allowed", "peer credentials unavailable");
-            return;
+            let _ = std::fs::remove_file(&socket);
+            return Err(AdminError::Socket(socket, format!("registering with tokio: {e}")));
         }
     };
-    if !security::allowed(&ctx.cfg, &peer) {
-        tracing::warn!(
-            uid = peer.uid,
-            gid = peer.gid,
-            pid = peer.pid,
-            "admin: refused a peer not on the allowlist"
-        );
-        let _ = http::write_error(
-            &mut stream,
-            403,
-            "peer_not_allowed",
-            &format!("uid {} is not allowed on this socket", peer.uid),
-        );
-        drain(stream);
-        return;
-    }
-    match http::read_request(&mut stream, ctx.cfg.max_header, ctx.cfg.max_body) {
-        Ok(req) => {
-            tracing::debug!(method = %req.method, path = %req.path, uid = peer.uid, "admin request");
-            if let Err(e) = routes::handle(ctx, &req, &mut stream) {
-                tracing::debug!(error = %e, "admin: connection ended while answering");
-            }
-        }
-        Err(HttpError::Reply { status, code, message }) => {
-            tracing::info!(status, code, uid = peer.uid, "admin: request refused");
-            let _ = http::write_error(&mut stream, status, code, &message);
-        }
-        Err(HttpError::Io(e)) => {
-            tracing::debug!(error = %e, "admin: request not read");
-            return;
-        }
-    }
-    drain(stream);
-}
-
-/// Half-closes and reads what the client still sends (bounded in bytes and time), so it
-/// sees our answer instead of a connection reset. What is read is discarded unseen.
-fn drain(mut stream: UnixStream) {
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    let deadline = Instant::now() + DRAIN_TIME;
-    let mut buf = [0u8; 8192];
-    let mut total = 0;
-    while total < DRAIN_BYTES && Instant::now() < deadline {
-        match stream.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => total += n,
-        }
-    }
+    // A child token: stopping this server does not cancel the caller's other services.
+    let cancel = cancel.child_token();
+    let (c, path) = (cancel.clone(), socket.clone());
+    let task = tokio::spawn(async move {
+        let r = serve(listener, state, c).await;
+        let _ = std::fs::remove_file(&path);
+        tracing::info!(socket = %path.display(), "admin socket closed");
+        r
+    });
+    tracing::info!(socket = %socket.display(), "admin socket listening");
+    Ok(AdminHandle {
+        socket,
+        cancel,
+        task: Some(task),
+    })
 }

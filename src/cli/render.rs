@@ -121,7 +121,17 @@ pub fn sessions(v: &Value) -> String {
                 .collect()
         })
         .collect();
-    table(&["SESSION", "PARENT", "PHASE", "IDLE", "PAGES"], &rows)
+    let mut out = table(&["SESSION", "PARENT", "PHASE", "IDLE", "PAGES"], &rows);
+    if v["truncated"] == Value::Bool(true) {
+        // The daemon answers one page of sessions; say that the list goes on.
+        out.push_str(&format!(
+            "first {} of {} sessions (more from /v1/sessions?offset={})\n",
+            list.len(),
+            s(&v["total"]),
+            s(&v["next_offset"])
+        ));
+    }
+    out
 }
 
 pub fn pages(v: &Value) -> String {
@@ -192,5 +202,23 @@ pub fn event_line(line: &str) -> String {
             s(&v["hash"])
         ),
         Err(_) => line.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_truncated_session_list_says_where_it_goes_on() {
+        let one = json!({"session_id": "a", "parent_session_id": null, "phase": null, "idle": false, "pages": null});
+        let whole = sessions(&json!({ "sessions": [one] }));
+        assert_eq!(whole.lines().count(), 2, "{whole}");
+        let cut = sessions(&json!({ "sessions": [one], "truncated": true, "next_offset": 1, "total": 5 }));
+        assert_eq!(
+            cut.lines().last(),
+            Some("first 1 of 5 sessions (more from /v1/sessions?offset=1)")
+        );
     }
 }

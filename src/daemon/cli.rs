@@ -175,16 +175,28 @@ fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The admin socket and the event publishers, started beside the control socket.
+/// The admin socket and the event publishers, started beside the control socket. The
+/// admin server runs on a small runtime of its own (one worker, a blocking pool for its
+/// renders), so operator traffic never shares the control plane's thread; its token is a
+/// child of the daemon's one token, so a signal or the end of the server stops it too.
 struct SideServices {
+    runtime: Option<tokio::runtime::Runtime>,
+    cancel: tokio_util::sync::CancellationToken,
     admin: Option<crate::admin::AdminHandle>,
     publishers: Vec<crate::publish::PublisherHandle>,
 }
 
+/// How long stopping waits for the admin server to close its connections.
+const ADMIN_STOP: Duration = Duration::from_secs(15);
+
 impl SideServices {
     fn stop(self) {
-        if let Some(a) = self.admin {
-            a.stop();
+        self.cancel.cancel();
+        if let (Some(rt), Some(a)) = (&self.runtime, self.admin) {
+            let _ = rt.block_on(async { tokio::time::timeout(ADMIN_STOP, a.stop()).await });
+        }
+        if let Some(rt) = self.runtime {
+            rt.shutdown_timeout(Duration::from_secs(1));
         }
         for p in self.publishers {
             p.stop();
@@ -205,7 +217,22 @@ fn start_side_services(
         socket: cfg.admin_socket.clone(),
         ..crate::admin::AdminConfig::default()
     };
-    let admin = match crate::admin::spawn(admin_cfg, manager.clone(), shared, side.clone()) {
+    let cancel = side.child_token();
+    // An admin connection holds at most one blocking thread at a time (its handler, or
+    // its event stream's wait), so this many never makes one connection wait for another.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(admin_cfg.max_connections)
+        .thread_name("kvtier-admin")
+        .enable_all()
+        .build()
+        .map_err(|e| tracing::warn!(error = %e, "no runtime for the admin socket"))
+        .ok();
+    let started = runtime.as_ref().map(|rt| {
+        let _in_runtime = rt.enter();
+        crate::admin::spawn(admin_cfg, manager.clone(), shared, cancel.clone())
+    });
+    let admin = match started.unwrap_or(Err(crate::admin::AdminError::Config("no runtime".into()))) {
         Ok(h) => {
             println!("kvtier serve: admin socket {}", cfg.admin_socket.display());
             Some(h)
@@ -246,5 +273,10 @@ fn start_side_services(
             }
         }
     }
-    SideServices { admin, publishers }
+    SideServices {
+        runtime,
+        cancel,
+        admin,
+        publishers,
+    }
 }
