@@ -10,6 +10,8 @@
 //! sequence at which they start, on their own thread; the ZMQ sockets never leave it.
 //! Every wait is bounded, so a stop or a daemon shutdown is seen within one poll.
 
+#[cfg(test)]
+mod golden;
 pub mod mooncake;
 pub mod msgpack;
 pub mod vllm;

@@ -57,13 +57,13 @@ impl Default for MooncakeConfig {
 }
 
 /// One object event before encoding.
-struct ObjectEvent<'a> {
-    event_type: &'static str,
-    key: String,
-    ev: &'a PageEvent,
+pub(super) struct ObjectEvent<'a> {
+    pub(super) event_type: &'static str,
+    pub(super) key: String,
+    pub(super) ev: &'a PageEvent,
 }
 
-fn encode(buf: &mut Vec<u8>, cfg: &MooncakeConfig, ts_ms: u64, objs: &[ObjectEvent<'_>]) {
+pub(super) fn encode(buf: &mut Vec<u8>, cfg: &MooncakeConfig, ts_ms: u64, objs: &[ObjectEvent<'_>]) {
     let mut w = Writer(buf);
     w.array(3);
     w.uint(ts_ms);
