@@ -53,13 +53,7 @@ fn small_events() -> Vec<PageEvent> {
         };
         out.push(ev(i as u64, kind, tiers[i % 3], i as u16 % 3, PageHash::from_u64(h)));
     }
-    out.push(ev(
-        99,
-        PageEventKind::Cleared,
-        TierKind::Host,
-        0,
-        PageHash::from_u64(0),
-    ));
+    out.push(ev(99, PageEventKind::Cleared, TierKind::Host, 0, PageHash::from_u64(0)));
     out
 }
 
@@ -86,7 +80,9 @@ fn vllm_case(encoding: Encoding, hashes: HashFormat, dp_rank: u32, events: &[Pag
     };
     let mut buf = Vec::new();
     // Block sizes across widths: fixint, uint16, uint32.
-    vllm::encode_batch(&mut buf, &cfg, 1_700_000_000.125, events, |ns| [16, 300, 70_000][ns.0 as usize % 3]);
+    vllm::encode_batch(&mut buf, &cfg, 1_700_000_000.125, events, |ns| {
+        [16, 300, 70_000][ns.0 as usize % 3]
+    });
     buf
 }
 
@@ -100,7 +96,11 @@ fn mooncake_case(tenant: &str, key_len: usize, objects: usize, dp_rank: u32) -> 
     let evs: Vec<PageEvent> = (0..objects as u64)
         .map(|i| {
             let kind = [PageEventKind::Stored, PageEventKind::Removed][i as usize % 2];
-            let hash = if i % 2 == 0 { PageHash::from_u64(i * 1000) } else { long(i as u8) };
+            let hash = if i % 2 == 0 {
+                PageHash::from_u64(i * 1000)
+            } else {
+                long(i as u8)
+            };
             ev(1_000 + i * 70_000, kind, TierKind::Pool, 0, hash)
         })
         .collect();
@@ -129,13 +129,34 @@ fn mooncake_case(tenant: &str, key_len: usize, objects: usize, dp_rank: u32) -> 
 fn cases() -> Vec<(&'static str, Vec<u8>)> {
     let (small, long) = (small_events(), long_events());
     vec![
-        ("vllm-positional-auto-8", vllm_case(Encoding::Positional, HashFormat::Auto, 0, &small)),
-        ("vllm-positional-auto-32", vllm_case(Encoding::Positional, HashFormat::Auto, 200, &long)),
-        ("vllm-positional-int-32", vllm_case(Encoding::Positional, HashFormat::Int, 70_000, &long)),
-        ("vllm-named-auto-8", vllm_case(Encoding::Named, HashFormat::Auto, 1, &small)),
-        ("vllm-named-bytes-8", vllm_case(Encoding::Named, HashFormat::Bytes, 3, &small)),
-        ("vllm-named-auto-32", vllm_case(Encoding::Named, HashFormat::Auto, 0, &long)),
-        ("vllm-positional-empty", vllm_case(Encoding::Positional, HashFormat::Auto, 0, &[])),
+        (
+            "vllm-positional-auto-8",
+            vllm_case(Encoding::Positional, HashFormat::Auto, 0, &small),
+        ),
+        (
+            "vllm-positional-auto-32",
+            vllm_case(Encoding::Positional, HashFormat::Auto, 200, &long),
+        ),
+        (
+            "vllm-positional-int-32",
+            vllm_case(Encoding::Positional, HashFormat::Int, 70_000, &long),
+        ),
+        (
+            "vllm-named-auto-8",
+            vllm_case(Encoding::Named, HashFormat::Auto, 1, &small),
+        ),
+        (
+            "vllm-named-bytes-8",
+            vllm_case(Encoding::Named, HashFormat::Bytes, 3, &small),
+        ),
+        (
+            "vllm-named-auto-32",
+            vllm_case(Encoding::Named, HashFormat::Auto, 0, &long),
+        ),
+        (
+            "vllm-positional-empty",
+            vllm_case(Encoding::Positional, HashFormat::Auto, 0, &[]),
+        ),
         ("mooncake-3", mooncake_case("t", 5, 2, 2)),
         ("mooncake-str8-array16", mooncake_case(&"tenant".repeat(8), 40, 17, 300)),
         ("mooncake-str16", mooncake_case(&"x".repeat(300), 260, 1, u32::MAX)),

@@ -13,8 +13,8 @@
 #[cfg(test)]
 mod golden;
 pub mod mooncake;
-pub mod msgpack;
 pub mod vllm;
+pub mod wire;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
