@@ -302,10 +302,11 @@ static void *worker(void *arg) {
             pthread_mutex_lock(&mu);
             free(o->segs);
         } else if (o->kind == OP_HOST) {
-            /* Like the driver's callback thread: outside every lock, in stream order. */
+            /* Like the driver's callback thread: outside every lock, in stream order.
+             * Counted before the call, so whoever the function wakes sees the count. */
             pthread_mutex_unlock(&mu);
-            o->fn(o->user_data);
             bump(ST_HOST_FUNCS_RUN, 1);
+            o->fn(o->user_data);
             pthread_mutex_lock(&mu);
         } else if (o->kind == OP_RECORD) {
             if (o->ev->completed < o->gen)
