@@ -541,6 +541,45 @@ fn the_c_abi_registers_engine_tensors_and_moves_pages_through_them() {
 }
 
 #[test]
+fn copy_batches_wait_on_a_host_function_not_a_poll() {
+    if !gpu() {
+        return;
+    }
+    let layout = LayoutSpec::mha(2, 2, 16, 2, 4).build().unwrap();
+    let dev = CudaDevice::new(&layout, 0, 8, 0).unwrap();
+    let obj = dev.object_bytes();
+    let src: Vec<Vec<u8>> = (0..8u64).map(|i| pattern(100 + i, obj)).collect();
+    let before = (driver() == Driver::Emulated).then(stats);
+    for p in 0..4usize {
+        dev.copy_from_host(&[
+            ObjectCopy::new(p as u32, Part::K, &src[2 * p][..]),
+            ObjectCopy::new(p as u32, Part::V, &src[2 * p + 1][..]),
+        ])
+        .unwrap();
+    }
+    let mut back = vec![vec![0u8; obj]; 8];
+    let mut batch: Vec<_> = back
+        .iter_mut()
+        .enumerate()
+        .map(|(i, h)| ObjectCopy::new(i as u32 / 2, [Part::K, Part::V][i % 2], &mut h[..]))
+        .collect();
+    dev.copy_to_host(&mut batch).unwrap();
+    // Each batch returned only once its copies had landed (the emulated driver runs them
+    // late, on the stream's own thread).
+    assert!(back == src, "bytes read back after the batches");
+    if let Some(b) = &before {
+        assert_eq!(delta(b, ST_HOST_FUNCS), 5, "one host function per batch");
+        assert_eq!(delta(b, ST_HOST_FUNCS_RUN), 5);
+        assert_eq!(
+            delta(b, ST_EVENT_QUERIES) + delta(b, ST_STREAM_QUERIES),
+            0,
+            "completion is signalled, not polled"
+        );
+        assert_eq!(delta(b, ST_EVENT_SYNCS) + delta(b, ST_STREAM_SYNCS), 0);
+    }
+}
+
+#[test]
 fn hung_copies_time_out_and_break_the_region() {
     if scenario().as_deref() != Some("hung") {
         return;
@@ -551,6 +590,7 @@ fn hung_copies_time_out_and_break_the_region() {
         .unwrap()
         .with_copy_timeout(Duration::from_millis(200));
     let obj = vec![1u8; dev.object_bytes()];
+    let before = stats();
     let t = Instant::now();
     let e = dev
         .copy_from_host(&[ObjectCopy::new(0, Part::K, &obj[..])])
@@ -558,17 +598,31 @@ fn hung_copies_time_out_and_break_the_region() {
     assert!(e.to_string().contains("did not finish"), "{e}");
     assert!(t.elapsed() < Duration::from_secs(5));
     assert!(dev.is_broken());
+    // The watchdog fired with the batch's host function still queued behind the hung
+    // copy, and nothing polled for completion meanwhile.
+    assert_eq!(delta(&before, ST_HOST_FUNCS), 1);
+    assert_eq!(delta(&before, ST_HOST_FUNCS_RUN), 0);
+    assert_eq!(delta(&before, ST_EVENT_QUERIES) + delta(&before, ST_STREAM_QUERIES), 0);
     let e = dev
         .copy_from_host(&[ObjectCopy::new(1, Part::K, &obj[..])])
         .unwrap_err();
     assert!(e.to_string().contains("unusable"), "{e}");
+    assert_eq!(delta(&before, ST_HOST_FUNCS), 1, "a refused batch queues nothing");
     // Dropping does not wait for the stream that never finishes.
     let t = Instant::now();
     drop(dev);
     assert!(t.elapsed() < Duration::from_secs(1));
-    // The queued copy still points at `obj`: keep it alive until the process ends, as
-    // the region's leak does for its own memory.
-    std::mem::forget(obj);
+    // The stream comes back long after the timeout (slow, not dead): the copy runs, then
+    // the host function, whose waiter is gone; it signals memory that is still alive.
+    release_hang();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while delta(&before, ST_HOST_FUNCS_RUN) == 0 {
+        assert!(Instant::now() < deadline, "the late host function never ran");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The host function runs after the copy on its stream, so the copy no longer reads
+    // `obj` and it may go.
+    drop(obj);
 }
 
 #[test]
@@ -633,7 +687,7 @@ fn every_gpu_test_runs_on_the_emulated_driver() {
             "scenario {name} did not use the emulated driver:\n{out}"
         );
         let n = passed(&out);
-        let want = if name == "hung" { 1 } else { 11 };
+        let want = if name == "hung" { 1 } else { 12 };
         assert_eq!(n, want, "scenario {name}: {n} tests passed, expected {want}:\n{out}");
         say(&format!(
             "emulated CUDA driver (no GPU), scenario {name}: {n} GPU tests passed"

@@ -10,9 +10,11 @@
 //! sequence at which they start, on their own thread; the ZMQ sockets never leave it.
 //! Every wait is bounded, so a stop or a daemon shutdown is seen within one poll.
 
+#[cfg(test)]
+mod golden;
 pub mod mooncake;
-pub mod msgpack;
 pub mod vllm;
+pub mod wire;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use super::msgpack::Writer;
+use super::wire::Writer;
 use super::{POLL, PublishError, PublisherHandle, PublisherStats, pub_socket, send_batch, start, wall_clock};
 use crate::events::{PageEvent, PageEventKind};
 use crate::manager::Manager;
@@ -57,14 +57,14 @@ impl Default for MooncakeConfig {
 }
 
 /// One object event before encoding.
-struct ObjectEvent<'a> {
-    event_type: &'static str,
-    key: String,
-    ev: &'a PageEvent,
+pub(super) struct ObjectEvent<'a> {
+    pub(super) event_type: &'static str,
+    pub(super) key: String,
+    pub(super) ev: &'a PageEvent,
 }
 
-fn encode(buf: &mut Vec<u8>, cfg: &MooncakeConfig, ts_ms: u64, objs: &[ObjectEvent<'_>]) {
-    let mut w = Writer(buf);
+pub(super) fn encode(buf: &mut Vec<u8>, cfg: &MooncakeConfig, ts_ms: u64, objs: &[ObjectEvent<'_>]) {
+    let mut w = Writer::new(buf);
     w.array(3);
     w.uint(ts_ms);
     w.array(objs.len());
@@ -79,7 +79,7 @@ fn encode(buf: &mut Vec<u8>, cfg: &MooncakeConfig, ts_ms: u64, objs: &[ObjectEve
         w.str("group_id");
         w.str(&cfg.group_id);
         w.str("page_hash");
-        w.str(&o.ev.hash.to_hex());
+        w.hex_str(o.ev.hash.as_bytes());
         w.str("medium");
         w.str(TierKind::Pool.medium());
         w.str("seq");

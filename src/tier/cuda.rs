@@ -7,8 +7,9 @@
 //! says whether a driver and a GPU are there (cudarc panics at its first call when
 //! `libcuda` is absent, so every constructor asks first). Copies run on a dedicated copy
 //! stream: an event recorded on the engine's compute stream orders D2H after the kernels
-//! that wrote the pages, and a second event, polled with a deadline, says the batch
-//! landed. Layer-first objects move as one contiguous run per layer, batched into one
+//! that wrote the pages, and a host function queued behind the copies
+//! (`cuLaunchHostFunc`) wakes the caller, who sleeps on a condvar with a deadline (no
+//! polling). Layer-first objects move as one contiguous run per layer, batched into one
 //! `cuMemcpyBatchAsync` where the driver has it (CUDA 12.8+); page-first objects move as
 //! one 2-D copy per layer. The daemon's arena, mapped by this process, is registered as
 //! pinned memory in bounded chunks ([`PIN_CHUNK_BYTES`]) and the time it took is logged.
@@ -16,6 +17,7 @@
 //! driver may still write into the host buffers later, so it refuses further copies and,
 //! when dropped, leaks its memory rather than freeing what a hung copy may still touch.
 
+use std::ffi::c_void;
 use std::panic::catch_unwind;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use cudarc::driver::{CudaContext, CudaStream};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::device::{DeviceError, DeviceRegion, ObjectCopy};
 use super::tensors::{KvTensors, PageMap};
@@ -44,7 +46,7 @@ pub fn driver_present() -> bool {
     .unwrap_or(false)
 }
 
-fn check(r: CUresult, what: &str) -> Result<(), DeviceError> {
+pub(super) fn check(r: CUresult, what: &str) -> Result<(), DeviceError> {
     if r == CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
@@ -262,71 +264,62 @@ impl CudaDevice {
         };
         // Even when a move was refused, the ones issued before it must land before the
         // host buffers go back to the caller.
-        let done = self.ctx.new_event(None).map_err(driver_err)?;
-        done.record(&self.copy).map_err(driver_err)?;
-        let t = Instant::now();
-        while !done.try_is_complete().map_err(driver_err)? {
-            if t.elapsed() > self.timeout {
-                self.broken.store(true, Ordering::Relaxed);
-                tracing::error!(timeout = ?self.timeout, "a CUDA copy batch did not finish; the region is unusable");
-                return Err(DeviceError::Copy(format!(
-                    "copies did not finish in {:?}",
-                    self.timeout
-                )));
-            }
-            std::thread::yield_now();
-        }
+        self.wait_landed()?;
         issued
     }
 
-    fn issue_one(&self, m: &Move, to_host: bool) -> Result<(), DeviceError> {
-        let stream = self.copy.cu_stream();
-        match (m.rows, to_host) {
-            // SAFETY (all arms): addresses checked by `plan`; the host memory outlives the
-            // call because `run` waits for the copies before returning.
-            (None, true) => check(
-                unsafe { sys::cuMemcpyDtoHAsync_v2(m.host.cast(), m.dev, m.width, stream) },
-                "cuMemcpyDtoHAsync",
-            ),
-            (None, false) => check(
-                unsafe { sys::cuMemcpyHtoDAsync_v2(m.dev, m.host.cast_const().cast(), m.width, stream) },
-                "cuMemcpyHtoDAsync",
-            ),
-            (Some((rows, pitch)), to_host) => {
-                // Every field spelled out: the memory-type enum has no zero value, so a
-                // zeroed struct is not a valid one.
-                use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE as DEVICE, CU_MEMORYTYPE_HOST as HOST};
-                let (src_type, dst_type, src_pitch, dst_pitch) = if to_host {
-                    (DEVICE, HOST, m.width, pitch)
-                } else {
-                    (HOST, DEVICE, pitch, m.width)
-                };
-                let c = sys::CUDA_MEMCPY2D {
-                    srcXInBytes: 0,
-                    srcY: 0,
-                    srcMemoryType: src_type,
-                    srcHost: if to_host {
-                        std::ptr::null()
-                    } else {
-                        m.host.cast_const().cast()
-                    },
-                    srcDevice: if to_host { m.dev } else { 0 },
-                    srcArray: std::ptr::null_mut(),
-                    srcPitch: src_pitch,
-                    dstXInBytes: 0,
-                    dstY: 0,
-                    dstMemoryType: dst_type,
-                    dstHost: if to_host { m.host.cast() } else { std::ptr::null_mut() },
-                    dstDevice: if to_host { 0 } else { m.dev },
-                    dstArray: std::ptr::null_mut(),
-                    dstPitch: dst_pitch,
-                    WidthInBytes: m.width,
-                    Height: rows,
-                };
-                check(unsafe { sys::cuMemcpy2DAsync_v2(&c, stream) }, "cuMemcpy2DAsync")
+    /// Blocks until everything queued on the copy stream so far has run, or the copy
+    /// timeout passes; then the region is broken, because the driver may still write
+    /// into the caller's buffers. A host function queued behind the copies signals a
+    /// condvar: no polling, and nothing of ours is left blocked in the driver when the
+    /// watchdog fires (see `Landed`).
+    fn wait_landed(&self) -> Result<(), DeviceError> {
+        let landed = Arc::new(Landed::default());
+        let user = Arc::into_raw(landed.clone()).cast_mut().cast::<c_void>();
+        // SAFETY: the stream is this region's live copy stream; `on_landed` only touches
+        // the `Landed` whose reference `user` carries, and makes no CUDA call.
+        let r = unsafe { sys::cuLaunchHostFunc(self.copy.cu_stream(), Some(on_landed), user) };
+        if r != CUresult::CUDA_SUCCESS {
+            // SAFETY: the driver refused the function, so it will never run: take back the
+            // reference it would have released.
+            drop(unsafe { Arc::from_raw(user.cast_const().cast::<Landed>()) });
+            // Copies may be in flight into the caller's buffers and nothing can now say
+            // when they land.
+            return Err(self.mark_broken(format!("cuLaunchHostFunc: {r:?}")));
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut done = landed.done.lock();
+        while !*done {
+            if landed.cv.wait_until(&mut done, deadline).timed_out() && !*done {
+                return Err(self.mark_broken(format!("copies did not finish in {:?}", self.timeout)));
             }
         }
+        Ok(())
     }
+
+    fn mark_broken(&self, why: String) -> DeviceError {
+        self.broken.store(true, Ordering::Relaxed);
+        tracing::error!(%why, "a CUDA copy batch did not finish; the region is unusable");
+        DeviceError::Copy(why)
+    }
+}
+
+/// Completion of one copy batch, set by the driver's callback thread. The callback owns
+/// one reference: after a timeout the waiter is gone but the callback may still run (the
+/// stream was slow, not dead), and it then signals memory that is still alive. If the
+/// stream never completes, that one small allocation leaks with the broken region.
+#[derive(Default)]
+struct Landed {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+/// The host function queued behind a batch's copies.
+unsafe extern "C" fn on_landed(user: *mut c_void) {
+    // SAFETY: `user` came from `Arc::into_raw` in `wait_landed`, for exactly this one call.
+    let landed = unsafe { Arc::from_raw(user.cast_const().cast::<Landed>()) };
+    *landed.done.lock() = true;
+    landed.cv.notify_all();
 }
 
 impl DeviceRegion for CudaDevice {

@@ -1,12 +1,13 @@
-//! Batched copies for the CUDA region: every contiguous move of a copy batch in one
-//! `cuMemcpyBatchAsync` (CUDA 12.8+), which saves a driver call per layer run.
+//! Issuing the CUDA region's copies: every contiguous move of a copy batch in one
+//! `cuMemcpyBatchAsync` (CUDA 12.8+), which saves a driver call per layer run, or one
+//! call per move (`cuMemcpy{DtoH,HtoD}Async`, `cuMemcpy2DAsync` for page-first layers).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
-use super::cuda::{CudaDevice, Move};
+use super::cuda::{CudaDevice, Move, check};
 use super::device::DeviceError;
 
 impl CudaDevice {
@@ -61,6 +62,57 @@ impl CudaDevice {
                 self.batch.store(false, Ordering::Relaxed);
                 tracing::warn!(result = ?other.ok(), "cuMemcpyBatchAsync unavailable; copying singly");
                 Err(DeviceError::Copy("batched copy failed".into()))
+            }
+        }
+    }
+
+    /// One driver call for one move: a contiguous copy, or a 2-D one for a page-first
+    /// layer.
+    pub(super) fn issue_one(&self, m: &Move, to_host: bool) -> Result<(), DeviceError> {
+        let stream = self.copy.cu_stream();
+        match (m.rows, to_host) {
+            // SAFETY (all arms): addresses checked by `plan`; the host memory outlives the
+            // call because `run` waits for the copies before returning.
+            (None, true) => check(
+                unsafe { sys::cuMemcpyDtoHAsync_v2(m.host.cast(), m.dev, m.width, stream) },
+                "cuMemcpyDtoHAsync",
+            ),
+            (None, false) => check(
+                unsafe { sys::cuMemcpyHtoDAsync_v2(m.dev, m.host.cast_const().cast(), m.width, stream) },
+                "cuMemcpyHtoDAsync",
+            ),
+            (Some((rows, pitch)), to_host) => {
+                // Every field spelled out: the memory-type enum has no zero value, so a
+                // zeroed struct is not a valid one.
+                use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE as DEVICE, CU_MEMORYTYPE_HOST as HOST};
+                let (src_type, dst_type, src_pitch, dst_pitch) = if to_host {
+                    (DEVICE, HOST, m.width, pitch)
+                } else {
+                    (HOST, DEVICE, pitch, m.width)
+                };
+                let c = sys::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcMemoryType: src_type,
+                    srcHost: if to_host {
+                        std::ptr::null()
+                    } else {
+                        m.host.cast_const().cast()
+                    },
+                    srcDevice: if to_host { m.dev } else { 0 },
+                    srcArray: std::ptr::null_mut(),
+                    srcPitch: src_pitch,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstMemoryType: dst_type,
+                    dstHost: if to_host { m.host.cast() } else { std::ptr::null_mut() },
+                    dstDevice: if to_host { 0 } else { m.dev },
+                    dstArray: std::ptr::null_mut(),
+                    dstPitch: dst_pitch,
+                    WidthInBytes: m.width,
+                    Height: rows,
+                };
+                check(unsafe { sys::cuMemcpy2DAsync_v2(&c, stream) }, "cuMemcpy2DAsync")
             }
         }
     }

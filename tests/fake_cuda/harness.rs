@@ -62,7 +62,13 @@ pub const ST_COPIES_2D: usize = 8;
 pub const ST_BATCHES: usize = 9;
 pub const ST_PAGEABLE: usize = 11;
 pub const ST_STREAM_WAITS: usize = 13;
-pub const ST_COUNT: usize = 16;
+pub const ST_HOST_FUNCS: usize = 16;
+pub const ST_HOST_FUNCS_RUN: usize = 17;
+pub const ST_EVENT_QUERIES: usize = 18;
+pub const ST_STREAM_QUERIES: usize = 19;
+pub const ST_EVENT_SYNCS: usize = 20;
+pub const ST_STREAM_SYNCS: usize = 21;
+pub const ST_COUNT: usize = 22;
 
 pub fn stats() -> [u64; ST_COUNT] {
     let mut out = [0u64; ST_COUNT];
@@ -76,6 +82,17 @@ pub fn stats() -> [u64; ST_COUNT] {
 
 pub fn delta(before: &[u64; ST_COUNT], which: usize) -> u64 {
     stats()[which] - before[which]
+}
+
+/// Lets a hung stream's queued work run from now on (emulated driver only).
+pub fn release_hang() {
+    // SAFETY: only called on the emulated driver, which exports this function.
+    unsafe {
+        let f = sys::culib()
+            .get::<unsafe extern "C" fn()>(b"kvtier_fake_cuda_release_hang")
+            .unwrap();
+        f();
+    }
 }
 
 pub fn build_fake_driver(dir: &Path) -> std::path::PathBuf {

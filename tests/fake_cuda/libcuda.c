@@ -20,7 +20,10 @@
  *  - cuMemHostRegister records ranges: overlapping ones are
  *    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, unmapped memory is CUDA_ERROR_INVALID_VALUE,
  *    one larger than KVTIER_FAKE_CUDA_MAX_REGISTER_BYTES is CUDA_ERROR_OUT_OF_MEMORY;
- *  - 2-D copies honour both pitches and the x/y offsets; batched copies copy every entry.
+ *  - 2-D copies honour both pitches and the x/y offsets; batched copies copy every entry;
+ *  - cuLaunchHostFunc queues a host function on the stream; the stream's worker calls it
+ *    (on its own thread, never the caller's) after the work queued before it, and the
+ *    work queued after it waits until it returns.
  *
  * Environment (read once, at cuInit):
  *   KVTIER_FAKE_CUDA_VERSION=N              cuDriverGetVersion reports N (default 12080)
@@ -29,7 +32,10 @@
  *   KVTIER_FAKE_CUDA_DELAY_US=N             each copy operation waits N us first (default 50)
  *   KVTIER_FAKE_CUDA_MAX_REGISTER_BYTES=N   largest single cuMemHostRegister (default: none)
  *
- * kvtier_fake_cuda_stats() exposes counters so tests can check how the driver was used.
+ * kvtier_fake_cuda_stats() exposes counters so tests can check how the driver was used
+ * (among them every completion query and synchronize, so a test can tell a blocking wait
+ * from a polling one); kvtier_fake_cuda_release_hang() lets a hung stream's work run, so a
+ * test can see what a completion arriving after a timeout does.
  * Not a performance model: timings measured on it mean nothing.
  */
 #define _GNU_SOURCE
@@ -49,6 +55,7 @@ typedef unsigned long long CUdeviceptr;
 typedef struct fake_ctx *CUcontext;
 typedef struct fake_stream *CUstream;
 typedef struct fake_event *CUevent;
+typedef void (*CUhostFn)(void *user_data);
 
 enum {
     CUDA_SUCCESS = 0,
@@ -122,7 +129,7 @@ struct seg {
     size_t width, height, dpitch, spitch;
 };
 
-enum { OP_COPY, OP_RECORD, OP_WAIT };
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_HOST };
 
 struct op {
     int kind;
@@ -131,6 +138,8 @@ struct op {
     size_t nsegs;
     struct fake_event *ev;
     uint64_t gen;
+    CUhostFn fn;
+    void *user_data;
 };
 
 struct fake_stream {
@@ -182,6 +191,12 @@ enum {
     ST_STREAM_WAITS,
     ST_EVENT_RECORDS,
     ST_HUNG_OPS,
+    ST_HOST_FUNCS,
+    ST_HOST_FUNCS_RUN,
+    ST_EVENT_QUERIES,
+    ST_STREAM_QUERIES,
+    ST_EVENT_SYNCS,
+    ST_STREAM_SYNCS,
     ST_COUNT
 };
 static uint64_t stats[ST_COUNT];
@@ -286,6 +301,13 @@ static void *worker(void *arg) {
             }
             pthread_mutex_lock(&mu);
             free(o->segs);
+        } else if (o->kind == OP_HOST) {
+            /* Like the driver's callback thread: outside every lock, in stream order.
+             * Counted before the call, so whoever the function wakes sees the count. */
+            pthread_mutex_unlock(&mu);
+            bump(ST_HOST_FUNCS_RUN, 1);
+            o->fn(o->user_data);
+            pthread_mutex_lock(&mu);
         } else if (o->kind == OP_RECORD) {
             if (o->ev->completed < o->gen)
                 o->ev->completed = o->gen;
@@ -812,6 +834,7 @@ CUresult cuStreamDestroy_v2(CUstream h) {
 
 CUresult cuStreamSynchronize(CUstream h) {
     NEED_CTX();
+    bump(ST_STREAM_SYNCS, 1);
     pthread_mutex_lock(&mu);
     struct fake_stream *s = stream_of(h);
     if (!s) {
@@ -826,6 +849,7 @@ CUresult cuStreamSynchronize(CUstream h) {
 
 CUresult cuStreamQuery(CUstream h) {
     NEED_CTX();
+    bump(ST_STREAM_QUERIES, 1);
     pthread_mutex_lock(&mu);
     struct fake_stream *s = stream_of(h);
     CUresult r = !s ? CUDA_ERROR_INVALID_HANDLE : idle(s) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
@@ -887,6 +911,7 @@ CUresult cuEventRecord(CUevent h, CUstream sh) {
 
 CUresult cuEventQuery(CUevent h) {
     NEED_INIT();
+    bump(ST_EVENT_QUERIES, 1);
     pthread_mutex_lock(&mu);
     struct fake_event *e = event_of(h);
     CUresult r = !e ? CUDA_ERROR_INVALID_HANDLE : e->completed >= e->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
@@ -896,6 +921,7 @@ CUresult cuEventQuery(CUevent h) {
 
 CUresult cuEventSynchronize(CUevent h) {
     NEED_INIT();
+    bump(ST_EVENT_SYNCS, 1);
     pthread_mutex_lock(&mu);
     struct fake_event *e = event_of(h);
     if (!e) {
@@ -930,6 +956,27 @@ CUresult cuStreamWaitEvent(CUstream sh, CUevent h, unsigned int flags) {
     push(s, o);
     pthread_mutex_unlock(&mu);
     bump(ST_STREAM_WAITS, 1);
+    return CUDA_SUCCESS;
+}
+
+/* Queues `fn(user_data)` on the stream, after the work already queued there. */
+CUresult cuLaunchHostFunc(CUstream sh, CUhostFn fn, void *user_data) {
+    NEED_CTX();
+    if (!fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct fake_stream *s = stream_of(sh);
+    struct op *o = s ? calloc(1, sizeof *o) : NULL;
+    if (!o) {
+        pthread_mutex_unlock(&mu);
+        return s ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_HANDLE;
+    }
+    o->kind = OP_HOST;
+    o->fn = fn;
+    o->user_data = user_data;
+    push(s, o);
+    pthread_mutex_unlock(&mu);
+    bump(ST_HOST_FUNCS, 1);
     return CUDA_SUCCESS;
 }
 
@@ -974,4 +1021,12 @@ size_t kvtier_fake_cuda_stats(uint64_t *out, size_t n) {
     for (size_t i = 0; i < n && i < ST_COUNT; i++)
         out[i] = __atomic_load_n(&stats[i], __ATOMIC_RELAXED);
     return ST_COUNT;
+}
+
+/* Lets the work of a hung stream (KVTIER_FAKE_CUDA_HANG=1) run from now on. */
+void kvtier_fake_cuda_release_hang(void) {
+    pthread_mutex_lock(&mu);
+    cfg_hang = 0;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
 }

@@ -1,8 +1,12 @@
 //! A consumer's decoder for vLLM KV event batches, positional or named: what a Rust
 //! router would use to read kvtier's (or vLLM's) events. It checks every field's type
-//! and borrows from the payload; the only allocations are the output vectors.
+//! and borrows from the payload; the only allocations are the output vectors. Malformed
+//! input (cut short, wrong types, lengths beyond the payload, nesting deeper than the
+//! format has) is a [`DecodeError`], never a panic or an unbounded loop.
 
-use super::super::msgpack::{ReadError, Reader};
+use rmp::Marker;
+
+use super::super::wire::{ReadError, Reader};
 use crate::events::PageEventKind;
 use crate::page::PageHash;
 use crate::tier::TierKind;
@@ -49,7 +53,7 @@ pub struct VllmBatch {
 /// Decodes a batch in either encoding.
 pub fn decode_batch(payload: &[u8]) -> Result<VllmBatch, DecodeError> {
     let mut r = Reader::new(payload);
-    let named = r.peek()? & 0xf0 == 0x80 || matches!(r.peek()?, 0xde | 0xdf);
+    let named = matches!(r.peek()?, Marker::FixMap(_) | Marker::Map16 | Marker::Map32);
     let mut batch = VllmBatch {
         ts: 0.0,
         events: Vec::new(),
@@ -140,7 +144,7 @@ fn positional_event(r: &mut Reader<'_>) -> Result<VllmEvent, DecodeError> {
         field(r, &mut ev, name)?;
     }
     for _ in fields.len() + 1..n {
-        skip(r)?;
+        skip(r, 0)?;
     }
     Ok(ev)
 }
@@ -188,14 +192,18 @@ fn field(r: &mut Reader<'_>, ev: &mut VllmEvent, name: &str) -> Result<(), Decod
                 r.uint()?;
             }
         }
-        _ => skip(r)?,
+        _ => skip(r, 0)?,
     }
     Ok(())
 }
 
+/// Deepest nesting of arrays [`skip`] follows (the formats nest two deep); deeper input is
+/// malformed, and refusing it bounds the recursion whatever the payload.
+const MAX_SKIP_DEPTH: usize = 4;
+
 /// Skips one value of the kinds these formats carry (nil, integers, strings, bytes, and
-/// arrays of them).
-fn skip(r: &mut Reader<'_>) -> Result<(), DecodeError> {
+/// arrays of them), `depth` arrays down.
+fn skip(r: &mut Reader<'_>, depth: usize) -> Result<(), DecodeError> {
     if r.nil()? {
         return Ok(());
     }
@@ -204,15 +212,18 @@ fn skip(r: &mut Reader<'_>) -> Result<(), DecodeError> {
         return Ok(());
     }
     match r.peek()? {
-        0xa0..=0xbf | 0xd9..=0xdb => {
+        Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
             r.str()?;
         }
-        0xc4..=0xc6 => {
+        Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
             r.bin()?;
         }
-        0x90..=0x9f | 0xdc | 0xdd => {
+        Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
+            if depth == MAX_SKIP_DEPTH {
+                return Err(DecodeError::Malformed("arrays nested too deep"));
+            }
             for _ in 0..r.array()? {
-                skip(r)?;
+                skip(r, depth + 1)?;
             }
         }
         _ => return Err(DecodeError::Malformed("a field of an unexpected type")),

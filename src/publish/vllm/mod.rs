@@ -32,7 +32,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use super::msgpack::Writer;
+use super::wire::Writer;
 use super::{
     POLL, PublishError, PublisherHandle, PublisherStats, bind, pub_socket, send_batch, start, wall_clock, zmq_err,
 };
@@ -118,7 +118,7 @@ pub fn encode_batch(
     mut block_size: impl FnMut(NamespaceId) -> u32,
 ) {
     let named = cfg.encoding == Encoding::Named;
-    let mut w = Writer(buf);
+    let mut w = Writer::new(buf);
     if named {
         w.map(3);
         w.str("ts");

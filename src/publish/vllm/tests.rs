@@ -119,3 +119,90 @@ fn decoder_reads_both_encodings_back() {
         assert!(decode_batch(&buf[..buf.len() - 1]).is_err());
     }
 }
+
+#[test]
+fn malformed_batches_are_typed_errors() {
+    use crate::publish::wire::{ReadError, Writer};
+    let evs = [ev(1, PageEventKind::Stored, TierKind::Host, PageHash::from_u64(9))];
+    for encoding in [Encoding::Positional, Encoding::Named] {
+        let cfg = VllmConfig {
+            encoding,
+            ..VllmConfig::default()
+        };
+        let mut buf = Vec::new();
+        encode_batch(&mut buf, &cfg, 1.0, &evs, |_| 16);
+        // Every cut of a batch is an error, never a panic.
+        for cut in 0..buf.len() {
+            let e = decode_batch(&buf[..cut]).unwrap_err();
+            assert!(
+                matches!(e, DecodeError::Read(ReadError::Truncated | ReadError::Oversized { .. })),
+                "{encoding:?} cut at {cut}: {e}"
+            );
+        }
+    }
+    // An events array claiming 2^32 - 1 events in a few bytes is refused at its header.
+    let huge = [0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff, 0x00];
+    assert_eq!(
+        decode_batch(&huge),
+        Err(DecodeError::Read(ReadError::Oversized {
+            what: "an array",
+            len: u32::MAX as u64,
+            left: 1,
+        }))
+    );
+    // A timestamp that is a string, and an event tag that is an integer.
+    let mut buf = Vec::new();
+    let mut w = Writer::new(&mut buf);
+    w.array(3);
+    w.str("now");
+    drop(w);
+    assert_eq!(
+        decode_batch(&buf),
+        Err(DecodeError::Read(ReadError::Type {
+            want: "a float",
+            found: 0xa3,
+        }))
+    );
+    let positional = |event: &dyn Fn(&mut Writer<'_>)| {
+        let mut buf = Vec::new();
+        let mut w = Writer::new(&mut buf);
+        w.array(3);
+        w.f64(1.0);
+        w.array(1);
+        event(&mut w);
+        w.uint(0);
+        drop(w);
+        decode_batch(&buf)
+    };
+    let e = positional(&|w: &mut Writer<'_>| {
+        w.array(1);
+        w.uint(7);
+    });
+    assert!(
+        matches!(e, Err(DecodeError::Read(ReadError::Type { found: 7, .. }))),
+        "{e:?}"
+    );
+    let e = positional(&|w: &mut Writer<'_>| {
+        w.array(1);
+        w.str("BlockMoved");
+    });
+    assert_eq!(e, Err(DecodeError::UnknownTag("BlockMoved".into())));
+    // Extra fields after `BlockRemoved`'s are skipped, but arrays nested deeper than the
+    // format's own are refused rather than followed (bounded recursion).
+    let removed = |w: &mut Writer<'_>, nesting: usize| {
+        w.array(4);
+        w.str("BlockRemoved");
+        w.array(1);
+        w.uint(5);
+        w.str("SHARED");
+        for _ in 0..nesting {
+            w.array(1);
+        }
+        w.uint(1);
+    };
+    let b = positional(&|w: &mut Writer<'_>| removed(w, 2)).unwrap();
+    assert_eq!(b.events[0].hashes, vec![BlockHash::Int(5)]);
+    assert_eq!(b.events[0].medium, Some(TierKind::Pool));
+    let e = positional(&|w: &mut Writer<'_>| removed(w, 5_000));
+    assert_eq!(e, Err(DecodeError::Malformed("arrays nested too deep")));
+}
