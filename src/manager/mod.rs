@@ -10,30 +10,36 @@
 
 mod config;
 mod engine;
+mod grants;
 mod hints;
 mod host_io;
 mod inproc;
+mod locks;
+mod queues;
 mod recover;
+mod sessions;
 mod state;
 mod stats;
 mod tiers;
+mod timers;
+mod upkeep;
 
 #[cfg(test)]
 mod tests;
 
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 pub use config::{ManagerConfig, PoolConfig, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
-pub use state::Advice;
+pub use queues::Advice;
 pub use stats::{COPY_BUCKETS_S, CopyLatency, Stats, StatsSnapshot, TierStats};
 
 use crate::clock::Clock;
 use crate::directory::{Directory, DirectoryError, PrefixHit};
-use crate::events::{EventLog, PageEvent};
+use crate::events::EventLog;
 use crate::hints::HintError;
 use crate::layout::Layout;
 use crate::page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};
@@ -44,7 +50,13 @@ use crate::tier::TierKind;
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
 use crate::transfer::{TicketError, Tickets, TransferEngine};
-use state::State;
+use grants::GrantTable;
+use locks::{Ordered, Rank};
+use queues::Queues;
+use sessions::Sessions;
+use state::{DirState, DirWrite};
+use timers::Timers;
+use upkeep::Upkeep;
 
 /// Errors of the manager's API. Each is a caller's mistake or a resource problem; none
 /// leaves the manager in a bad state.
@@ -97,17 +109,43 @@ pub struct Manager {
 /// Attached device regions by (namespace, tp rank, pp rank).
 type DeviceMap = std::collections::HashMap<(NamespaceId, u16, u16), Arc<dyn DeviceRegion>>;
 
+/// Device pages per namespace (sum over one rank's region), when known.
+type DevicePages = std::collections::HashMap<NamespaceId, usize>;
+
+/// The manager's state, split by who touches it. Each lock's rank (in brackets) is its
+/// place in the one nesting order: a thread takes locks in increasing rank only, through
+/// the helpers below (`init_lock`, `read`, `write`, `grants`, `timers`, `queues`,
+/// `sessions`, `tun`, `devices`), which check the order in test builds. See
+/// docs/ARCHITECTURE.md, "Locks".
 pub(crate) struct Inner {
     cfg: ManagerConfig,
     clock: Arc<dyn Clock>,
-    state: Mutex<State>,
+    /// [Init] Serialises creating the arena and the pool; taken before any other lock.
+    init: Mutex<()>,
+    /// [Dir] The directory, key schemes and host slot map. Lookups take it shared;
+    /// writers take it exclusively through `write()`, which publishes events on release.
+    dir: RwLock<DirState>,
+    /// [Grants] Open grants and host-slot leases. Nested inside `dir` when a lease must
+    /// agree with completeness (loads, pool writes, eviction).
+    grants: Mutex<GrantTable>,
+    /// [Timers] Pin and retain expiries. Nested inside `dir` (pin, expire).
+    timers: Mutex<Timers>,
+    /// [Queues] Advice and deferred hints; filled after the directory work is done.
+    queues: Mutex<Queues>,
+    /// [Sessions] Interned sessions and the idle set.
+    sessions: Mutex<Sessions>,
+    /// [Tunables] Runtime tunables; read as a copy.
+    tun: RwLock<Tunables>,
+    /// [Devices] Attached device regions and device pages per namespace.
+    devices: Mutex<(DeviceMap, DevicePages)>,
+    /// Watermark crossings and the upkeep waker (lock-free on the hot path).
+    upkeep: Upkeep,
     events: EventLog,
     xfer: TransferEngine,
     tickets: Arc<Tickets<OpResult>>,
     stats: Stats,
     arena: OnceLock<Arc<HostArena>>,
     pool: OnceLock<Option<Arc<dyn PoolBackend>>>,
-    devices: Mutex<DeviceMap>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -116,10 +154,12 @@ impl std::fmt::Debug for Manager {
     }
 }
 
+/// Records per chunk when a walk over the directory lets go of its lock between chunks.
+const WALK_CHUNK: usize = 16 * 1024;
+
 impl Manager {
     pub fn new(cfg: ManagerConfig, clock: Arc<dyn Clock>) -> Result<Self, ManagerError> {
         cfg.validate()?;
-        let state = State::new(Directory::new(cfg.max_pages), cfg.tunables);
         Ok(Self {
             inner: Arc::new(Inner {
                 events: EventLog::new(cfg.event_ring),
@@ -128,12 +168,73 @@ impl Manager {
                 stats: Stats::default(),
                 arena: OnceLock::new(),
                 pool: OnceLock::new(),
+                init: Mutex::new(()),
+                dir: RwLock::new(DirState::new(Directory::new(cfg.max_pages))),
+                grants: Mutex::new(GrantTable::default()),
+                timers: Mutex::new(Timers::default()),
+                queues: Mutex::new(Queues::default()),
+                sessions: Mutex::new(Sessions::default()),
+                tun: RwLock::new(cfg.tunables),
                 devices: Mutex::new(Default::default()),
-                state: Mutex::new(state),
+                upkeep: Upkeep::default(),
                 clock,
                 cfg,
             }),
         })
+    }
+
+    // The lock helpers, one per lock, in rank order. Nothing else takes these locks.
+
+    fn init_lock(&self) -> Ordered<MutexGuard<'_, ()>> {
+        Ordered::take(Rank::Init, || self.inner.init.lock())
+    }
+
+    /// Shared access to the directory state: lookups and readers.
+    fn read(&self) -> Ordered<RwLockReadGuard<'_, DirState>> {
+        Ordered::take(Rank::Dir, || self.inner.dir.read())
+    }
+
+    /// Exclusive access to the directory state; publishes its events when dropped.
+    fn write(&self) -> DirWrite<'_> {
+        let g = Ordered::take(Rank::Dir, || self.inner.dir.write());
+        DirWrite::new(g, &self.inner.events, &self.inner.clock)
+    }
+
+    fn grants(&self) -> Ordered<MutexGuard<'_, GrantTable>> {
+        Ordered::take(Rank::Grants, || self.inner.grants.lock())
+    }
+
+    fn timers(&self) -> Ordered<MutexGuard<'_, Timers>> {
+        Ordered::take(Rank::Timers, || self.inner.timers.lock())
+    }
+
+    fn queues(&self) -> Ordered<MutexGuard<'_, Queues>> {
+        Ordered::take(Rank::Queues, || self.inner.queues.lock())
+    }
+
+    fn sessions_table(&self) -> Ordered<MutexGuard<'_, Sessions>> {
+        Ordered::take(Rank::Sessions, || self.inner.sessions.lock())
+    }
+
+    fn devices(&self) -> Ordered<MutexGuard<'_, (DeviceMap, DevicePages)>> {
+        Ordered::take(Rank::Devices, || self.inner.devices.lock())
+    }
+
+    /// Walks the directory in chunks of [`WALK_CHUNK`] records under the read lock,
+    /// released between chunks, so lookups and writers never wait for a whole walk.
+    /// `f` sees each chunk's state and range. Pages may change between chunks: callers
+    /// re-check what they act on under the lock that acts.
+    fn walk_dir(&self, mut f: impl FnMut(&DirState, std::ops::Range<usize>)) {
+        let mut start = 0;
+        loop {
+            let st = self.read();
+            let end = st.dir.record_slots().min(start + WALK_CHUNK);
+            if start >= end {
+                return;
+            }
+            f(&st, start..end);
+            start = end;
+        }
     }
 
     pub fn config(&self) -> &ManagerConfig {
@@ -152,8 +253,8 @@ impl Manager {
             });
         }
         self.ensure_pool(&arena)?;
-        let mut st = self.inner.state.lock();
         let scheme = pool_key_scheme(&self.inner.cfg.pool_key_tag, &ns);
+        let mut st = self.write();
         let id = st.dir.register(ns, layout)?;
         if st.keys.len() <= id.0 as usize {
             st.keys.push(scheme);
@@ -165,7 +266,7 @@ impl Manager {
         if let Some(a) = self.inner.arena.get() {
             return Ok(a.clone());
         }
-        let _guard = self.inner.state.lock();
+        let _guard = self.init_lock();
         if let Some(a) = self.inner.arena.get() {
             return Ok(a.clone());
         }
@@ -181,7 +282,7 @@ impl Manager {
         if self.inner.pool.get().is_some() {
             return Ok(());
         }
-        let _guard = self.inner.state.lock();
+        let _guard = self.init_lock();
         if self.inner.pool.get().is_some() {
             return Ok(());
         }
@@ -218,12 +319,12 @@ impl Manager {
     }
 
     pub fn layout(&self, ns: NamespaceId) -> Result<Layout, ManagerError> {
-        Ok(self.inner.state.lock().dir.layout(ns)?.clone())
+        Ok(self.read().dir.layout(ns)?.clone())
     }
 
     /// The pool key scheme of a namespace.
     pub fn key_scheme(&self, ns: NamespaceId) -> Result<KeyScheme, ManagerError> {
-        let st = self.inner.state.lock();
+        let st = self.read();
         st.dir.layout(ns)?;
         Ok(st.keys[ns.0 as usize].clone())
     }
@@ -250,15 +351,22 @@ impl Manager {
                 want,
             });
         }
-        self.inner.state.lock().device_pages.insert(ns, region.pages() as usize);
-        self.inner.devices.lock().insert((ns, tp_rank, pp_rank), region);
+        let mut d = self.devices();
+        d.1.insert(ns, region.pages() as usize);
+        d.0.insert((ns, tp_rank, pp_rank), region);
         Ok(())
     }
 
-    /// Contiguous-prefix lookup with per-tier credit (see [`PrefixHit`]).
+    /// Device pages per namespace, as a copy.
+    fn device_pages(&self) -> DevicePages {
+        self.devices().1.clone()
+    }
+
+    /// Contiguous-prefix lookup with per-tier credit (see [`PrefixHit`]). Takes only the
+    /// directory's read lock: it never waits on grants, timers, queues or sessions.
     pub fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, ManagerError> {
         self.check_batch(hashes.len())?;
-        let st = self.inner.state.lock();
+        let st = self.read();
         st.dir.layout(ns)?;
         let hit = st.dir.lookup_prefix(ns, hashes);
         drop(st);
@@ -271,16 +379,45 @@ impl Manager {
         &self.inner.events
     }
 
+    /// Counters and tier usage. Each table is read on its own, O(1) under its lock, so a
+    /// render never holds a lock that lookups need across a walk.
     pub fn stats(&self) -> StatsSnapshot {
-        let st = self.inner.state.lock();
+        let dir = {
+            let st = self.read();
+            stats::DirCounts {
+                pages: st.dir.len() as u64,
+                complete: TierKind::ALL.map(|t| st.dir.complete_count(t) as u64),
+                inflight: TierKind::ALL.map(|t| st.dir.inflight_pages(t) as u64),
+                event_seq: st.dir.last_seq(),
+            }
+        };
+        let (open_grants, leased_pages) = {
+            let g = self.grants();
+            (g.grants.len() as u64, g.leased_pages() as u64)
+        };
+        let pinned = {
+            let t = self.timers();
+            TierKind::ALL.map(|tier| t.pins_in(tier) as u64)
+        };
+        let deferred_hints = self.queues().deferred_len() as u64;
+        let device_pages = self.device_pages().values().sum::<usize>() as u64;
         let arena = self.arena();
         let pool = self.pool().map(|p| p.usage());
-        self.inner.stats.snapshot(&st, arena.as_deref(), pool)
+        self.inner.stats.snapshot(stats::TableCounts {
+            dir,
+            open_grants,
+            leased_pages,
+            pinned,
+            deferred_hints,
+            device_pages,
+            arena: arena.as_deref(),
+            pool,
+        })
     }
 
     /// Completeness of a page per tier, and which objects are missing where.
     pub fn page_status(&self, ns: NamespaceId, hash: &PageHash) -> Result<Option<PageStatus>, ManagerError> {
-        let st = self.inner.state.lock();
+        let st = self.read();
         st.dir.layout(ns)?;
         let Some(id) = st.dir.find(ns, hash) else {
             return Ok(None);
@@ -303,32 +440,19 @@ impl Manager {
 
     /// The index pages of session `id` carry, interned on first use (never 0).
     pub fn session_index(&self, id: &str) -> u32 {
-        let mut st = self.inner.state.lock();
-        let next = st.sessions.len() as u32 + 1;
-        *st.sessions.entry(id.to_owned()).or_insert(next)
+        self.sessions_table().intern(id)
     }
 
     /// Sessions the manager has interned, sorted by id, each with whether it is idle.
+    /// Reads only the session table.
     pub fn sessions(&self) -> Vec<(String, bool)> {
-        let st = self.inner.state.lock();
-        let mut out: Vec<(String, bool)> = st
-            .sessions
-            .iter()
-            .map(|(id, idx)| (id.clone(), st.idle_sessions.contains(idx)))
-            .collect();
-        out.sort();
-        out
+        self.sessions_table().list()
     }
 
     /// Marks a session idle (paused, or acting: waiting on a tool) or busy. Idle
     /// sessions' pages are evicted before others.
     pub fn set_session_idle(&self, session: u32, idle: bool) {
-        let mut st = self.inner.state.lock();
-        if idle {
-            st.idle_sessions.insert(session);
-        } else {
-            st.idle_sessions.remove(&session);
-        }
+        self.sessions_table().set_idle(session, idle);
     }
 
     /// Waits up to `timeout` until every queued transfer has finished. Returns whether it
@@ -346,25 +470,25 @@ impl Manager {
 
     /// Takes the advice for engines gathered since the last call.
     pub fn take_advice(&self) -> Vec<Advice> {
-        self.inner.state.lock().advice.drain(..).collect()
+        self.queues().take_advice()
     }
 
     /// Takes one namespace's advice, at most `max_pages` page hashes in all (an entry that
     /// does not fit is split); other namespaces' advice stays. Returns the advice, oldest
     /// first, and whether more of the namespace's is waiting.
     pub fn take_advice_for(&self, ns: NamespaceId, max_pages: usize) -> (Vec<Advice>, bool) {
-        self.inner.state.lock().take_advice_for(ns, max_pages)
+        self.queues().take_advice_for(ns, max_pages)
     }
 
     /// Current tunables.
     pub fn tunables(&self) -> Tunables {
-        self.inner.state.lock().tun
+        *Ordered::take(Rank::Tunables, || self.inner.tun.read())
     }
 
     /// Changes the tunables that are safe to change while running.
     pub fn set_tunables(&self, t: Tunables) -> Result<(), ManagerError> {
         t.validate()?;
-        self.inner.state.lock().tun = t;
+        *Ordered::take(Rank::Tunables, || self.inner.tun.write()) = t;
         Ok(())
     }
 
@@ -376,14 +500,6 @@ impl Manager {
             });
         }
         Ok(())
-    }
-
-    /// Moves the directory's new events into the event log. Call with the state locked,
-    /// so events enter the log in sequence order.
-    fn publish(&self, st: &mut State) {
-        st.dir.set_now(self.inner.clock.now_ms());
-        let evs: Vec<PageEvent> = st.dir.drain_events();
-        self.inner.events.append(&evs);
     }
 }
 

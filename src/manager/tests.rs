@@ -671,7 +671,7 @@ fn advice_is_taken_per_namespace_within_a_page_budget() {
     let other = NamespaceId(f.ns.0 + 1);
     let hs = hashes(0..5);
     {
-        let mut st = f.m.inner.state.lock();
+        let mut st = f.m.queues();
         st.push_advice(Advice::EvictFirst {
             ns: f.ns,
             hashes: hs[..3].to_vec(),

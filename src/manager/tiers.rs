@@ -8,9 +8,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::state::{Advice, State};
+use super::queues::Advice;
+use super::state::DirState;
+use super::timers::TimerKey;
 use super::{Manager, ManagerError};
-use crate::directory::PageId;
+use crate::directory::{PageId, PageInfo};
 use crate::page::{NamespaceId, PageHash};
 use crate::policy::select_victims;
 use crate::pool::{PoolError, PoolHealth};
@@ -65,24 +67,34 @@ impl Manager {
             if freed >= slots {
                 break;
             }
-            let (victims, ns_of) = {
-                let st = self.inner.state.lock();
-                let cands: Vec<_> = st
-                    .dir
-                    .eviction_candidates(TierKind::Host)
-                    .into_iter()
-                    .filter(|(id, _)| !st.leased(*id))
-                    .collect();
-                let per_page = cands
-                    .first()
-                    .and_then(|(_, i)| st.dir.layout(i.ns).ok().map(|l| l.object_count()))
-                    .unwrap_or(1)
-                    .max(1);
-                let want = (slots - freed).div_ceil(per_page).clamp(1, POOL_BATCH);
-                let v = select_victims(cands, want, |s| st.idle_sessions.contains(&s));
-                let ns: Vec<(PageId, NamespaceId)> = v.iter().map(|&id| (id, st.dir.info(id).ns)).collect();
-                (v, ns)
+            let ns_of = {
+                let idle = self.sessions_table().idle_snapshot();
+                let mut cands = Vec::new();
+                let mut per_page = None;
+                self.walk_dir(|st, range| {
+                    let chunk = st.dir.eviction_candidates_in(TierKind::Host, range);
+                    if per_page.is_none() {
+                        per_page = chunk
+                            .first()
+                            .and_then(|(_, i)| st.dir.layout(i.ns).ok().map(|l| l.object_count()));
+                    }
+                    cands.extend(chunk);
+                });
+                // Leased pages are skipped here and checked again when the copy settles.
+                let gt = self.grants();
+                cands.retain(|(id, _)| !gt.leased(*id));
+                drop(gt);
+                let want = (slots - freed)
+                    .div_ceil(per_page.unwrap_or(1).max(1))
+                    .clamp(1, POOL_BATCH);
+                let ns: Vec<(PageId, NamespaceId)> = cands.iter().map(|(id, i)| (*id, i.ns)).collect();
+                let v = select_victims(cands, want, |s| idle.contains(&s));
+                let ns: std::collections::HashMap<PageId, NamespaceId> = ns.into_iter().collect();
+                v.into_iter()
+                    .filter_map(|id| ns.get(&id).map(|&n| (id, n)))
+                    .collect::<Vec<_>>()
             };
+            let victims = &ns_of;
             if victims.is_empty() {
                 break;
             }
@@ -124,10 +136,11 @@ impl Manager {
         let mut moves = Vec::new();
         let mut settled = Vec::new();
         {
-            let mut st = self.inner.state.lock();
+            let mut st = self.write();
             let Ok(layout) = st.dir.layout(ns).cloned() else {
                 return 0;
             };
+            let mut gt = self.grants();
             for &page in pages {
                 if !st.dir.is_complete(page, TierKind::Host) || st.dir.info(page).ns != ns {
                     continue;
@@ -150,7 +163,7 @@ impl Manager {
                         });
                     }
                 }
-                st.lease(page);
+                gt.lease(page);
                 settled.push(page);
             }
         }
@@ -175,7 +188,8 @@ impl Manager {
             self.inner.stats.copied(TierKind::Host, TierKind::Pool, t.elapsed());
         }
         // Settle.
-        let mut st = self.inner.state.lock();
+        let mut st = self.write();
+        let mut gt = self.grants();
         let mut bytes = 0u64;
         for (m, r) in moves.iter().zip(&results) {
             let _ = st.dir.set_inflight(m.page, TierKind::Pool, m.obj, false);
@@ -186,21 +200,24 @@ impl Manager {
         }
         let mut complete = 0;
         for &page in &settled {
-            st.unlease(page);
+            gt.unlease(page);
             complete += usize::from(st.dir.is_complete(page, TierKind::Pool));
-            if evict && !st.leased(page) && !st.dir.is_pinned(page, TierKind::Host) {
+            if evict && !gt.leased(page) && !st.dir.is_pinned(page, TierKind::Host) {
                 self.drop_host_page(&mut st, page);
                 self.inner.stats.evicted(TierKind::Host);
             }
         }
-        self.publish(&mut st);
+        drop(gt);
         drop(st);
         self.inner.stats.moved(TierKind::Host, TierKind::Pool, bytes);
+        if bytes > 0 {
+            self.usage_grew();
+        }
         complete
     }
 
     /// Frees a page's host slots and marks it gone from host.
-    pub(crate) fn drop_host_page(&self, st: &mut State, page: PageId) {
+    pub(crate) fn drop_host_page(&self, st: &mut DirState, page: PageId) {
         let Some(arena) = self.arena() else { return };
         if let Some(slots) = st.host.remove(&page.0) {
             arena.free_all(
@@ -276,7 +293,7 @@ impl Manager {
             }
             // Which pages need staging, and how many slots.
             let need: usize = {
-                let st = self.inner.state.lock();
+                let st = self.read();
                 let Ok(layout) = st.dir.layout(ns) else { return staged };
                 chunk
                     .iter()
@@ -292,7 +309,7 @@ impl Manager {
             let mut moves = Vec::new();
             let mut stop = false;
             {
-                let mut st = self.inner.state.lock();
+                let mut st = self.write();
                 let Ok(layout) = st.dir.layout(ns).cloned() else {
                     return staged;
                 };
@@ -351,7 +368,7 @@ impl Manager {
                 }
                 self.inner.stats.copied(TierKind::Pool, TierKind::Host, t.elapsed());
             }
-            let mut st = self.inner.state.lock();
+            let mut st = self.write();
             let count = st.dir.layout(ns).map_or(0, |l| l.object_count());
             let mut bytes = 0u64;
             for (m, r) in moves.iter().zip(&results) {
@@ -374,9 +391,11 @@ impl Manager {
             let mut pages: Vec<PageId> = moves.iter().map(|m| m.page).collect();
             pages.dedup();
             staged += pages.iter().filter(|&&p| st.dir.is_complete(p, TierKind::Host)).count();
-            self.publish(&mut st);
             drop(st);
             self.inner.stats.moved(TierKind::Pool, TierKind::Host, bytes);
+            if bytes > 0 {
+                self.usage_grew();
+            }
             if stop {
                 break;
             }
@@ -390,7 +409,7 @@ impl Manager {
             return true;
         }
         let needed = {
-            let st = self.inner.state.lock();
+            let st = self.read();
             hashes.iter().any(|h| {
                 st.dir
                     .find(ns, h)
@@ -429,42 +448,35 @@ impl Manager {
         self.evict_pool_by_watermark();
         self.retry_deferred();
         self.device_advice();
+        // Usage may have dropped below a high watermark: the next crossing wakes upkeep.
+        self.refresh_crossings();
         Ok(())
     }
 
+    /// Ends the pins and retains due at `now`: O(log n) each from the timer heap. Nothing
+    /// is locked exclusively when none is due.
     fn expire(&self, now: u64) {
-        let mut st = self.inner.state.lock();
-        let pins: Vec<(u32, u8)> = st
-            .pins
-            .iter()
-            .filter(|(_, (t, _))| *t <= now)
-            .map(|(k, _)| *k)
-            .collect();
-        for key in pins {
-            let (_, hash) = st.pins.remove(&key).expect("listed above");
-            let page = PageId(key.0);
-            if let Some(tier) = TierKind::from_index(key.1 as usize) {
-                let ns = st.dir.info(page).ns;
-                if st.same_page(page, &hash, ns) {
-                    st.dir.set_pinned(page, tier, false);
-                }
-            }
+        if self.timers().next_deadline().is_none_or(|at| at > now) {
+            return;
         }
-        let retains: Vec<u32> = st
-            .retains
-            .iter()
-            .filter(|(_, (t, _))| *t <= now)
-            .map(|(k, _)| *k)
-            .collect();
-        for p in retains {
-            let (_, hash) = st.retains.remove(&p).expect("listed above");
-            let page = PageId(p);
+        let mut st = self.write();
+        let due = self.timers().expire(now);
+        for (key, e) in due {
+            let (page, tier) = match key {
+                TimerKey::Pin(p, t) => (PageId(p), TierKind::from_index(t as usize)),
+                TimerKey::Retain(p) => (PageId(p), None),
+            };
+            // The record may have been reused by another page since: leave that one be.
             let ns = st.dir.info(page).ns;
-            if st.same_page(page, &hash, ns) {
-                st.dir.set_retain(page, 0);
+            if !st.same_page(page, &e.hash, ns) {
+                continue;
+            }
+            match (key, tier) {
+                (TimerKey::Pin(..), Some(tier)) => st.dir.set_pinned(page, tier, false),
+                (TimerKey::Retain(_), _) => st.dir.set_retain(page, 0),
+                (TimerKey::Pin(..), None) => {}
             }
         }
-        self.publish(&mut st);
     }
 
     /// Objects the pool dropped on its own: their pages are no longer pool-complete.
@@ -474,7 +486,7 @@ impl Manager {
         if keys.is_empty() {
             return;
         }
-        let mut st = self.inner.state.lock();
+        let mut st = self.write();
         for key in keys {
             for i in 0..st.keys.len() {
                 let ns = NamespaceId(i as u16);
@@ -487,9 +499,30 @@ impl Manager {
                 }
             }
         }
-        self.publish(&mut st);
     }
 
+    /// Eviction candidates of `tier`, gathered in chunks (the directory lock is let go
+    /// between them), with the first candidate's object count.
+    fn candidates(
+        &self,
+        tier: TierKind,
+        keep: impl Fn(&DirState, PageId, &PageInfo) -> bool,
+    ) -> Vec<(PageId, PageInfo)> {
+        let mut out = Vec::new();
+        self.walk_dir(|st, range| {
+            out.extend(
+                st.dir
+                    .eviction_candidates_in(tier, range)
+                    .into_iter()
+                    .filter(|(id, i)| keep(st, *id, i)),
+            );
+        });
+        out
+    }
+
+    /// Pool watermark: marks the victims' pool objects absent (and in flight, so no pool
+    /// write races the removal), removes them from the pool with no lock held, then
+    /// clears the in-flight marks. Lookups stop counting a page before its bytes go.
     fn evict_pool_by_watermark(&self) {
         let Some(pool) = self.pool() else { return };
         let usage = pool.usage();
@@ -504,56 +537,75 @@ impl Manager {
         if reclaim == 0 {
             return;
         }
-        let mut st = self.inner.state.lock();
-        let cands = st.dir.eviction_candidates(TierKind::Pool);
+        let cands = self.candidates(TierKind::Pool, |_, _, _| true);
+        let per_page = match cands.first() {
+            Some((_, i)) => self.layout(i.ns).map_or(1, |l| l.object_count()),
+            None => return,
+        };
         let slot_kib = self.arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
-        let per_page = cands
-            .first()
-            .and_then(|(_, i)| st.dir.layout(i.ns).ok().map(|l| l.object_count()))
-            .unwrap_or(1);
         let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
-        for id in select_victims(cands, pages, |_| false) {
-            let info = st.dir.info(id);
-            let Ok(layout) = st.dir.layout(info.ns).cloned() else {
-                continue;
-            };
-            for (obj, &oid) in layout.objects().iter().enumerate() {
-                let key = st.keys[info.ns.0 as usize].object_key(&layout, &info.hash, oid);
-                let _ = pool.remove(&key, true);
-                if st.dir.find(info.ns, &info.hash) == Some(id) {
-                    let _ = st.dir.set_object(id, TierKind::Pool, obj, false);
+        let victims = select_victims(cands, pages, |_| false);
+        // Reserve: under the write lock, pages still live and still evictable.
+        let mut removing = Vec::new();
+        {
+            let mut st = self.write();
+            for id in victims {
+                let info = st.dir.info(id);
+                let Ok(layout) = st.dir.layout(info.ns).cloned() else {
+                    continue;
+                };
+                if !st.same_page(id, &info.hash, info.ns)
+                    || !st.dir.is_complete(id, TierKind::Pool)
+                    || st.dir.is_pinned(id, TierKind::Pool)
+                    || st.dir.is_inflight(id, TierKind::Pool)
+                {
+                    continue;
                 }
+                for (obj, &oid) in layout.objects().iter().enumerate() {
+                    let key = st.keys[info.ns.0 as usize].object_key(&layout, &info.hash, oid);
+                    let _ = st.dir.set_object(id, TierKind::Pool, obj, false);
+                    let _ = st.dir.set_inflight(id, TierKind::Pool, obj, true);
+                    removing.push((id, obj, key));
+                }
+                self.inner.stats.evicted(TierKind::Pool);
             }
-            self.inner.stats.evicted(TierKind::Pool);
         }
-        self.publish(&mut st);
+        // Remove, no lock held.
+        for (_, _, key) in &removing {
+            let _ = pool.remove(key, true);
+        }
+        // Settle.
+        let mut st = self.write();
+        for (id, obj, _) in removing {
+            let _ = st.dir.set_inflight(id, TierKind::Pool, obj, false);
+        }
     }
 
     /// Device tier: kvtier cannot evict engine memory, so above the high watermark it
     /// advises the engine which pages to evict first (those with a colder copy).
     fn device_advice(&self) {
-        let mut st = self.inner.state.lock();
-        let tun = st.tun;
-        let nss: Vec<(NamespaceId, usize)> = st.device_pages.iter().map(|(&k, &v)| (k, v)).collect();
-        for (ns, capacity) in nss {
-            let cands: Vec<_> = st
-                .dir
-                .eviction_candidates(TierKind::Device)
-                .into_iter()
-                .filter(|(_, i)| i.ns == ns)
-                .collect();
-            let reclaim = tun.device_watermarks.reclaim(cands.len(), capacity);
+        let tun = self.tunables();
+        let device_pages = self.device_pages();
+        if device_pages.is_empty() {
+            return;
+        }
+        let all = self.candidates(TierKind::Device, |_, _, _| true);
+        for (ns, capacity) in device_pages {
+            let reclaim = tun
+                .device_watermarks
+                .reclaim(all.iter().filter(|(_, i)| i.ns == ns).count(), capacity);
             if reclaim == 0 {
                 continue;
             }
-            let cold: Vec<_> = cands
-                .into_iter()
-                .filter(|(id, _)| st.dir.is_complete(*id, TierKind::Host) || st.dir.is_complete(*id, TierKind::Pool))
-                .collect();
-            let victims = select_victims(cold, reclaim, |_| false);
-            let hashes: Vec<PageHash> = victims.iter().map(|&id| st.dir.info(id).hash).collect();
+            let cold = self.candidates(TierKind::Device, |st, id, i| {
+                i.ns == ns && (st.dir.is_complete(id, TierKind::Host) || st.dir.is_complete(id, TierKind::Pool))
+            });
+            let victims = select_victims(cold.clone(), reclaim, |_| false);
+            let hash_of: std::collections::HashMap<PageId, PageHash> =
+                cold.into_iter().map(|(id, i)| (id, i.hash)).collect();
+            let hashes: Vec<PageHash> = victims.iter().filter_map(|id| hash_of.get(id).copied()).collect();
             if !hashes.is_empty() {
-                st.push_advice(Advice::EvictFirst { ns, hashes });
+                self.queues().push_advice(Advice::EvictFirst { ns, hashes });
             }
         }
     }
