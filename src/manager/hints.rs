@@ -88,7 +88,8 @@ impl Manager {
         Ok((pages, requested))
     }
 
-    fn defer(&self, ns: NamespaceId, hint: &Hint, pages: usize, reason: Reason) -> HintOutcome {
+    /// Queues a hint for a later tick, or answers `ignored: queue_full` when the queue is full.
+    pub(crate) fn defer(&self, ns: NamespaceId, hint: &Hint, pages: usize, reason: Reason) -> HintOutcome {
         if !self.queues().defer(ns, hint.clone()) {
             return HintOutcome::Ignored {
                 reason: Reason::QueueFull,

@@ -89,6 +89,13 @@ impl<G: DerefMut> DerefMut for Ordered<G> {
     }
 }
 
+/// Anything held for its `Drop` (a guard kept alive by a test).
+#[cfg(test)]
+pub(crate) trait Held {}
+
+#[cfg(test)]
+impl<T> Held for T {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

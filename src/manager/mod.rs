@@ -25,6 +25,8 @@ mod timers;
 mod upkeep;
 
 #[cfg(test)]
+mod split_tests;
+#[cfg(test)]
 mod tests;
 
 use std::sync::{Arc, OnceLock};
@@ -218,6 +220,22 @@ impl Manager {
 
     fn devices(&self) -> Ordered<MutexGuard<'_, (DeviceMap, DevicePages)>> {
         Ordered::take(Rank::Devices, || self.inner.devices.lock())
+    }
+
+    /// Holds the lock of `rank` until the returned value is dropped (tests: proving that
+    /// an operation does not need that lock).
+    #[cfg(test)]
+    pub(crate) fn hold_for_test(&self, rank: Rank) -> Box<dyn locks::Held + '_> {
+        match rank {
+            Rank::Init => Box::new(self.init_lock()),
+            Rank::Dir => Box::new(self.write()),
+            Rank::Grants => Box::new(self.grants()),
+            Rank::Timers => Box::new(self.timers()),
+            Rank::Queues => Box::new(self.queues()),
+            Rank::Sessions => Box::new(self.sessions_table()),
+            Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
+            Rank::Devices => Box::new(self.devices()),
+        }
     }
 
     /// Walks the directory in chunks of [`WALK_CHUNK`] records under the read lock,

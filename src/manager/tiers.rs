@@ -67,39 +67,12 @@ impl Manager {
             if freed >= slots {
                 break;
             }
-            let ns_of = {
-                let idle = self.sessions_table().idle_snapshot();
-                let mut cands = Vec::new();
-                let mut per_page = None;
-                self.walk_dir(|st, range| {
-                    let chunk = st.dir.eviction_candidates_in(TierKind::Host, range);
-                    if per_page.is_none() {
-                        per_page = chunk
-                            .first()
-                            .and_then(|(_, i)| st.dir.layout(i.ns).ok().map(|l| l.object_count()));
-                    }
-                    cands.extend(chunk);
-                });
-                // Leased pages are skipped here and checked again when the copy settles.
-                let gt = self.grants();
-                cands.retain(|(id, _)| !gt.leased(*id));
-                drop(gt);
-                let want = (slots - freed)
-                    .div_ceil(per_page.unwrap_or(1).max(1))
-                    .clamp(1, POOL_BATCH);
-                let ns: Vec<(PageId, NamespaceId)> = cands.iter().map(|(id, i)| (*id, i.ns)).collect();
-                let v = select_victims(cands, want, |s| idle.contains(&s));
-                let ns: std::collections::HashMap<PageId, NamespaceId> = ns.into_iter().collect();
-                v.into_iter()
-                    .filter_map(|id| ns.get(&id).map(|&n| (id, n)))
-                    .collect::<Vec<_>>()
-            };
-            let victims = &ns_of;
+            let victims = self.host_victims(slots - freed);
             if victims.is_empty() {
                 break;
             }
             let before = arena.free_slots();
-            for (ns, pages) in group_by_ns(&ns_of) {
+            for (ns, pages) in group_by_ns(&victims) {
                 self.copy_to_pool(ns, &pages, true);
             }
             let after = arena.free_slots();
@@ -109,6 +82,28 @@ impl Manager {
             freed += (after - before) as usize;
         }
         freed
+    }
+
+    /// Up to a batch of host pages to evict for `slots` slots, in policy order, with their
+    /// namespaces. The directory is walked in chunks; leases are checked after the walk
+    /// and again when the copy settles, so a page leased meanwhile is never dropped.
+    fn host_victims(&self, slots: usize) -> Vec<(PageId, NamespaceId)> {
+        let idle = self.sessions_table().idle_snapshot();
+        let mut cands = self.candidates(TierKind::Host, |_, _, _| true);
+        {
+            let gt = self.grants();
+            cands.retain(|(id, _)| !gt.leased(*id));
+        }
+        let per_page = match cands.first() {
+            Some((_, i)) => self.layout(i.ns).map_or(1, |l| l.object_count()).max(1),
+            None => return Vec::new(),
+        };
+        let want = slots.div_ceil(per_page).clamp(1, POOL_BATCH);
+        let ns: std::collections::HashMap<PageId, NamespaceId> = cands.iter().map(|(id, i)| (*id, i.ns)).collect();
+        select_victims(cands, want, |s| idle.contains(&s))
+            .into_iter()
+            .filter_map(|id| ns.get(&id).map(|&n| (id, n)))
+            .collect()
     }
 
     /// Copies host-complete pages to the pool in the background (write-through, share).
