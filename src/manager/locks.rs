@@ -11,6 +11,17 @@
 
 use std::ops::{Deref, DerefMut};
 
+use parking_lot::{MutexGuard, RwLockReadGuard};
+
+use super::grants::GrantTable;
+use super::queues::Queues;
+use super::sessions::Sessions;
+use super::state::{DirState, DirWrite};
+use super::timers::Timers;
+use super::{DeviceMap, DevicePages, Manager};
+use crate::directory::{PageId, PageInfo};
+use crate::tier::TierKind;
+
 /// Position of a lock in the nesting order: take them in increasing rank only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Rank {
@@ -86,6 +97,104 @@ impl<G: Deref> Deref for Ordered<G> {
 impl<G: DerefMut> DerefMut for Ordered<G> {
     fn deref_mut(&mut self) -> &mut G::Target {
         &mut self.guard
+    }
+}
+
+/// Records per chunk when a walk over the directory lets go of its lock between chunks.
+const WALK_CHUNK: usize = 16 * 1024;
+
+// The lock helpers, one per lock, in rank order. Nothing else takes these locks.
+impl Manager {
+    pub(super) fn init_lock(&self) -> Ordered<MutexGuard<'_, ()>> {
+        Ordered::take(Rank::Init, || self.inner.init.lock())
+    }
+
+    /// Shared access to the directory state: lookups and readers.
+    pub(super) fn read(&self) -> Ordered<RwLockReadGuard<'_, DirState>> {
+        Ordered::take(Rank::Dir, || self.inner.dir.read())
+    }
+
+    /// Exclusive access to the directory state; publishes its events when dropped.
+    pub(super) fn write(&self) -> DirWrite<'_> {
+        let g = Ordered::take(Rank::Dir, || self.inner.dir.write());
+        DirWrite::new(g, &self.inner.events, &self.inner.clock)
+    }
+
+    pub(super) fn grants(&self) -> Ordered<MutexGuard<'_, GrantTable>> {
+        Ordered::take(Rank::Grants, || self.inner.grants.lock())
+    }
+
+    pub(super) fn timers(&self) -> Ordered<MutexGuard<'_, Timers>> {
+        Ordered::take(Rank::Timers, || self.inner.timers.lock())
+    }
+
+    pub(super) fn queues(&self) -> Ordered<MutexGuard<'_, Queues>> {
+        Ordered::take(Rank::Queues, || self.inner.queues.lock())
+    }
+
+    pub(super) fn sessions_table(&self) -> Ordered<MutexGuard<'_, Sessions>> {
+        Ordered::take(Rank::Sessions, || self.inner.sessions.lock())
+    }
+
+    pub(super) fn devices(&self) -> Ordered<MutexGuard<'_, (DeviceMap, DevicePages)>> {
+        Ordered::take(Rank::Devices, || self.inner.devices.lock())
+    }
+
+    /// Holds the lock of `rank` until the returned value is dropped (tests: proving that
+    /// an operation does not need that lock).
+    #[cfg(test)]
+    pub(crate) fn hold_for_test(&self, rank: Rank) -> Box<dyn Held + '_> {
+        match rank {
+            Rank::Init => Box::new(self.init_lock()),
+            Rank::Dir => Box::new(self.write()),
+            Rank::Grants => Box::new(self.grants()),
+            Rank::Timers => Box::new(self.timers()),
+            Rank::Queues => Box::new(self.queues()),
+            Rank::Sessions => Box::new(self.sessions_table()),
+            Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
+            Rank::Devices => Box::new(self.devices()),
+        }
+    }
+
+    /// Walks the directory in chunks of [`WALK_CHUNK`] records under the read lock,
+    /// released between chunks, so lookups and writers never wait for a whole walk.
+    /// `f` sees each chunk's state and range. Pages may change between chunks: callers
+    /// re-check what they act on under the lock that acts.
+    pub(super) fn walk_dir(&self, mut f: impl FnMut(&DirState, std::ops::Range<usize>)) {
+        let mut start = 0;
+        loop {
+            let st = self.read();
+            let end = st.dir.record_slots().min(start + WALK_CHUNK);
+            if start >= end {
+                return;
+            }
+            f(&st, start..end);
+            start = end;
+        }
+    }
+
+    /// Device pages per namespace, as a copy.
+    pub(super) fn device_pages(&self) -> DevicePages {
+        self.devices().1.clone()
+    }
+
+    /// Eviction candidates of `tier`, gathered in chunks (the directory lock is let go
+    /// between them), with the first candidate's object count.
+    pub(super) fn candidates(
+        &self,
+        tier: TierKind,
+        keep: impl Fn(&DirState, PageId, &PageInfo) -> bool,
+    ) -> Vec<(PageId, PageInfo)> {
+        let mut out = Vec::new();
+        self.walk_dir(|st, range| {
+            out.extend(
+                st.dir
+                    .eviction_candidates_in(tier, range)
+                    .into_iter()
+                    .filter(|(id, i)| keep(st, *id, i)),
+            );
+        });
+        out
     }
 }
 

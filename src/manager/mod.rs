@@ -31,7 +31,7 @@ mod tests;
 
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, RwLock};
 
 pub use config::{ManagerConfig, PoolConfig, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
@@ -56,7 +56,7 @@ use grants::GrantTable;
 use locks::{Ordered, Rank};
 use queues::Queues;
 use sessions::Sessions;
-use state::{DirState, DirWrite};
+use state::DirState;
 use timers::Timers;
 use upkeep::Upkeep;
 
@@ -156,9 +156,6 @@ impl std::fmt::Debug for Manager {
     }
 }
 
-/// Records per chunk when a walk over the directory lets go of its lock between chunks.
-const WALK_CHUNK: usize = 16 * 1024;
-
 impl Manager {
     pub fn new(cfg: ManagerConfig, clock: Arc<dyn Clock>) -> Result<Self, ManagerError> {
         cfg.validate()?;
@@ -183,76 +180,6 @@ impl Manager {
                 cfg,
             }),
         })
-    }
-
-    // The lock helpers, one per lock, in rank order. Nothing else takes these locks.
-
-    fn init_lock(&self) -> Ordered<MutexGuard<'_, ()>> {
-        Ordered::take(Rank::Init, || self.inner.init.lock())
-    }
-
-    /// Shared access to the directory state: lookups and readers.
-    fn read(&self) -> Ordered<RwLockReadGuard<'_, DirState>> {
-        Ordered::take(Rank::Dir, || self.inner.dir.read())
-    }
-
-    /// Exclusive access to the directory state; publishes its events when dropped.
-    fn write(&self) -> DirWrite<'_> {
-        let g = Ordered::take(Rank::Dir, || self.inner.dir.write());
-        DirWrite::new(g, &self.inner.events, &self.inner.clock)
-    }
-
-    fn grants(&self) -> Ordered<MutexGuard<'_, GrantTable>> {
-        Ordered::take(Rank::Grants, || self.inner.grants.lock())
-    }
-
-    fn timers(&self) -> Ordered<MutexGuard<'_, Timers>> {
-        Ordered::take(Rank::Timers, || self.inner.timers.lock())
-    }
-
-    fn queues(&self) -> Ordered<MutexGuard<'_, Queues>> {
-        Ordered::take(Rank::Queues, || self.inner.queues.lock())
-    }
-
-    fn sessions_table(&self) -> Ordered<MutexGuard<'_, Sessions>> {
-        Ordered::take(Rank::Sessions, || self.inner.sessions.lock())
-    }
-
-    fn devices(&self) -> Ordered<MutexGuard<'_, (DeviceMap, DevicePages)>> {
-        Ordered::take(Rank::Devices, || self.inner.devices.lock())
-    }
-
-    /// Holds the lock of `rank` until the returned value is dropped (tests: proving that
-    /// an operation does not need that lock).
-    #[cfg(test)]
-    pub(crate) fn hold_for_test(&self, rank: Rank) -> Box<dyn locks::Held + '_> {
-        match rank {
-            Rank::Init => Box::new(self.init_lock()),
-            Rank::Dir => Box::new(self.write()),
-            Rank::Grants => Box::new(self.grants()),
-            Rank::Timers => Box::new(self.timers()),
-            Rank::Queues => Box::new(self.queues()),
-            Rank::Sessions => Box::new(self.sessions_table()),
-            Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
-            Rank::Devices => Box::new(self.devices()),
-        }
-    }
-
-    /// Walks the directory in chunks of [`WALK_CHUNK`] records under the read lock,
-    /// released between chunks, so lookups and writers never wait for a whole walk.
-    /// `f` sees each chunk's state and range. Pages may change between chunks: callers
-    /// re-check what they act on under the lock that acts.
-    fn walk_dir(&self, mut f: impl FnMut(&DirState, std::ops::Range<usize>)) {
-        let mut start = 0;
-        loop {
-            let st = self.read();
-            let end = st.dir.record_slots().min(start + WALK_CHUNK);
-            if start >= end {
-                return;
-            }
-            f(&st, start..end);
-            start = end;
-        }
     }
 
     pub fn config(&self) -> &ManagerConfig {
@@ -375,11 +302,6 @@ impl Manager {
         Ok(())
     }
 
-    /// Device pages per namespace, as a copy.
-    fn device_pages(&self) -> DevicePages {
-        self.devices().1.clone()
-    }
-
     /// Contiguous-prefix lookup with per-tier credit (see [`PrefixHit`]). Takes only the
     /// directory's read lock: it never waits on grants, timers, queues or sessions.
     pub fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, ManagerError> {
@@ -395,42 +317,6 @@ impl Manager {
     /// The page event log (the one internal stream publishers read).
     pub fn events(&self) -> &EventLog {
         &self.inner.events
-    }
-
-    /// Counters and tier usage. Each table is read on its own, O(1) under its lock, so a
-    /// render never holds a lock that lookups need across a walk.
-    pub fn stats(&self) -> StatsSnapshot {
-        let dir = {
-            let st = self.read();
-            stats::DirCounts {
-                pages: st.dir.len() as u64,
-                complete: TierKind::ALL.map(|t| st.dir.complete_count(t) as u64),
-                inflight: TierKind::ALL.map(|t| st.dir.inflight_pages(t) as u64),
-                event_seq: st.dir.last_seq(),
-            }
-        };
-        let (open_grants, leased_pages) = {
-            let g = self.grants();
-            (g.grants.len() as u64, g.leased_pages() as u64)
-        };
-        let pinned = {
-            let t = self.timers();
-            TierKind::ALL.map(|tier| t.pins_in(tier) as u64)
-        };
-        let deferred_hints = self.queues().deferred_len() as u64;
-        let device_pages = self.device_pages().values().sum::<usize>() as u64;
-        let arena = self.arena();
-        let pool = self.pool().map(|p| p.usage());
-        self.inner.stats.snapshot(stats::TableCounts {
-            dir,
-            open_grants,
-            leased_pages,
-            pinned,
-            deferred_hints,
-            device_pages,
-            arena: arena.as_deref(),
-            pool,
-        })
     }
 
     /// Completeness of a page per tier, and which objects are missing where.

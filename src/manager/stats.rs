@@ -196,6 +196,44 @@ pub(crate) struct TableCounts<'a> {
     pub pool: Option<PoolUsage>,
 }
 
+impl super::Manager {
+    /// Counters and tier usage. Each table is read on its own, O(1) under its lock, so a
+    /// render never holds a lock that lookups need across a walk.
+    pub fn stats(&self) -> StatsSnapshot {
+        let dir = {
+            let st = self.read();
+            DirCounts {
+                pages: st.dir.len() as u64,
+                complete: TierKind::ALL.map(|t| st.dir.complete_count(t) as u64),
+                inflight: TierKind::ALL.map(|t| st.dir.inflight_pages(t) as u64),
+                event_seq: st.dir.last_seq(),
+            }
+        };
+        let (open_grants, leased_pages) = {
+            let g = self.grants();
+            (g.grants.len() as u64, g.leased_pages() as u64)
+        };
+        let pinned = {
+            let t = self.timers();
+            TierKind::ALL.map(|tier| t.pins_in(tier) as u64)
+        };
+        let deferred_hints = self.queues().deferred_len() as u64;
+        let device_pages = self.device_pages().values().sum::<usize>() as u64;
+        let arena = self.arena();
+        let pool = self.pool().map(|p| p.usage());
+        self.inner.stats.snapshot(TableCounts {
+            dir,
+            open_grants,
+            leased_pages,
+            pinned,
+            deferred_hints,
+            device_pages,
+            arena: arena.as_deref(),
+            pool,
+        })
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct MovedBytes {
     pub from: TierKind,
