@@ -159,7 +159,7 @@ impl Manager {
             owner,
         });
         drop(st);
-        self.usage_grew();
+        self.usage_grew(TierKind::Host);
         Ok(StoreGrant { id, pages })
     }
 

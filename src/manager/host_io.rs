@@ -71,7 +71,7 @@ impl Manager {
             owner: 0,
         });
         let committed = self.commit_store(id, &written);
-        self.usage_grew();
+        self.usage_grew(TierKind::Host);
         committed
     }
 

@@ -204,7 +204,7 @@ impl Manager {
         drop(st);
         self.inner.stats.moved(TierKind::Host, TierKind::Pool, bytes);
         if bytes > 0 {
-            self.usage_grew();
+            self.usage_grew(TierKind::Pool);
         }
         complete
     }
@@ -387,7 +387,7 @@ impl Manager {
             drop(st);
             self.inner.stats.moved(TierKind::Pool, TierKind::Host, bytes);
             if bytes > 0 {
-                self.usage_grew();
+                self.usage_grew(TierKind::Host);
             }
             if stop {
                 break;

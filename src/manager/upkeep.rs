@@ -53,10 +53,18 @@ impl Manager {
         self.timers().next_deadline()
     }
 
-    /// Looks at host and pool usage after they may have grown; on a crossing of a high
-    /// watermark from below, calls the upkeep waker. Call with no manager lock held.
-    pub(crate) fn usage_grew(&self) {
-        if self.refresh_crossings() {
+    /// Looks at `tier`'s usage (host or pool) after it may have grown; on a crossing of
+    /// its high watermark from below, calls the upkeep waker. Call with no manager lock
+    /// held. Only the tier that grew is read, so a store does not touch the pool's lock.
+    pub(crate) fn usage_grew(&self, tier: TierKind) {
+        let tun = self.tunables();
+        let (i, now) = match tier {
+            TierKind::Pool => (1, self.pool_over(&tun.pool_watermarks)),
+            _ => (0, self.host_over(&tun.host_watermarks)),
+        };
+        // Always record the state: eviction outside `tick` may have brought it below.
+        let was = self.inner.upkeep.above[i].swap(now, Ordering::AcqRel);
+        if now && !was {
             let waker = self.inner.upkeep.waker.lock().clone();
             if let Some(w) = waker {
                 w();
@@ -64,22 +72,28 @@ impl Manager {
         }
     }
 
-    /// Updates the crossing state of host and pool; true if one went from below to above.
-    pub(crate) fn refresh_crossings(&self) -> bool {
-        let tun = self.tunables();
-        let host = self
-            .arena()
-            .is_some_and(|a| over(&tun.host_watermarks, a.used() as u64, a.slots() as u64));
-        let pool = self.pool().is_some_and(|p| {
+    fn host_over(&self, w: &Watermarks) -> bool {
+        self.arena().is_some_and(|a| over(w, a.used() as u64, a.slots() as u64))
+    }
+
+    fn pool_over(&self, w: &Watermarks) -> bool {
+        self.pool().is_some_and(|p| {
             let u = p.usage();
-            over(&tun.pool_watermarks, u.used_bytes, u.capacity_bytes)
-        });
-        let mut crossed = false;
-        for (flag, now) in self.inner.upkeep.above.iter().zip([host, pool]) {
-            let was = flag.swap(now, Ordering::AcqRel);
-            crossed |= now && !was;
+            over(w, u.used_bytes, u.capacity_bytes)
+        })
+    }
+
+    /// Re-reads whether host and pool are above their high watermarks (after upkeep ran),
+    /// so a drop below arms the next crossing. Never wakes: upkeep is what is running.
+    pub(crate) fn refresh_crossings(&self) {
+        let tun = self.tunables();
+        let now = [
+            self.host_over(&tun.host_watermarks),
+            self.pool_over(&tun.pool_watermarks),
+        ];
+        for (flag, now) in self.inner.upkeep.above.iter().zip(now) {
+            flag.store(now, Ordering::Release);
         }
-        crossed
     }
 }
 
