@@ -178,8 +178,8 @@ impl Manager {
         self.devices().1.clone()
     }
 
-    /// Eviction candidates of `tier`, gathered in chunks (the directory lock is let go
-    /// between them), with the first candidate's object count.
+    /// Eviction candidates of `tier` that `keep` accepts, gathered in chunks (the
+    /// directory lock is let go between them).
     pub(super) fn candidates(
         &self,
         tier: TierKind,
