@@ -96,7 +96,7 @@ impl Manager {
             .rank_objects(tp_rank, pp_rank)
             .map_err(|e| ManagerError::Config(e.to_string()))?;
         let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
-        // Make room before taking the lock for allocation; eviction takes it in phases.
+        // Make room before taking the directory lock for allocation; eviction takes it in phases.
         let need = hashes.len() * objs.len();
         if arena.free_slots() < need as u32 {
             self.make_host_room(need - arena.free_slots() as usize);

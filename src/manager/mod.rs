@@ -7,6 +7,10 @@
 //! in a tier only when every object of every rank is present there, so no rank needs a
 //! collective with the others. A failed or abandoned grant frees its slots and leaves
 //! the source intact. Loads lease the host slots they read so eviction cannot reuse them.
+//!
+//! The state is split by who touches it, each part behind its own lock (`locks` says in
+//! which order they nest): lookups read the directory under a shared lock and never wait
+//! on grants, timers, queues, sessions or admin renders.
 
 mod config;
 mod engine;

@@ -1,8 +1,10 @@
-//! Moves between host and pool, eviction by watermark, and the periodic `tick`.
+//! Moves between host and pool, and eviction by watermark (the periodic `tick` that
+//! drives it lives in `upkeep`).
 //!
-//! Each move runs in three phases so bytes are never copied under the state lock:
-//! reserve (locked: pick pages, allocate destination slots, mark objects in flight),
-//! copy (unlocked), settle (locked: mark what arrived present, free what did not). In-
+//! Each move runs in three phases so bytes are never copied under a lock:
+//! reserve (directory write lock: pick pages, allocate destination slots, mark objects in
+//! flight), copy (no lock), settle (write lock: mark what arrived present, free what did
+//! not). In-
 //! flight objects keep their pages out of eviction, so a page is never evicted mid-move.
 
 use std::sync::Arc;
