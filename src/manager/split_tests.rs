@@ -237,3 +237,76 @@ fn the_upkeep_waker_fires_once_per_crossing_of_the_host_high_watermark() {
     }
     assert_eq!(woken.load(Ordering::SeqCst), 2, "woken on the second crossing");
 }
+
+#[test]
+fn pool_eviction_marks_pages_absent_removes_their_objects_and_says_so_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = LayoutSpec::mha(4, 2, 32, 2, 16).build().unwrap();
+    let page = layout.page_bytes();
+    let mut cfg = ManagerConfig::in_dir(dir.path(), 32 * page, Some(10 * page));
+    cfg.arena.lock = false;
+    let m = Manager::new(cfg, SimClock::new()).unwrap();
+    let ns = m.register_namespace(Namespace::model("e"), layout.clone()).unwrap();
+    let pool = m.pool().unwrap();
+    let hs = hashes(0..pool.usage().capacity_bytes / page);
+    let k = pattern(3, layout.object_bytes(0) as usize);
+    for h in &hs {
+        m.put_objects(ns, &[(*h, vec![(0, &k[..]), (1, &k[..])])]).unwrap();
+    }
+    let out = m
+        .hint(
+            ns,
+            Hint::Demote {
+                target: HintTarget::Pages(hs.clone()),
+                to: TierKind::Pool,
+            },
+        )
+        .unwrap();
+    assert_eq!(out, HintOutcome::Accepted { pages: hs.len() });
+    let full = pool.usage();
+    assert!(full.used_bytes as f64 >= 0.95 * full.capacity_bytes as f64, "{full:?}");
+    let from = m.events().last_seq() + 1;
+    m.tick().unwrap();
+    let after = pool.usage();
+    assert!(
+        after.used_bytes as f64 <= 0.80 * after.capacity_bytes as f64,
+        "{after:?}"
+    );
+    let removed: Vec<PageHash> = m
+        .events()
+        .read_from(from, 1000, Duration::ZERO)
+        .events
+        .iter()
+        .filter(|e| e.tier == TierKind::Pool && e.kind == crate::events::PageEventKind::Removed)
+        .map(|e| e.hash)
+        .collect();
+    assert!(!removed.is_empty());
+    let scheme = m.key_scheme(ns).unwrap();
+    let keys = |h: &PageHash| -> Vec<String> {
+        layout
+            .objects()
+            .iter()
+            .map(|&o| scheme.object_key(&layout, h, o))
+            .collect()
+    };
+    for h in &hs {
+        let gone = removed.iter().filter(|r| *r == h).count();
+        let status = m.page_status(ns, h).unwrap().unwrap();
+        let pool_tier = &status.tiers[TierKind::Pool.index()];
+        assert!(gone <= 1, "one removal event per page");
+        assert_eq!(pool_tier.complete, gone == 0, "the directory agrees with the events");
+        assert!(pool_tier.inflight.is_empty(), "no removal left in flight");
+        let ks = keys(h);
+        let exists: Vec<bool> = pool
+            .batch_exists(&ks.iter().map(String::as_str).collect::<Vec<_>>())
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(exists, vec![gone == 0; 2], "pool objects match the directory");
+    }
+    assert_eq!(m.stats().tier(TierKind::Pool).inflight_pages, 0);
+    assert_eq!(
+        m.stats().tier(TierKind::Pool).complete_pages as usize,
+        hs.len() - removed.len()
+    );
+}
