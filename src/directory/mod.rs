@@ -130,6 +130,8 @@ pub struct Directory {
     pending: Vec<PageEvent>,
     next_seq: u64,
     complete: [usize; 3],
+    /// Pages with an entry in `inflight`, per tier (kept as it changes, so stats are O(1)).
+    inflight_count: [usize; 3],
     access_clock: u64,
     now_ms: u64,
     max_pages: usize,
@@ -299,7 +301,7 @@ impl Directory {
 
     /// Pages with at least one object being written into `tier`.
     pub fn inflight_pages(&self, tier: TierKind) -> usize {
-        self.inflight.keys().filter(|&&(_, t)| t == tier as u8).count()
+        self.inflight_count[tier.index()]
     }
 
     /// Objects of the page that are being written into `tier`.
@@ -399,14 +401,16 @@ impl Directory {
         let count = self.check_index(id, index)?;
         let key = (id.0, tier as u8);
         if on {
-            self.inflight
-                .entry(key)
-                .or_insert_with(|| ObjectSet::new(count))
-                .insert(index);
+            let set = self.inflight.entry(key).or_insert_with(|| {
+                self.inflight_count[tier.index()] += 1;
+                ObjectSet::new(count)
+            });
+            set.insert(index);
         } else if let Some(s) = self.inflight.get_mut(&key) {
             s.remove(index);
             if s.is_empty() {
                 self.inflight.remove(&key);
+                self.inflight_count[tier.index()] -= 1;
             }
         }
         let bit = 1u8 << tier.index();
@@ -572,18 +576,36 @@ impl Directory {
     /// Pages complete in `tier` that may be evicted (not pinned there, not in flight
     /// anywhere), with their eviction facts. The policy decides the order.
     pub fn eviction_candidates(&self, tier: TierKind) -> Vec<(PageId, PageInfo)> {
+        self.eviction_candidates_in(tier, 0..self.records.len())
+    }
+
+    /// [`Self::eviction_candidates`] among the records in `range` (clipped to
+    /// [`Self::record_slots`]), so a caller can walk the directory in bounded chunks and
+    /// let go of its lock between them.
+    pub fn eviction_candidates_in(&self, tier: TierKind, range: std::ops::Range<usize>) -> Vec<(PageId, PageInfo)> {
         let bit = 1u8 << tier.index();
-        self.records
+        let range = range.start.min(self.records.len())..range.end.min(self.records.len());
+        self.records[range.clone()]
             .iter()
-            .enumerate()
-            .filter(|(i, r)| self.live[*i] && r.tier_state(tier) == COMPLETE && r.pinned & bit == 0 && r.inflight == 0)
-            .map(|(i, _)| (PageId(i as u32), self.info(PageId(i as u32))))
+            .zip(range)
+            .filter(|(r, i)| self.live[*i] && r.tier_state(tier) == COMPLETE && r.pinned & bit == 0 && r.inflight == 0)
+            .map(|(_, i)| (PageId(i as u32), self.info(PageId(i as u32))))
             .collect()
+    }
+
+    /// Record slots, live or free: the end of the ranges the `_in` walks take.
+    pub fn record_slots(&self) -> usize {
+        self.records.len()
     }
 
     /// Every live page last touched by `session`.
     pub fn pages_of_session(&self, session: u32) -> Vec<PageId> {
-        (0..self.records.len())
+        self.pages_of_session_in(session, 0..self.records.len())
+    }
+
+    /// [`Self::pages_of_session`] among the records in `range` (clipped).
+    pub fn pages_of_session_in(&self, session: u32, range: std::ops::Range<usize>) -> Vec<PageId> {
+        (range.start.min(self.records.len())..range.end.min(self.records.len()))
             .filter(|&i| self.live[i] && self.records[i].session == session)
             .map(|i| PageId(i as u32))
             .collect()

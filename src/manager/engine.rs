@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::state::{Grant, GrantKind, GrantPage};
+use super::grants::{Grant, GrantKind, GrantPage};
 use super::{Manager, ManagerError};
 use crate::page::{NamespaceId, PageHash};
 use crate::tier::TierKind;
@@ -96,12 +96,12 @@ impl Manager {
             .rank_objects(tp_rank, pp_rank)
             .map_err(|e| ManagerError::Config(e.to_string()))?;
         let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
-        // Make room before taking the lock for allocation; eviction takes it in phases.
+        // Make room before taking the directory lock for allocation; eviction takes it in phases.
         let need = hashes.len() * objs.len();
         if arena.free_slots() < need as u32 {
             self.make_host_room(need - arena.free_slots() as usize);
         }
-        let mut st = self.inner.state.lock();
+        let mut st = self.write();
         let mut pages = Vec::with_capacity(hashes.len());
         let mut grant_pages = Vec::new();
         for (req_index, hash) in hashes.iter().enumerate() {
@@ -152,15 +152,14 @@ impl Manager {
                 objects,
             });
         }
-        let id = st.new_grant(Grant {
+        let id = self.grants().insert(Grant {
             ns,
             kind: GrantKind::Store,
             pages: grant_pages,
             owner,
         });
-        self.publish(&mut st);
         drop(st);
-        self.wake_upkeep_if_due();
+        self.usage_grew(TierKind::Host);
         Ok(StoreGrant { id, pages })
     }
 
@@ -168,18 +167,22 @@ impl Manager {
     /// whether request page `i` was written in full; pages not written free their slots.
     /// Returns how many pages were committed.
     pub fn commit_store(&self, id: u64, written: &[bool]) -> Result<usize, ManagerError> {
-        let mut st = self.inner.state.lock();
-        let g = st.grants.get(&id).ok_or(ManagerError::UnknownGrant(id))?;
-        let max_index = g.pages.iter().map(|p| p.req_index + 1).max().unwrap_or(0);
-        if g.kind != GrantKind::Store || written.len() < max_index {
-            return Err(ManagerError::GrantMismatch {
-                id,
-                pages: max_index,
-                got: written.len(),
-            });
-        }
-        let g = st.grants.remove(&id).expect("checked above");
+        let g = {
+            let mut gt = self.grants();
+            let g = gt.grants.get(&id).ok_or(ManagerError::UnknownGrant(id))?;
+            let max_index = g.pages.iter().map(|p| p.req_index + 1).max().unwrap_or(0);
+            if g.kind != GrantKind::Store || written.len() < max_index {
+                return Err(ManagerError::GrantMismatch {
+                    id,
+                    pages: max_index,
+                    got: written.len(),
+                });
+            }
+            gt.grants.remove(&id).ok_or(ManagerError::UnknownGrant(id))?
+        };
         let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
+        let host_to_pool = self.tunables().host_to_pool;
+        let mut st = self.write();
         let count = st.dir.layout(g.ns)?.object_count();
         let mut committed = 0;
         let mut bytes = 0u64;
@@ -200,13 +203,12 @@ impl Manager {
                 committed += 1;
                 if st.dir.is_complete(p.page, TierKind::Host) {
                     let hits = st.dir.info(p.page).hits;
-                    if st.tun.host_to_pool.copy_now(hits) {
+                    if host_to_pool.copy_now(hits) {
                         to_pool.push(p.page);
                     }
                 }
             }
         }
-        self.publish(&mut st);
         let ns = g.ns;
         drop(st);
         self.inner.stats.moved(TierKind::Device, TierKind::Host, bytes);
@@ -219,15 +221,15 @@ impl Manager {
     /// Abandons a grant: a store frees its slots (the page stays as it was), a load
     /// releases its leases.
     pub fn abort(&self, id: u64) -> Result<(), ManagerError> {
-        let kind = self.inner.state.lock().grants.get(&id).map(|g| g.kind);
+        let kind = self.grants().grants.get(&id).map(|g| g.kind);
         match kind {
             None => Err(ManagerError::UnknownGrant(id)),
             Some(GrantKind::Store) => {
-                let n = self.inner.state.lock().grants[&id]
-                    .pages
-                    .iter()
-                    .map(|p| p.req_index + 1)
-                    .max();
+                let n = self
+                    .grants()
+                    .grants
+                    .get(&id)
+                    .and_then(|g| g.pages.iter().map(|p| p.req_index + 1).max());
                 self.commit_store(id, &vec![false; n.unwrap_or(0)]).map(|_| ())
             }
             Some(GrantKind::Load) => self.finish_load(id, 0).map(|_| ()),
@@ -238,8 +240,8 @@ impl Manager {
     /// Returns how many grants were reclaimed.
     pub fn release_owner(&self, owner: u64) -> usize {
         let ids: Vec<u64> = {
-            let st = self.inner.state.lock();
-            st.grants
+            let gt = self.grants();
+            gt.grants
                 .iter()
                 .filter(|(_, g)| g.owner == owner)
                 .map(|(&id, _)| id)
@@ -250,7 +252,7 @@ impl Manager {
 
     /// Grants open right now (stores and loads).
     pub fn open_grants(&self) -> usize {
-        self.inner.state.lock().grants.len()
+        self.grants().grants.len()
     }
 
     /// Leases the host slots of the leading pages of `hashes` that are complete on host,
@@ -278,7 +280,11 @@ impl Manager {
         } else {
             self.spawn_stage_prefix(ns, hashes);
         }
-        let mut st = self.inner.state.lock();
+        let host_to_pool = self.tunables().host_to_pool;
+        let mut st = self.write();
+        // Leases are taken in the same critical section that saw the page complete on
+        // host, so eviction (which checks leases under the directory lock) cannot slip in.
+        let mut gt = self.grants();
         let mut pages = Vec::new();
         let mut grant_pages = Vec::new();
         let mut earned = Vec::new();
@@ -297,10 +303,10 @@ impl Manager {
             if objects.len() != objs.len() {
                 break;
             }
-            st.lease(id);
+            gt.lease(id);
             st.dir.touch(id, true);
             // Write-through-selective: a page hit often enough earns its pool copy now.
-            if let crate::policy::WritePolicy::WriteThroughSelective { hits } = st.tun.host_to_pool
+            if let crate::policy::WritePolicy::WriteThroughSelective { hits } = host_to_pool
                 && st.dir.info(id).hits == hits
                 && !st.dir.is_complete(id, TierKind::Pool)
             {
@@ -313,12 +319,13 @@ impl Manager {
             });
             pages.push(LoadPage { hash: *hash, objects });
         }
-        let id = st.new_grant(Grant {
+        let id = gt.insert(Grant {
             ns,
             kind: GrantKind::Load,
             pages: grant_pages,
             owner,
         });
+        drop(gt);
         drop(st);
         if !earned.is_empty() {
             self.spawn_copy_to_pool(ns, earned);
@@ -329,16 +336,20 @@ impl Manager {
     /// Ends a load: releases the leases, and records that the rank now holds the first
     /// `loaded` pages on device. Returns the number of pages recorded.
     pub fn finish_load(&self, id: u64, loaded: usize) -> Result<usize, ManagerError> {
-        let mut st = self.inner.state.lock();
-        match st.grants.get(&id) {
-            Some(g) if g.kind == GrantKind::Load => {}
-            Some(_) | None => return Err(ManagerError::UnknownGrant(id)),
-        }
-        let g = st.grants.remove(&id).expect("checked above");
+        let g = {
+            let mut gt = self.grants();
+            match gt.grants.get(&id) {
+                Some(g) if g.kind == GrantKind::Load => {}
+                Some(_) | None => return Err(ManagerError::UnknownGrant(id)),
+            }
+            gt.grants.remove(&id).ok_or(ManagerError::UnknownGrant(id))?
+        };
         let mut bytes = 0u64;
         let arena_slot = self.arena().map_or(0, |a| a.slot_bytes() as u64);
+        let mut st = self.write();
+        let mut gt = self.grants();
         for (i, p) in g.pages.iter().enumerate() {
-            st.unlease(p.page);
+            gt.unlease(p.page);
             if i < loaded {
                 for &(o, _) in &p.objects {
                     st.dir.set_object(p.page, TierKind::Device, o, true)?;
@@ -346,7 +357,7 @@ impl Manager {
                 }
             }
         }
-        self.publish(&mut st);
+        drop(gt);
         drop(st);
         self.inner.stats.moved(TierKind::Host, TierKind::Device, bytes);
         Ok(loaded.min(g.pages.len()))
@@ -365,7 +376,7 @@ impl Manager {
         let objs = layout
             .rank_objects(tp_rank, pp_rank)
             .map_err(|e| ManagerError::Config(e.to_string()))?;
-        let mut st = self.inner.state.lock();
+        let mut st = self.write();
         let mut n = 0;
         for hash in hashes {
             if let Some(id) = st.dir.find(ns, hash) {
@@ -379,7 +390,7 @@ impl Manager {
                 }
             }
         }
-        self.publish(&mut st);
+        drop(st);
         Ok(n)
     }
 }

@@ -1,7 +1,8 @@
 //! Executing KV hints against the tiers. Every well-formed hint gets an outcome; only a
 //! malformed one is an error (see `crate::hints`).
 
-use super::state::{Advice, MAX_DEFERRED, State};
+use super::queues::Advice;
+use super::state::DirState;
 use super::{Manager, ManagerError};
 use crate::directory::PageId;
 use crate::hints::{Hint, HintError, HintOutcome, HintTarget, Reason};
@@ -52,21 +53,31 @@ impl Manager {
 
     /// The known pages a target names, and how many it asked for.
     fn resolve(&self, ns: NamespaceId, target: &HintTarget) -> Result<(Vec<PageId>, usize), ManagerError> {
-        let st = self.inner.state.lock();
-        st.dir.layout(ns)?;
+        self.read().dir.layout(ns)?;
         let (pages, requested): (Vec<PageId>, usize) = match target {
-            HintTarget::Pages(hs) => (hs.iter().filter_map(|h| st.dir.find(ns, h)).collect(), hs.len()),
-            HintTarget::Prefix(hs) => (hs.iter().map_while(|h| st.dir.find(ns, h)).collect(), hs.len()),
+            HintTarget::Pages(hs) => {
+                let st = self.read();
+                (hs.iter().filter_map(|h| st.dir.find(ns, h)).collect(), hs.len())
+            }
+            HintTarget::Prefix(hs) => {
+                let st = self.read();
+                (hs.iter().map_while(|h| st.dir.find(ns, h)).collect(), hs.len())
+            }
             HintTarget::Session(s) => {
-                let Some(&idx) = st.sessions.get(s) else {
+                let Some(idx) = self.sessions_table().get(s) else {
                     return Err(HintError::UnknownPages(0).into());
                 };
-                let pages: Vec<PageId> = st
-                    .dir
-                    .pages_of_session(idx)
-                    .into_iter()
-                    .filter(|&p| st.dir.info(p).ns == ns)
-                    .collect();
+                // A session's pages are found by a walk: in chunks, so lookups never
+                // wait behind it.
+                let mut pages = Vec::new();
+                self.walk_dir(|st, range| {
+                    pages.extend(
+                        st.dir
+                            .pages_of_session_in(idx, range)
+                            .into_iter()
+                            .filter(|&p| st.dir.info(p).ns == ns),
+                    );
+                });
                 let n = pages.len();
                 (pages, n)
             }
@@ -77,14 +88,13 @@ impl Manager {
         Ok((pages, requested))
     }
 
-    fn defer(&self, ns: NamespaceId, hint: &Hint, pages: usize, reason: Reason) -> HintOutcome {
-        let mut st = self.inner.state.lock();
-        if st.deferred.len() >= MAX_DEFERRED {
+    /// Queues a hint for a later tick, or answers `ignored: queue_full` when the queue is full.
+    pub(crate) fn defer(&self, ns: NamespaceId, hint: &Hint, pages: usize, reason: Reason) -> HintOutcome {
+        if !self.queues().defer(ns, hint.clone()) {
             return HintOutcome::Ignored {
                 reason: Reason::QueueFull,
             };
         }
-        st.deferred.push_back((ns, hint.clone()));
         HintOutcome::Deferred { pages, reason }
     }
 
@@ -95,17 +105,17 @@ impl Manager {
         if pool.health() != PoolHealth::Ok {
             return self.defer(ns, hint, pages.len(), Reason::PoolDegraded);
         }
-        let (already, on_host, device_only) = {
-            let mut st = self.inner.state.lock();
+        let (already, on_host, offload) = {
+            let st = self.read();
             let already = pages.iter().filter(|&&p| st.dir.is_complete(p, TierKind::Pool)).count();
             let on_host: Vec<PageId> = pages
                 .iter()
                 .copied()
                 .filter(|&p| !st.dir.is_complete(p, TierKind::Pool) && st.dir.is_complete(p, TierKind::Host))
                 .collect();
-            let device_only = offload_advice(&mut st, ns, pages);
-            (already, on_host, device_only)
+            (already, on_host, offload_advice(&st, ns, pages))
         };
+        let device_only = self.push_offload(offload);
         if !on_host.is_empty() && !self.spawn_copy_to_pool(ns, on_host.clone()) {
             return self.defer(ns, hint, on_host.len(), Reason::QueueFull);
         }
@@ -122,7 +132,7 @@ impl Manager {
 
     fn prefetch(&self, ns: NamespaceId, pages: &[PageId], requested: usize, to: TierKind, hint: &Hint) -> HintOutcome {
         let (on_host, in_pool) = {
-            let st = self.inner.state.lock();
+            let st = self.read();
             let on_host: Vec<PageId> = pages
                 .iter()
                 .copied()
@@ -144,25 +154,25 @@ impl Manager {
             // can say which pages are ready; it is bounded by the batch size.
             self.stage_pages_from_pool(ns, &in_pool);
         }
-        let mut st = self.inner.state.lock();
+        let st = self.read();
         let ready: Vec<PageId> = pages
             .iter()
             .copied()
             .filter(|&p| st.dir.is_complete(p, TierKind::Host))
             .collect();
-        if to == TierKind::Device && !ready.is_empty() {
-            let hashes = ready.iter().map(|&p| st.dir.info(p).hash).collect();
-            st.push_advice(Advice::ReadyToLoad { ns, hashes });
+        let hashes: Vec<_> = ready.iter().map(|&p| st.dir.info(p).hash).collect();
+        drop(st);
+        if to == TierKind::Device && !hashes.is_empty() {
+            self.queues().push_advice(Advice::ReadyToLoad { ns, hashes });
         }
         let _ = on_host;
-        drop(st);
         clip(ready.len(), requested, Reason::NotComplete)
     }
 
     fn demote(&self, ns: NamespaceId, pages: &[PageId], requested: usize, to: TierKind, hint: &Hint) -> HintOutcome {
         match to {
             TierKind::Host => {
-                let mut st = self.inner.state.lock();
+                let st = self.read();
                 let on_device: Vec<PageId> = pages
                     .iter()
                     .copied()
@@ -173,10 +183,12 @@ impl Manager {
                     .copied()
                     .filter(|&p| st.dir.is_complete(p, TierKind::Host) || st.dir.is_complete(p, TierKind::Pool))
                     .collect();
-                offload_advice(&mut st, ns, &on_device);
-                if !covered.is_empty() {
-                    let hashes = covered.iter().map(|&p| st.dir.info(p).hash).collect();
-                    st.push_advice(Advice::EvictFirst { ns, hashes });
+                let offload = offload_advice(&st, ns, &on_device);
+                let hashes: Vec<_> = covered.iter().map(|&p| st.dir.info(p).hash).collect();
+                drop(st);
+                self.push_offload(offload);
+                if !hashes.is_empty() {
+                    self.queues().push_advice(Advice::EvictFirst { ns, hashes });
                 }
                 clip(covered.len(), requested, Reason::NotComplete)
             }
@@ -188,7 +200,7 @@ impl Manager {
                     return self.defer(ns, hint, pages.len(), Reason::PoolDegraded);
                 }
                 let on_host: Vec<PageId> = {
-                    let st = self.inner.state.lock();
+                    let st = self.read();
                     pages
                         .iter()
                         .copied()
@@ -196,7 +208,7 @@ impl Manager {
                         .collect()
                 };
                 self.copy_to_pool(ns, &on_host, false);
-                let mut st = self.inner.state.lock();
+                let mut st = self.write();
                 let mut done = 0;
                 for &p in &on_host {
                     if st.dir.is_complete(p, TierKind::Pool) {
@@ -211,21 +223,23 @@ impl Manager {
     }
 
     fn pin(&self, pages: &[PageId], requested: usize, tier: TierKind, ttl_ms: u64) -> HintOutcome {
-        let mut st = self.inner.state.lock();
-        let (ttl, ttl_clipped) = clip_ttl(&st, ttl_ms);
-        let budget = (st.tun.pin_budget * self.capacity_pages(&st, tier) as f64).floor() as usize;
-        let mut room = budget.saturating_sub(st.pins_in(tier));
+        let tun = self.tunables();
+        let (ttl, ttl_clipped) = clip_ttl(&tun, ttl_ms);
+        let budget = (tun.pin_budget * self.capacity_pages(tier) as f64).floor() as usize;
         let expires = self.inner.clock.now_ms() + ttl;
+        // Directory, then timers: the pin mark and its expiry change together.
+        let mut st = self.write();
+        let mut timers = self.timers();
+        let mut room = budget.saturating_sub(timers.pins_in(tier));
         let mut pinned = 0;
         let mut over_budget = false;
         for &p in pages {
             if !st.dir.is_complete(p, tier) {
                 continue;
             }
-            let key = (p.0, tier as u8);
             let hash = st.dir.info(p).hash;
-            if let Some(entry) = st.pins.get_mut(&key) {
-                entry.0 = entry.0.max(expires);
+            if timers.is_pinned(p.0, tier) {
+                timers.pin(p.0, tier, hash, expires);
                 pinned += 1;
                 continue;
             }
@@ -234,10 +248,12 @@ impl Manager {
                 continue;
             }
             room -= 1;
-            st.pins.insert(key, (expires, hash));
+            timers.pin(p.0, tier, hash, expires);
             st.dir.set_pinned(p, tier, true);
             pinned += 1;
         }
+        drop(timers);
+        drop(st);
         let reason = if over_budget {
             Reason::PinBudget
         } else if pinned < requested {
@@ -256,14 +272,17 @@ impl Manager {
     }
 
     fn retain(&self, pages: &[PageId], requested: usize, priority: i8, ttl_ms: u64) -> HintOutcome {
-        let mut st = self.inner.state.lock();
-        let (ttl, ttl_clipped) = clip_ttl(&st, ttl_ms);
+        let (ttl, ttl_clipped) = clip_ttl(&self.tunables(), ttl_ms);
         let expires = self.inner.clock.now_ms() + ttl;
+        let mut st = self.write();
+        let mut timers = self.timers();
         for &p in pages {
             let hash = st.dir.info(p).hash;
             st.dir.set_retain(p, priority);
-            st.retains.insert(p.0, (expires, hash));
+            timers.retain(p.0, hash, expires);
         }
+        drop(timers);
+        drop(st);
         if ttl_clipped {
             return HintOutcome::Clipped {
                 applied: pages.len(),
@@ -275,8 +294,9 @@ impl Manager {
     }
 
     /// A tier's capacity in pages of the namespace layouts (the largest page if several).
-    fn capacity_pages(&self, st: &State, tier: TierKind) -> usize {
-        let objs = st
+    fn capacity_pages(&self, tier: TierKind) -> usize {
+        let objs = self
+            .read()
             .dir
             .namespaces()
             .map(|(_, _, l)| l.object_count())
@@ -284,7 +304,7 @@ impl Manager {
             .unwrap_or(1)
             .max(1);
         match tier {
-            TierKind::Device => st.device_pages.values().copied().max().unwrap_or(0),
+            TierKind::Device => self.device_pages().values().copied().max().unwrap_or(0),
             TierKind::Host => self.arena().map_or(0, |a| a.slots() as usize / objs),
             TierKind::Pool => self.pool().map_or(0, |p| {
                 let slot = self.arena().map_or(1, |a| a.slot_bytes() as u64).max(1);
@@ -295,16 +315,26 @@ impl Manager {
 
     /// Re-runs deferred hints once each; those still blocked go back in the queue.
     pub(crate) fn retry_deferred(&self) {
-        let pending: Vec<_> = self.inner.state.lock().deferred.drain(..).collect();
+        let pending = self.queues().take_deferred();
         for (ns, hint) in pending {
             let _ = self.hint(ns, hint);
         }
     }
 }
 
-/// Advises the engine to store pages that are complete only on device, so a colder copy
-/// can be made. Returns how many.
-fn offload_advice(st: &mut State, ns: NamespaceId, pages: &[PageId]) -> usize {
+impl Manager {
+    /// Queues offload advice (if any); returns how many pages it names.
+    fn push_offload(&self, advice: Option<Advice>) -> usize {
+        let Some(a) = advice else { return 0 };
+        let n = a.hashes().len();
+        self.queues().push_advice(a);
+        n
+    }
+}
+
+/// Advice to store the pages that are complete only on device, so a colder copy can be
+/// made; queued by the caller once the directory lock is let go.
+fn offload_advice(st: &DirState, ns: NamespaceId, pages: &[PageId]) -> Option<Advice> {
     let hashes: Vec<_> = pages
         .iter()
         .copied()
@@ -315,15 +345,11 @@ fn offload_advice(st: &mut State, ns: NamespaceId, pages: &[PageId]) -> usize {
         })
         .map(|p| st.dir.info(p).hash)
         .collect();
-    let n = hashes.len();
-    if n > 0 {
-        st.push_advice(Advice::Offload { ns, hashes });
-    }
-    n
+    (!hashes.is_empty()).then_some(Advice::Offload { ns, hashes })
 }
 
-fn clip_ttl(st: &State, ttl_ms: u64) -> (u64, bool) {
-    let max = st.tun.max_pin_ttl_ms;
+fn clip_ttl(tun: &super::Tunables, ttl_ms: u64) -> (u64, bool) {
+    let max = tun.max_pin_ttl_ms;
     (ttl_ms.min(max), ttl_ms > max)
 }
 

@@ -1,7 +1,7 @@
 //! In-process host I/O without a device: whole objects written from caller buffers
 //! (HiCache-style batch set from host memory) and objects read back.
 
-use super::state::{Grant, GrantKind, GrantPage};
+use super::grants::{Grant, GrantKind, GrantPage};
 use super::{Manager, ManagerError};
 use crate::page::{NamespaceId, PageHash};
 use crate::tier::TierKind;
@@ -40,7 +40,7 @@ impl Manager {
         let mut written = vec![false; pages.len()];
         let mut grant_pages = Vec::new();
         {
-            let mut st = self.inner.state.lock();
+            let mut st = self.write();
             for (i, (hash, objs)) in pages.iter().enumerate() {
                 let id = st.dir.find_or_insert(ns, hash)?;
                 let Some(slots) = arena.alloc_n(objs.len()) else {
@@ -64,14 +64,15 @@ impl Manager {
             }
             written[gp.req_index] = true;
         }
-        let id = self.inner.state.lock().new_grant(Grant {
+        let id = self.grants().insert(Grant {
             ns,
             kind: GrantKind::Store,
             pages: grant_pages,
             owner: 0,
         });
-        self.wake_upkeep_if_due();
-        self.commit_store(id, &written)
+        let committed = self.commit_store(id, &written);
+        self.usage_grew(TierKind::Host);
+        committed
     }
 
     /// In process: reads one object of a page complete on host into `buf`.
@@ -85,7 +86,7 @@ impl Manager {
         let layout = self.layout(ns)?;
         let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
         let (id, slot) = {
-            let mut st = self.inner.state.lock();
+            let st = self.read();
             let Some(id) = st.dir.find(ns, hash) else {
                 return Ok(false);
             };
@@ -95,7 +96,9 @@ impl Manager {
             let Some(slot) = st.host_slot(id, obj) else {
                 return Ok(false);
             };
-            st.lease(id);
+            // Leased under the read lock that saw it complete: eviction, which drops
+            // host pages under the write lock, cannot run in between.
+            self.grants().lease(id);
             (id, slot)
         };
         let len = layout.object_bytes(obj) as usize;
@@ -105,7 +108,7 @@ impl Manager {
                 buf[..len].copy_from_slice(src);
             }
         });
-        self.inner.state.lock().unlease(id);
+        self.grants().unlease(id);
         res?;
         if buf.len() < len {
             return Err(ManagerError::ObjectSize {

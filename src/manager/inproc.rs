@@ -153,9 +153,8 @@ impl Manager {
     }
 
     fn device(&self, ns: NamespaceId, tp: u16, pp: u16) -> Result<Arc<dyn DeviceRegion>, ManagerError> {
-        self.inner
-            .devices
-            .lock()
+        self.devices()
+            .0
             .get(&(ns, tp, pp))
             .cloned()
             .ok_or(ManagerError::NoDevice { ns: ns.0, tp, pp })

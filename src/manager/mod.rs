@@ -7,33 +7,45 @@
 //! in a tier only when every object of every rank is present there, so no rank needs a
 //! collective with the others. A failed or abandoned grant frees its slots and leaves
 //! the source intact. Loads lease the host slots they read so eviction cannot reuse them.
+//!
+//! The state is split by who touches it, each part behind its own lock (`locks` says in
+//! which order they nest): lookups read the directory under a shared lock and never wait
+//! on grants, timers, queues, sessions or admin renders.
 
 mod config;
 mod engine;
+mod grants;
 mod hints;
 mod host_io;
 mod inproc;
+mod locks;
+mod queues;
 mod recover;
+mod sessions;
 mod state;
 mod stats;
 mod tiers;
+mod timers;
+mod upkeep;
 
+#[cfg(test)]
+mod split_tests;
 #[cfg(test)]
 mod tests;
 
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 pub use config::{ManagerConfig, PoolConfig, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
-pub use state::Advice;
+pub use queues::Advice;
 pub use stats::{COPY_BUCKETS_S, CopyLatency, Stats, StatsSnapshot, TierStats};
 
 use crate::clock::Clock;
 use crate::directory::{Directory, DirectoryError, PrefixHit};
-use crate::events::{EventLog, PageEvent};
+use crate::events::EventLog;
 use crate::hints::HintError;
 use crate::layout::Layout;
 use crate::page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};
@@ -44,7 +56,13 @@ use crate::tier::TierKind;
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
 use crate::transfer::{TicketError, Tickets, TransferEngine};
-use state::State;
+use grants::GrantTable;
+use locks::{Ordered, Rank};
+use queues::Queues;
+use sessions::Sessions;
+use state::DirState;
+use timers::Timers;
+use upkeep::Upkeep;
 
 /// Errors of the manager's API. Each is a caller's mistake or a resource problem; none
 /// leaves the manager in a bad state.
@@ -97,23 +115,44 @@ pub struct Manager {
 /// Attached device regions by (namespace, tp rank, pp rank).
 type DeviceMap = std::collections::HashMap<(NamespaceId, u16, u16), Arc<dyn DeviceRegion>>;
 
+/// Device pages per namespace (sum over one rank's region), when known.
+type DevicePages = std::collections::HashMap<NamespaceId, usize>;
+
+/// The manager's state, split by who touches it. Each lock's rank (in brackets) is its
+/// place in the one nesting order: a thread takes locks in increasing rank only, through
+/// the helpers below (`init_lock`, `read`, `write`, `grants`, `timers`, `queues`,
+/// `sessions`, `tun`, `devices`), which check the order in test builds. See
+/// docs/ARCHITECTURE.md, "Locks".
 pub(crate) struct Inner {
     cfg: ManagerConfig,
     clock: Arc<dyn Clock>,
-    state: Mutex<State>,
+    /// [Init] Serialises creating the arena and the pool; taken before any other lock.
+    init: Mutex<()>,
+    /// [Dir] The directory, key schemes and host slot map. Lookups take it shared;
+    /// writers take it exclusively through `write()`, which publishes events on release.
+    dir: RwLock<DirState>,
+    /// [Grants] Open grants and host-slot leases. Nested inside `dir` when a lease must
+    /// agree with completeness (loads, pool writes, eviction).
+    grants: Mutex<GrantTable>,
+    /// [Timers] Pin and retain expiries. Nested inside `dir` (pin, expire).
+    timers: Mutex<Timers>,
+    /// [Queues] Advice and deferred hints; filled after the directory work is done.
+    queues: Mutex<Queues>,
+    /// [Sessions] Interned sessions and the idle set.
+    sessions: Mutex<Sessions>,
+    /// [Tunables] Runtime tunables; read as a copy.
+    tun: RwLock<Tunables>,
+    /// [Devices] Attached device regions and device pages per namespace.
+    devices: Mutex<(DeviceMap, DevicePages)>,
+    /// Watermark crossings and the upkeep waker (lock-free on the hot path).
+    upkeep: Upkeep,
     events: EventLog,
     xfer: TransferEngine,
     tickets: Arc<Tickets<OpResult>>,
     stats: Stats,
     arena: OnceLock<Arc<HostArena>>,
     pool: OnceLock<Option<Arc<dyn PoolBackend>>>,
-    devices: Mutex<DeviceMap>,
-    /// Called when eviction becomes due (see [`Manager::set_upkeep_waker`]).
-    upkeep_waker: OnceLock<UpkeepWaker>,
 }
-
-/// What [`Manager::set_upkeep_waker`] takes.
-pub type UpkeepWaker = Arc<dyn Fn() + Send + Sync>;
 
 impl std::fmt::Debug for Manager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -124,7 +163,6 @@ impl std::fmt::Debug for Manager {
 impl Manager {
     pub fn new(cfg: ManagerConfig, clock: Arc<dyn Clock>) -> Result<Self, ManagerError> {
         cfg.validate()?;
-        let state = State::new(Directory::new(cfg.max_pages), cfg.tunables);
         Ok(Self {
             inner: Arc::new(Inner {
                 events: EventLog::new(cfg.event_ring),
@@ -133,9 +171,15 @@ impl Manager {
                 stats: Stats::default(),
                 arena: OnceLock::new(),
                 pool: OnceLock::new(),
+                init: Mutex::new(()),
+                dir: RwLock::new(DirState::new(Directory::new(cfg.max_pages))),
+                grants: Mutex::new(GrantTable::default()),
+                timers: Mutex::new(Timers::default()),
+                queues: Mutex::new(Queues::default()),
+                sessions: Mutex::new(Sessions::default()),
+                tun: RwLock::new(cfg.tunables),
                 devices: Mutex::new(Default::default()),
-                upkeep_waker: OnceLock::new(),
-                state: Mutex::new(state),
+                upkeep: Upkeep::default(),
                 clock,
                 cfg,
             }),
@@ -158,8 +202,8 @@ impl Manager {
             });
         }
         self.ensure_pool(&arena)?;
-        let mut st = self.inner.state.lock();
         let scheme = pool_key_scheme(&self.inner.cfg.pool_key_tag, &ns);
+        let mut st = self.write();
         let id = st.dir.register(ns, layout)?;
         if st.keys.len() <= id.0 as usize {
             st.keys.push(scheme);
@@ -171,7 +215,7 @@ impl Manager {
         if let Some(a) = self.inner.arena.get() {
             return Ok(a.clone());
         }
-        let _guard = self.inner.state.lock();
+        let _guard = self.init_lock();
         if let Some(a) = self.inner.arena.get() {
             return Ok(a.clone());
         }
@@ -187,7 +231,7 @@ impl Manager {
         if self.inner.pool.get().is_some() {
             return Ok(());
         }
-        let _guard = self.inner.state.lock();
+        let _guard = self.init_lock();
         if self.inner.pool.get().is_some() {
             return Ok(());
         }
@@ -224,12 +268,12 @@ impl Manager {
     }
 
     pub fn layout(&self, ns: NamespaceId) -> Result<Layout, ManagerError> {
-        Ok(self.inner.state.lock().dir.layout(ns)?.clone())
+        Ok(self.read().dir.layout(ns)?.clone())
     }
 
     /// The pool key scheme of a namespace.
     pub fn key_scheme(&self, ns: NamespaceId) -> Result<KeyScheme, ManagerError> {
-        let st = self.inner.state.lock();
+        let st = self.read();
         st.dir.layout(ns)?;
         Ok(st.keys[ns.0 as usize].clone())
     }
@@ -256,15 +300,17 @@ impl Manager {
                 want,
             });
         }
-        self.inner.state.lock().device_pages.insert(ns, region.pages() as usize);
-        self.inner.devices.lock().insert((ns, tp_rank, pp_rank), region);
+        let mut d = self.devices();
+        d.1.insert(ns, region.pages() as usize);
+        d.0.insert((ns, tp_rank, pp_rank), region);
         Ok(())
     }
 
-    /// Contiguous-prefix lookup with per-tier credit (see [`PrefixHit`]).
+    /// Contiguous-prefix lookup with per-tier credit (see [`PrefixHit`]). Takes only the
+    /// directory's read lock: it never waits on grants, timers, queues or sessions.
     pub fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, ManagerError> {
         self.check_batch(hashes.len())?;
-        let st = self.inner.state.lock();
+        let st = self.read();
         st.dir.layout(ns)?;
         let hit = st.dir.lookup_prefix(ns, hashes);
         drop(st);
@@ -277,16 +323,9 @@ impl Manager {
         &self.inner.events
     }
 
-    pub fn stats(&self) -> StatsSnapshot {
-        let st = self.inner.state.lock();
-        let arena = self.arena();
-        let pool = self.pool().map(|p| p.usage());
-        self.inner.stats.snapshot(&st, arena.as_deref(), pool)
-    }
-
     /// Completeness of a page per tier, and which objects are missing where.
     pub fn page_status(&self, ns: NamespaceId, hash: &PageHash) -> Result<Option<PageStatus>, ManagerError> {
-        let st = self.inner.state.lock();
+        let st = self.read();
         st.dir.layout(ns)?;
         let Some(id) = st.dir.find(ns, hash) else {
             return Ok(None);
@@ -309,32 +348,19 @@ impl Manager {
 
     /// The index pages of session `id` carry, interned on first use (never 0).
     pub fn session_index(&self, id: &str) -> u32 {
-        let mut st = self.inner.state.lock();
-        let next = st.sessions.len() as u32 + 1;
-        *st.sessions.entry(id.to_owned()).or_insert(next)
+        self.sessions_table().intern(id)
     }
 
     /// Sessions the manager has interned, sorted by id, each with whether it is idle.
+    /// Reads only the session table.
     pub fn sessions(&self) -> Vec<(String, bool)> {
-        let st = self.inner.state.lock();
-        let mut out: Vec<(String, bool)> = st
-            .sessions
-            .iter()
-            .map(|(id, idx)| (id.clone(), st.idle_sessions.contains(idx)))
-            .collect();
-        out.sort();
-        out
+        self.sessions_table().list()
     }
 
     /// Marks a session idle (paused, or acting: waiting on a tool) or busy. Idle
     /// sessions' pages are evicted before others.
     pub fn set_session_idle(&self, session: u32, idle: bool) {
-        let mut st = self.inner.state.lock();
-        if idle {
-            st.idle_sessions.insert(session);
-        } else {
-            st.idle_sessions.remove(&session);
-        }
+        self.sessions_table().set_idle(session, idle);
     }
 
     /// Waits up to `timeout` until every queued transfer has finished. Returns whether it
@@ -352,48 +378,25 @@ impl Manager {
 
     /// Takes the advice for engines gathered since the last call.
     pub fn take_advice(&self) -> Vec<Advice> {
-        self.inner.state.lock().advice.drain(..).collect()
+        self.queues().take_advice()
     }
 
     /// Takes one namespace's advice, at most `max_pages` page hashes in all (an entry that
     /// does not fit is split); other namespaces' advice stays. Returns the advice, oldest
     /// first, and whether more of the namespace's is waiting.
     pub fn take_advice_for(&self, ns: NamespaceId, max_pages: usize) -> (Vec<Advice>, bool) {
-        self.inner.state.lock().take_advice_for(ns, max_pages)
-    }
-
-    /// Sets the function called, outside every lock, when a store pushes host usage to
-    /// its high watermark (eviction became due), so a daemon's upkeep can run at once
-    /// instead of polling. The first waker set stays.
-    pub fn set_upkeep_waker(&self, waker: UpkeepWaker) {
-        let _ = self.inner.upkeep_waker.set(waker);
-    }
-
-    /// Calls the upkeep waker when host usage is at or above the high watermark. Called
-    /// with no lock held, after host slots were allocated.
-    pub(crate) fn wake_upkeep_if_due(&self) {
-        let (Some(wake), Some(arena)) = (self.inner.upkeep_waker.get(), self.arena()) else {
-            return;
-        };
-        let tun = self.tunables();
-        if tun
-            .host_watermarks
-            .reclaim(arena.used() as usize, arena.slots() as usize)
-            > 0
-        {
-            wake();
-        }
+        self.queues().take_advice_for(ns, max_pages)
     }
 
     /// Current tunables.
     pub fn tunables(&self) -> Tunables {
-        self.inner.state.lock().tun
+        *Ordered::take(Rank::Tunables, || self.inner.tun.read())
     }
 
     /// Changes the tunables that are safe to change while running.
     pub fn set_tunables(&self, t: Tunables) -> Result<(), ManagerError> {
         t.validate()?;
-        self.inner.state.lock().tun = t;
+        *Ordered::take(Rank::Tunables, || self.inner.tun.write()) = t;
         Ok(())
     }
 
@@ -405,14 +408,6 @@ impl Manager {
             });
         }
         Ok(())
-    }
-
-    /// Moves the directory's new events into the event log. Call with the state locked,
-    /// so events enter the log in sequence order.
-    fn publish(&self, st: &mut State) {
-        st.dir.set_now(self.inner.clock.now_ms());
-        let evs: Vec<PageEvent> = st.dir.drain_events();
-        self.inner.events.append(&evs);
     }
 }
 

@@ -19,7 +19,7 @@ use crate::tier::host::{HostArena, SlotId};
 impl Manager {
     /// Every registered namespace with its id and layout (what a journal must record).
     pub fn namespaces(&self) -> Vec<(NamespaceId, Namespace, Layout)> {
-        let st = self.inner.state.lock();
+        let st = self.read();
         st.dir
             .namespaces()
             .map(|(id, n, l)| (id, n.clone(), l.clone()))
@@ -30,7 +30,7 @@ impl Manager {
     /// slot free until pages are adopted. Must run before the first namespace is
     /// registered (which would otherwise create a fresh, empty arena).
     pub fn open_existing_arena(&self, slot_bytes: u64) -> Result<Arc<HostArena>, ManagerError> {
-        let _guard = self.inner.state.lock();
+        let _guard = self.init_lock();
         if self.inner.arena.get().is_some() {
             return Err(ManagerError::Config("the host arena is already open".into()));
         }
@@ -52,7 +52,7 @@ impl Manager {
         let arena = self.arena()?;
         let layout = self.layout(ns).ok()?;
         let (id, slots) = {
-            let mut st = self.inner.state.lock();
+            let st = self.read();
             let id = st.dir.find(ns, hash)?;
             if !st.dir.is_complete(id, TierKind::Host) {
                 return None;
@@ -60,7 +60,7 @@ impl Manager {
             let slots: Vec<SlotId> = (0..layout.object_count())
                 .map(|o| st.host_slot(id, o))
                 .collect::<Option<_>>()?;
-            st.lease(id);
+            self.grants().lease(id);
             (id, slots)
         };
         let objects: Result<Vec<(SlotId, &[u8])>, _> = slots
@@ -70,7 +70,7 @@ impl Manager {
             .map(|(o, &s)| unsafe { arena.slot(s, layout.object_bytes(o) as usize) }.map(|b| (s, b)))
             .collect();
         let out = objects.ok().map(|o| f(&o));
-        self.inner.state.lock().unlease(id);
+        self.grants().unlease(id);
         out
     }
 
@@ -78,7 +78,7 @@ impl Manager {
     /// of the layout, in canonical order). The slots are taken out of the free list.
     pub fn adopt_host_page(&self, ns: NamespaceId, hash: &PageHash, slots: &[SlotId]) -> Result<(), ManagerError> {
         let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
-        let mut st = self.inner.state.lock();
+        let mut st = self.write();
         let count = st.dir.layout(ns)?.object_count();
         if slots.len() != count {
             return Err(ManagerError::GrantMismatch {
@@ -98,7 +98,7 @@ impl Manager {
             st.set_host_slot(id, o, count, Some(slot));
             st.dir.set_object(id, TierKind::Host, o, true)?;
         }
-        self.publish(&mut st);
+        drop(st);
         Ok(())
     }
 }
@@ -140,7 +140,7 @@ mod tests {
                 .is_err()
         );
         assert!(m.adopt_host_page(ns, &PageHash::from_u64(6), &[SlotId(4)]).is_err());
-        let leases = |m: &Manager| m.inner.state.lock().leases.values().sum::<u32>();
+        let leases = |m: &Manager| m.grants().lease_count();
         let before = leases(&m);
         let read = m.read_host_page(ns, &h, |objs| {
             objs.iter().map(|&(s, b)| (s, b.len(), b[0])).collect::<Vec<_>>()

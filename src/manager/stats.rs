@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::state::State;
 use crate::directory::PrefixHit;
 use crate::hints::{HintKind, HintOutcome};
 use crate::pool::PoolUsage;
@@ -87,7 +86,17 @@ impl Stats {
         self.evictions[tier.index()].fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn snapshot(&self, st: &State, arena: Option<&HostArena>, pool: Option<PoolUsage>) -> StatsSnapshot {
+    pub(crate) fn snapshot(&self, c: TableCounts<'_>) -> StatsSnapshot {
+        let TableCounts {
+            dir,
+            open_grants,
+            leased_pages,
+            pinned,
+            deferred_hints,
+            device_pages,
+            arena,
+            pool,
+        } = c;
         let mut moved = Vec::new();
         for from in TierKind::ALL {
             for to in TierKind::ALL {
@@ -127,11 +136,7 @@ impl Stats {
             .iter()
             .map(|&t| {
                 let (capacity, used, unit) = match t {
-                    TierKind::Device => (
-                        st.device_pages.values().sum::<usize>() as u64,
-                        st.dir.complete_count(t) as u64,
-                        "pages",
-                    ),
+                    TierKind::Device => (device_pages, dir.complete[t.index()], "pages"),
                     TierKind::Host => arena.map_or((0, 0, "bytes"), |a| {
                         (
                             a.slots() as u64 * a.slot_bytes() as u64,
@@ -146,9 +151,9 @@ impl Stats {
                     unit,
                     capacity,
                     used,
-                    complete_pages: st.dir.complete_count(t) as u64,
-                    pinned_pages: st.pins_in(t) as u64,
-                    inflight_pages: st.dir.inflight_pages(t) as u64,
+                    complete_pages: dir.complete[t.index()],
+                    pinned_pages: pinned[t.index()],
+                    inflight_pages: dir.inflight[t.index()],
                     evictions: self.evictions[t.index()].load(Relaxed),
                 }
             })
@@ -162,12 +167,70 @@ impl Stats {
             copy_latency,
             hints,
             tiers,
-            pages: st.dir.len() as u64,
-            open_grants: st.grants.len() as u64,
-            leased_pages: st.leases.len() as u64,
-            deferred_hints: st.deferred.len() as u64,
-            event_seq: st.dir.last_seq(),
+            pages: dir.pages,
+            open_grants,
+            leased_pages,
+            deferred_hints,
+            event_seq: dir.event_seq,
         }
+    }
+}
+
+/// The directory's O(1) counters, read under its read lock.
+pub(crate) struct DirCounts {
+    pub pages: u64,
+    pub complete: [u64; 3],
+    pub inflight: [u64; 3],
+    pub event_seq: u64,
+}
+
+/// What a snapshot needs from the manager's tables, each read on its own.
+pub(crate) struct TableCounts<'a> {
+    pub dir: DirCounts,
+    pub open_grants: u64,
+    pub leased_pages: u64,
+    pub pinned: [u64; 3],
+    pub deferred_hints: u64,
+    pub device_pages: u64,
+    pub arena: Option<&'a HostArena>,
+    pub pool: Option<PoolUsage>,
+}
+
+impl super::Manager {
+    /// Counters and tier usage. Each table is read on its own, O(1) under its lock, so a
+    /// render never holds a lock that lookups need across a walk.
+    pub fn stats(&self) -> StatsSnapshot {
+        let dir = {
+            let st = self.read();
+            DirCounts {
+                pages: st.dir.len() as u64,
+                complete: TierKind::ALL.map(|t| st.dir.complete_count(t) as u64),
+                inflight: TierKind::ALL.map(|t| st.dir.inflight_pages(t) as u64),
+                event_seq: st.dir.last_seq(),
+            }
+        };
+        let (open_grants, leased_pages) = {
+            let g = self.grants();
+            (g.grants.len() as u64, g.leased_pages() as u64)
+        };
+        let pinned = {
+            let t = self.timers();
+            TierKind::ALL.map(|tier| t.pins_in(tier) as u64)
+        };
+        let deferred_hints = self.queues().deferred_len() as u64;
+        let device_pages = self.device_pages().values().sum::<usize>() as u64;
+        let arena = self.arena();
+        let pool = self.pool().map(|p| p.usage());
+        self.inner.stats.snapshot(TableCounts {
+            dir,
+            open_grants,
+            leased_pages,
+            pinned,
+            deferred_hints,
+            device_pages,
+            arena: arena.as_deref(),
+            pool,
+        })
     }
 }
 

@@ -8,19 +8,19 @@ use crate::hints::{Hint, HintOutcome, HintTarget, Reason};
 use crate::layout::LayoutSpec;
 use crate::tier::device::{EmulatedDevice, ObjectCopy, pattern};
 
-const WAIT: Duration = Duration::from_secs(10);
+pub(super) const WAIT: Duration = Duration::from_secs(10);
 
-struct Fixture {
+pub(super) struct Fixture {
     _dir: tempfile::TempDir,
-    m: Manager,
-    ns: NamespaceId,
-    clock: Arc<SimClock>,
-    devs: Vec<Arc<EmulatedDevice>>,
+    pub(super) m: Manager,
+    pub(super) ns: NamespaceId,
+    pub(super) clock: Arc<SimClock>,
+    pub(super) devs: Vec<Arc<EmulatedDevice>>,
 }
 
 /// TP=`tp` ranks of a small MHA layout (4 layers, 16-token pages, objects of 4 KiB),
 /// each with an emulated device of 64 pages.
-fn fixture(tp: u16, host_pages: u64, pool_pages: Option<u64>) -> Fixture {
+pub(super) fn fixture(tp: u16, host_pages: u64, pool_pages: Option<u64>) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let layout = LayoutSpec::mha(4, 2 * tp as u32, 32, 2, 16)
         .with_parallel(tp, 1)
@@ -46,13 +46,13 @@ fn fixture(tp: u16, host_pages: u64, pool_pages: Option<u64>) -> Fixture {
     }
 }
 
-fn hashes(range: std::ops::Range<u64>) -> Vec<PageHash> {
+pub(super) fn hashes(range: std::ops::Range<u64>) -> Vec<PageHash> {
     range.map(|i| PageHash::from_u64(0x1000 + i)).collect()
 }
 
 impl Fixture {
     /// Every rank writes known bytes into device pages `slots` and stores them.
-    fn store_all(&self, hs: &[PageHash], slots: &[u32]) {
+    pub(super) fn store_all(&self, hs: &[PageHash], slots: &[u32]) {
         for (r, d) in self.devs.iter().enumerate() {
             for (h, &s) in hs.iter().zip(slots) {
                 d.fill_page(s, h.prefix_u64() ^ r as u64).unwrap();
@@ -671,7 +671,7 @@ fn advice_is_taken_per_namespace_within_a_page_budget() {
     let other = NamespaceId(f.ns.0 + 1);
     let hs = hashes(0..5);
     {
-        let mut st = f.m.inner.state.lock();
+        let mut st = f.m.queues();
         st.push_advice(Advice::EvictFirst {
             ns: f.ns,
             hashes: hs[..3].to_vec(),

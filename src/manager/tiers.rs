@@ -1,15 +1,17 @@
-//! Moves between host and pool, eviction by watermark, and the periodic `tick`.
+//! Moves between host and pool, and eviction by watermark (the periodic `tick` that
+//! drives it lives in `upkeep`).
 //!
-//! Each move runs in three phases so bytes are never copied under the state lock:
-//! reserve (locked: pick pages, allocate destination slots, mark objects in flight),
-//! copy (unlocked), settle (locked: mark what arrived present, free what did not). In-
+//! Each move runs in three phases so bytes are never copied under a lock:
+//! reserve (directory write lock: pick pages, allocate destination slots, mark objects in
+//! flight), copy (no lock), settle (write lock: mark what arrived present, free what did
+//! not). In-
 //! flight objects keep their pages out of eviction, so a page is never evicted mid-move.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::state::{Advice, State};
-use super::{Manager, ManagerError};
+use super::Manager;
+use super::state::DirState;
 use crate::directory::PageId;
 use crate::page::{NamespaceId, PageHash};
 use crate::policy::select_victims;
@@ -65,29 +67,12 @@ impl Manager {
             if freed >= slots {
                 break;
             }
-            let (victims, ns_of) = {
-                let st = self.inner.state.lock();
-                let cands: Vec<_> = st
-                    .dir
-                    .eviction_candidates(TierKind::Host)
-                    .into_iter()
-                    .filter(|(id, _)| !st.leased(*id))
-                    .collect();
-                let per_page = cands
-                    .first()
-                    .and_then(|(_, i)| st.dir.layout(i.ns).ok().map(|l| l.object_count()))
-                    .unwrap_or(1)
-                    .max(1);
-                let want = (slots - freed).div_ceil(per_page).clamp(1, POOL_BATCH);
-                let v = select_victims(cands, want, |s| st.idle_sessions.contains(&s));
-                let ns: Vec<(PageId, NamespaceId)> = v.iter().map(|&id| (id, st.dir.info(id).ns)).collect();
-                (v, ns)
-            };
+            let victims = self.host_victims(slots - freed);
             if victims.is_empty() {
                 break;
             }
             let before = arena.free_slots();
-            for (ns, pages) in group_by_ns(&ns_of) {
+            for (ns, pages) in group_by_ns(&victims) {
                 self.copy_to_pool(ns, &pages, true);
             }
             let after = arena.free_slots();
@@ -97,6 +82,28 @@ impl Manager {
             freed += (after - before) as usize;
         }
         freed
+    }
+
+    /// Up to a batch of host pages to evict for `slots` slots, in policy order, with their
+    /// namespaces. The directory is walked in chunks; leases are checked after the walk
+    /// and again when the copy settles, so a page leased meanwhile is never dropped.
+    fn host_victims(&self, slots: usize) -> Vec<(PageId, NamespaceId)> {
+        let idle = self.sessions_table().idle_snapshot();
+        let mut cands = self.candidates(TierKind::Host, |_, _, _| true);
+        {
+            let gt = self.grants();
+            cands.retain(|(id, _)| !gt.leased(*id));
+        }
+        let per_page = match cands.first() {
+            Some((_, i)) => self.layout(i.ns).map_or(1, |l| l.object_count()).max(1),
+            None => return Vec::new(),
+        };
+        let want = slots.div_ceil(per_page).clamp(1, POOL_BATCH);
+        let ns: std::collections::HashMap<PageId, NamespaceId> = cands.iter().map(|(id, i)| (*id, i.ns)).collect();
+        select_victims(cands, want, |s| idle.contains(&s))
+            .into_iter()
+            .filter_map(|id| ns.get(&id).map(|&n| (id, n)))
+            .collect()
     }
 
     /// Copies host-complete pages to the pool in the background (write-through, share).
@@ -124,10 +131,11 @@ impl Manager {
         let mut moves = Vec::new();
         let mut settled = Vec::new();
         {
-            let mut st = self.inner.state.lock();
+            let mut st = self.write();
             let Ok(layout) = st.dir.layout(ns).cloned() else {
                 return 0;
             };
+            let mut gt = self.grants();
             for &page in pages {
                 if !st.dir.is_complete(page, TierKind::Host) || st.dir.info(page).ns != ns {
                     continue;
@@ -150,7 +158,7 @@ impl Manager {
                         });
                     }
                 }
-                st.lease(page);
+                gt.lease(page);
                 settled.push(page);
             }
         }
@@ -175,7 +183,8 @@ impl Manager {
             self.inner.stats.copied(TierKind::Host, TierKind::Pool, t.elapsed());
         }
         // Settle.
-        let mut st = self.inner.state.lock();
+        let mut st = self.write();
+        let mut gt = self.grants();
         let mut bytes = 0u64;
         for (m, r) in moves.iter().zip(&results) {
             let _ = st.dir.set_inflight(m.page, TierKind::Pool, m.obj, false);
@@ -186,21 +195,24 @@ impl Manager {
         }
         let mut complete = 0;
         for &page in &settled {
-            st.unlease(page);
+            gt.unlease(page);
             complete += usize::from(st.dir.is_complete(page, TierKind::Pool));
-            if evict && !st.leased(page) && !st.dir.is_pinned(page, TierKind::Host) {
+            if evict && !gt.leased(page) && !st.dir.is_pinned(page, TierKind::Host) {
                 self.drop_host_page(&mut st, page);
                 self.inner.stats.evicted(TierKind::Host);
             }
         }
-        self.publish(&mut st);
+        drop(gt);
         drop(st);
         self.inner.stats.moved(TierKind::Host, TierKind::Pool, bytes);
+        if bytes > 0 {
+            self.usage_grew(TierKind::Pool);
+        }
         complete
     }
 
     /// Frees a page's host slots and marks it gone from host.
-    pub(crate) fn drop_host_page(&self, st: &mut State, page: PageId) {
+    pub(crate) fn drop_host_page(&self, st: &mut DirState, page: PageId) {
         let Some(arena) = self.arena() else { return };
         if let Some(slots) = st.host.remove(&page.0) {
             arena.free_all(
@@ -276,7 +288,7 @@ impl Manager {
             }
             // Which pages need staging, and how many slots.
             let need: usize = {
-                let st = self.inner.state.lock();
+                let st = self.read();
                 let Ok(layout) = st.dir.layout(ns) else { return staged };
                 chunk
                     .iter()
@@ -292,7 +304,7 @@ impl Manager {
             let mut moves = Vec::new();
             let mut stop = false;
             {
-                let mut st = self.inner.state.lock();
+                let mut st = self.write();
                 let Ok(layout) = st.dir.layout(ns).cloned() else {
                     return staged;
                 };
@@ -351,7 +363,7 @@ impl Manager {
                 }
                 self.inner.stats.copied(TierKind::Pool, TierKind::Host, t.elapsed());
             }
-            let mut st = self.inner.state.lock();
+            let mut st = self.write();
             let count = st.dir.layout(ns).map_or(0, |l| l.object_count());
             let mut bytes = 0u64;
             for (m, r) in moves.iter().zip(&results) {
@@ -374,9 +386,11 @@ impl Manager {
             let mut pages: Vec<PageId> = moves.iter().map(|m| m.page).collect();
             pages.dedup();
             staged += pages.iter().filter(|&&p| st.dir.is_complete(p, TierKind::Host)).count();
-            self.publish(&mut st);
             drop(st);
             self.inner.stats.moved(TierKind::Pool, TierKind::Host, bytes);
+            if bytes > 0 {
+                self.usage_grew(TierKind::Host);
+            }
             if stop {
                 break;
             }
@@ -390,7 +404,7 @@ impl Manager {
             return true;
         }
         let needed = {
-            let st = self.inner.state.lock();
+            let st = self.read();
             hashes.iter().any(|h| {
                 st.dir
                     .find(ns, h)
@@ -408,154 +422,6 @@ impl Manager {
                 m.stage_prefix_from_pool(ns, &hashes, None);
             }))
             .is_ok()
-    }
-
-    /// Periodic upkeep: expire pins and retains, evict by watermark, reconcile the pool's
-    /// own evictions, retry deferred hints, and refresh device advice.
-    pub fn tick(&self) -> Result<(), ManagerError> {
-        let now = self.inner.clock.now_ms();
-        self.expire(now);
-        self.sync_pool_evictions();
-        // Host watermark.
-        if let Some(arena) = self.arena() {
-            let tun = self.tunables();
-            let reclaim = tun
-                .host_watermarks
-                .reclaim(arena.used() as usize, arena.slots() as usize);
-            if reclaim > 0 {
-                self.make_host_room(reclaim);
-            }
-        }
-        self.evict_pool_by_watermark();
-        self.retry_deferred();
-        self.device_advice();
-        Ok(())
-    }
-
-    fn expire(&self, now: u64) {
-        let mut st = self.inner.state.lock();
-        let pins: Vec<(u32, u8)> = st
-            .pins
-            .iter()
-            .filter(|(_, (t, _))| *t <= now)
-            .map(|(k, _)| *k)
-            .collect();
-        for key in pins {
-            let (_, hash) = st.pins.remove(&key).expect("listed above");
-            let page = PageId(key.0);
-            if let Some(tier) = TierKind::from_index(key.1 as usize) {
-                let ns = st.dir.info(page).ns;
-                if st.same_page(page, &hash, ns) {
-                    st.dir.set_pinned(page, tier, false);
-                }
-            }
-        }
-        let retains: Vec<u32> = st
-            .retains
-            .iter()
-            .filter(|(_, (t, _))| *t <= now)
-            .map(|(k, _)| *k)
-            .collect();
-        for p in retains {
-            let (_, hash) = st.retains.remove(&p).expect("listed above");
-            let page = PageId(p);
-            let ns = st.dir.info(page).ns;
-            if st.same_page(page, &hash, ns) {
-                st.dir.set_retain(page, 0);
-            }
-        }
-        self.publish(&mut st);
-    }
-
-    /// Objects the pool dropped on its own: their pages are no longer pool-complete.
-    fn sync_pool_evictions(&self) {
-        let Some(pool) = self.pool() else { return };
-        let keys = pool.take_evicted();
-        if keys.is_empty() {
-            return;
-        }
-        let mut st = self.inner.state.lock();
-        for key in keys {
-            for i in 0..st.keys.len() {
-                let ns = NamespaceId(i as u16);
-                let Ok(layout) = st.dir.layout(ns) else { continue };
-                if let Ok((hash, obj)) = st.keys[i].parse(layout, &key) {
-                    if let Some(id) = st.dir.find(ns, &hash) {
-                        let _ = st.dir.set_object(id, TierKind::Pool, obj, false);
-                    }
-                    break;
-                }
-            }
-        }
-        self.publish(&mut st);
-    }
-
-    fn evict_pool_by_watermark(&self) {
-        let Some(pool) = self.pool() else { return };
-        let usage = pool.usage();
-        if usage.capacity_bytes == 0 {
-            return;
-        }
-        let tun = self.tunables();
-        // Work in KiB so the watermark math stays in usize on 32-bit too.
-        let reclaim = tun
-            .pool_watermarks
-            .reclaim((usage.used_bytes >> 10) as usize, (usage.capacity_bytes >> 10) as usize);
-        if reclaim == 0 {
-            return;
-        }
-        let mut st = self.inner.state.lock();
-        let cands = st.dir.eviction_candidates(TierKind::Pool);
-        let slot_kib = self.arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
-        let per_page = cands
-            .first()
-            .and_then(|(_, i)| st.dir.layout(i.ns).ok().map(|l| l.object_count()))
-            .unwrap_or(1);
-        let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
-        for id in select_victims(cands, pages, |_| false) {
-            let info = st.dir.info(id);
-            let Ok(layout) = st.dir.layout(info.ns).cloned() else {
-                continue;
-            };
-            for (obj, &oid) in layout.objects().iter().enumerate() {
-                let key = st.keys[info.ns.0 as usize].object_key(&layout, &info.hash, oid);
-                let _ = pool.remove(&key, true);
-                if st.dir.find(info.ns, &info.hash) == Some(id) {
-                    let _ = st.dir.set_object(id, TierKind::Pool, obj, false);
-                }
-            }
-            self.inner.stats.evicted(TierKind::Pool);
-        }
-        self.publish(&mut st);
-    }
-
-    /// Device tier: kvtier cannot evict engine memory, so above the high watermark it
-    /// advises the engine which pages to evict first (those with a colder copy).
-    fn device_advice(&self) {
-        let mut st = self.inner.state.lock();
-        let tun = st.tun;
-        let nss: Vec<(NamespaceId, usize)> = st.device_pages.iter().map(|(&k, &v)| (k, v)).collect();
-        for (ns, capacity) in nss {
-            let cands: Vec<_> = st
-                .dir
-                .eviction_candidates(TierKind::Device)
-                .into_iter()
-                .filter(|(_, i)| i.ns == ns)
-                .collect();
-            let reclaim = tun.device_watermarks.reclaim(cands.len(), capacity);
-            if reclaim == 0 {
-                continue;
-            }
-            let cold: Vec<_> = cands
-                .into_iter()
-                .filter(|(id, _)| st.dir.is_complete(*id, TierKind::Host) || st.dir.is_complete(*id, TierKind::Pool))
-                .collect();
-            let victims = select_victims(cold, reclaim, |_| false);
-            let hashes: Vec<PageHash> = victims.iter().map(|&id| st.dir.info(id).hash).collect();
-            if !hashes.is_empty() {
-                st.push_advice(Advice::EvictFirst { ns, hashes });
-            }
-        }
     }
 }
 

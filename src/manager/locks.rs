@@ -1,0 +1,234 @@
+//! The manager's locks and the one order they nest in.
+//!
+//! The manager's state is split by who touches it (see docs/ARCHITECTURE.md, "Locks"):
+//! the directory behind a read-mostly lock, the grant table, the timer heap, the advice
+//! and deferred-hint queues, the session table, the tunables and the device maps each
+//! behind their own. Every lock has a [`Rank`]; a thread may only take a lock whose rank
+//! is above every rank it already holds. `Manager`'s lock helpers (`read`, `write`,
+//! `grants`, …) are the only way the manager takes these locks, and in test builds each
+//! helper checks the rule on the calling thread, so an out-of-order nesting fails the
+//! first test that reaches it instead of deadlocking one day in production.
+
+use std::ops::{Deref, DerefMut};
+
+use parking_lot::{MutexGuard, RwLockReadGuard};
+
+use super::grants::GrantTable;
+use super::queues::Queues;
+use super::sessions::Sessions;
+use super::state::{DirState, DirWrite};
+use super::timers::Timers;
+use super::{DeviceMap, DevicePages, Manager};
+use crate::directory::{PageId, PageInfo};
+use crate::tier::TierKind;
+
+/// Position of a lock in the nesting order: take them in increasing rank only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Rank {
+    /// Creation of the arena and the pool (taken alone, before any other).
+    Init = 0,
+    /// The directory, key schemes and host slot map (read-mostly).
+    Dir = 1,
+    /// Open grants and host-slot leases.
+    Grants = 2,
+    /// Pin and retain expiries.
+    Timers = 3,
+    /// Advice and deferred hints.
+    Queues = 4,
+    /// Interned sessions and which are idle.
+    Sessions = 5,
+    /// Runtime tunables.
+    Tunables = 6,
+    /// Attached device regions and their page counts.
+    Devices = 7,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Ranks of the manager locks this thread holds, one bit each.
+    static HELD: std::cell::Cell<u16> = const { std::cell::Cell::new(0) };
+}
+
+/// A lock guard that knows its rank. In test builds, creating one asserts that the thread
+/// holds no lock of the same or a later rank, and dropping it clears the mark.
+pub(crate) struct Ordered<G> {
+    guard: G,
+    #[cfg(test)]
+    rank: Rank,
+}
+
+impl<G> Ordered<G> {
+    /// Takes a lock of rank `rank` through `take`, after checking the order (tests).
+    pub(crate) fn take(rank: Rank, take: impl FnOnce() -> G) -> Self {
+        #[cfg(test)]
+        HELD.with(|held| {
+            let h = held.get();
+            assert!(
+                h >> rank as u16 == 0,
+                "lock order violated: taking {rank:?} while holding ranks {h:#b}"
+            );
+            held.set(h | 1 << rank as u16);
+        });
+        #[cfg(not(test))]
+        let _ = rank;
+        Self {
+            guard: take(),
+            #[cfg(test)]
+            rank,
+        }
+    }
+}
+
+impl<G> Drop for Ordered<G> {
+    fn drop(&mut self) {
+        #[cfg(test)]
+        HELD.with(|held| held.set(held.get() & !(1 << self.rank as u16)));
+    }
+}
+
+impl<G: Deref> Deref for Ordered<G> {
+    type Target = G::Target;
+
+    fn deref(&self) -> &G::Target {
+        &self.guard
+    }
+}
+
+impl<G: DerefMut> DerefMut for Ordered<G> {
+    fn deref_mut(&mut self) -> &mut G::Target {
+        &mut self.guard
+    }
+}
+
+/// Records per chunk when a walk over the directory lets go of its lock between chunks.
+const WALK_CHUNK: usize = 16 * 1024;
+
+// The lock helpers, one per lock, in rank order. Nothing else takes these locks.
+impl Manager {
+    pub(super) fn init_lock(&self) -> Ordered<MutexGuard<'_, ()>> {
+        Ordered::take(Rank::Init, || self.inner.init.lock())
+    }
+
+    /// Shared access to the directory state: lookups and readers.
+    pub(super) fn read(&self) -> Ordered<RwLockReadGuard<'_, DirState>> {
+        Ordered::take(Rank::Dir, || self.inner.dir.read())
+    }
+
+    /// Exclusive access to the directory state; publishes its events when dropped.
+    pub(super) fn write(&self) -> DirWrite<'_> {
+        let g = Ordered::take(Rank::Dir, || self.inner.dir.write());
+        DirWrite::new(g, &self.inner.events, &self.inner.clock)
+    }
+
+    pub(super) fn grants(&self) -> Ordered<MutexGuard<'_, GrantTable>> {
+        Ordered::take(Rank::Grants, || self.inner.grants.lock())
+    }
+
+    pub(super) fn timers(&self) -> Ordered<MutexGuard<'_, Timers>> {
+        Ordered::take(Rank::Timers, || self.inner.timers.lock())
+    }
+
+    pub(super) fn queues(&self) -> Ordered<MutexGuard<'_, Queues>> {
+        Ordered::take(Rank::Queues, || self.inner.queues.lock())
+    }
+
+    pub(super) fn sessions_table(&self) -> Ordered<MutexGuard<'_, Sessions>> {
+        Ordered::take(Rank::Sessions, || self.inner.sessions.lock())
+    }
+
+    pub(super) fn devices(&self) -> Ordered<MutexGuard<'_, (DeviceMap, DevicePages)>> {
+        Ordered::take(Rank::Devices, || self.inner.devices.lock())
+    }
+
+    /// Holds the lock of `rank` until the returned value is dropped (tests: proving that
+    /// an operation does not need that lock).
+    #[cfg(test)]
+    pub(crate) fn hold_for_test(&self, rank: Rank) -> Box<dyn Held + '_> {
+        match rank {
+            Rank::Init => Box::new(self.init_lock()),
+            Rank::Dir => Box::new(self.write()),
+            Rank::Grants => Box::new(self.grants()),
+            Rank::Timers => Box::new(self.timers()),
+            Rank::Queues => Box::new(self.queues()),
+            Rank::Sessions => Box::new(self.sessions_table()),
+            Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
+            Rank::Devices => Box::new(self.devices()),
+        }
+    }
+
+    /// Walks the directory in chunks of [`WALK_CHUNK`] records under the read lock,
+    /// released between chunks, so lookups and writers never wait for a whole walk.
+    /// `f` sees each chunk's state and range. Pages may change between chunks: callers
+    /// re-check what they act on under the lock that acts.
+    pub(super) fn walk_dir(&self, mut f: impl FnMut(&DirState, std::ops::Range<usize>)) {
+        let mut start = 0;
+        loop {
+            let st = self.read();
+            let end = st.dir.record_slots().min(start + WALK_CHUNK);
+            if start >= end {
+                return;
+            }
+            f(&st, start..end);
+            start = end;
+        }
+    }
+
+    /// Device pages per namespace, as a copy.
+    pub(super) fn device_pages(&self) -> DevicePages {
+        self.devices().1.clone()
+    }
+
+    /// Eviction candidates of `tier` that `keep` accepts, gathered in chunks (the
+    /// directory lock is let go between them).
+    pub(super) fn candidates(
+        &self,
+        tier: TierKind,
+        keep: impl Fn(&DirState, PageId, &PageInfo) -> bool,
+    ) -> Vec<(PageId, PageInfo)> {
+        let mut out = Vec::new();
+        self.walk_dir(|st, range| {
+            out.extend(
+                st.dir
+                    .eviction_candidates_in(tier, range)
+                    .into_iter()
+                    .filter(|(id, i)| keep(st, *id, i)),
+            );
+        });
+        out
+    }
+}
+
+/// Anything held for its `Drop` (a guard kept alive by a test).
+#[cfg(test)]
+pub(crate) trait Held {}
+
+#[cfg(test)]
+impl<T> Held for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parking_lot::Mutex;
+
+    #[test]
+    fn taking_locks_in_rank_order_passes_and_out_of_order_panics() {
+        let (a, b) = (Mutex::new(1), Mutex::new(2));
+        {
+            let ga = Ordered::take(Rank::Dir, || a.lock());
+            let gb = Ordered::take(Rank::Grants, || b.lock());
+            assert_eq!(*ga + *gb, 3);
+        }
+        // Both released: the marks are cleared, so the same order works again.
+        let gb = Ordered::take(Rank::Grants, || b.lock());
+        let wrong = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ga = Ordered::take(Rank::Dir, || a.lock());
+        }));
+        assert!(wrong.is_err(), "Dir after Grants must be refused");
+        drop(gb);
+        let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _gb = Ordered::take(Rank::Grants, || b.lock());
+            let _gb2 = Ordered::take(Rank::Grants, || a.lock());
+        }));
+        assert!(again.is_err(), "two locks of one rank must be refused");
+    }
+}

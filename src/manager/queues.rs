@@ -1,0 +1,183 @@
+//! Advice for engines and deferred hints: two bounded queues behind their own lock.
+//!
+//! Both are bounded, with different overflow rules. Advice is a hint to the engine that
+//! the next tick derives again, so a full advice queue drops its oldest entry. A deferred
+//! hint is a promise to the caller, so a full deferred queue refuses the new hint and the
+//! caller is answered `ignored: queue_full`.
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+use crate::hints::Hint;
+use crate::page::{NamespaceId, PageHash};
+
+/// Most advice entries kept; beyond that the oldest is dropped.
+pub(crate) const MAX_ADVICE: usize = 4096;
+/// Most deferred hints kept; beyond that new hints are answered `ignored: queue_full`.
+pub(crate) const MAX_DEFERRED: usize = 4096;
+
+/// Something the engine should do, because kvtier cannot touch device memory itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "advice", rename_all = "snake_case")]
+pub enum Advice {
+    /// Evict these device pages first (they have a complete colder copy).
+    EvictFirst { ns: NamespaceId, hashes: Vec<PageHash> },
+    /// Store these device pages to host (a demote or share needs a host copy first).
+    Offload { ns: NamespaceId, hashes: Vec<PageHash> },
+    /// These pages are staged in host and ready to load (a prefetch to device).
+    ReadyToLoad { ns: NamespaceId, hashes: Vec<PageHash> },
+}
+
+impl Advice {
+    pub fn ns(&self) -> NamespaceId {
+        match self {
+            Advice::EvictFirst { ns, .. } | Advice::Offload { ns, .. } | Advice::ReadyToLoad { ns, .. } => *ns,
+        }
+    }
+
+    pub fn hashes(&self) -> &[PageHash] {
+        match self {
+            Advice::EvictFirst { hashes, .. } | Advice::Offload { hashes, .. } | Advice::ReadyToLoad { hashes, .. } => {
+                hashes
+            }
+        }
+    }
+
+    /// Keeps the first `at` pages and returns the rest as advice of the same kind.
+    pub(crate) fn split_off(&mut self, at: usize) -> Advice {
+        match self {
+            Advice::EvictFirst { ns, hashes } => Advice::EvictFirst {
+                ns: *ns,
+                hashes: hashes.split_off(at),
+            },
+            Advice::Offload { ns, hashes } => Advice::Offload {
+                ns: *ns,
+                hashes: hashes.split_off(at),
+            },
+            Advice::ReadyToLoad { ns, hashes } => Advice::ReadyToLoad {
+                ns: *ns,
+                hashes: hashes.split_off(at),
+            },
+        }
+    }
+}
+
+/// The advice queue and the deferred-hint queue.
+#[derive(Debug, Default)]
+pub(crate) struct Queues {
+    advice: VecDeque<Advice>,
+    deferred: VecDeque<(NamespaceId, Hint)>,
+}
+
+impl Queues {
+    /// Queues advice, dropping the oldest entry when full.
+    pub fn push_advice(&mut self, a: Advice) {
+        if self.advice.len() >= MAX_ADVICE {
+            self.advice.pop_front();
+        }
+        self.advice.push_back(a);
+    }
+
+    /// Queues a hint for a later tick; `false` (and the hint is not queued) when full.
+    pub fn defer(&mut self, ns: NamespaceId, hint: Hint) -> bool {
+        if self.deferred.len() >= MAX_DEFERRED {
+            return false;
+        }
+        self.deferred.push_back((ns, hint));
+        true
+    }
+
+    pub fn deferred_len(&self) -> usize {
+        self.deferred.len()
+    }
+
+    /// Every deferred hint, oldest first; the queue is left empty.
+    pub fn take_deferred(&mut self) -> Vec<(NamespaceId, Hint)> {
+        self.deferred.drain(..).collect()
+    }
+
+    /// Every advice entry, oldest first; the queue is left empty.
+    pub fn take_advice(&mut self) -> Vec<Advice> {
+        self.advice.drain(..).collect()
+    }
+
+    /// Takes namespace `ns`'s advice, oldest first, up to `max_pages` page hashes in all;
+    /// an entry that does not fit is split and its rest kept first in line. Other
+    /// namespaces' advice stays. Returns the advice and whether more of `ns`'s is left.
+    pub fn take_advice_for(&mut self, ns: NamespaceId, max_pages: usize) -> (Vec<Advice>, bool) {
+        let mut budget = max_pages;
+        let mut taken = Vec::new();
+        let mut more = false;
+        let mut kept = VecDeque::with_capacity(self.advice.len());
+        for mut a in self.advice.drain(..) {
+            if a.ns() != ns {
+                kept.push_back(a);
+            } else if a.hashes().is_empty() {
+                // Advice about no page says nothing: dropped.
+            } else if budget == 0 {
+                more = true;
+                kept.push_back(a);
+            } else {
+                if a.hashes().len() > budget {
+                    kept.push_back(a.split_off(budget));
+                    more = true;
+                }
+                budget -= a.hashes().len();
+                taken.push(a);
+            }
+        }
+        self.advice = kept;
+        (taken, more)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hints::HintTarget;
+    use crate::tier::TierKind;
+
+    fn evict(i: u64) -> Advice {
+        Advice::EvictFirst {
+            ns: NamespaceId(0),
+            hashes: vec![PageHash::from_u64(i)],
+        }
+    }
+
+    fn pin(i: u64) -> Hint {
+        Hint::Pin {
+            target: HintTarget::Pages(vec![PageHash::from_u64(i)]),
+            tier: TierKind::Host,
+            ttl_ms: 10,
+        }
+    }
+
+    #[test]
+    fn a_full_advice_queue_drops_its_oldest_entry() {
+        let mut q = Queues::default();
+        for i in 0..MAX_ADVICE as u64 + 3 {
+            q.push_advice(evict(i));
+        }
+        let all = q.take_advice();
+        assert_eq!(all.len(), MAX_ADVICE);
+        assert_eq!(all[0], evict(3), "the three oldest were dropped");
+        assert_eq!(all[MAX_ADVICE - 1], evict(MAX_ADVICE as u64 + 2), "the newest was kept");
+        assert!(q.take_advice().is_empty());
+    }
+
+    #[test]
+    fn a_full_deferred_queue_refuses_new_hints_and_keeps_the_old() {
+        let mut q = Queues::default();
+        for i in 0..MAX_DEFERRED as u64 {
+            assert!(q.defer(NamespaceId(1), pin(i)));
+        }
+        assert!(!q.defer(NamespaceId(1), pin(99_999)), "full: refused");
+        assert_eq!(q.deferred_len(), MAX_DEFERRED);
+        let all = q.take_deferred();
+        assert_eq!(all.first(), Some(&(NamespaceId(1), pin(0))));
+        assert_eq!(all.last(), Some(&(NamespaceId(1), pin(MAX_DEFERRED as u64 - 1))));
+        assert_eq!(q.deferred_len(), 0);
+        assert!(q.defer(NamespaceId(1), pin(5)), "room again once drained");
+    }
+}

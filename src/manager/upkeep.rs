@@ -1,0 +1,262 @@
+//! What wakes the daemon's upkeep: the next timer deadline, and watermark crossings.
+//!
+//! Upkeep (`Manager::tick`) has work to do at two kinds of moments: when a pin or retain
+//! expires (a deadline known in advance, [`Manager::next_deadline_ms`]) and when host or
+//! pool usage reaches its high watermark (eviction becomes due). A store or a stage that
+//! pushes usage across the high watermark calls the waker the daemon registered with
+//! [`Manager::set_upkeep_waker`], once per crossing, outside every manager lock, so the
+//! daemon's upkeep can sleep until one of the two instead of polling.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+use super::queues::Advice;
+use super::timers::TimerKey;
+use super::{Manager, ManagerError};
+use crate::directory::PageId;
+use crate::page::{NamespaceId, PageHash};
+use crate::policy::{Watermarks, select_victims};
+use crate::tier::TierKind;
+
+/// A callback that wakes the upkeep task. It must return quickly and must not call back
+/// into the manager synchronously (it runs on the thread that crossed the watermark).
+pub type UpkeepWaker = Arc<dyn Fn() + Send + Sync>;
+
+/// Crossing state per watched tier and the waker.
+#[derive(Default)]
+pub(crate) struct Upkeep {
+    /// Whether host (0) and pool (1) usage was at or above its high watermark when last
+    /// looked at; a wake fires on a change from below to above.
+    above: [AtomicBool; 2],
+    /// Taken alone and only to clone the Arc out, never while calling it.
+    waker: Mutex<Option<UpkeepWaker>>,
+}
+
+/// Whether `used` of `capacity` is at or above the high watermark.
+fn over(w: &Watermarks, used: u64, capacity: u64) -> bool {
+    capacity > 0 && used as f64 >= w.high * capacity as f64
+}
+
+impl Manager {
+    /// Registers the callback that wakes the upkeep task when a store or a stage pushes
+    /// host or pool usage across its high watermark. Replaces any earlier one. The waker
+    /// is called outside every manager lock.
+    pub fn set_upkeep_waker(&self, waker: Arc<dyn Fn() + Send + Sync>) {
+        *self.inner.upkeep.waker.lock() = Some(waker);
+    }
+
+    /// The earliest pin or retain expiry (clock milliseconds), if any: when `tick` next
+    /// has timer work to do.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        self.timers().next_deadline()
+    }
+
+    /// Looks at `tier`'s usage (host or pool) after it may have grown; on a crossing of
+    /// its high watermark from below, calls the upkeep waker. Call with no manager lock
+    /// held. Only the tier that grew is read, so a store does not touch the pool's lock.
+    pub(crate) fn usage_grew(&self, tier: TierKind) {
+        let tun = self.tunables();
+        let (i, now) = match tier {
+            TierKind::Pool => (1, self.pool_over(&tun.pool_watermarks)),
+            _ => (0, self.host_over(&tun.host_watermarks)),
+        };
+        // Always record the state: eviction outside `tick` may have brought it below.
+        let was = self.inner.upkeep.above[i].swap(now, Ordering::AcqRel);
+        if now && !was {
+            let waker = self.inner.upkeep.waker.lock().clone();
+            if let Some(w) = waker {
+                w();
+            }
+        }
+    }
+
+    fn host_over(&self, w: &Watermarks) -> bool {
+        self.arena().is_some_and(|a| over(w, a.used() as u64, a.slots() as u64))
+    }
+
+    fn pool_over(&self, w: &Watermarks) -> bool {
+        self.pool().is_some_and(|p| {
+            let u = p.usage();
+            over(w, u.used_bytes, u.capacity_bytes)
+        })
+    }
+
+    /// Re-reads whether host and pool are above their high watermarks (after upkeep ran),
+    /// so a drop below arms the next crossing. Never wakes: upkeep is what is running.
+    pub(crate) fn refresh_crossings(&self) {
+        let tun = self.tunables();
+        let now = [
+            self.host_over(&tun.host_watermarks),
+            self.pool_over(&tun.pool_watermarks),
+        ];
+        for (flag, now) in self.inner.upkeep.above.iter().zip(now) {
+            flag.store(now, Ordering::Release);
+        }
+    }
+}
+
+impl Manager {
+    /// Periodic upkeep: expire pins and retains, evict by watermark, reconcile the pool's
+    /// own evictions, retry deferred hints, and refresh device advice.
+    pub fn tick(&self) -> Result<(), ManagerError> {
+        let now = self.inner.clock.now_ms();
+        self.expire(now);
+        self.sync_pool_evictions();
+        // Host watermark.
+        if let Some(arena) = self.arena() {
+            let tun = self.tunables();
+            let reclaim = tun
+                .host_watermarks
+                .reclaim(arena.used() as usize, arena.slots() as usize);
+            if reclaim > 0 {
+                self.make_host_room(reclaim);
+            }
+        }
+        self.evict_pool_by_watermark();
+        self.retry_deferred();
+        self.device_advice();
+        // Usage may have dropped below a high watermark: the next crossing wakes upkeep.
+        self.refresh_crossings();
+        Ok(())
+    }
+
+    /// Ends the pins and retains due at `now`: O(log n) each from the timer heap. Nothing
+    /// is locked exclusively when none is due.
+    fn expire(&self, now: u64) {
+        if self.timers().next_deadline().is_none_or(|at| at > now) {
+            return;
+        }
+        let mut st = self.write();
+        let due = self.timers().expire(now);
+        for (key, e) in due {
+            let (page, tier) = match key {
+                TimerKey::Pin(p, t) => (PageId(p), TierKind::from_index(t as usize)),
+                TimerKey::Retain(p) => (PageId(p), None),
+            };
+            // The record may have been reused by another page since: leave that one be.
+            let ns = st.dir.info(page).ns;
+            if !st.same_page(page, &e.hash, ns) {
+                continue;
+            }
+            match (key, tier) {
+                (TimerKey::Pin(..), Some(tier)) => st.dir.set_pinned(page, tier, false),
+                (TimerKey::Retain(_), _) => st.dir.set_retain(page, 0),
+                (TimerKey::Pin(..), None) => {}
+            }
+        }
+    }
+
+    /// Objects the pool dropped on its own: their pages are no longer pool-complete.
+    fn sync_pool_evictions(&self) {
+        let Some(pool) = self.pool() else { return };
+        let keys = pool.take_evicted();
+        if keys.is_empty() {
+            return;
+        }
+        let mut st = self.write();
+        for key in keys {
+            for i in 0..st.keys.len() {
+                let ns = NamespaceId(i as u16);
+                let Ok(layout) = st.dir.layout(ns) else { continue };
+                if let Ok((hash, obj)) = st.keys[i].parse(layout, &key) {
+                    if let Some(id) = st.dir.find(ns, &hash) {
+                        let _ = st.dir.set_object(id, TierKind::Pool, obj, false);
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Pool watermark: marks the victims' pool objects absent (and in flight, so no pool
+    /// write races the removal), removes them from the pool with no lock held, then
+    /// clears the in-flight marks. Lookups stop counting a page before its bytes go.
+    fn evict_pool_by_watermark(&self) {
+        let Some(pool) = self.pool() else { return };
+        let usage = pool.usage();
+        if usage.capacity_bytes == 0 {
+            return;
+        }
+        let tun = self.tunables();
+        // Work in KiB so the watermark math stays in usize on 32-bit too.
+        let reclaim = tun
+            .pool_watermarks
+            .reclaim((usage.used_bytes >> 10) as usize, (usage.capacity_bytes >> 10) as usize);
+        if reclaim == 0 {
+            return;
+        }
+        let cands = self.candidates(TierKind::Pool, |_, _, _| true);
+        let per_page = match cands.first() {
+            Some((_, i)) => self.layout(i.ns).map_or(1, |l| l.object_count()),
+            None => return,
+        };
+        let slot_kib = self.arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
+        let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
+        let victims = select_victims(cands, pages, |_| false);
+        // Reserve: under the write lock, pages still live and still evictable.
+        let mut removing = Vec::new();
+        {
+            let mut st = self.write();
+            for id in victims {
+                let info = st.dir.info(id);
+                let Ok(layout) = st.dir.layout(info.ns).cloned() else {
+                    continue;
+                };
+                if !st.same_page(id, &info.hash, info.ns)
+                    || !st.dir.is_complete(id, TierKind::Pool)
+                    || st.dir.is_pinned(id, TierKind::Pool)
+                    || st.dir.is_inflight(id, TierKind::Pool)
+                {
+                    continue;
+                }
+                for (obj, &oid) in layout.objects().iter().enumerate() {
+                    let key = st.keys[info.ns.0 as usize].object_key(&layout, &info.hash, oid);
+                    let _ = st.dir.set_object(id, TierKind::Pool, obj, false);
+                    let _ = st.dir.set_inflight(id, TierKind::Pool, obj, true);
+                    removing.push((id, obj, key));
+                }
+                self.inner.stats.evicted(TierKind::Pool);
+            }
+        }
+        // Remove, no lock held.
+        for (_, _, key) in &removing {
+            let _ = pool.remove(key, true);
+        }
+        // Settle.
+        let mut st = self.write();
+        for (id, obj, _) in removing {
+            let _ = st.dir.set_inflight(id, TierKind::Pool, obj, false);
+        }
+    }
+
+    /// Device tier: kvtier cannot evict engine memory, so above the high watermark it
+    /// advises the engine which pages to evict first (those with a colder copy).
+    fn device_advice(&self) {
+        let tun = self.tunables();
+        let device_pages = self.device_pages();
+        if device_pages.is_empty() {
+            return;
+        }
+        let all = self.candidates(TierKind::Device, |_, _, _| true);
+        for (ns, capacity) in device_pages {
+            let reclaim = tun
+                .device_watermarks
+                .reclaim(all.iter().filter(|(_, i)| i.ns == ns).count(), capacity);
+            if reclaim == 0 {
+                continue;
+            }
+            let cold = self.candidates(TierKind::Device, |st, id, i| {
+                i.ns == ns && (st.dir.is_complete(id, TierKind::Host) || st.dir.is_complete(id, TierKind::Pool))
+            });
+            let victims = select_victims(cold.clone(), reclaim, |_| false);
+            let hash_of: std::collections::HashMap<PageId, PageHash> =
+                cold.into_iter().map(|(id, i)| (id, i.hash)).collect();
+            let hashes: Vec<PageHash> = victims.iter().filter_map(|id| hash_of.get(id).copied()).collect();
+            if !hashes.is_empty() {
+                self.queues().push_advice(Advice::EvictFirst { ns, hashes });
+            }
+        }
+    }
+}
