@@ -3,8 +3,9 @@
 //!
 //! The task sleeps until one of three things: the manager says eviction became due (a
 //! store or a stage crossed a high watermark; it calls the waker from
-//! [`Shared::upkeep_waker`], which notifies this task), the coarse periodic tick passes
-//! (TTLs expire by the clock, with no event to wake on), or shutdown. The tick itself
+//! [`Shared::upkeep_waker`], which notifies this task), the earliest pin or retain
+//! expiry passes, the coarse periodic tick passes (deferred hints and pool self-evictions
+//! have no event to wake on), or shutdown. The tick itself
 //! may make room and do pool I/O, so it runs on the blocking pool with a deadline; wakes
 //! that arrive while it runs coalesce into one more run.
 
@@ -27,7 +28,7 @@ pub async fn run(shared: Arc<Shared>, tick: Duration, shutdown: CancellationToke
             biased;
             _ = shutdown.cancelled() => break,
             _ = shared.upkeep.notified() => tracing::trace!("upkeep woken"),
-            _ = tokio::time::sleep(tick) => {}
+            _ = tokio::time::sleep(next_sleep(&shared, tick)) => {}
         }
         let backend = shared.backend.clone();
         let mut task = tokio::task::spawn_blocking(move || backend.tick());
@@ -48,4 +49,10 @@ pub async fn run(shared: Arc<Shared>, tick: Duration, shutdown: CancellationToke
         }
     }
     tracing::debug!(runs, "upkeep stopped");
+}
+
+/// Until the earliest pin or retain expiry, but never longer than the fallback `tick`
+/// (pool self-evictions, deferred hints and device advice have no deadline to wake on).
+fn next_sleep(shared: &Shared, tick: Duration) -> Duration {
+    shared.backend.next_deadline().map_or(tick, |d| d.min(tick))
 }

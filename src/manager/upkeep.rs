@@ -4,8 +4,9 @@
 //! expires (a deadline known in advance, [`Manager::next_deadline_ms`]) and when host or
 //! pool usage reaches its high watermark (eviction becomes due). A store or a stage that
 //! pushes usage across the high watermark calls the waker the daemon registered with
-//! [`Manager::set_upkeep_waker`], once per crossing, outside every manager lock, so the
-//! daemon's upkeep can sleep until one of the two instead of polling.
+//! [`Manager::set_upkeep_waker`] outside every manager lock: once per crossing, and again
+//! at most once after each upkeep run while usage stays above. The daemon's upkeep sleeps
+//! until one of the two instead of polling.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,6 +54,14 @@ impl Manager {
         self.timers().next_deadline()
     }
 
+    /// How long from now until [`Manager::next_deadline_ms`], if there is one (zero when
+    /// it has passed).
+    pub fn until_next_deadline(&self) -> Option<std::time::Duration> {
+        let now = self.inner.clock.now_ms();
+        self.next_deadline_ms()
+            .map(|at| std::time::Duration::from_millis(at.saturating_sub(now)))
+    }
+
     /// Looks at `tier`'s usage (host or pool) after it may have grown; on a crossing of
     /// its high watermark from below, calls the upkeep waker. Call with no manager lock
     /// held. Only the tier that grew is read, so a store does not touch the pool's lock.
@@ -83,16 +92,14 @@ impl Manager {
         })
     }
 
-    /// Re-reads whether host and pool are above their high watermarks (after upkeep ran),
-    /// so a drop below arms the next crossing. Never wakes: upkeep is what is running.
+    /// Re-arms both crossings after upkeep ran: the next store or stage that finds usage at
+    /// or above a high watermark wakes upkeep again. Usage can stay above after a run when
+    /// the pages it could evict were in flight or pinned; once those settle, the next
+    /// growth must not wait for the fallback tick. So a wake happens at most once per
+    /// upkeep run, never once per store. Never wakes itself: upkeep is what is running.
     pub(crate) fn refresh_crossings(&self) {
-        let tun = self.tunables();
-        let now = [
-            self.host_over(&tun.host_watermarks),
-            self.pool_over(&tun.pool_watermarks),
-        ];
-        for (flag, now) in self.inner.upkeep.above.iter().zip(now) {
-            flag.store(now, Ordering::Release);
+        for flag in &self.inner.upkeep.above {
+            flag.store(false, Ordering::Release);
         }
     }
 }
@@ -117,7 +124,7 @@ impl Manager {
         self.evict_pool_by_watermark();
         self.retry_deferred();
         self.device_advice();
-        // Usage may have dropped below a high watermark: the next crossing wakes upkeep.
+        // Re-arm: the next growth that finds usage above a high watermark wakes upkeep.
         self.refresh_crossings();
         Ok(())
     }

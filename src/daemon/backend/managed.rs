@@ -414,6 +414,10 @@ impl Backend for ManagedTiers {
         }
     }
 
+    fn next_deadline(&self) -> Option<Duration> {
+        self.mgr.until_next_deadline()
+    }
+
     fn tick(&self) {
         if let Err(e) = self.mgr.tick() {
             tracing::warn!(error = %e, "background work failed");

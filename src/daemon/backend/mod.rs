@@ -105,6 +105,11 @@ pub trait Backend: Send + Sync + 'static {
     fn stats(&self) -> DaemonStats;
     /// Periodic work: TTLs, watermark eviction, deferred hints, manifest upkeep.
     fn tick(&self);
+    /// How long until the earliest pin or retain expires, if any, so upkeep can sleep
+    /// until then rather than only on its fallback tick.
+    fn next_deadline(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Clean shutdown: finishes transfers and compacts persistent state.
     fn shutdown(&self) -> Result<(), BackendError>;
 }
