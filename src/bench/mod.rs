@@ -2,8 +2,10 @@
 //! in the same run (memcpy for copies), and their ratio, because an absolute time on a
 //! shared machine means little.
 
+mod admin_load;
 pub mod arena;
 pub mod control;
+pub mod daemon;
 pub mod events;
 pub mod index;
 pub mod pool;
