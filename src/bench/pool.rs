@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::PageAligned;
 use crate::pool::PoolBackend;
 use crate::pool::local::LocalPool;
 use crate::pool::mooncake::{MooncakeConfig, MooncakePool};
@@ -345,13 +346,14 @@ fn bench_local(args: &PoolBenchArgs, size: usize, batch: usize, src: &[&[u8]], t
         ..ArenaOptions::default()
     };
     let pool = LocalPool::create(&path, total as u64, size as u64, &opts)?;
-    let mut out = vec![0u8; total];
-    // Written once here, so the reference never pays first-touch page faults.
-    let mut scratch = vec![1u8; total];
+    // Page-aligned like the pool's slots, and touched here, so neither side pays
+    // first-touch faults or the misaligned-copy slow path the other does not.
+    let mut out = PageAligned::new(total, 0);
+    let mut scratch = PageAligned::new(total, 1);
     let (mut kp, mut kg, mut rp, mut rg) = (vec![], vec![], vec![], vec![]);
     let (mut put_failed, mut get_failed, mut corrupt) = (0usize, 0usize, 0usize);
     let keys: Vec<String> = (0..n).map(|i| format!("kvb-{i}")).collect();
-    let memcpy = |scratch: &mut Vec<u8>| {
+    let memcpy = |scratch: &mut PageAligned| {
         timed(|| {
             for (o, s) in scratch.chunks_mut(size).zip(src) {
                 o.copy_from_slice(s);
@@ -371,7 +373,7 @@ fn bench_local(args: &PoolBenchArgs, size: usize, batch: usize, src: &[&[u8]], t
         };
         // Gets land in zeroed memory so a get that writes nothing cannot pass the check.
         out.fill(0);
-        let get = |out: &mut Vec<u8>| {
+        let get = |out: &mut PageAligned| {
             let mut failed = 0;
             let t = timed(|| {
                 for (ks, chunk) in keys.chunks(batch).zip(out.chunks_mut(batch * size)) {

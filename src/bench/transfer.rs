@@ -15,7 +15,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 
-use super::gbps;
+use super::{PageAligned, gbps};
 use crate::clock::SystemClock;
 use crate::hints::{Hint, HintTarget};
 use crate::layout::LayoutSpec;
@@ -168,10 +168,11 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     }
     let slots: Vec<u32> = (0..pages as u32).collect();
     let bytes = pages as u64 * page;
-    // The reference's buffers, touched once before timing, as the arena and pool are.
-    let src = crate::tier::device::pattern(1, bytes as usize);
-    let mut dst = vec![0u8; bytes as usize];
-    memcpy_time(&src, &mut dst, obj as usize, 1);
+    // The reference's buffers: page-aligned and touched before timing, as the arena,
+    // the pool and the device region are.
+    let mut src = PageAligned::new(bytes as usize, 0);
+    src.copy_from_slice(&crate::tier::device::pattern(1, bytes as usize));
+    let mut dst = PageAligned::new(bytes as usize, 0);
     let wait = Duration::from_secs(120);
     let mut hashes = Vec::new();
     let mut t: [Timings; 4] = Default::default();
@@ -247,7 +248,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     let tk = m.load(ns, 0, 0, &hashes[..1], &[0], LoadWait::WaitComplete)?;
     m.wait(tk, wait)?;
     anyhow::ensure!(dev.page_matches(0, 0)?, "bytes changed on the way");
-    anyhow::ensure!(src == dst, "the reference copy changed the bytes");
+    anyhow::ensure!(*src == *dst, "the reference copy changed the bytes");
     let single: Vec<f64> = t[3].reference.iter().map(|&d| gbps(bytes, d)).collect();
     let memcpy_1t = median(&single);
     Ok(PATHS
