@@ -2,11 +2,11 @@
 //!
 //! A real daemon (`kvtier serve`, a child process on a scratch directory) and an echo
 //! server that returns each frame as it came (thread per connection, reading through the
-//! same frame reader) are measured round by round, alternating which goes first: a block
-//! of lookup and hint requests to the echo, then the same requests to the daemon through
-//! the client library. Each round gives a ratio of medians; the figure is the median of
-//! those per-round ratios and its spread (p10, p90), so a burst of machine noise moves
-//! a few rounds, not the result. Batched throughput pipelines `depth` lookups per write.
+//! same frame reader) take turns request by request: a lookup to the echo, the same
+//! lookup to the daemon through the client library, a hint to each, and so on, with the
+//! order flipped every round. Each round gives a ratio of medians; the figure is the
+//! median of those per-round ratios and its spread (p10, p90), so a burst of machine
+//! noise moves a few rounds, not the result. Batched throughput pipelines `depth` lookups per write.
 //! The admin row is in [`super::admin_load`].
 
 use std::io::BufReader;
@@ -57,7 +57,7 @@ pub struct ControlArgs {
     #[arg(long, default_value_t = 10)]
     pub admin_phases: usize,
     /// Lookups timed per admin-row phase.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = 2_000)]
     pub admin_lookups: usize,
     /// The `kvtier` executable to run as the daemon. Default: this executable.
     #[arg(long, value_name = "PATH")]
@@ -254,30 +254,32 @@ fn measure(args: &ControlArgs, exe: &Path) -> anyhow::Result<(Rounds, f64, Admin
     };
     for round in 0..args.rounds {
         let (mut e, mut d) = (Vec::with_capacity(2 * per), Vec::with_capacity(2 * per));
-        let mut echo_block = |e: &mut Vec<f64>| -> anyhow::Result<()> {
-            for _ in 0..per {
-                e.push(time_us(&mut || echo.round_trip(&lookup_frame, 1).map(drop))?);
-                e.push(time_us(&mut || echo.round_trip(&hint_frame, 1).map(drop))?);
+        // Request by request, echo and daemon take turns (who goes first alternates by
+        // round), so both meet the same scheduler state: on a small shared machine, where
+        // a wake-up lands (same core or not) drifts over milliseconds and moves both
+        // sides' latency far more than the daemon's own work does.
+        for _ in 0..per {
+            for frame_bytes in [&lookup_frame, &hint_frame] {
+                let mut echo_once = || time_us(&mut || echo.round_trip(frame_bytes, 1).map(drop));
+                let is_lookup = std::ptr::eq(frame_bytes, &lookup_frame);
+                let daemon_once = || {
+                    if is_lookup {
+                        time_us(&mut || client.lookup(&hashes).map(drop).map_err(Into::into))
+                    } else {
+                        time_us(&mut || client.hint(hint.clone()).map(drop).map_err(Into::into))
+                    }
+                };
+                let (te, td) = if round % 2 == 0 {
+                    let te = echo_once()?;
+                    (te, daemon_once()?)
+                } else {
+                    let td = daemon_once()?;
+                    (echo_once()?, td)
+                };
+                e.push(te);
+                d.push(td);
+                if is_lookup { r.lookup.push(td) } else { r.hint.push(td) }
             }
-            Ok(())
-        };
-        let daemon_block = |d: &mut Vec<f64>, r: &mut Rounds| -> anyhow::Result<()> {
-            for _ in 0..per {
-                let l = time_us(&mut || client.lookup(&hashes).map(drop).map_err(Into::into))?;
-                let h = time_us(&mut || client.hint(hint.clone()).map(drop).map_err(Into::into))?;
-                d.extend([l, h]);
-                r.lookup.push(l);
-                r.hint.push(h);
-            }
-            Ok(())
-        };
-        // Alternate which side goes first, so neither always meets a warmer machine.
-        if round % 2 == 0 {
-            echo_block(&mut e)?;
-            daemon_block(&mut d, &mut r)?;
-        } else {
-            daemon_block(&mut d, &mut r)?;
-            echo_block(&mut e)?;
         }
         let (e, d) = (sorted(e), sorted(d));
         r.ratios.push(percentile(&d, 0.5) / percentile(&e, 0.5).max(1e-9));
