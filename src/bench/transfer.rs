@@ -3,10 +3,11 @@
 //!
 //! Each path copies on a known number of threads (the transfer workers, or the caller for
 //! a prefetch), and its reference is `memcpy` of the same bytes in the same object-sized
-//! pieces on that many threads, measured right after it in every round (subject,
-//! reference, subject, reference, …) so both meet the same machine. The ratio is the
-//! median of the per-round ratios against that same-thread-count memcpy; the
-//! single-thread memcpy is reported beside it.
+//! pieces on that many threads. Every path runs slice by slice (8 MiB by default), each
+//! slice followed at once by its reference (subject, reference, subject, reference, …),
+//! so both meet the same machine. The ratio is the median of the per-slice ratios
+//! against that same-thread-count memcpy; the single-thread memcpy (the prefetch path's
+//! reference) is reported beside it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,9 +49,13 @@ pub struct TransferArgs {
     /// Pages per store/load request.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
-    /// Measurements per figure (the median is reported).
+    /// Rounds; each moves every page along every path once.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// MiB per slice: each path runs slice by slice, each slice followed by its reference.
+    /// At least one batch per transfer worker.
+    #[arg(long, default_value_t = 8)]
+    pub slice_mib: u64,
     /// Directory for the arena and pool files. Default: a temporary directory in /dev/shm.
     #[arg(long)]
     pub dir: Option<std::path::PathBuf>,
@@ -70,8 +75,8 @@ pub struct Row {
     /// The reference: for the emulated device, `memcpy` of the same bytes on as many
     /// threads as the path copies on, interleaved with it round by round.
     pub memcpy_gbps: f64,
-    /// For the emulated device, the median over rounds of the path's GB/s over its
-    /// same-round `memcpy_gbps`.
+    /// For the emulated device, the median over slices of the path's speed over its
+    /// reference's on the same slice.
     pub ratio: f64,
 }
 
@@ -156,9 +161,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     let mut cfg = ManagerConfig::in_dir(dir, (pages as u64 + 8) * page, Some((pages as u64 + 8) * page));
     cfg.max_batch = args.batch.max(pages);
     cfg.transfer_queue = pages.div_ceil(args.batch) + 8;
-    // Where each path copies: stores, loads and shares run on the transfer workers; a
-    // prefetch of one batch stages on the calling thread.
-    let threads = [cfg.transfer_threads, cfg.transfer_threads, cfg.transfer_threads, 1];
+    let workers = cfg.transfer_threads;
     let m = Manager::new(cfg, SystemClock::new())?;
     let ns = m.register_namespace(Namespace::model(format!("bench-{object_kib}k")), layout.clone())?;
     let dev = Arc::new(EmulatedDevice::new(&layout, 0, pages as u32));
@@ -168,75 +171,109 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     }
     let slots: Vec<u32> = (0..pages as u32).collect();
     let bytes = pages as u64 * page;
+    // Each path moves its pages slice by slice, and each slice is followed by the
+    // reference copying as many bytes: a slice is at least one batch per worker, so the
+    // path runs as it would whole, and it is short enough (a few ms) that subject and
+    // reference meet the same machine.
+    let slice = (((args.slice_mib << 20) / page) as usize)
+        .max(args.batch * workers)
+        .next_multiple_of(args.batch)
+        .min(pages);
+    // Where each path copies: stores, loads and shares run on the transfer workers, one
+    // job per batch; a prefetch of one batch stages on the calling thread.
+    let on_workers = |n: usize| workers.min(n.div_ceil(args.batch)).max(1);
+    let threads = [on_workers(slice), on_workers(slice), on_workers(slice), 1];
     // The reference's buffers: page-aligned and touched before timing, as the arena,
-    // the pool and the device region are.
+    // the pool and the device region are, and as large as what the path moves: slice k's
+    // reference copies the k-th slice of them, bytes last touched a round ago, as the
+    // path's are. (Reusing one slice-sized buffer would copy from cache.)
     let mut src = PageAligned::new(bytes as usize, 0);
     src.copy_from_slice(&crate::tier::device::pattern(1, bytes as usize));
     let mut dst = PageAligned::new(bytes as usize, 0);
     let wait = Duration::from_secs(120);
     let mut hashes = Vec::new();
     let mut t: [Timings; 4] = Default::default();
-    let mut reference = |t: &mut Timings, threads: usize| {
-        t.reference.push(memcpy_time(&src, &mut dst, obj as usize, threads));
-    };
+    // Runs one slice of a path, then the reference on the same bytes and threads.
+    let mut measured =
+        |t: &mut Timings, at: usize, n: usize, threads: usize, op: &mut dyn FnMut() -> anyhow::Result<()>| {
+            let t0 = Instant::now();
+            op()?;
+            t.subject.push(t0.elapsed());
+            let span = at * page as usize..(at + n) * page as usize;
+            t.reference
+                .push(memcpy_time(&src[span.clone()], &mut dst[span], obj as usize, threads));
+            anyhow::Ok(())
+        };
     for round in 1..=args.runs.max(1) as u64 {
         hashes = (0..pages as u64).map(|i| PageHash::from_u64(round << 40 | i)).collect();
-        // Device → host.
-        let t0 = Instant::now();
-        let tickets: Vec<_> = hashes
-            .chunks(args.batch)
-            .zip(slots.chunks(args.batch))
-            .map(|(h, s)| m.store(ns, 0, 0, h, s, 0))
-            .collect::<Result<_, _>>()?;
-        for tk in tickets {
-            let r = m.wait(tk, wait)?;
-            anyhow::ensure!(r.failed == 0 && r.error.is_none(), "store failed: {r:?}");
+        let slices = || {
+            hashes
+                .chunks(slice)
+                .zip(slots.chunks(slice))
+                .enumerate()
+                .map(|(k, (h, s))| (k * slice, h, s))
+        };
+        for (at, hs, ss) in slices() {
+            // Device → host.
+            measured(&mut t[0], at, hs.len(), on_workers(hs.len()), &mut || {
+                let tickets: Vec<_> = hs
+                    .chunks(args.batch)
+                    .zip(ss.chunks(args.batch))
+                    .map(|(h, s)| m.store(ns, 0, 0, h, s, 0))
+                    .collect::<Result<_, _>>()?;
+                for tk in tickets {
+                    let r = m.wait(tk, wait)?;
+                    anyhow::ensure!(r.failed == 0 && r.error.is_none(), "store failed: {r:?}");
+                }
+                Ok(())
+            })?;
         }
-        t[0].subject.push(t0.elapsed());
-        reference(&mut t[0], threads[0]);
-        // Host → device.
-        let t0 = Instant::now();
-        let tickets: Vec<_> = hashes
-            .chunks(args.batch)
-            .zip(slots.chunks(args.batch))
-            .map(|(h, s)| m.load(ns, 0, 0, h, s, LoadWait::BestEffort))
-            .collect::<Result<_, _>>()?;
-        for tk in tickets {
-            let r = m.wait(tk, wait)?;
-            anyhow::ensure!(r.failed == 0, "load failed: {r:?}");
+        for (at, hs, ss) in slices() {
+            // Host → device.
+            measured(&mut t[1], at, hs.len(), on_workers(hs.len()), &mut || {
+                let tickets: Vec<_> = hs
+                    .chunks(args.batch)
+                    .zip(ss.chunks(args.batch))
+                    .map(|(h, s)| m.load(ns, 0, 0, h, s, LoadWait::BestEffort))
+                    .collect::<Result<_, _>>()?;
+                for tk in tickets {
+                    let r = m.wait(tk, wait)?;
+                    anyhow::ensure!(r.failed == 0, "load failed: {r:?}");
+                }
+                Ok(())
+            })?;
         }
-        t[1].subject.push(t0.elapsed());
-        reference(&mut t[1], threads[1]);
-        // Host → pool.
-        let t0 = Instant::now();
-        for h in hashes.chunks(args.batch) {
-            m.hint(
-                ns,
-                Hint::Share {
-                    target: HintTarget::Pages(h.to_vec()),
-                },
-            )?;
+        for (at, hs, _) in slices() {
+            // Host → pool.
+            measured(&mut t[2], at, hs.len(), on_workers(hs.len()), &mut || {
+                for h in hs.chunks(args.batch) {
+                    let target = HintTarget::Pages(h.to_vec());
+                    m.hint(ns, Hint::Share { target })?;
+                }
+                anyhow::ensure!(m.quiesce(wait), "share did not finish");
+                Ok(())
+            })?;
         }
-        anyhow::ensure!(m.quiesce(wait), "share did not finish");
-        t[2].subject.push(t0.elapsed());
-        reference(&mut t[2], threads[2]);
         // Pool → host: drop host copies (outside the timing), then prefetch them back.
         m.removed(ns, 0, 0, &hashes)?;
         m.make_host_room(usize::MAX);
         anyhow::ensure!(m.lookup(ns, &hashes)?.pool == pages, "pages not in pool after share");
-        let t0 = Instant::now();
-        for h in hashes.chunks(args.batch) {
-            m.hint(
-                ns,
-                Hint::Prefetch {
-                    target: HintTarget::Pages(h.to_vec()),
-                    to: TierKind::Host,
-                    deadline_ms: None,
-                },
-            )?;
+        for (at, hs, _) in slices() {
+            measured(&mut t[3], at, hs.len(), 1, &mut || {
+                for h in hs.chunks(args.batch) {
+                    let target = HintTarget::Pages(h.to_vec());
+                    m.hint(
+                        ns,
+                        Hint::Prefetch {
+                            target,
+                            to: TierKind::Host,
+                            deadline_ms: None,
+                        },
+                    )?;
+                }
+                Ok(())
+            })?;
         }
-        t[3].subject.push(t0.elapsed());
-        reference(&mut t[3], threads[3]);
         anyhow::ensure!(
             m.lookup(ns, &hashes)?.host == pages,
             "prefetch did not bring every page"
@@ -249,8 +286,8 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     m.wait(tk, wait)?;
     anyhow::ensure!(dev.page_matches(0, 0)?, "bytes changed on the way");
     anyhow::ensure!(*src == *dst, "the reference copy changed the bytes");
-    let single: Vec<f64> = t[3].reference.iter().map(|&d| gbps(bytes, d)).collect();
-    let memcpy_1t = median(&single);
+    let total = |v: &[Duration]| v.iter().sum::<Duration>() / args.runs.max(1) as u32;
+    let memcpy_1t = gbps(bytes, total(&t[3].reference));
     Ok(PATHS
         .iter()
         .zip(&t)
@@ -262,7 +299,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
                 .zip(&t.reference)
                 .map(|(s, r)| r.as_secs_f64() / s.as_secs_f64())
                 .collect();
-            let g = gbps(bytes, median(&t.subject));
+            let g = gbps(bytes, total(&t.subject));
             Figure {
                 row: Row {
                     path: (*path).into(),
@@ -270,7 +307,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
                     pages,
                     bytes,
                     gbps: g,
-                    memcpy_gbps: gbps(bytes, median(&t.reference)),
+                    memcpy_gbps: gbps(bytes, total(&t.reference)),
                     ratio: median(&ratios),
                 },
                 threads: Some(threads),
