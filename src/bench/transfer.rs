@@ -108,31 +108,40 @@ impl From<Row> for Figure {
 }
 
 /// The reference copy: `src` into `dst` in `chunk`-sized pieces on `threads` threads, each
-/// taking a contiguous share of the pieces, as the transfer workers share batches. Thread
-/// start-up is not timed: the clock starts when every copier is at the line. (The barrier
-/// needs no timeout: every party is spawned right here and has nothing else to wait on.)
+/// taking a contiguous share of the pieces, as the transfer workers share batches. The
+/// copiers start together at a barrier and each notes when it began and ended; the time
+/// is first start to last end, so neither thread start-up nor this thread's own wake-up
+/// (late, on a busy machine) is counted. (The barrier needs no timeout: every party is
+/// spawned right here and has nothing else to wait on.)
 fn memcpy_time(src: &[u8], dst: &mut [u8], chunk: usize, threads: usize) -> Duration {
     let chunk = chunk.max(1);
     let per = src.len().div_ceil(chunk).div_ceil(threads.max(1)).max(1) * chunk;
-    let start = std::sync::Barrier::new(src.len().div_ceil(per) + 1);
-    let mut began = None;
-    std::thread::scope(|s| {
-        for (sv, dv) in src.chunks(per).zip(dst.chunks_mut(per)) {
-            let start = &start;
-            s.spawn(move || {
-                start.wait();
-                for (a, b) in sv.chunks(chunk).zip(dv.chunks_mut(chunk)) {
-                    b.copy_from_slice(a);
-                }
-            });
-        }
-        start.wait();
-        began = Some(Instant::now());
-        // Leaving the scope joins the copiers.
+    let start = std::sync::Barrier::new(src.len().div_ceil(per).max(1));
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+        let copiers: Vec<_> = src
+            .chunks(per)
+            .zip(dst.chunks_mut(per))
+            .map(|(sv, dv)| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    let t = Instant::now();
+                    for (a, b) in sv.chunks(chunk).zip(dv.chunks_mut(chunk)) {
+                        b.copy_from_slice(a);
+                    }
+                    (t, Instant::now())
+                })
+            })
+            .collect();
+        copiers.into_iter().filter_map(|c| c.join().ok()).collect()
     });
-    began
-        .map_or(Duration::ZERO, |t| t.elapsed())
-        .max(Duration::from_nanos(1))
+    let first = spans.iter().map(|s| s.0).min();
+    let last = spans.iter().map(|s| s.1).max();
+    match (first, last) {
+        (Some(a), Some(b)) => b.saturating_duration_since(a),
+        _ => Duration::ZERO,
+    }
+    .max(Duration::from_nanos(1))
 }
 
 /// The four paths, in the order each round runs them.
