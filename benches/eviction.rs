@@ -37,7 +37,7 @@ fn bench(c: &mut Criterion) {
         dir.touch(ids[(j * 61_813 % PAGES) as usize], false);
     }
     dir.drain_events();
-    let idle = |s: u32| s % 3 == 0;
+    let idle = |s: u32| s.is_multiple_of(3);
     let mut g = c.benchmark_group("eviction");
     g.bench_function("candidates_and_select_64_of_100k", |b| {
         b.iter(|| {

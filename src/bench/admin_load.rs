@@ -71,7 +71,7 @@ pub(crate) fn measure(
             s.spawn(|| {
                 let mut n = 0usize;
                 while !stop.load(Ordering::Relaxed) {
-                    let path = if n % 2 == 0 {
+                    let path = if n.is_multiple_of(2) {
                         "/v1/sessions"
                     } else {
                         pages_path.as_str()

@@ -82,7 +82,7 @@ pub fn measure(args: &IndexArgs) -> IndexReport {
     let hashes: Vec<PageHash> = (0..chains * chain).map(hash).collect();
     let stride = [7_919, 7_907, 7_901, 1]
         .into_iter()
-        .find(|s| chains % s != 0)
+        .find(|s| !chains.is_multiple_of(*s))
         .unwrap_or(1)
         % chains.max(1);
     let stride = stride.max(1);
