@@ -147,7 +147,7 @@ fn memcpy_time(src: &[u8], dst: &mut [u8], chunk: usize, threads: usize) -> Dura
 /// The four paths, in the order each round runs them.
 const PATHS: [&str; 4] = ["device->host", "host->device", "host->pool", "pool->host"];
 
-/// Per path: the subject's and its reference's time in every round.
+/// Per path: the subject's and its reference's time on every slice of every round.
 #[derive(Default)]
 struct Timings {
     subject: Vec<Duration>,
