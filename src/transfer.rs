@@ -35,15 +35,28 @@ pub struct TransferEngine {
     capacity: usize,
     queued: Receiver<Job>,
     /// Jobs submitted and not yet finished (queued or running).
-    pending: Arc<AtomicUsize>,
+    pending: Arc<PendingCount>,
+}
+
+/// Jobs submitted and not yet finished, and a condvar that wakes idle waiters when the
+/// count reaches zero (so waiting for quiet is not a sleep loop).
+#[derive(Default)]
+struct PendingCount {
+    n: AtomicUsize,
+    lock: Mutex<()>,
+    idle: Condvar,
 }
 
 /// Counts a job as pending from submission until it has run or been dropped unrun.
-struct Pending(Arc<AtomicUsize>);
+struct Pending(Arc<PendingCount>);
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        if self.0.n.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Taking the lock orders this wake-up after a waiter's check of the count.
+            let _g = self.0.lock.lock();
+            self.0.idle.notify_all();
+        }
     }
 }
 
@@ -82,12 +95,12 @@ impl TransferEngine {
             workers,
             capacity,
             queued: rx,
-            pending: Arc::new(AtomicUsize::new(0)),
+            pending: Arc::new(PendingCount::default()),
         }
     }
 
     fn counted(&self, job: Job) -> Job {
-        self.pending.fetch_add(1, Ordering::SeqCst);
+        self.pending.n.fetch_add(1, Ordering::SeqCst);
         let p = Pending(self.pending.clone());
         Box::new(move || {
             let _p = p;
@@ -97,7 +110,20 @@ impl TransferEngine {
 
     /// Whether every submitted job has finished.
     pub fn idle(&self) -> bool {
-        self.pending.load(Ordering::SeqCst) == 0
+        self.pending.n.load(Ordering::SeqCst) == 0
+    }
+
+    /// Waits up to `timeout` until every submitted job has finished; returns whether they
+    /// did. Woken by the last job to finish, not by polling.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.pending.lock.lock();
+        while !self.idle() {
+            if self.pending.idle.wait_until(&mut g, deadline).timed_out() {
+                return self.idle();
+            }
+        }
+        true
     }
 
     /// Queues a job, or gives it back when the queue is full.
@@ -279,6 +305,34 @@ mod tests {
         gate.1.notify_all();
         drop(engine);
         assert_eq!(ran.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn wait_idle_returns_when_the_last_job_ends_and_times_out_while_one_runs() {
+        let engine = TransferEngine::new(2, 8);
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..3 {
+            let (g, r) = (gate.clone(), ran.clone());
+            assert!(
+                engine
+                    .try_submit(Box::new(move || {
+                        let mut open = g.0.lock();
+                        while !*open {
+                            g.1.wait(&mut open);
+                        }
+                        r.fetch_add(1, Ordering::SeqCst);
+                    }))
+                    .is_ok()
+            );
+        }
+        assert!(!engine.wait_idle(Duration::from_millis(20)), "jobs are still blocked");
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        *gate.0.lock() = true;
+        gate.1.notify_all();
+        assert!(engine.wait_idle(Duration::from_secs(10)));
+        assert_eq!(ran.load(Ordering::SeqCst), 3, "idle only after every job ran");
+        assert!(engine.idle());
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::PageAligned;
 use crate::pool::PoolBackend;
 use crate::pool::local::LocalPool;
 use crate::pool::mooncake::{MooncakeConfig, MooncakePool};
@@ -78,6 +79,12 @@ pub struct Row {
     pub raw_gbps: f64,
     pub ratio: f64,
     pub reference: &'static str,
+    /// Operations (objects) that failed, over all rounds: an error, or a get of the wrong
+    /// length. The Mooncake run stops at the first failure instead.
+    pub failed: usize,
+    /// Objects a get returned with bytes different from what was put, over all rounds.
+    /// The Mooncake run checks its warm-up round and stops at the first difference.
+    pub corrupt: usize,
 }
 
 pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
@@ -91,13 +98,26 @@ pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!("backend   op   object_bytes objects batch kvtier_GB/s raw_GB/s ratio  reference");
+        println!("backend   op   object_bytes objects batch kvtier_GB/s raw_GB/s ratio failed corrupt  reference");
         for r in &rows {
             println!(
-                "{:<9} {:<4} {:>12} {:>7} {:>5} {:>11.3} {:>8.3} {:>5.2}  {}",
-                r.backend, r.op, r.object_bytes, r.objects, r.batch, r.kvtier_gbps, r.raw_gbps, r.ratio, r.reference
+                "{:<9} {:<4} {:>12} {:>7} {:>5} {:>11.3} {:>8.3} {:>5.2} {:>6} {:>7}  {}",
+                r.backend,
+                r.op,
+                r.object_bytes,
+                r.objects,
+                r.batch,
+                r.kvtier_gbps,
+                r.raw_gbps,
+                r.ratio,
+                r.failed,
+                r.corrupt,
+                r.reference
             );
         }
+    }
+    if rows.iter().any(|r| r.failed > 0 || r.corrupt > 0) {
+        bail!("some pool operations failed or returned different bytes (see the rows)");
     }
     Ok(())
 }
@@ -166,6 +186,8 @@ impl Shape {
             raw_gbps: rg,
             ratio: kg / rg.max(1e-12),
             reference: self.reference,
+            failed: 0,
+            corrupt: 0,
         }
     }
 }
@@ -311,6 +333,9 @@ fn bench_mooncake(
     Ok(vec![shape.row("put", kp, rp), shape.row("get", kg, rg)])
 }
 
+/// Local pool: every put and get result is counted, and every object a get returns is
+/// compared with what was put. The reference is memcpy of the same bytes in the same
+/// object-sized pieces, measured right after each operation, in alternating order.
 fn bench_local(args: &PoolBenchArgs, size: usize, batch: usize, src: &[&[u8]], tag: &str) -> anyhow::Result<Vec<Row>> {
     let n = src.len();
     let total = n * size;
@@ -321,30 +346,66 @@ fn bench_local(args: &PoolBenchArgs, size: usize, batch: usize, src: &[&[u8]], t
         ..ArenaOptions::default()
     };
     let pool = LocalPool::create(&path, total as u64, size as u64, &opts)?;
-    let mut out = vec![0u8; total];
+    // Page-aligned like the pool's slots, and touched here, so neither side pays
+    // first-touch faults or the misaligned-copy slow path the other does not.
+    let mut out = PageAligned::new(total, 0);
+    let mut scratch = PageAligned::new(total, 1);
     let (mut kp, mut kg, mut rp, mut rg) = (vec![], vec![], vec![], vec![]);
+    let (mut put_failed, mut get_failed, mut corrupt) = (0usize, 0usize, 0usize);
     let keys: Vec<String> = (0..n).map(|i| format!("kvb-{i}")).collect();
-    for _ in 0..args.rounds {
-        kp.push(timed(|| {
-            for (ks, objs) in keys.chunks(batch).zip(src.chunks(batch)) {
-                let items: Vec<(&str, &[u8])> = ks.iter().map(String::as_str).zip(objs.iter().copied()).collect();
-                pool.batch_put_from(&items);
-            }
-        }));
-        kg.push(timed(|| {
-            for (ks, chunk) in keys.chunks(batch).zip(out.chunks_mut(batch * size)) {
-                let mut items: Vec<(&str, &mut [u8])> =
-                    ks.iter().map(String::as_str).zip(chunk.chunks_mut(size)).collect();
-                pool.batch_get_into(&mut items);
-            }
-        }));
-        // The physical reference: the same bytes copied with memcpy, both directions.
-        rp.push(timed(|| {
-            for (o, s) in out.chunks_mut(size).zip(src) {
+    let memcpy = |scratch: &mut PageAligned| {
+        timed(|| {
+            for (o, s) in scratch.chunks_mut(size).zip(src) {
                 o.copy_from_slice(s);
             }
-        }));
-        rg.push(rp[rp.len() - 1]);
+        })
+    };
+    for round in 0..args.rounds {
+        let put = || {
+            let mut failed = 0;
+            let t = timed(|| {
+                for (ks, objs) in keys.chunks(batch).zip(src.chunks(batch)) {
+                    let items: Vec<(&str, &[u8])> = ks.iter().map(String::as_str).zip(objs.iter().copied()).collect();
+                    failed += pool.batch_put_from(&items).iter().filter(|r| r.is_err()).count();
+                }
+            });
+            (t, failed)
+        };
+        // Gets land in zeroed memory so a get that writes nothing cannot pass the check.
+        out.fill(0);
+        let get = |out: &mut PageAligned| {
+            let mut failed = 0;
+            let t = timed(|| {
+                for (ks, chunk) in keys.chunks(batch).zip(out.chunks_mut(batch * size)) {
+                    let mut items: Vec<(&str, &mut [u8])> =
+                        ks.iter().map(String::as_str).zip(chunk.chunks_mut(size)).collect();
+                    failed += pool
+                        .batch_get_into(&mut items)
+                        .iter()
+                        .filter(|r| r.as_ref().map_or(true, |&len| len != size))
+                        .count();
+                }
+            });
+            (t, failed)
+        };
+        let ((tp, fp), p_ref, (tg, fg), g_ref) = if round % 2 == 0 {
+            let a = put();
+            let b = memcpy(&mut scratch);
+            let c = get(&mut out);
+            (a, b, c, memcpy(&mut scratch))
+        } else {
+            let b = memcpy(&mut scratch);
+            let a = put();
+            let d = memcpy(&mut scratch);
+            (a, b, get(&mut out), d)
+        };
+        put_failed += fp;
+        get_failed += fg;
+        corrupt += out.chunks(size).zip(src).filter(|(o, s)| o != *s).count();
+        kp.push(tp);
+        rp.push(p_ref);
+        kg.push(tg);
+        rg.push(g_ref);
     }
     let shape = Shape {
         backend: "local",
@@ -354,5 +415,10 @@ fn bench_local(args: &PoolBenchArgs, size: usize, batch: usize, src: &[&[u8]], t
         batch,
         rounds: args.rounds,
     };
-    Ok(vec![shape.row("put", kp, rp), shape.row("get", kg, rg)])
+    let mut put = shape.row("put", kp, rp);
+    put.failed = put_failed;
+    let mut get = shape.row("get", kg, rg);
+    get.failed = get_failed;
+    get.corrupt = corrupt;
+    Ok(vec![put, get])
 }

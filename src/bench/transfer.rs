@@ -1,14 +1,22 @@
 //! `kvtier bench transfer`: page-move throughput between tiers through the manager, at
-//! several object sizes, beside single-thread `memcpy` of the same bytes in the same run.
+//! several object sizes, beside `memcpy` of the same bytes in the same run.
+//!
+//! Each path copies on a known number of threads (the transfer workers, or the caller for
+//! a prefetch), and its reference is `memcpy` of the same bytes in the same object-sized
+//! pieces on that many threads. Every path runs slice by slice (8 MiB by default), each
+//! slice followed at once by its reference (subject, reference, subject, reference, …),
+//! so both meet the same machine. The ratio is the median of the per-slice ratios
+//! against that same-thread-count memcpy; the single-thread memcpy (the prefetch path's
+//! reference) is reported beside it.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 
-use super::{gbps, median_time};
+use super::{PageAligned, gbps};
 use crate::clock::SystemClock;
 use crate::hints::{Hint, HintTarget};
 use crate::layout::LayoutSpec;
@@ -41,9 +49,13 @@ pub struct TransferArgs {
     /// Pages per store/load request.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
-    /// Measurements per figure (the median is reported).
+    /// Rounds; each moves every page along every path once.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// MiB per slice: each path runs slice by slice, each slice followed by its reference.
+    /// At least one batch per transfer worker.
+    #[arg(long, default_value_t = 8)]
+    pub slice_mib: u64,
     /// Directory for the arena and pool files. Default: a temporary directory in /dev/shm.
     #[arg(long)]
     pub dir: Option<std::path::PathBuf>,
@@ -52,6 +64,7 @@ pub struct TransferArgs {
     pub json: bool,
 }
 
+/// One path at one object size. (`transfer_cuda` fills these too, against raw cuMemcpy.)
 #[derive(Debug, Serialize)]
 pub struct Row {
     pub path: String,
@@ -59,25 +72,95 @@ pub struct Row {
     pub pages: usize,
     pub bytes: u64,
     pub gbps: f64,
+    /// The reference: for the emulated device, `memcpy` of the same bytes on as many
+    /// threads as the path copies on, interleaved with it round by round.
     pub memcpy_gbps: f64,
+    /// For the emulated device, the median over slices of the path's speed over its
+    /// reference's on the same slice.
     pub ratio: f64,
 }
 
-/// Single-thread memcpy of `total` bytes in `chunk`-sized copies between two buffers
-/// too large for the caches.
-fn memcpy_gbps(total: usize, chunk: usize, runs: usize) -> f64 {
-    let src = crate::tier::device::pattern(1, total);
-    let mut dst = vec![0u8; total];
-    let d = median_time(runs, || {
-        for (s, o) in src.chunks(chunk).zip(dst.chunks_mut(chunk)) {
-            o.copy_from_slice(s);
-        }
-        std::hint::black_box(&mut dst);
-    });
-    gbps(total as u64, d)
+/// A row with the emulated device's thread-count facts beside it.
+#[derive(Debug, Serialize)]
+pub struct Figure {
+    #[serde(flatten)]
+    pub row: Row,
+    /// Threads the path copies on; the reference uses as many.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+    /// `memcpy` of the same bytes on one thread, in the same rounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memcpy_1t_gbps: Option<f64>,
+    /// `gbps / memcpy_1t_gbps`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_1t: Option<f64>,
 }
 
-fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyhow::Result<Vec<Row>> {
+impl From<Row> for Figure {
+    fn from(row: Row) -> Self {
+        Self {
+            row,
+            threads: None,
+            memcpy_1t_gbps: None,
+            ratio_1t: None,
+        }
+    }
+}
+
+/// The reference copy: `src` into `dst` in `chunk`-sized pieces on `threads` threads, each
+/// taking a contiguous share of the pieces, as the transfer workers share batches. The
+/// copiers start together at a barrier and each notes when it began and ended; the time
+/// is first start to last end, so neither thread start-up nor this thread's own wake-up
+/// (late, on a busy machine) is counted. (The barrier needs no timeout: every party is
+/// spawned right here and has nothing else to wait on.)
+fn memcpy_time(src: &[u8], dst: &mut [u8], chunk: usize, threads: usize) -> Duration {
+    let chunk = chunk.max(1);
+    let per = src.len().div_ceil(chunk).div_ceil(threads.max(1)).max(1) * chunk;
+    let start = std::sync::Barrier::new(src.len().div_ceil(per).max(1));
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+        let copiers: Vec<_> = src
+            .chunks(per)
+            .zip(dst.chunks_mut(per))
+            .map(|(sv, dv)| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    let t = Instant::now();
+                    for (a, b) in sv.chunks(chunk).zip(dv.chunks_mut(chunk)) {
+                        b.copy_from_slice(a);
+                    }
+                    (t, Instant::now())
+                })
+            })
+            .collect();
+        copiers.into_iter().filter_map(|c| c.join().ok()).collect()
+    });
+    let first = spans.iter().map(|s| s.0).min();
+    let last = spans.iter().map(|s| s.1).max();
+    match (first, last) {
+        (Some(a), Some(b)) => b.saturating_duration_since(a),
+        _ => Duration::ZERO,
+    }
+    .max(Duration::from_nanos(1))
+}
+
+/// The four paths, in the order each round runs them.
+const PATHS: [&str; 4] = ["device->host", "host->device", "host->pool", "pool->host"];
+
+/// Per path: the subject's and its reference's time on every slice of every round.
+#[derive(Default)]
+struct Timings {
+    subject: Vec<Duration>,
+    reference: Vec<Duration>,
+}
+
+fn median<T: Copy + PartialOrd>(v: &[T]) -> T {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2]
+}
+
+fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyhow::Result<Vec<Figure>> {
     // Objects of `object_kib`: 4 layers x 16 tokens x token bytes.
     let token_bytes = (object_kib * 1024 / 64) as u32;
     let layout = LayoutSpec::mha(4, 1, token_bytes / 2, 2, 16).build()?;
@@ -87,6 +170,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     let mut cfg = ManagerConfig::in_dir(dir, (pages as u64 + 8) * page, Some((pages as u64 + 8) * page));
     cfg.max_batch = args.batch.max(pages);
     cfg.transfer_queue = pages.div_ceil(args.batch) + 8;
+    let workers = cfg.transfer_threads;
     let m = Manager::new(cfg, SystemClock::new())?;
     let ns = m.register_namespace(Namespace::model(format!("bench-{object_kib}k")), layout.clone())?;
     let dev = Arc::new(EmulatedDevice::new(&layout, 0, pages as u32));
@@ -96,66 +180,109 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     }
     let slots: Vec<u32> = (0..pages as u32).collect();
     let bytes = pages as u64 * page;
+    // Each path moves its pages slice by slice, and each slice is followed by the
+    // reference copying as many bytes: a slice is at least one batch per worker, so the
+    // path runs as it would whole, and it is short enough (a few ms) that subject and
+    // reference meet the same machine.
+    let slice = (((args.slice_mib << 20) / page) as usize)
+        .max(args.batch * workers)
+        .next_multiple_of(args.batch)
+        .min(pages);
+    // Where each path copies: stores, loads and shares run on the transfer workers, one
+    // job per batch; a prefetch of one batch stages on the calling thread.
+    let on_workers = |n: usize| workers.min(n.div_ceil(args.batch)).max(1);
+    let threads = [on_workers(slice), on_workers(slice), on_workers(slice), 1];
+    // The reference's buffers: page-aligned and touched before timing, as the arena,
+    // the pool and the device region are, and as large as what the path moves: slice k's
+    // reference copies the k-th slice of them, bytes last touched a round ago, as the
+    // path's are. (Reusing one slice-sized buffer would copy from cache.)
+    let mut src = PageAligned::new(bytes as usize, 0);
+    src.copy_from_slice(&crate::tier::device::pattern(1, bytes as usize));
+    let mut dst = PageAligned::new(bytes as usize, 0);
     let wait = Duration::from_secs(120);
     let mut hashes = Vec::new();
-    let mut t_d2h = Vec::new();
-    let mut t_h2d = Vec::new();
-    let mut t_h2p = Vec::new();
-    let mut t_p2h = Vec::new();
+    let mut t: [Timings; 4] = Default::default();
+    // Runs one slice of a path, then the reference on the same bytes and threads.
+    let mut measured =
+        |t: &mut Timings, at: usize, n: usize, threads: usize, op: &mut dyn FnMut() -> anyhow::Result<()>| {
+            let t0 = Instant::now();
+            op()?;
+            t.subject.push(t0.elapsed());
+            let span = at * page as usize..(at + n) * page as usize;
+            t.reference
+                .push(memcpy_time(&src[span.clone()], &mut dst[span], obj as usize, threads));
+            anyhow::Ok(())
+        };
     for round in 1..=args.runs.max(1) as u64 {
         hashes = (0..pages as u64).map(|i| PageHash::from_u64(round << 40 | i)).collect();
-        // Device → host.
-        let t = std::time::Instant::now();
-        let tickets: Vec<_> = hashes
-            .chunks(args.batch)
-            .zip(slots.chunks(args.batch))
-            .map(|(h, s)| m.store(ns, 0, 0, h, s, 0))
-            .collect::<Result<_, _>>()?;
-        for tk in tickets {
-            let r = m.wait(tk, wait)?;
-            anyhow::ensure!(r.failed == 0 && r.error.is_none(), "store failed: {r:?}");
+        let slices = || {
+            hashes
+                .chunks(slice)
+                .zip(slots.chunks(slice))
+                .enumerate()
+                .map(|(k, (h, s))| (k * slice, h, s))
+        };
+        for (at, hs, ss) in slices() {
+            // Device → host.
+            measured(&mut t[0], at, hs.len(), on_workers(hs.len()), &mut || {
+                let tickets: Vec<_> = hs
+                    .chunks(args.batch)
+                    .zip(ss.chunks(args.batch))
+                    .map(|(h, s)| m.store(ns, 0, 0, h, s, 0))
+                    .collect::<Result<_, _>>()?;
+                for tk in tickets {
+                    let r = m.wait(tk, wait)?;
+                    anyhow::ensure!(r.failed == 0 && r.error.is_none(), "store failed: {r:?}");
+                }
+                Ok(())
+            })?;
         }
-        t_d2h.push(t.elapsed());
-        // Host → device.
-        let t = std::time::Instant::now();
-        let tickets: Vec<_> = hashes
-            .chunks(args.batch)
-            .zip(slots.chunks(args.batch))
-            .map(|(h, s)| m.load(ns, 0, 0, h, s, LoadWait::BestEffort))
-            .collect::<Result<_, _>>()?;
-        for tk in tickets {
-            let r = m.wait(tk, wait)?;
-            anyhow::ensure!(r.failed == 0, "load failed: {r:?}");
+        for (at, hs, ss) in slices() {
+            // Host → device.
+            measured(&mut t[1], at, hs.len(), on_workers(hs.len()), &mut || {
+                let tickets: Vec<_> = hs
+                    .chunks(args.batch)
+                    .zip(ss.chunks(args.batch))
+                    .map(|(h, s)| m.load(ns, 0, 0, h, s, LoadWait::BestEffort))
+                    .collect::<Result<_, _>>()?;
+                for tk in tickets {
+                    let r = m.wait(tk, wait)?;
+                    anyhow::ensure!(r.failed == 0, "load failed: {r:?}");
+                }
+                Ok(())
+            })?;
         }
-        t_h2d.push(t.elapsed());
-        // Host → pool.
-        let t = std::time::Instant::now();
-        for h in hashes.chunks(args.batch) {
-            m.hint(
-                ns,
-                Hint::Share {
-                    target: HintTarget::Pages(h.to_vec()),
-                },
-            )?;
+        for (at, hs, _) in slices() {
+            // Host → pool.
+            measured(&mut t[2], at, hs.len(), on_workers(hs.len()), &mut || {
+                for h in hs.chunks(args.batch) {
+                    let target = HintTarget::Pages(h.to_vec());
+                    m.hint(ns, Hint::Share { target })?;
+                }
+                anyhow::ensure!(m.quiesce(wait), "share did not finish");
+                Ok(())
+            })?;
         }
-        anyhow::ensure!(m.quiesce(wait), "share did not finish");
-        t_h2p.push(t.elapsed());
         // Pool → host: drop host copies (outside the timing), then prefetch them back.
         m.removed(ns, 0, 0, &hashes)?;
         m.make_host_room(usize::MAX);
         anyhow::ensure!(m.lookup(ns, &hashes)?.pool == pages, "pages not in pool after share");
-        let t = std::time::Instant::now();
-        for h in hashes.chunks(args.batch) {
-            m.hint(
-                ns,
-                Hint::Prefetch {
-                    target: HintTarget::Pages(h.to_vec()),
-                    to: TierKind::Host,
-                    deadline_ms: None,
-                },
-            )?;
+        for (at, hs, _) in slices() {
+            measured(&mut t[3], at, hs.len(), 1, &mut || {
+                for h in hs.chunks(args.batch) {
+                    let target = HintTarget::Pages(h.to_vec());
+                    m.hint(
+                        ns,
+                        Hint::Prefetch {
+                            target,
+                            to: TierKind::Host,
+                            deadline_ms: None,
+                        },
+                    )?;
+                }
+                Ok(())
+            })?;
         }
-        t_p2h.push(t.elapsed());
         anyhow::ensure!(
             m.lookup(ns, &hashes)?.host == pages,
             "prefetch did not bring every page"
@@ -164,34 +291,40 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
         m.make_host_room(usize::MAX);
     }
     // Content check: the last round's pages read back equal what the device holds.
-    let t = m.load(ns, 0, 0, &hashes[..1], &[0], LoadWait::WaitComplete)?;
-    m.wait(t, wait)?;
+    let tk = m.load(ns, 0, 0, &hashes[..1], &[0], LoadWait::WaitComplete)?;
+    m.wait(tk, wait)?;
     anyhow::ensure!(dev.page_matches(0, 0)?, "bytes changed on the way");
-    let memcpy = memcpy_gbps(bytes as usize, obj as usize, args.runs);
-    let med = |mut v: Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2]
-    };
-    Ok([
-        ("device->host", t_d2h),
-        ("host->device", t_h2d),
-        ("host->pool", t_h2p),
-        ("pool->host", t_p2h),
-    ]
-    .into_iter()
-    .map(|(path, times)| {
-        let g = gbps(bytes, med(times));
-        Row {
-            path: path.into(),
-            object_bytes: obj,
-            pages,
-            bytes,
-            gbps: g,
-            memcpy_gbps: memcpy,
-            ratio: g / memcpy,
-        }
-    })
-    .collect())
+    anyhow::ensure!(*src == *dst, "the reference copy changed the bytes");
+    let total = |v: &[Duration]| v.iter().sum::<Duration>() / args.runs.max(1) as u32;
+    let memcpy_1t = gbps(bytes, total(&t[3].reference));
+    Ok(PATHS
+        .iter()
+        .zip(&t)
+        .zip(threads)
+        .map(|((path, t), threads)| {
+            let ratios: Vec<f64> = t
+                .subject
+                .iter()
+                .zip(&t.reference)
+                .map(|(s, r)| r.as_secs_f64() / s.as_secs_f64())
+                .collect();
+            let g = gbps(bytes, total(&t.subject));
+            Figure {
+                row: Row {
+                    path: (*path).into(),
+                    object_bytes: obj,
+                    pages,
+                    bytes,
+                    gbps: g,
+                    memcpy_gbps: gbps(bytes, total(&t.reference)),
+                    ratio: median(&ratios),
+                },
+                threads: Some(threads),
+                memcpy_1t_gbps: Some(memcpy_1t),
+                ratio_1t: Some(g / memcpy_1t),
+            }
+        })
+        .collect())
 }
 
 pub fn run(args: TransferArgs) -> anyhow::Result<()> {
@@ -220,7 +353,11 @@ pub fn run(args: TransferArgs) -> anyhow::Result<()> {
         match args.device {
             DeviceKind::Emulated => rows.extend(rows_for(kib, &args, &dir)?),
             #[cfg(feature = "cuda")]
-            DeviceKind::Cuda => rows.extend(super::transfer_cuda::rows_for(kib, &args)?),
+            DeviceKind::Cuda => rows.extend(
+                super::transfer_cuda::rows_for(kib, &args)?
+                    .into_iter()
+                    .map(Figure::from),
+            ),
             #[cfg(not(feature = "cuda"))]
             DeviceKind::Cuda => anyhow::bail!("this kvtier was built without the `cuda` feature"),
         }
@@ -233,17 +370,22 @@ pub fn run(args: TransferArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         println!(
-            "{:<14} {:>10} {:>10} {:>12} {:>7}",
-            "path", "object", "GB/s", reference, "ratio"
+            "{:<14} {:>10} {:>7} {:>10} {:>12} {:>7} {:>10} {:>8}",
+            "path", "object", "threads", "GB/s", reference, "ratio", "1-thread", "ratio_1t"
         );
-        for r in &rows {
+        let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
+        for f in &rows {
+            let r = &f.row;
             println!(
-                "{:<14} {:>9}K {:>10.2} {:>12.2} {:>7.2}",
+                "{:<14} {:>9}K {:>7} {:>10.2} {:>12.2} {:>7.2} {:>10} {:>8}",
                 r.path,
                 r.object_bytes / 1024,
+                f.threads.map_or("-".into(), |t| t.to_string()),
                 r.gbps,
                 r.memcpy_gbps,
-                r.ratio
+                r.ratio,
+                opt(f.memcpy_1t_gbps),
+                opt(f.ratio_1t)
             );
         }
     }

@@ -366,14 +366,7 @@ impl Manager {
     /// Waits up to `timeout` until every queued transfer has finished. Returns whether it
     /// did (shutdown, tests).
     pub fn quiesce(&self, timeout: std::time::Duration) -> bool {
-        let deadline = std::time::Instant::now() + timeout;
-        while !self.inner.xfer.idle() {
-            if std::time::Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        true
+        self.inner.xfer.wait_idle(timeout)
     }
 
     /// Takes the advice for engines gathered since the last call.

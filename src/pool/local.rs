@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -26,10 +27,14 @@ struct Entry {
     readers: u32,
 }
 
+/// A key shared by the entry map and the LRU order, so a put allocates it once and a get
+/// moves it within the LRU without allocating.
+type Key = Arc<str>;
+
 #[derive(Debug, Default)]
 struct Index {
-    entries: HashMap<String, Entry>,
-    lru: BTreeMap<u64, String>,
+    entries: HashMap<Key, Entry>,
+    lru: BTreeMap<u64, Key>,
     /// Slots of doomed entries, still being read.
     draining: Vec<(SlotId, u32)>,
     tick: u64,
@@ -39,6 +44,11 @@ struct Index {
 }
 
 /// The embedded default pool.
+///
+/// A batch takes the index lock twice, not twice per object: once to reserve (slots for
+/// puts, reader fences for gets), then the bytes move with no lock held, then once to
+/// settle. Per-object locking made every 64 KiB copy pay two lock round trips (contended
+/// by the other transfer workers) and a key allocation on top of the copy.
 #[derive(Debug)]
 pub struct LocalPool {
     store: HostArena,
@@ -80,7 +90,7 @@ impl LocalPool {
             idx.evicted.remove(0);
             idx.overflow = true;
         }
-        idx.evicted.push(victim.1);
+        idx.evicted.push(victim.1.to_string());
         Some(e.slot)
     }
 
@@ -96,62 +106,44 @@ impl LocalPool {
         Some(())
     }
 
-    fn put_one(&self, key: &str, data: &[u8]) -> Result<(), PoolError> {
-        if data.len() > self.store.slot_bytes() {
-            return Err(PoolError::TooLarge {
-                len: data.len(),
-                max: self.store.slot_bytes(),
-            });
-        }
-        let slot = {
-            let mut idx = self.index.lock();
-            self.alloc(&mut idx).ok_or(PoolError::NoSpace)?
-        };
-        // SAFETY: the slot is ours: allocated above and not yet published in the index.
-        unsafe { self.store.slot_mut(slot, data.len()) }
-            .map_err(|e| PoolError::Unavailable(e.to_string()))?
-            .copy_from_slice(data);
-        let mut idx = self.index.lock();
-        self.unlink(&mut idx, key);
+    /// Makes a written slot the object of `key`, replacing any older one.
+    fn publish(&self, idx: &mut Index, key: &str, slot: SlotId, len: usize) {
+        self.unlink(idx, key);
         idx.tick += 1;
         let tick = idx.tick;
-        idx.lru.insert(tick, key.to_owned());
-        idx.used_bytes += data.len() as u64;
+        let key: Key = Arc::from(key);
+        idx.lru.insert(tick, key.clone());
+        idx.used_bytes += len as u64;
         idx.entries.insert(
-            key.to_owned(),
+            key,
             Entry {
                 slot,
-                len: data.len(),
+                len,
                 tick,
                 readers: 0,
             },
         );
-        Ok(())
     }
 
-    fn get_one(&self, key: &str, buf: &mut [u8]) -> Result<usize, PoolError> {
-        let (slot, len) = {
-            let mut idx = self.index.lock();
-            idx.tick += 1;
-            let tick = idx.tick;
-            let e = idx.entries.get_mut(key).ok_or(PoolError::NotFound)?;
-            if buf.len() < e.len {
-                return Err(PoolError::BufferTooSmall {
-                    got: buf.len(),
-                    need: e.len,
-                });
-            }
-            let old = std::mem::replace(&mut e.tick, tick);
-            e.readers += 1;
-            let (slot, len) = (e.slot, e.len);
-            idx.lru.remove(&old);
-            idx.lru.insert(tick, key.to_owned());
-            (slot, len)
-        };
-        // SAFETY: the slot is fenced by our reader count: not freed or reused until we
-        // drop it below, and puts never write a published slot.
-        let res = unsafe { self.store.slot(slot, len) }.map(|src| buf[..len].copy_from_slice(src));
-        let mut idx = self.index.lock();
+    /// Fences `key`'s slot for reading into a buffer of `room` bytes and marks it used.
+    fn fence(idx: &mut Index, key: &str, room: usize) -> Result<(SlotId, usize), PoolError> {
+        idx.tick += 1;
+        let tick = idx.tick;
+        let e = idx.entries.get_mut(key).ok_or(PoolError::NotFound)?;
+        if room < e.len {
+            return Err(PoolError::BufferTooSmall { got: room, need: e.len });
+        }
+        let old = std::mem::replace(&mut e.tick, tick);
+        e.readers += 1;
+        let (slot, len) = (e.slot, e.len);
+        if let Some(k) = idx.lru.remove(&old) {
+            idx.lru.insert(tick, k);
+        }
+        Ok((slot, len))
+    }
+
+    /// Drops a reader fence taken by [`Self::fence`].
+    fn unfence(&self, idx: &mut Index, key: &str, slot: SlotId) {
         match idx.entries.get_mut(key).filter(|e| e.slot == slot) {
             Some(e) => e.readers -= 1,
             None => {
@@ -165,7 +157,54 @@ impl LocalPool {
                 }
             }
         }
-        res.map(|_| len).map_err(|e| PoolError::Unavailable(e.to_string()))
+    }
+    /// One round of a batch put over the items `todo` names: reserve their slots under one
+    /// lock, copy with no lock held, publish under one lock. Returns how many were placed
+    /// and the items that found no slot.
+    fn put_round(
+        &self,
+        items: &[(&str, &[u8])],
+        todo: &[usize],
+        results: &mut [Result<(), PoolError>],
+    ) -> (usize, Vec<usize>) {
+        let max = self.store.slot_bytes();
+        let mut rest = Vec::new();
+        let mut slots: Vec<(usize, SlotId)> = Vec::with_capacity(todo.len());
+        {
+            let mut idx = self.index.lock();
+            for &i in todo {
+                let len = items[i].1.len();
+                if len > max {
+                    results[i] = Err(PoolError::TooLarge { len, max });
+                } else if let Some(s) = self.alloc(&mut idx) {
+                    slots.push((i, s));
+                } else {
+                    results[i] = Err(PoolError::NoSpace);
+                    rest.push(i);
+                }
+            }
+        }
+        let mut written = Vec::with_capacity(slots.len());
+        for (i, s) in slots {
+            let data = items[i].1;
+            // SAFETY: the slot is ours: allocated above and not yet published in the index.
+            match unsafe { self.store.slot_mut(s, data.len()) } {
+                Ok(dst) => {
+                    dst.copy_from_slice(data);
+                    written.push((i, s));
+                }
+                Err(e) => {
+                    self.store.free(s);
+                    results[i] = Err(PoolError::Unavailable(e.to_string()));
+                }
+            }
+        }
+        let mut idx = self.index.lock();
+        for &(i, s) in &written {
+            self.publish(&mut idx, items[i].0, s, items[i].1.len());
+            results[i] = Ok(());
+        }
+        (written.len(), rest)
     }
 }
 
@@ -175,11 +214,46 @@ impl PoolBackend for LocalPool {
     }
 
     fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), PoolError>> {
-        items.iter().map(|(k, d)| self.put_one(k, d)).collect()
+        let mut results: Vec<Result<(), PoolError>> = vec![Err(PoolError::NoSpace); items.len()];
+        let mut todo: Vec<usize> = (0..items.len()).collect();
+        // Normally one round. When the pool runs out of slots mid-batch, the rest go in
+        // another round once this one is published, so they may evict what it wrote (as
+        // one put at a time would), rather than fail beside slots still unpublished.
+        while !todo.is_empty() {
+            let (placed, rest) = self.put_round(items, &todo, &mut results);
+            if placed == 0 {
+                break;
+            }
+            todo = rest;
+        }
+        results
     }
 
     fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>> {
-        items.iter_mut().map(|(k, b)| self.get_one(k, b)).collect()
+        // Fence every slot under one lock: none is freed or reused until unfenced below,
+        // and puts never write a published slot.
+        let fenced: Vec<Result<(SlotId, usize), PoolError>> = {
+            let mut idx = self.index.lock();
+            items.iter().map(|(k, b)| Self::fence(&mut idx, k, b.len())).collect()
+        };
+        let results: Vec<Result<usize, PoolError>> = items
+            .iter_mut()
+            .zip(&fenced)
+            .map(|((_, buf), f)| {
+                let (slot, len) = f.clone()?;
+                // SAFETY: the slot is fenced by our reader count (see above).
+                let src = unsafe { self.store.slot(slot, len) }.map_err(|e| PoolError::Unavailable(e.to_string()))?;
+                buf[..len].copy_from_slice(src);
+                Ok(len)
+            })
+            .collect();
+        let mut idx = self.index.lock();
+        for ((key, _), f) in items.iter().zip(&fenced) {
+            if let Ok((slot, _)) = f {
+                self.unfence(&mut idx, key, *slot);
+            }
+        }
+        results
     }
 
     fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
@@ -273,6 +347,63 @@ mod tests {
         assert_eq!(p.batch_get_into(&mut [("d", &mut buf[..])])[0], Ok(64));
         assert_eq!(buf, pattern(9, 64));
         assert!(p.take_evicted().is_empty());
+    }
+
+    #[test]
+    fn one_batch_answers_each_item_in_order_and_releases_every_fence() {
+        let (_d, p) = pool(4);
+        let (a, b, c) = (pattern(1, 64), pattern(2, 100), pattern(3, 4096));
+        let too_big = vec![7u8; 4097];
+        // "c" twice in one batch: the later write wins, and the earlier slot is freed.
+        let r = p.batch_put_from(&[("a", &a), ("big", &too_big), ("b", &b), ("c", &a), ("c", &c)]);
+        assert_eq!(r.len(), 5);
+        assert!(r[0].is_ok() && r[2].is_ok() && r[3].is_ok() && r[4].is_ok(), "{r:?}");
+        assert!(matches!(r[1], Err(PoolError::TooLarge { len: 4097, max: 4096 })));
+        assert_eq!(p.usage().objects, 3);
+        assert_eq!(p.usage().used_bytes, 64 + 100 + 4096);
+        let (mut bb, mut small, mut ba, mut bc) = (vec![0u8; 128], [0u8; 10], vec![0u8; 64], vec![0u8; 4096]);
+        let got = p.batch_get_into(&mut [
+            ("b", &mut bb[..]),
+            ("nope", &mut [0u8; 8][..]),
+            ("a", &mut small[..]),
+            ("a", &mut ba[..]),
+            ("c", &mut bc[..]),
+        ]);
+        assert_eq!(
+            got,
+            vec![
+                Ok(100),
+                Err(PoolError::NotFound),
+                Err(PoolError::BufferTooSmall { got: 10, need: 64 }),
+                Ok(64),
+                Ok(4096)
+            ]
+        );
+        assert_eq!(&bb[..100], &b[..]);
+        assert_eq!(ba, a);
+        assert_eq!(bc, c);
+        // Every fence was dropped: removing frees slots at once, so three new objects fit
+        // beside nothing evicted.
+        for k in ["a", "b", "c"] {
+            assert_eq!(p.remove(k, false), Ok(()));
+        }
+        let r = p.batch_put_from(&[("w", &a), ("x", &a), ("y", &b), ("z", &c)]);
+        assert!(r.iter().all(Result::is_ok), "{r:?}");
+        assert!(p.take_evicted().is_empty());
+    }
+
+    #[test]
+    fn a_batch_larger_than_the_free_room_evicts_as_single_puts_would() {
+        let (_d, p) = pool(3);
+        let (a, b, c) = (pattern(1, 64), pattern(2, 64), pattern(3, 64));
+        // Four writes, three slots: the last one evicts the least recently used ("a").
+        let r = p.batch_put_from(&[("a", &a), ("b", &b), ("c", &a), ("c", &c)]);
+        assert_eq!(r, vec![Ok(()), Ok(()), Ok(()), Ok(())]);
+        assert_eq!(p.take_evicted(), vec!["a".to_string()]);
+        let mut buf = vec![0u8; 64];
+        assert_eq!(p.batch_get_into(&mut [("c", &mut buf[..])]), vec![Ok(64)]);
+        assert_eq!(buf, c);
+        assert_eq!(p.batch_exists(&["a", "b", "c"]), vec![Ok(false), Ok(true), Ok(true)]);
     }
 
     #[test]

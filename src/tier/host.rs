@@ -319,9 +319,13 @@ impl HostArena {
 }
 
 /// Maps every page before the first copy, spread over `threads` threads: each thread
-/// locks its range (which faults it in) or, where locking is off or refused, reads one
-/// byte per 4 KiB page. Reading never changes a reopened arena's data. Returns whether
-/// the whole range is locked, or why not.
+/// locks its range (which faults it in) and, with `touch`, maps it writable with
+/// `MADV_POPULATE_WRITE`. On a shared mapping both locking and reading fault pages in
+/// read-only, so every page's first write would still take a fault (16 per 64 KiB
+/// object; a first pass over a fresh arena ran at about half its later speed). Where
+/// the kernel lacks `MADV_POPULATE_WRITE` (before 5.14) it reads one byte per 4 KiB page
+/// instead. Neither changes a reopened arena's data. Returns whether the whole range is
+/// locked, or why not.
 fn populate(base: *const u8, len: usize, threads: usize, touch: bool, lock: bool) -> Result<(), String> {
     const PAGE: usize = 4096;
     if !lock && !touch {
@@ -339,18 +343,27 @@ fn populate(base: *const u8, len: usize, threads: usize, touch: bool, lock: bool
                     let mut err = None;
                     if lock {
                         // SAFETY: the range lies inside our live mapping.
-                        if unsafe { libc::mlock((base + start) as *const libc::c_void, n) } == 0 {
-                            return None;
+                        if unsafe { libc::mlock((base + start) as *const libc::c_void, n) } != 0 {
+                            err = Some(format!("mlock: {}", std::io::Error::last_os_error()));
                         }
-                        err = Some(format!("mlock: {}", std::io::Error::last_os_error()));
                     }
                     if touch {
-                        for off in (start..start + n).step_by(PAGE) {
-                            // SAFETY: inside the mapping; volatile so it is not elided.
-                            unsafe { std::ptr::read_volatile((base + off) as *const u8) };
+                        // SAFETY: a page-aligned range inside our live, writable mapping;
+                        // the advice only populates page tables and never changes data.
+                        let ok =
+                            unsafe { libc::madvise((base + start) as *mut libc::c_void, n, libc::MADV_POPULATE_WRITE) }
+                                == 0;
+                        if !ok {
+                            for off in (start..start + n).step_by(PAGE) {
+                                // SAFETY: inside the mapping; volatile so it is not elided.
+                                unsafe { std::ptr::read_volatile((base + off) as *const u8) };
+                            }
                         }
                     }
-                    err.or_else(|| (!lock).then(|| "locking disabled by configuration".to_string()))
+                    if lock {
+                        return err;
+                    }
+                    Some("locking disabled by configuration".to_string())
                 })
             })
             .collect();

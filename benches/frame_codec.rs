@@ -1,0 +1,49 @@
+//! Frame codec: a control request encoded into one frame, then the frame read back
+//! (header checks and body) and the request decoded, as client and daemon do for every
+//! round trip. Two requests: a lookup of 16 page hashes (the common one) and a hint.
+//!
+//! Each iteration checks that the decoded request equals the one encoded.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use kvtier::PageHash;
+use kvtier::hints::{Hint, HintTarget};
+use kvtier::protocol::frame::DEFAULT_MAX_BODY;
+use kvtier::protocol::{Request, read_frame};
+
+fn bench(c: &mut Criterion) {
+    let hashes: Vec<PageHash> = (0..16u64).map(|i| PageHash::from_u64(0xbe7c_0000 + i)).collect();
+    let requests = [
+        ("lookup_16_hashes", Request::Lookup { hashes: hashes.clone() }),
+        (
+            "retain_hint_16_pages",
+            Request::Hint(Hint::Retain {
+                target: HintTarget::Pages(hashes),
+                priority: 1,
+                ttl_ms: 60_000,
+            }),
+        ),
+    ];
+    let mut g = c.benchmark_group("frame_codec");
+    g.throughput(Throughput::Elements(1));
+    for (name, req) in requests {
+        let (mut out, mut body) = (Vec::with_capacity(4096), Vec::with_capacity(4096));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                out.clear();
+                black_box(&req).encode(7, &mut out);
+                let mut r: &[u8] = &out;
+                let h = read_frame(&mut r, DEFAULT_MAX_BODY, &mut body).expect("a whole frame");
+                assert_eq!(h.request_id, 7);
+                let back = Request::decode(h.kind, &body).expect("decodes");
+                assert!(back == req, "round trip changed the request");
+                back
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
