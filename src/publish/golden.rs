@@ -31,18 +31,7 @@ fn long(fill: u8) -> PageHash {
 
 /// Every event kind on every tier, with 8-byte hashes around each uint width.
 fn small_events() -> Vec<PageEvent> {
-    let hashes = [
-        0,
-        127,
-        128,
-        255,
-        256,
-        65_535,
-        65_536,
-        u32::MAX as u64,
-        u32::MAX as u64 + 1,
-        u64::MAX,
-    ];
+    let hashes = super::wire::tests::UINTS;
     let tiers = [TierKind::Device, TierKind::Host, TierKind::Pool];
     let mut out = Vec::new();
     for (i, &h) in hashes.iter().enumerate() {

@@ -3,8 +3,8 @@
 
 use super::*;
 
-/// Unsigned integers at each MessagePack width boundary.
-const UINTS: [u64; 10] = [
+/// Unsigned integers at each MessagePack width boundary (the golden batches use them too).
+pub(crate) const UINTS: [u64; 10] = [
     0,
     127,
     128,
