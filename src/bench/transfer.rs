@@ -5,9 +5,11 @@
 //! a prefetch), and its reference is `memcpy` of the same bytes in the same object-sized
 //! pieces on that many threads. Every path runs slice by slice (8 MiB by default), each
 //! slice followed at once by its reference (subject, reference, subject, reference, …),
-//! so both meet the same machine. The ratio is the median of the per-slice ratios
-//! against that same-thread-count memcpy; the single-thread memcpy (the prefetch path's
-//! reference) is reported beside it.
+//! so both meet the same machine. Both are timed from the calling thread: the subject
+//! from its first request to its last result, the reference from handing its parts to
+//! parked copier threads to hearing the last is done, so both pay the same wake-ups. The
+//! ratio is the median of the per-slice ratios against that same-thread-count memcpy; the
+//! single-thread memcpy (the prefetch path's reference) is reported beside it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -107,41 +109,119 @@ impl From<Row> for Figure {
     }
 }
 
-/// The reference copy: `src` into `dst` in `chunk`-sized pieces on `threads` threads, each
-/// taking a contiguous share of the pieces, as the transfer workers share batches. The
-/// copiers start together at a barrier and each notes when it began and ended; the time
-/// is first start to last end, so neither thread start-up nor this thread's own wake-up
-/// (late, on a busy machine) is counted. (The barrier needs no timeout: every party is
-/// spawned right here and has nothing else to wait on.)
-fn memcpy_time(src: &[u8], dst: &mut [u8], chunk: usize, threads: usize) -> Duration {
-    let chunk = chunk.max(1);
-    let per = src.len().div_ceil(chunk).div_ceil(threads.max(1)).max(1) * chunk;
-    let start = std::sync::Barrier::new(src.len().div_ceil(per).max(1));
-    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
-        let copiers: Vec<_> = src
-            .chunks(per)
-            .zip(dst.chunks_mut(per))
-            .map(|(sv, dv)| {
-                let start = &start;
-                s.spawn(move || {
-                    start.wait();
-                    let t = Instant::now();
-                    for (a, b) in sv.chunks(chunk).zip(dv.chunks_mut(chunk)) {
-                        b.copy_from_slice(a);
+/// The reference's copiers: `threads` threads that stay parked between slices and are
+/// woken by the calling thread for each, as the transfer workers are woken by the jobs a
+/// store or load submits. The time is the caller's, from handing out the parts to
+/// hearing that the last is done, as the subject's is from its first request to its last
+/// result: both pay the same wake-ups of parked threads and of the caller. A path that
+/// copies on the calling thread (a one-batch prefetch) is compared with a copy on the
+/// calling thread, with no hand-off on either side.
+struct Copiers {
+    parts: Vec<crossbeam_channel::Sender<Part>>,
+    done: crossbeam_channel::Receiver<()>,
+}
+
+/// One copier's share of a slice: `len` bytes from `src` to `dst` in `chunk`-sized pieces.
+struct Part {
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+    chunk: usize,
+}
+
+// SAFETY: a part names a byte range of the bench's reference buffers that no other part
+// of the same slice overlaps, and the caller neither reads nor writes the buffers until
+// every part has reported done; the buffers outlive the copiers (a thread scope).
+unsafe impl Send for Part {}
+
+impl Part {
+    fn copy(self) {
+        // SAFETY: see `unsafe impl Send for Part`: the ranges are valid, disjoint from the
+        // other parts' and untouched by the caller while the part runs.
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(self.src, self.len),
+                std::slice::from_raw_parts_mut(self.dst, self.len),
+            )
+        };
+        for (a, b) in src.chunks(self.chunk).zip(dst.chunks_mut(self.chunk)) {
+            b.copy_from_slice(a);
+        }
+    }
+}
+
+/// Where a path copies, and so where its reference copies.
+#[derive(Clone, Copy)]
+enum Threads {
+    /// On the calling thread (a prefetch of one batch), with no hand-off.
+    Caller,
+    /// On this many transfer workers, woken by the caller.
+    Workers(usize),
+}
+
+/// Longest the caller waits for a reference part (a stuck copier is a bench failure).
+const PART_WAIT: Duration = Duration::from_secs(60);
+
+impl Copiers {
+    /// `threads` copiers in `scope`; they exit when `self` is dropped.
+    fn spawn<'s>(scope: &'s std::thread::Scope<'s, '_>, threads: usize) -> Self {
+        let (done_tx, done) = crossbeam_channel::bounded(threads.max(1));
+        let parts = (0..threads.max(1))
+            .map(|_| {
+                let (tx, rx) = crossbeam_channel::bounded::<Part>(1);
+                let done_tx = done_tx.clone();
+                scope.spawn(move || {
+                    while let Ok(p) = rx.recv() {
+                        p.copy();
+                        if done_tx.send(()).is_err() {
+                            break;
+                        }
                     }
-                    (t, Instant::now())
-                })
+                });
+                tx
             })
             .collect();
-        copiers.into_iter().filter_map(|c| c.join().ok()).collect()
-    });
-    let first = spans.iter().map(|s| s.0).min();
-    let last = spans.iter().map(|s| s.1).max();
-    match (first, last) {
-        (Some(a), Some(b)) => b.saturating_duration_since(a),
-        _ => Duration::ZERO,
+        Self { parts, done }
     }
-    .max(Duration::from_nanos(1))
+
+    /// Copies `src` into `dst` in `chunk`-sized pieces on `threads` of the copiers (each
+    /// taking a contiguous share of the pieces, as the transfer workers share batches),
+    /// or on this thread for a path that copies on its caller, and returns the caller's
+    /// time.
+    fn time(&self, src: &[u8], dst: &mut [u8], chunk: usize, threads: Threads) -> anyhow::Result<Duration> {
+        let chunk = chunk.max(1);
+        let t0 = Instant::now();
+        let Threads::Workers(threads) = threads else {
+            Part {
+                src: src.as_ptr(),
+                dst: dst.as_mut_ptr(),
+                len: src.len().min(dst.len()),
+                chunk,
+            }
+            .copy();
+            return Ok(t0.elapsed());
+        };
+        let threads = threads.clamp(1, self.parts.len());
+        let per = src.len().div_ceil(chunk).div_ceil(threads).max(1) * chunk;
+        let mut sent = 0;
+        for ((sv, dv), tx) in src.chunks(per).zip(dst.chunks_mut(per)).zip(&self.parts) {
+            let part = Part {
+                src: sv.as_ptr(),
+                dst: dv.as_mut_ptr(),
+                len: sv.len().min(dv.len()),
+                chunk,
+            };
+            tx.send_timeout(part, PART_WAIT)
+                .map_err(|_| anyhow::anyhow!("a reference copier is gone"))?;
+            sent += 1;
+        }
+        for _ in 0..sent {
+            self.done
+                .recv_timeout(PART_WAIT)
+                .map_err(|_| anyhow::anyhow!("a reference copier did not finish"))?;
+        }
+        Ok(t0.elapsed().max(Duration::from_nanos(1)))
+    }
 }
 
 /// The four paths, in the order each round runs them.
@@ -192,6 +272,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     // job per batch; a prefetch of one batch stages on the calling thread.
     let on_workers = |n: usize| workers.min(n.div_ceil(args.batch)).max(1);
     let threads = [on_workers(slice), on_workers(slice), on_workers(slice), 1];
+    let on = |n: usize| Threads::Workers(on_workers(n));
     // The reference's buffers: page-aligned and touched before timing, as the arena,
     // the pool and the device region are, and as large as what the path moves: slice k's
     // reference copies the k-th slice of them, bytes last touched a round ago, as the
@@ -202,94 +283,98 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     let wait = Duration::from_secs(120);
     let mut hashes = Vec::new();
     let mut t: [Timings; 4] = Default::default();
-    // Runs one slice of a path, then the reference on the same bytes and threads.
-    let mut measured =
-        |t: &mut Timings, at: usize, n: usize, threads: usize, op: &mut dyn FnMut() -> anyhow::Result<()>| {
-            let t0 = Instant::now();
-            op()?;
-            t.subject.push(t0.elapsed());
-            let span = at * page as usize..(at + n) * page as usize;
-            t.reference
-                .push(memcpy_time(&src[span.clone()], &mut dst[span], obj as usize, threads));
-            anyhow::Ok(())
-        };
-    for round in 1..=args.runs.max(1) as u64 {
-        hashes = (0..pages as u64).map(|i| PageHash::from_u64(round << 40 | i)).collect();
-        let slices = || {
-            hashes
-                .chunks(slice)
-                .zip(slots.chunks(slice))
-                .enumerate()
-                .map(|(k, (h, s))| (k * slice, h, s))
-        };
-        for (at, hs, ss) in slices() {
-            // Device → host.
-            measured(&mut t[0], at, hs.len(), on_workers(hs.len()), &mut || {
-                let tickets: Vec<_> = hs
-                    .chunks(args.batch)
-                    .zip(ss.chunks(args.batch))
-                    .map(|(h, s)| m.store(ns, 0, 0, h, s, 0))
-                    .collect::<Result<_, _>>()?;
-                for tk in tickets {
-                    let r = m.wait(tk, wait)?;
-                    anyhow::ensure!(r.failed == 0 && r.error.is_none(), "store failed: {r:?}");
-                }
-                Ok(())
-            })?;
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let copiers = Copiers::spawn(scope, workers);
+        // Runs one slice of a path, then the reference on the same bytes and threads.
+        let mut measured =
+            |t: &mut Timings, at: usize, n: usize, threads: Threads, op: &mut dyn FnMut() -> anyhow::Result<()>| {
+                let t0 = Instant::now();
+                op()?;
+                t.subject.push(t0.elapsed());
+                let span = at * page as usize..(at + n) * page as usize;
+                t.reference
+                    .push(copiers.time(&src[span.clone()], &mut dst[span], obj as usize, threads)?);
+                anyhow::Ok(())
+            };
+        for round in 1..=args.runs.max(1) as u64 {
+            hashes = (0..pages as u64).map(|i| PageHash::from_u64(round << 40 | i)).collect();
+            let slices = || {
+                hashes
+                    .chunks(slice)
+                    .zip(slots.chunks(slice))
+                    .enumerate()
+                    .map(|(k, (h, s))| (k * slice, h, s))
+            };
+            for (at, hs, ss) in slices() {
+                // Device → host.
+                measured(&mut t[0], at, hs.len(), on(hs.len()), &mut || {
+                    let tickets: Vec<_> = hs
+                        .chunks(args.batch)
+                        .zip(ss.chunks(args.batch))
+                        .map(|(h, s)| m.store(ns, 0, 0, h, s, 0))
+                        .collect::<Result<_, _>>()?;
+                    for tk in tickets {
+                        let r = m.wait(tk, wait)?;
+                        anyhow::ensure!(r.failed == 0 && r.error.is_none(), "store failed: {r:?}");
+                    }
+                    Ok(())
+                })?;
+            }
+            for (at, hs, ss) in slices() {
+                // Host → device.
+                measured(&mut t[1], at, hs.len(), on(hs.len()), &mut || {
+                    let tickets: Vec<_> = hs
+                        .chunks(args.batch)
+                        .zip(ss.chunks(args.batch))
+                        .map(|(h, s)| m.load(ns, 0, 0, h, s, LoadWait::BestEffort))
+                        .collect::<Result<_, _>>()?;
+                    for tk in tickets {
+                        let r = m.wait(tk, wait)?;
+                        anyhow::ensure!(r.failed == 0, "load failed: {r:?}");
+                    }
+                    Ok(())
+                })?;
+            }
+            for (at, hs, _) in slices() {
+                // Host → pool.
+                measured(&mut t[2], at, hs.len(), on(hs.len()), &mut || {
+                    for h in hs.chunks(args.batch) {
+                        let target = HintTarget::Pages(h.to_vec());
+                        m.hint(ns, Hint::Share { target })?;
+                    }
+                    anyhow::ensure!(m.quiesce(wait), "share did not finish");
+                    Ok(())
+                })?;
+            }
+            // Pool → host: drop host copies (outside the timing), then prefetch them back.
+            m.removed(ns, 0, 0, &hashes)?;
+            m.make_host_room(usize::MAX);
+            anyhow::ensure!(m.lookup(ns, &hashes)?.pool == pages, "pages not in pool after share");
+            for (at, hs, _) in slices() {
+                measured(&mut t[3], at, hs.len(), Threads::Caller, &mut || {
+                    for h in hs.chunks(args.batch) {
+                        let target = HintTarget::Pages(h.to_vec());
+                        m.hint(
+                            ns,
+                            Hint::Prefetch {
+                                target,
+                                to: TierKind::Host,
+                                deadline_ms: None,
+                            },
+                        )?;
+                    }
+                    Ok(())
+                })?;
+            }
+            anyhow::ensure!(
+                m.lookup(ns, &hashes)?.host == pages,
+                "prefetch did not bring every page"
+            );
+            // Clean slate for the next round.
+            m.make_host_room(usize::MAX);
         }
-        for (at, hs, ss) in slices() {
-            // Host → device.
-            measured(&mut t[1], at, hs.len(), on_workers(hs.len()), &mut || {
-                let tickets: Vec<_> = hs
-                    .chunks(args.batch)
-                    .zip(ss.chunks(args.batch))
-                    .map(|(h, s)| m.load(ns, 0, 0, h, s, LoadWait::BestEffort))
-                    .collect::<Result<_, _>>()?;
-                for tk in tickets {
-                    let r = m.wait(tk, wait)?;
-                    anyhow::ensure!(r.failed == 0, "load failed: {r:?}");
-                }
-                Ok(())
-            })?;
-        }
-        for (at, hs, _) in slices() {
-            // Host → pool.
-            measured(&mut t[2], at, hs.len(), on_workers(hs.len()), &mut || {
-                for h in hs.chunks(args.batch) {
-                    let target = HintTarget::Pages(h.to_vec());
-                    m.hint(ns, Hint::Share { target })?;
-                }
-                anyhow::ensure!(m.quiesce(wait), "share did not finish");
-                Ok(())
-            })?;
-        }
-        // Pool → host: drop host copies (outside the timing), then prefetch them back.
-        m.removed(ns, 0, 0, &hashes)?;
-        m.make_host_room(usize::MAX);
-        anyhow::ensure!(m.lookup(ns, &hashes)?.pool == pages, "pages not in pool after share");
-        for (at, hs, _) in slices() {
-            measured(&mut t[3], at, hs.len(), 1, &mut || {
-                for h in hs.chunks(args.batch) {
-                    let target = HintTarget::Pages(h.to_vec());
-                    m.hint(
-                        ns,
-                        Hint::Prefetch {
-                            target,
-                            to: TierKind::Host,
-                            deadline_ms: None,
-                        },
-                    )?;
-                }
-                Ok(())
-            })?;
-        }
-        anyhow::ensure!(
-            m.lookup(ns, &hashes)?.host == pages,
-            "prefetch did not bring every page"
-        );
-        // Clean slate for the next round.
-        m.make_host_room(usize::MAX);
-    }
+        Ok(())
+    })?;
     // Content check: the last round's pages read back equal what the device holds.
     let tk = m.load(ns, 0, 0, &hashes[..1], &[0], LoadWait::WaitComplete)?;
     m.wait(tk, wait)?;

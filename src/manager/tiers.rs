@@ -53,7 +53,19 @@ struct ObjMove {
     obj: usize,
     slot: SlotId,
     len: usize,
+    hash: PageHash,
+    /// The pool key, rendered after the reserve phase has let go of the directory lock.
     key: String,
+}
+
+/// Renders the pool keys of `moves` outside the directory lock: each key is a hex
+/// rendering of the hash and a `format!`, two allocations per object that need nothing the
+/// lock guards (the layout is cloned, the key scheme too), and under the write lock they
+/// held up the other transfer worker's reserve and settle and lookups.
+fn render_keys(moves: &mut [ObjMove], keys: &crate::page::KeyScheme, layout: &crate::layout::Layout) {
+    for m in moves {
+        m.key = keys.object_key(layout, &m.hash, layout.objects()[m.obj]);
+    }
 }
 
 impl Manager {
@@ -130,7 +142,7 @@ impl Manager {
         // Reserve.
         let mut moves = Vec::new();
         let mut settled = Vec::new();
-        {
+        let (layout, keys) = {
             let mut st = self.write();
             let Ok(layout) = st.dir.layout(ns).cloned() else {
                 return 0;
@@ -147,21 +159,24 @@ impl Manager {
                             continue;
                         }
                         let Some(slot) = st.host_slot(page, obj) else { continue };
-                        let key = st.keys[ns.0 as usize].object_key(&layout, &hash, layout.objects()[obj]);
                         let _ = st.dir.set_inflight(page, TierKind::Pool, obj, true);
                         moves.push(ObjMove {
                             page,
                             obj,
                             slot,
                             len: layout.object_bytes(obj) as usize,
-                            key,
+                            hash,
+                            key: String::new(),
                         });
                     }
                 }
                 gt.lease(page);
                 settled.push(page);
             }
-        }
+            let keys = st.keys[ns.0 as usize].clone();
+            (layout, keys)
+        };
+        render_keys(&mut moves, &keys, &layout);
         // Copy, straight from the arena slots.
         let mut results: Vec<Result<(), PoolError>> = Vec::new();
         if let Some(pool) = pool.as_ref().filter(|_| !moves.is_empty()) {
@@ -303,48 +318,51 @@ impl Manager {
             }
             let mut moves = Vec::new();
             let mut stop = false;
-            {
-                let mut st = self.write();
-                let Ok(layout) = st.dir.layout(ns).cloned() else {
-                    return staged;
-                };
-                for h in chunk {
-                    let Some(id) = st
-                        .dir
-                        .find(ns, h)
-                        .filter(|&id| st.dir.is_complete(id, TierKind::Host) || st.dir.is_complete(id, TierKind::Pool))
-                    else {
-                        if prefix {
+            let (layout, keys) =
+                {
+                    let mut st = self.write();
+                    let Ok(layout) = st.dir.layout(ns).cloned() else {
+                        return staged;
+                    };
+                    for h in chunk {
+                        let Some(id) = st.dir.find(ns, h).filter(|&id| {
+                            st.dir.is_complete(id, TierKind::Host) || st.dir.is_complete(id, TierKind::Pool)
+                        }) else {
+                            if prefix {
+                                stop = true;
+                                break;
+                            }
+                            continue;
+                        };
+                        if st.dir.is_complete(id, TierKind::Host) {
+                            continue;
+                        }
+                        let missing: Vec<usize> = st
+                            .dir
+                            .missing_objects(id, TierKind::Host)
+                            .into_iter()
+                            .filter(|o| !st.dir.inflight_objects(id, TierKind::Host).contains(o))
+                            .collect();
+                        let Some(slots) = arena.alloc_n(missing.len()) else {
                             stop = true;
                             break;
+                        };
+                        for (obj, slot) in missing.into_iter().zip(slots) {
+                            let _ = st.dir.set_inflight(id, TierKind::Host, obj, true);
+                            moves.push(ObjMove {
+                                page: id,
+                                obj,
+                                slot,
+                                len: layout.object_bytes(obj) as usize,
+                                hash: *h,
+                                key: String::new(),
+                            });
                         }
-                        continue;
-                    };
-                    if st.dir.is_complete(id, TierKind::Host) {
-                        continue;
                     }
-                    let missing: Vec<usize> = st
-                        .dir
-                        .missing_objects(id, TierKind::Host)
-                        .into_iter()
-                        .filter(|o| !st.dir.inflight_objects(id, TierKind::Host).contains(o))
-                        .collect();
-                    let Some(slots) = arena.alloc_n(missing.len()) else {
-                        stop = true;
-                        break;
-                    };
-                    for (obj, slot) in missing.into_iter().zip(slots) {
-                        let _ = st.dir.set_inflight(id, TierKind::Host, obj, true);
-                        moves.push(ObjMove {
-                            page: id,
-                            obj,
-                            slot,
-                            len: layout.object_bytes(obj) as usize,
-                            key: st.keys[ns.0 as usize].object_key(&layout, h, layout.objects()[obj]),
-                        });
-                    }
-                }
-            }
+                    let keys = st.keys[ns.0 as usize].clone();
+                    (layout, keys)
+                };
+            render_keys(&mut moves, &keys, &layout);
             let mut results: Vec<Result<usize, PoolError>> =
                 vec![Err(PoolError::Unavailable("arena slot".into())); moves.len()];
             {
