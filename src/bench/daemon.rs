@@ -5,7 +5,6 @@
 //! what a bench measures is what engines and operators talk to, however the daemon is
 //! built inside. Dropping the handle stops the child and removes the directory.
 
-use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -126,22 +125,10 @@ impl Drop for DaemonChild {
     }
 }
 
-/// `GET path` over the admin socket; returns the status code and the body length.
+/// `GET path` over the admin socket with the CLI's admin client; returns the status code
+/// and the length of the body (read whole, so the render is really done).
 pub fn http_get(socket: &Path, path: &str, timeout: Duration) -> anyhow::Result<(u16, usize)> {
-    let mut s = UnixStream::connect(socket).with_context(|| format!("connecting {}", socket.display()))?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: kvtier\r\nConnection: close\r\n\r\n")?;
-    let mut buf = Vec::with_capacity(64 << 10);
-    s.read_to_end(&mut buf)?;
-    let head_end = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .context("no end of the response head")?;
-    let status = std::str::from_utf8(&buf[..head_end])
-        .ok()
-        .and_then(|h| h.split(' ').nth(1))
-        .and_then(|c| c.parse().ok())
-        .context("no status code")?;
-    Ok((status, buf.len() - head_end - 4))
+    let answer = crate::cli::client::request(socket, "GET", path, None, Some(timeout))?;
+    let status = answer.status;
+    Ok((status, answer.body()?.len()))
 }
