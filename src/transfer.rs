@@ -268,23 +268,32 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    /// A gate that holds the jobs waiting on it until it is opened.
+    #[derive(Clone, Default)]
+    struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+    impl Gate {
+        fn wait(&self) {
+            let mut open = self.0.0.lock();
+            while !*open {
+                self.0.1.wait(&mut open);
+            }
+        }
+
+        fn open(&self) {
+            *self.0.0.lock() = true;
+            self.0.1.notify_all();
+        }
+    }
+
     #[test]
     fn full_queue_hands_the_job_back_and_all_queued_jobs_run() {
         let engine = TransferEngine::new(1, 2);
-        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let gate = Gate::default();
         let ran = Arc::new(AtomicUsize::new(0));
         let g = gate.clone();
         // Block the only worker.
-        assert!(
-            engine
-                .try_submit(Box::new(move || {
-                    let mut open = g.0.lock();
-                    while !*open {
-                        g.1.wait(&mut open);
-                    }
-                }))
-                .is_ok()
-        );
+        assert!(engine.try_submit(Box::new(move || g.wait())).is_ok());
         std::thread::sleep(Duration::from_millis(20));
         for _ in 0..2 {
             let r = ran.clone();
@@ -301,8 +310,7 @@ mod tests {
             r.fetch_add(100, Ordering::SeqCst);
         }));
         assert!(back.is_err(), "a full queue must hand the job back");
-        *gate.0.lock() = true;
-        gate.1.notify_all();
+        gate.open();
         drop(engine);
         assert_eq!(ran.load(Ordering::SeqCst), 2);
     }
@@ -310,17 +318,14 @@ mod tests {
     #[test]
     fn wait_idle_returns_when_the_last_job_ends_and_times_out_while_one_runs() {
         let engine = TransferEngine::new(2, 8);
-        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let gate = Gate::default();
         let ran = Arc::new(AtomicUsize::new(0));
         for _ in 0..3 {
             let (g, r) = (gate.clone(), ran.clone());
             assert!(
                 engine
                     .try_submit(Box::new(move || {
-                        let mut open = g.0.lock();
-                        while !*open {
-                            g.1.wait(&mut open);
-                        }
+                        g.wait();
                         r.fetch_add(1, Ordering::SeqCst);
                     }))
                     .is_ok()
@@ -328,8 +333,7 @@ mod tests {
         }
         assert!(!engine.wait_idle(Duration::from_millis(20)), "jobs are still blocked");
         assert_eq!(ran.load(Ordering::SeqCst), 0);
-        *gate.0.lock() = true;
-        gate.1.notify_all();
+        gate.open();
         assert!(engine.wait_idle(Duration::from_secs(10)));
         assert_eq!(ran.load(Ordering::SeqCst), 3, "idle only after every job ran");
         assert!(engine.idle());
