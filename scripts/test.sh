@@ -2,6 +2,8 @@
 # Runs kvtier's whole test suite, setting up everything the tests need first:
 #   - Debian packages (libibverbs1 for mooncake_master, libclang-dev for bindgen, g++),
 #   - a Python venv at .venv with the Mooncake wheel and the test packages,
+#   - the engines whose own code the tests use (vLLM, SGLang, Dynamo's runtime), each in a
+#     venv kept outside the clone and reused between runs (scripts/engine-venvs.sh),
 #   - a mooncake_master on loopback, stopped again when the tests end, pass or fail.
 #
 # Usage: scripts/test.sh [extra cargo test args]
@@ -28,6 +30,11 @@ for req in python/requirements*.txt; do
 done
 if [ -x scripts/ffi-deps.sh ]; then
     scripts/ffi-deps.sh
+fi
+
+if [ -x scripts/engine-venvs.sh ]; then
+    scripts/engine-venvs.sh install
+    eval "$(scripts/engine-venvs.sh env)"
 fi
 
 if [ -x scripts/mooncake-env.sh ]; then

@@ -12,14 +12,28 @@
 //! `KVTIER_MOONCAKE_MASTER`; `KVTIER_SKIP_MOONCAKE=1` counts as missing), `mooncake-c`
 //! (`MOONCAKE_STORE_LIBRARY`, a site-built Mooncake C ABI library), `python` (the test
 //! environment's interpreter with the modules a test names), `cc` and `cxx` (C and C++
-//! compilers, `$CC`/`cc` and `$CXX`/`g++`), `curl`, and `root` (tests that switch user).
+//! compilers, `$CC`/`cc` and `$CXX`/`g++`), `curl`, `root` (tests that switch user), and
+//! the engines whose own code tests run against, each in its own venv from
+//! `scripts/engine-venvs.sh`: `vllm`, `sglang` and `dynamo` (announced by
+//! `KVTIER_VLLM_PYTHON`, `KVTIER_SGLANG_PYTHON` and `KVTIER_DYNAMO_PYTHON`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// Every requirement a test may name; `KVTIER_REQUIRE` may list only these.
-pub const KNOWN: &[&str] = &["mooncake", "mooncake-c", "python", "cc", "cxx", "curl", "root"];
+pub const KNOWN: &[&str] = &[
+    "mooncake",
+    "mooncake-c",
+    "python",
+    "cc",
+    "cxx",
+    "curl",
+    "root",
+    "vllm",
+    "sglang",
+    "dynamo",
+];
 
 /// Writes one line to the raw stderr handle, which the test harness does not capture.
 pub fn say(line: &str) {
@@ -71,6 +85,38 @@ pub fn python(modules: &[&str], why: &str) -> Option<PathBuf> {
     }
 }
 
+/// The interpreter of an engine's venv (`vllm`, `sglang` or `dynamo`) when it can import
+/// `modules`, after [`require`]'s rules for that engine's name.
+pub fn engine_python(engine: &str, modules: &[&str], why: &str) -> Option<PathBuf> {
+    match probe_engine(engine, modules) {
+        Ok(p) => Some(p),
+        Err(missing) => {
+            skip_or_fail(engine, &format!("{why}: {missing}"));
+            None
+        }
+    }
+}
+
+fn probe_engine(engine: &str, modules: &[&str]) -> Result<PathBuf, String> {
+    let var = match engine {
+        "vllm" => "KVTIER_VLLM_PYTHON",
+        "sglang" => "KVTIER_SGLANG_PYTHON",
+        "dynamo" => "KVTIER_DYNAMO_PYTHON",
+        other => panic!("unknown engine {other:?}; the engines are vllm, sglang and dynamo"),
+    };
+    let py = match std::env::var_os(var).filter(|v| !v.is_empty()) {
+        Some(p) if Path::new(&p).exists() => PathBuf::from(p),
+        Some(p) => return Err(format!("{var}={} does not exist", Path::new(&p).display())),
+        None => {
+            return Err(format!(
+                "{var} is not set (run `scripts/engine-venvs.sh install && \
+                 eval \"$(scripts/engine-venvs.sh env)\"`)"
+            ));
+        }
+    };
+    imports(&py, modules)
+}
+
 fn skip_or_fail(what: &str, reason: &str) {
     let test = std::thread::current().name().unwrap_or("a test").to_owned();
     if required().iter().any(|n| n == what) {
@@ -104,6 +150,7 @@ fn probe(what: &str) -> Result<(), String> {
         // SAFETY: getuid has no preconditions.
         "root" if unsafe { libc::getuid() } != 0 => Err("not running as root".into()),
         "root" => Ok(()),
+        "vllm" | "sglang" | "dynamo" => probe_engine(what, &[]).map(drop),
         other => panic!("unknown requirement {other:?}; the names are {KNOWN:?}"),
     }
 }
@@ -141,22 +188,27 @@ fn probe_python(modules: &[&str]) -> Result<PathBuf, String> {
             if venv.exists() { venv } else { PathBuf::from("python3") }
         }
     };
+    imports(&py, modules).map_err(|e| format!("{e} (scripts/test.sh installs python/requirements-test.txt)"))
+}
+
+/// `Ok(py)` when `py` runs and imports `modules`, else why not.
+fn imports(py: &Path, modules: &[&str]) -> Result<PathBuf, String> {
     let import = if modules.is_empty() {
         "pass".to_owned()
     } else {
         format!("import {}", modules.join(", "))
     };
-    let out = Command::new(&py)
+    let out = Command::new(py)
         .args(["-c", &import])
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run {}: {e} (scripts/test.sh creates .venv)", py.display()))?;
+        .map_err(|e| format!("cannot run {}: {e} (scripts/test.sh sets it up)", py.display()))?;
     if out.status.success() {
-        return Ok(py);
+        return Ok(py.to_path_buf());
     }
     let err = String::from_utf8_lossy(&out.stderr);
     Err(format!(
-        "{} cannot `{import}`: {} (scripts/test.sh installs python/requirements-test.txt)",
+        "{} cannot `{import}`: {}",
         py.display(),
         err.lines().last().unwrap_or("no message")
     ))

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs the inference engines and routers whose own code the tests run against, each in
+# its own Python venv at a pinned version (vLLM and SGLang pin different torch builds):
+#   vllm-0.33.0    vllm==0.33.0            (KV connector, KV event decoders)
+#   sglang-0.5.23  sglang==0.5.23          (HiCache storage backend, Mooncake key logic)
+#   dynamo-1.6.1   ai-dynamo-runtime==1.6.1 (standalone KV indexer)
+# The venvs live outside the clone, in $KVTIER_VENV_DIR (default ~/.cache/kvtier/venvs), so
+# every clone on one machine reuses them: the first install takes minutes and about 10 GB
+# per engine, later runs only check them. A venv is used only after its install finished
+# (a stamp file records the pinned requirement), so an interrupted install is redone.
+#
+# Usage: scripts/engine-venvs.sh install   install what is missing
+#        scripts/engine-venvs.sh env       print `export KVTIER_<ENGINE>_PYTHON=...` lines
+set -euo pipefail
+
+dir="${KVTIER_VENV_DIR:-$HOME/.cache/kvtier/venvs}"
+# name|pip requirements|environment variable naming its interpreter
+engines=(
+    "vllm-0.33.0|vllm==0.33.0|KVTIER_VLLM_PYTHON"
+    "sglang-0.5.23|sglang==0.5.23|KVTIER_SGLANG_PYTHON"
+    "dynamo-1.6.1|ai-dynamo-runtime==1.6.1 pyzmq msgpack|KVTIER_DYNAMO_PYTHON"
+)
+
+say() { printf 'engine-venvs: %s\n' "$*" >&2; }
+
+install_one() {
+    local name=$1 reqs=$2 venv="$dir/$1"
+    if [ -f "$venv/.kvtier-installed" ] && [ "$(cat "$venv/.kvtier-installed")" = "$reqs" ]; then
+        return 0
+    fi
+    say "installing $reqs into $venv (minutes, the first time on a machine)"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    # shellcheck disable=SC2086 # the requirement list is split on purpose
+    "$venv/bin/pip" install --quiet --disable-pip-version-check $reqs
+    printf '%s' "$reqs" > "$venv/.kvtier-installed"
+}
+
+case "${1:-}" in
+    install)
+        mkdir -p "$dir"
+        for e in "${engines[@]}"; do
+            IFS='|' read -r name reqs _ <<< "$e"
+            install_one "$name" "$reqs"
+        done
+        ;;
+    env)
+        for e in "${engines[@]}"; do
+            IFS='|' read -r name _ var <<< "$e"
+            if [ -f "$dir/$name/.kvtier-installed" ]; then
+                printf 'export %s=%q\n' "$var" "$dir/$name/bin/python3"
+            fi
+        done
+        ;;
+    *)
+        echo "usage: $0 install|env" >&2
+        exit 2
+        ;;
+esac
