@@ -38,11 +38,24 @@ install_one() {
 
 case "${1:-}" in
     install)
+        # The installs run side by side (they are mostly downloads and unpacking); each logs
+        # to its own file, shown when it fails.
         mkdir -p "$dir"
+        pids=()
         for e in "${engines[@]}"; do
             IFS='|' read -r name reqs _ <<< "$e"
-            install_one "$name" "$reqs"
+            install_one "$name" "$reqs" > "$dir/$name.log" 2>&1 &
+            pids+=("$!:$name")
         done
+        failed=0
+        for p in "${pids[@]}"; do
+            if ! wait "${p%%:*}"; then
+                say "installing ${p#*:} failed:"
+                tail -n 20 "$dir/${p#*:}.log" >&2
+                failed=1
+            fi
+        done
+        exit "$failed"
         ;;
     env)
         for e in "${engines[@]}"; do
