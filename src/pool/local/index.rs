@@ -308,10 +308,7 @@ mod tests {
         // Replaced while two readers hold slot 0: the new object lives in slot 1, slot 0
         // drains.
         assert_eq!(put(&mut ix, "k", 1, 9), None);
-        assert_eq!(
-            ix.fence("k", key_hash("k"), 64).map(|(s, l)| (s, l)),
-            Ok((SlotId(1), 9))
-        );
+        assert_eq!(ix.fence("k", key_hash("k"), 64), Ok((SlotId(1), 9)));
         assert_eq!(ix.unfence(SlotId(1)), None);
         assert_eq!(ix.unfence(s), None);
         assert_eq!(ix.unfence(s), Some(SlotId(0)), "the last reader frees it");
@@ -328,8 +325,8 @@ mod tests {
         // Same hash, different keys: the stored key decides.
         assert_eq!(ix.publish("x", 42, SlotId(0), 1), None);
         assert_eq!(ix.publish("y", 42, SlotId(1), 2), None);
-        assert_eq!(ix.fence("x", 42, 8).map(|(s, l)| (s, l)), Ok((SlotId(0), 1)));
-        assert_eq!(ix.fence("y", 42, 8).map(|(s, l)| (s, l)), Ok((SlotId(1), 2)));
+        assert_eq!(ix.fence("x", 42, 8), Ok((SlotId(0), 1)));
+        assert_eq!(ix.fence("y", 42, 8), Ok((SlotId(1), 2)));
         assert!(!ix.contains("z", 42));
     }
 }
