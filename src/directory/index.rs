@@ -4,12 +4,13 @@
 //! index. The tag also picks the home slot, so the index can grow and delete (backward
 //! shift) without rehashing records. Lookups of a hash chain prefetch slots a few pages
 //! ahead, so the memory latency of one page overlaps with the work on the previous ones.
+//! The local pool indexes its objects with the same structure, by key hash.
 
 const EMPTY: u64 = u64::MAX;
 const MIN_SLOTS: usize = 1024;
 
 #[derive(Debug)]
-pub(super) struct PageIndex {
+pub(crate) struct PageIndex {
     slots: Vec<u64>,
     mask: usize,
     len: usize,

@@ -10,9 +10,7 @@
 //! addressing index, and side tables only for the rare pages that are partial or in flight.
 
 mod bitset;
-mod index;
-
-use std::collections::HashMap;
+pub(crate) mod index;
 
 use serde::Serialize;
 
@@ -70,6 +68,11 @@ impl PrefixHit {
     }
 }
 
+/// A map keyed by small integers (record indices, tiers): foldhash instead of SipHash,
+/// since its keys are not chosen by a client and a move touches several entries per
+/// object.
+pub(crate) type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 /// The fixed per-page record. Kept at 56 bytes; see `bench index`.
 #[derive(Clone, Copy, Debug)]
 struct PageRecord {
@@ -125,8 +128,8 @@ pub struct Directory {
     records: Vec<PageRecord>,
     live: Vec<bool>,
     free: Vec<u32>,
-    partial: HashMap<(u32, u8), ObjectSet>,
-    inflight: HashMap<(u32, u8), ObjectSet>,
+    partial: IdMap<(u32, u8), ObjectSet>,
+    inflight: IdMap<(u32, u8), ObjectSet>,
     pending: Vec<PageEvent>,
     next_seq: u64,
     complete: [usize; 3],
@@ -296,7 +299,14 @@ impl Directory {
     /// Objects of the page that are not present in `tier`, in canonical order.
     pub fn missing_objects(&self, id: PageId, tier: TierKind) -> Vec<usize> {
         let n = self.object_count(id);
-        (0..n).filter(|&i| !self.has_object(id, tier, i)).collect()
+        match self.records[id.0 as usize].tier_state(tier) {
+            COMPLETE => Vec::new(),
+            PARTIAL => match self.partial.get(&(id.0, tier as u8)) {
+                Some(s) => (0..n).filter(|&i| !s.contains(i)).collect(),
+                None => (0..n).collect(),
+            },
+            _ => (0..n).collect(),
+        }
     }
 
     /// Pages with at least one object being written into `tier`.
@@ -306,10 +316,23 @@ impl Directory {
 
     /// Objects of the page that are being written into `tier`.
     pub fn inflight_objects(&self, id: PageId, tier: TierKind) -> Vec<usize> {
+        if !self.is_inflight(id, tier) {
+            return Vec::new();
+        }
         self.inflight
             .get(&(id.0, tier as u8))
             .map(|s| s.iter().collect())
             .unwrap_or_default()
+    }
+
+    /// Whether object `index` of the page is being written into `tier`. Answers from the
+    /// record's in-flight bit when the page has nothing in flight there.
+    pub fn is_inflight_object(&self, id: PageId, tier: TierKind, index: usize) -> bool {
+        self.is_inflight(id, tier)
+            && self
+                .inflight
+                .get(&(id.0, tier as u8))
+                .is_some_and(|s| s.contains(index))
     }
 
     fn check_index(&self, id: PageId, index: usize) -> Result<usize, DirectoryError> {
@@ -394,6 +417,94 @@ impl Directory {
         }
         self.release_if_empty(id);
         changed
+    }
+
+    /// Marks several objects of one page present or gone in `tier` at once, with one
+    /// side-table change instead of one per object. Events and the result are those of
+    /// calling [`Self::set_object`] for each in turn (completeness crosses at most once,
+    /// since every object moves the same way): a page whose objects all arrive in one
+    /// call goes from absent to complete without a partial set.
+    pub fn set_objects(
+        &mut self,
+        id: PageId,
+        tier: TierKind,
+        objs: &[usize],
+        present: bool,
+    ) -> Result<bool, DirectoryError> {
+        let count = self.object_count(id);
+        if let Some(&index) = objs.iter().find(|&&o| o >= count) {
+            return Err(DirectoryError::ObjectOutOfRange { index, count });
+        }
+        let key = (id.0, tier as u8);
+        let state = self.records[id.0 as usize].tier_state(tier);
+        let mut set = match (state, present) {
+            (COMPLETE, true) | (ABSENT, false) => {
+                self.release_if_empty(id);
+                return Ok(false);
+            }
+            _ if objs.is_empty() => return Ok(false),
+            (COMPLETE, false) => ObjectSet::full(count),
+            (ABSENT, true) => ObjectSet::new(count),
+            _ => self.partial.remove(&key).unwrap_or_else(|| ObjectSet::new(count)),
+        };
+        for &o in objs {
+            if present {
+                set.insert(o);
+            } else {
+                set.remove(o);
+            }
+        }
+        let target = if set.is_full() {
+            COMPLETE
+        } else if set.is_empty() {
+            ABSENT
+        } else {
+            self.partial.insert(key, set);
+            PARTIAL
+        };
+        if target != state {
+            self.set_state(id, tier, target);
+        }
+        self.release_if_empty(id);
+        Ok((state == COMPLETE) != (target == COMPLETE))
+    }
+
+    /// Marks several objects of one page as being written into `tier` (or no longer),
+    /// with one side-table change.
+    pub fn set_inflight_objects(
+        &mut self,
+        id: PageId,
+        tier: TierKind,
+        objs: &[usize],
+        on: bool,
+    ) -> Result<(), DirectoryError> {
+        let count = self.object_count(id);
+        if let Some(&index) = objs.iter().find(|&&o| o >= count) {
+            return Err(DirectoryError::ObjectOutOfRange { index, count });
+        }
+        let key = (id.0, tier as u8);
+        let bit = 1u8 << tier.index();
+        if on && !objs.is_empty() {
+            let set = self.inflight.entry(key).or_insert_with(|| {
+                self.inflight_count[tier.index()] += 1;
+                ObjectSet::new(count)
+            });
+            for &o in objs {
+                set.insert(o);
+            }
+            self.records[id.0 as usize].inflight |= bit;
+        } else if !on && let Some(s) = self.inflight.get_mut(&key) {
+            for &o in objs {
+                s.remove(o);
+            }
+            if s.is_empty() {
+                self.inflight.remove(&key);
+                self.inflight_count[tier.index()] -= 1;
+                self.records[id.0 as usize].inflight &= !bit;
+            }
+        }
+        self.release_if_empty(id);
+        Ok(())
     }
 
     /// Marks one object as being written into `tier` (or no longer).

@@ -167,11 +167,47 @@ fn record_is_small() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Store { page: u8, tier: u8, obj: u8 },
-    Remove { page: u8, tier: u8, obj: u8 },
-    StorePage { page: u8, tier: u8 },
-    Evict { page: u8, tier: u8 },
-    Inflight { page: u8, tier: u8, obj: u8, on: bool },
+    Store {
+        page: u8,
+        tier: u8,
+        obj: u8,
+    },
+    Remove {
+        page: u8,
+        tier: u8,
+        obj: u8,
+    },
+    StorePage {
+        page: u8,
+        tier: u8,
+    },
+    Evict {
+        page: u8,
+        tier: u8,
+    },
+    Inflight {
+        page: u8,
+        tier: u8,
+        obj: u8,
+        on: bool,
+    },
+    /// Several objects at once (a bit mask over the page's four), through the bulk calls.
+    StoreSome {
+        page: u8,
+        tier: u8,
+        mask: u8,
+        present: bool,
+    },
+    InflightSome {
+        page: u8,
+        tier: u8,
+        mask: u8,
+        on: bool,
+    },
+}
+
+fn objs_of(mask: u8) -> Vec<usize> {
+    (0..4).filter(|o| mask & (1 << o) != 0).collect()
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -181,6 +217,18 @@ fn op() -> impl Strategy<Value = Op> {
         (0u8..12, 0u8..3).prop_map(|(page, tier)| Op::StorePage { page, tier }),
         (0u8..12, 0u8..3).prop_map(|(page, tier)| Op::Evict { page, tier }),
         (0u8..12, 0u8..3, 0u8..4, any::<bool>()).prop_map(|(page, tier, obj, on)| Op::Inflight { page, tier, obj, on }),
+        (0u8..12, 0u8..3, 0u8..16, any::<bool>()).prop_map(|(page, tier, mask, present)| Op::StoreSome {
+            page,
+            tier,
+            mask,
+            present
+        }),
+        (0u8..12, 0u8..3, 0u8..16, any::<bool>()).prop_map(|(page, tier, mask, on)| Op::InflightSome {
+            page,
+            tier,
+            mask,
+            on
+        }),
     ]
 }
 
@@ -203,6 +251,7 @@ proptest! {
                     (page, tier)
                 }
                 Op::StorePage { page, tier } | Op::Evict { page, tier } => (page, tier),
+                Op::StoreSome { page, tier, .. } | Op::InflightSome { page, tier, .. } => (page, tier),
             };
             let t = TierKind::from_index(tier as usize).unwrap();
             let id = d.find_or_insert(ns, &PageHash::from_u64(page as u64)).unwrap();
@@ -212,6 +261,16 @@ proptest! {
                 Op::StorePage { .. } => { d.set_page(id, t, true); model[page as usize][tier as usize] = [true; 4]; }
                 Op::Evict { .. } => { d.set_page(id, t, false); model[page as usize][tier as usize] = [false; 4]; }
                 Op::Inflight { obj, on, .. } => { d.set_inflight(id, t, obj as usize, on).unwrap(); inflight[page as usize][tier as usize][obj as usize] = on; }
+                Op::StoreSome { mask, present, .. } => {
+                    let was = model[page as usize][tier as usize].iter().all(|&b| b);
+                    let changed = d.set_objects(id, t, &objs_of(mask), present).unwrap();
+                    for o in objs_of(mask) { model[page as usize][tier as usize][o] = present; }
+                    prop_assert_eq!(changed, was != model[page as usize][tier as usize].iter().all(|&b| b));
+                }
+                Op::InflightSome { mask, on, .. } => {
+                    d.set_inflight_objects(id, t, &objs_of(mask), on).unwrap();
+                    for o in objs_of(mask) { inflight[page as usize][tier as usize][o] = on; }
+                }
             }
             d.release_if_empty(id);
             let after: Vec<[bool; 3]> = model.iter().map(|p| [0, 1, 2].map(|t| p[t].iter().all(|&b| b))).collect();
@@ -239,6 +298,11 @@ proptest! {
                         let missing: Vec<usize> = (0..4).filter(|&o| !model[p][t.index()][o]).collect();
                         prop_assert_eq!(d.missing_objects(id, t), missing);
                         prop_assert_eq!(d.is_inflight(id, t), inflight[p][t.index()].iter().any(|&b| b));
+                        let flying: Vec<usize> = (0..4).filter(|&o| inflight[p][t.index()][o]).collect();
+                        prop_assert_eq!(d.inflight_objects(id, t), flying.clone());
+                        for o in 0..4 {
+                            prop_assert_eq!(d.is_inflight_object(id, t, o), flying.contains(&o));
+                        }
                     }
                 }
             }

@@ -103,24 +103,22 @@ impl Manager {
         }
         let mut st = self.write();
         let mut pages = Vec::with_capacity(hashes.len());
-        let mut grant_pages = Vec::new();
+        let mut grant_pages = Vec::with_capacity(hashes.len());
+        // One side-table change per page and tier, not per object, and no allocation
+        // but the grant's own lists: this runs under the directory's write lock, on the
+        // critical path of every store.
+        let mut todo: Vec<usize> = Vec::with_capacity(objs.len());
         for (req_index, hash) in hashes.iter().enumerate() {
             let id = st.dir.find_or_insert(ns, hash)?;
-            for &o in &objs {
-                st.dir.set_object(id, TierKind::Device, o, true)?;
-            }
+            st.dir.set_objects(id, TierKind::Device, &objs, true)?;
             st.dir.touch(id, false);
             if session != 0 {
                 st.dir.set_session(id, session);
             }
-            let todo: Vec<usize> = objs
-                .iter()
-                .copied()
-                .filter(|&o| {
-                    !st.dir.has_object(id, TierKind::Host, o)
-                        && !st.dir.inflight_objects(id, TierKind::Host).contains(&o)
-                })
-                .collect();
+            todo.clear();
+            todo.extend(objs.iter().copied().filter(|&o| {
+                !st.dir.has_object(id, TierKind::Host, o) && !st.dir.is_inflight_object(id, TierKind::Host, o)
+            }));
             if todo.is_empty() {
                 pages.push(StorePage {
                     hash: *hash,
@@ -137,10 +135,8 @@ impl Manager {
                 });
                 continue;
             };
-            let objects: Vec<(usize, SlotId)> = todo.into_iter().zip(slots).collect();
-            for &(o, _) in &objects {
-                st.dir.set_inflight(id, TierKind::Host, o, true)?;
-            }
+            let objects: Vec<(usize, SlotId)> = todo.iter().copied().zip(slots).collect();
+            st.dir.set_inflight_objects(id, TierKind::Host, &todo, true)?;
             grant_pages.push(GrantPage {
                 req_index,
                 page: id,
@@ -187,18 +183,21 @@ impl Manager {
         let mut committed = 0;
         let mut bytes = 0u64;
         let mut to_pool = Vec::new();
+        let mut objs: Vec<usize> = Vec::new();
         for p in &g.pages {
             let ok = written[p.req_index];
-            for &(o, slot) in &p.objects {
-                st.dir.set_inflight(p.page, TierKind::Host, o, false)?;
-                if ok {
-                    st.set_host_slot(p.page, o, count, Some(slot));
-                    st.dir.set_object(p.page, TierKind::Host, o, true)?;
-                    bytes += arena.slot_bytes() as u64;
-                } else {
-                    arena.free(slot);
-                }
+            objs.clear();
+            objs.extend(p.objects.iter().map(|&(o, _)| o));
+            // Present first, then out of flight, so the page never looks empty (and is
+            // never released) in between.
+            if ok {
+                st.set_host_slots(p.page, &p.objects, count);
+                st.dir.set_objects(p.page, TierKind::Host, &objs, true)?;
+                bytes += arena.slot_bytes() as u64 * objs.len() as u64;
+            } else {
+                arena.free_all(p.objects.iter().map(|&(_, s)| s));
             }
+            st.dir.set_inflight_objects(p.page, TierKind::Host, &objs, false)?;
             if ok {
                 committed += 1;
                 if st.dir.is_complete(p.page, TierKind::Host) {
@@ -294,9 +293,10 @@ impl Manager {
                 break;
             }
             let mut objects = Vec::with_capacity(objs.len());
+            let slots = st.host_slots(id).unwrap_or(&[]);
             for &o in &objs {
-                match st.host_slot(id, o) {
-                    Some(slot) => objects.push((o, slot, layout.object_bytes(o))),
+                match slots.get(o).copied().filter(|&s| s != super::state::NO_SLOT) {
+                    Some(slot) => objects.push((o, SlotId(slot), layout.object_bytes(o))),
                     None => break,
                 }
             }
@@ -348,13 +348,14 @@ impl Manager {
         let arena_slot = self.arena().map_or(0, |a| a.slot_bytes() as u64);
         let mut st = self.write();
         let mut gt = self.grants();
+        let mut objs: Vec<usize> = Vec::new();
         for (i, p) in g.pages.iter().enumerate() {
             gt.unlease(p.page);
             if i < loaded {
-                for &(o, _) in &p.objects {
-                    st.dir.set_object(p.page, TierKind::Device, o, true)?;
-                    bytes += arena_slot;
-                }
+                objs.clear();
+                objs.extend(p.objects.iter().map(|&(o, _)| o));
+                st.dir.set_objects(p.page, TierKind::Device, &objs, true)?;
+                bytes += arena_slot * objs.len() as u64;
             }
         }
         drop(gt);

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::directory::PageId;
+use crate::directory::{IdMap, PageId};
 use crate::page::NamespaceId;
 use crate::tier::host::SlotId;
 
@@ -45,7 +45,7 @@ pub(crate) struct GrantTable {
     pub grants: HashMap<u64, Grant>,
     next_grant: u64,
     /// Readers of a page's host slots, by record index.
-    leases: HashMap<u32, u32>,
+    leases: IdMap<u32, u32>,
 }
 
 impl Default for GrantTable {
@@ -53,7 +53,7 @@ impl Default for GrantTable {
         Self {
             grants: HashMap::new(),
             next_grant: 1,
-            leases: HashMap::new(),
+            leases: IdMap::default(),
         }
     }
 }

@@ -7,7 +7,6 @@
 //! the event log when it is dropped, still holding the lock, so events enter the log in
 //! sequence order and no write section can forget to publish them.
 
-use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -15,7 +14,7 @@ use parking_lot::RwLockWriteGuard;
 
 use super::locks::Ordered;
 use crate::clock::Clock;
-use crate::directory::{Directory, PageId};
+use crate::directory::{Directory, IdMap, PageId};
 use crate::events::EventLog;
 use crate::page::{KeyScheme, NamespaceId, PageHash};
 use crate::tier::host::SlotId;
@@ -30,7 +29,7 @@ pub(crate) struct DirState {
     /// Pool key scheme per namespace id.
     pub keys: Vec<KeyScheme>,
     /// Host slot of every object of a page that has any object on host.
-    pub host: HashMap<u32, Box<[u32]>>,
+    pub host: IdMap<u32, Box<[u32]>>,
 }
 
 impl DirState {
@@ -38,7 +37,7 @@ impl DirState {
         Self {
             dir,
             keys: Vec::new(),
-            host: HashMap::new(),
+            host: IdMap::default(),
         }
     }
 
@@ -58,6 +57,28 @@ impl DirState {
         slots[obj] = slot.map_or(NO_SLOT, |s| s.0);
         if slots.iter().all(|&s| s == NO_SLOT) {
             self.host.remove(&page.0);
+        }
+    }
+
+    /// Every object's host slot of a page with any object on host ([`NO_SLOT`] for
+    /// the objects not there), with one map lookup for the page.
+    pub fn host_slots(&self, page: PageId) -> Option<&[u32]> {
+        self.host.get(&page.0).map(|s| &s[..])
+    }
+
+    /// Records the host slots of several objects of one page, with one map lookup.
+    pub fn set_host_slots(&mut self, page: PageId, objects: &[(usize, SlotId)], count: usize) {
+        if objects.is_empty() {
+            return;
+        }
+        let slots = self
+            .host
+            .entry(page.0)
+            .or_insert_with(|| vec![NO_SLOT; count].into_boxed_slice());
+        for &(obj, slot) in objects {
+            if let Some(s) = slots.get_mut(obj) {
+                *s = slot.0;
+            }
         }
     }
 

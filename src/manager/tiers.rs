@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Manager;
-use super::state::DirState;
+use super::state::{DirState, NO_SLOT};
 use crate::directory::PageId;
 use crate::page::{NamespaceId, PageHash};
 use crate::policy::select_victims;
@@ -142,6 +142,7 @@ impl Manager {
         // Reserve.
         let mut moves = Vec::new();
         let mut settled = Vec::new();
+        let mut objs: Vec<usize> = Vec::new();
         let (layout, keys) = {
             let mut st = self.write();
             let Ok(layout) = st.dir.layout(ns).cloned() else {
@@ -154,21 +155,27 @@ impl Manager {
                 }
                 if pool.is_some() {
                     let hash = st.dir.info(page).hash;
+                    let first = moves.len();
+                    let slots = st.host_slots(page).unwrap_or(&[]);
                     for obj in st.dir.missing_objects(page, TierKind::Pool) {
-                        if st.dir.inflight_objects(page, TierKind::Pool).contains(&obj) {
+                        if st.dir.is_inflight_object(page, TierKind::Pool, obj) {
                             continue;
                         }
-                        let Some(slot) = st.host_slot(page, obj) else { continue };
-                        let _ = st.dir.set_inflight(page, TierKind::Pool, obj, true);
+                        let Some(&slot) = slots.get(obj).filter(|&&s| s != NO_SLOT) else {
+                            continue;
+                        };
                         moves.push(ObjMove {
                             page,
                             obj,
-                            slot,
+                            slot: SlotId(slot),
                             len: layout.object_bytes(obj) as usize,
                             hash,
                             key: String::new(),
                         });
                     }
+                    objs.clear();
+                    objs.extend(moves[first..].iter().map(|m| m.obj));
+                    let _ = st.dir.set_inflight_objects(page, TierKind::Pool, &objs, true);
                 }
                 gt.lease(page);
                 settled.push(page);
@@ -201,12 +208,21 @@ impl Manager {
         let mut st = self.write();
         let mut gt = self.grants();
         let mut bytes = 0u64;
-        for (m, r) in moves.iter().zip(&results) {
-            let _ = st.dir.set_inflight(m.page, TierKind::Pool, m.obj, false);
-            if r.is_ok() {
-                let _ = st.dir.set_object(m.page, TierKind::Pool, m.obj, true);
-                bytes += m.len as u64;
+        // Per page, one side-table change for what arrived and one for what is no longer
+        // in flight (the moves of a page are adjacent).
+        for run in page_runs(&moves) {
+            let page = moves[run.start].page;
+            objs.clear();
+            for (m, r) in moves[run.clone()].iter().zip(&results[run.clone()]) {
+                if r.is_ok() {
+                    objs.push(m.obj);
+                    bytes += m.len as u64;
+                }
             }
+            let _ = st.dir.set_objects(page, TierKind::Pool, &objs, true);
+            objs.clear();
+            objs.extend(moves[run].iter().map(|m| m.obj));
+            let _ = st.dir.set_inflight_objects(page, TierKind::Pool, &objs, false);
         }
         let mut complete = 0;
         for &page in &settled {
@@ -337,18 +353,14 @@ impl Manager {
                         if st.dir.is_complete(id, TierKind::Host) {
                             continue;
                         }
-                        let missing: Vec<usize> = st
-                            .dir
-                            .missing_objects(id, TierKind::Host)
-                            .into_iter()
-                            .filter(|o| !st.dir.inflight_objects(id, TierKind::Host).contains(o))
-                            .collect();
+                        let mut missing = st.dir.missing_objects(id, TierKind::Host);
+                        missing.retain(|&o| !st.dir.is_inflight_object(id, TierKind::Host, o));
                         let Some(slots) = arena.alloc_n(missing.len()) else {
                             stop = true;
                             break;
                         };
+                        let _ = st.dir.set_inflight_objects(id, TierKind::Host, &missing, true);
                         for (obj, slot) in missing.into_iter().zip(slots) {
-                            let _ = st.dir.set_inflight(id, TierKind::Host, obj, true);
                             moves.push(ObjMove {
                                 page: id,
                                 obj,
@@ -384,26 +396,40 @@ impl Manager {
             let mut st = self.write();
             let count = st.dir.layout(ns).map_or(0, |l| l.object_count());
             let mut bytes = 0u64;
-            for (m, r) in moves.iter().zip(&results) {
-                let _ = st.dir.set_inflight(m.page, TierKind::Host, m.obj, false);
-                match r {
-                    Ok(n) if *n == m.len => {
-                        st.set_host_slot(m.page, m.obj, count, Some(m.slot));
-                        let _ = st.dir.set_object(m.page, TierKind::Host, m.obj, true);
-                        bytes += m.len as u64;
-                    }
-                    other => {
-                        arena.free(m.slot);
-                        // The pool lost the object (or it is the wrong size): not complete there.
-                        if matches!(other, Err(PoolError::NotFound) | Ok(_)) {
-                            let _ = st.dir.set_object(m.page, TierKind::Pool, m.obj, false);
+            let (mut arrived, mut lost, mut all) = (Vec::new(), Vec::new(), Vec::new());
+            // Per page (its moves are adjacent): one side-table change each for what
+            // arrived, what the pool lost and what is no longer in flight; present before
+            // out of flight, so the page never looks empty in between.
+            for run in page_runs(&moves) {
+                let page = moves[run.start].page;
+                arrived.clear();
+                lost.clear();
+                for (m, r) in moves[run.clone()].iter().zip(&results[run.clone()]) {
+                    match r {
+                        Ok(n) if *n == m.len => {
+                            arrived.push((m.obj, m.slot));
+                            bytes += m.len as u64;
+                        }
+                        other => {
+                            arena.free(m.slot);
+                            // The pool lost the object (or it is the wrong size): not
+                            // complete there.
+                            if matches!(other, Err(PoolError::NotFound) | Ok(_)) {
+                                lost.push(m.obj);
+                            }
                         }
                     }
                 }
+                st.set_host_slots(page, &arrived, count);
+                all.clear();
+                all.extend(arrived.iter().map(|&(o, _)| o));
+                let _ = st.dir.set_objects(page, TierKind::Host, &all, true);
+                let _ = st.dir.set_objects(page, TierKind::Pool, &lost, false);
+                all.clear();
+                all.extend(moves[run].iter().map(|m| m.obj));
+                let _ = st.dir.set_inflight_objects(page, TierKind::Host, &all, false);
+                staged += usize::from(st.dir.is_complete(page, TierKind::Host));
             }
-            let mut pages: Vec<PageId> = moves.iter().map(|m| m.page).collect();
-            pages.dedup();
-            staged += pages.iter().filter(|&&p| st.dir.is_complete(p, TierKind::Host)).count();
             drop(st);
             self.inner.stats.moved(TierKind::Pool, TierKind::Host, bytes);
             if bytes > 0 {
@@ -441,6 +467,18 @@ impl Manager {
             }))
             .is_ok()
     }
+}
+
+/// The index ranges of `moves` that belong to one page each (a page's moves are pushed
+/// together).
+fn page_runs(moves: &[ObjMove]) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let page = moves.get(at)?.page;
+        let start = at;
+        at += moves[at..].iter().take_while(|m| m.page == page).count();
+        Some(start..at)
+    })
 }
 
 fn group_by_ns(pages: &[(PageId, NamespaceId)]) -> Vec<(NamespaceId, Vec<PageId>)> {

@@ -5,50 +5,24 @@
 //! are in place, and a slot being read is never reused until the reader is done, so a
 //! reader can never see a torn or recycled object.
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::{PoolBackend, PoolError, PoolHealth, PoolUsage};
 use crate::tier::host::{ArenaError, ArenaOptions, HostArena, SlotId};
 
-/// Keys evicted by the pool are kept for the manager until taken, up to this many; beyond
-/// that the oldest are dropped and [`LocalPool::evicted_overflow`] says a resync is due.
-const EVICTED_LOG_MAX: usize = 1 << 20;
+mod index;
 
-#[derive(Debug)]
-struct Entry {
-    slot: SlotId,
-    len: usize,
-    tick: u64,
-    /// Readers copying out of the slot right now; it is not reused until they leave.
-    readers: u32,
-}
-
-/// A key shared by the entry map and the LRU order, so a put allocates it once and a get
-/// moves it within the LRU without allocating.
-type Key = Arc<str>;
-
-#[derive(Debug, Default)]
-struct Index {
-    entries: HashMap<Key, Entry>,
-    lru: BTreeMap<u64, Key>,
-    /// Slots of doomed entries, still being read.
-    draining: Vec<(SlotId, u32)>,
-    tick: u64,
-    used_bytes: u64,
-    evicted: Vec<String>,
-    overflow: bool,
-}
+use index::{Freed, Index, key_hash};
 
 /// The embedded default pool.
 ///
 /// A batch takes the index lock twice, not twice per object: once to reserve (slots for
 /// puts, reader fences for gets), then the bytes move with no lock held, then once to
 /// settle. Per-object locking made every 64 KiB copy pay two lock round trips (contended
-/// by the other transfer workers) and a key allocation on top of the copy.
+/// by the other transfer workers) and a key allocation on top of the copy. Key hashes
+/// are taken before the lock, and the index allocates nothing per object (see `index`).
 #[derive(Debug)]
 pub struct LocalPool {
     store: HostArena,
@@ -58,10 +32,9 @@ pub struct LocalPool {
 impl LocalPool {
     /// A pool at `path` of `capacity` bytes in slots of `slot_bytes`.
     pub fn create(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Self, ArenaError> {
-        Ok(Self {
-            store: HostArena::create(path, capacity, slot_bytes, opts)?,
-            index: Mutex::new(Index::default()),
-        })
+        let store = HostArena::create(path, capacity, slot_bytes, opts)?;
+        let index = Mutex::new(Index::new(store.slots()));
+        Ok(Self { store, index })
     }
 
     pub fn slots(&self) -> u32 {
@@ -70,100 +43,21 @@ impl LocalPool {
 
     /// Whether evicted keys were lost because nobody took them in time.
     pub fn evicted_overflow(&self) -> bool {
-        self.index.lock().overflow
+        self.index.lock().overflowed()
     }
 
     /// Takes a free slot, evicting the least recently used idle object when none is free.
     fn alloc(&self, idx: &mut Index) -> Option<SlotId> {
-        if let Some(s) = self.store.alloc() {
-            return Some(s);
-        }
-        let victim = idx
-            .lru
-            .iter()
-            .find(|(_, k)| idx.entries.get(*k).is_some_and(|e| e.readers == 0))
-            .map(|(&t, k)| (t, k.clone()))?;
-        idx.lru.remove(&victim.0);
-        let e = idx.entries.remove(&victim.1).expect("lru and entries agree");
-        idx.used_bytes -= e.len as u64;
-        if idx.evicted.len() >= EVICTED_LOG_MAX {
-            idx.evicted.remove(0);
-            idx.overflow = true;
-        }
-        idx.evicted.push(victim.1.to_string());
-        Some(e.slot)
+        self.store.alloc().or_else(|| idx.evict_lru())
     }
 
-    fn unlink(&self, idx: &mut Index, key: &str) -> Option<()> {
-        let e = idx.entries.remove(key)?;
-        idx.lru.remove(&e.tick);
-        idx.used_bytes -= e.len as u64;
-        if e.readers > 0 {
-            idx.draining.push((e.slot, e.readers));
-        } else {
-            self.store.free(e.slot);
-        }
-        Some(())
-    }
-
-    /// Makes a written slot the object of `key`, replacing any older one.
-    fn publish(&self, idx: &mut Index, key: &str, slot: SlotId, len: usize) {
-        self.unlink(idx, key);
-        idx.tick += 1;
-        let tick = idx.tick;
-        let key: Key = Arc::from(key);
-        idx.lru.insert(tick, key.clone());
-        idx.used_bytes += len as u64;
-        idx.entries.insert(
-            key,
-            Entry {
-                slot,
-                len,
-                tick,
-                readers: 0,
-            },
-        );
-    }
-
-    /// Fences `key`'s slot for reading into a buffer of `room` bytes and marks it used.
-    fn fence(idx: &mut Index, key: &str, room: usize) -> Result<(SlotId, usize), PoolError> {
-        idx.tick += 1;
-        let tick = idx.tick;
-        let e = idx.entries.get_mut(key).ok_or(PoolError::NotFound)?;
-        if room < e.len {
-            return Err(PoolError::BufferTooSmall { got: room, need: e.len });
-        }
-        let old = std::mem::replace(&mut e.tick, tick);
-        e.readers += 1;
-        let (slot, len) = (e.slot, e.len);
-        if let Some(k) = idx.lru.remove(&old) {
-            idx.lru.insert(tick, k);
-        }
-        Ok((slot, len))
-    }
-
-    /// Drops a reader fence taken by [`Self::fence`].
-    fn unfence(&self, idx: &mut Index, key: &str, slot: SlotId) {
-        match idx.entries.get_mut(key).filter(|e| e.slot == slot) {
-            Some(e) => e.readers -= 1,
-            None => {
-                // The object was removed or replaced while we read: finish draining.
-                if let Some(pos) = idx.draining.iter().position(|(s, _)| *s == slot) {
-                    idx.draining[pos].1 -= 1;
-                    if idx.draining[pos].1 == 0 {
-                        idx.draining.swap_remove(pos);
-                        self.store.free(slot);
-                    }
-                }
-            }
-        }
-    }
     /// One round of a batch put over the items `todo` names: reserve their slots under one
     /// lock, copy with no lock held, publish under one lock. Returns how many were placed
     /// and the items that found no slot.
     fn put_round(
         &self,
         items: &[(&str, &[u8])],
+        hashes: &[u64],
         todo: &[usize],
         results: &mut [Result<(), PoolError>],
     ) -> (usize, Vec<usize>) {
@@ -201,7 +95,9 @@ impl LocalPool {
         }
         let mut idx = self.index.lock();
         for &(i, s) in &written {
-            self.publish(&mut idx, items[i].0, s, items[i].1.len());
+            if let Some(old) = idx.publish(items[i].0, hashes[i], s, items[i].1.len()) {
+                self.store.free(old);
+            }
             results[i] = Ok(());
         }
         (written.len(), rest)
@@ -216,11 +112,12 @@ impl PoolBackend for LocalPool {
     fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), PoolError>> {
         let mut results: Vec<Result<(), PoolError>> = vec![Err(PoolError::NoSpace); items.len()];
         let mut todo: Vec<usize> = (0..items.len()).collect();
+        let hashes: Vec<u64> = items.iter().map(|(k, _)| key_hash(k)).collect();
         // Normally one round. When the pool runs out of slots mid-batch, the rest go in
         // another round once this one is published, so they may evict what it wrote (as
         // one put at a time would), rather than fail beside slots still unpublished.
         while !todo.is_empty() {
-            let (placed, rest) = self.put_round(items, &todo, &mut results);
+            let (placed, rest) = self.put_round(items, &hashes, &todo, &mut results);
             if placed == 0 {
                 break;
             }
@@ -232,9 +129,14 @@ impl PoolBackend for LocalPool {
     fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>> {
         // Fence every slot under one lock: none is freed or reused until unfenced below,
         // and puts never write a published slot.
+        let hashes: Vec<u64> = items.iter().map(|(k, _)| key_hash(k)).collect();
         let fenced: Vec<Result<(SlotId, usize), PoolError>> = {
             let mut idx = self.index.lock();
-            items.iter().map(|(k, b)| Self::fence(&mut idx, k, b.len())).collect()
+            items
+                .iter()
+                .zip(&hashes)
+                .map(|((k, b), &h)| idx.fence(k, h, b.len()))
+                .collect()
         };
         let results: Vec<Result<usize, PoolError>> = items
             .iter_mut()
@@ -248,22 +150,27 @@ impl PoolBackend for LocalPool {
             })
             .collect();
         let mut idx = self.index.lock();
-        for ((key, _), f) in items.iter().zip(&fenced) {
-            if let Ok((slot, _)) = f {
-                self.unfence(&mut idx, key, *slot);
+        for (slot, _) in fenced.iter().flatten() {
+            if let Some(s) = idx.unfence(*slot) {
+                self.store.free(s);
             }
         }
         results
     }
 
     fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        let hashes: Vec<u64> = keys.iter().map(|k| key_hash(k)).collect();
         let idx = self.index.lock();
-        keys.iter().map(|k| Ok(idx.entries.contains_key(*k))).collect()
+        keys.iter().zip(hashes).map(|(k, h)| Ok(idx.contains(k, h))).collect()
     }
 
     fn remove(&self, key: &str, _force: bool) -> Result<(), PoolError> {
-        let mut idx = self.index.lock();
-        self.unlink(&mut idx, key).ok_or(PoolError::NotFound)
+        let h = key_hash(key);
+        let (slot, freed) = self.index.lock().remove(key, h).ok_or(PoolError::NotFound)?;
+        if freed == Freed::Now {
+            self.store.free(slot);
+        }
+        Ok(())
     }
 
     fn health(&self) -> PoolHealth {
@@ -274,15 +181,13 @@ impl PoolBackend for LocalPool {
         let idx = self.index.lock();
         PoolUsage {
             capacity_bytes: self.store.slots() as u64 * self.store.slot_bytes() as u64,
-            used_bytes: idx.used_bytes,
-            objects: idx.entries.len() as u64,
+            used_bytes: idx.used_bytes(),
+            objects: idx.len() as u64,
         }
     }
 
     fn take_evicted(&self) -> Vec<String> {
-        let mut idx = self.index.lock();
-        idx.overflow = false;
-        std::mem::take(&mut idx.evicted)
+        self.index.lock().take_evicted()
     }
 
     fn max_object_bytes(&self) -> usize {
