@@ -20,7 +20,9 @@ fn vllm_scheduler_stores_and_loads_through_kvtier_connector() {
     let tmp = tempfile::tempdir().unwrap();
     let d = Daemon::start(tmp.path(), 16 << 20);
     let mut cmd = script(&py, "vllm_connector.py");
-    cmd.arg(&d.socket).env("HF_HUB_OFFLINE", "1").env("VLLM_LOGGING_LEVEL", "WARNING");
+    cmd.arg(&d.socket)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("VLLM_LOGGING_LEVEL", "WARNING");
     let out = run_ok(cmd, 600, &|| d.log_text());
     assert_lines(
         &out,
