@@ -9,7 +9,7 @@ mod pkg_support;
 use std::process::Command;
 
 use common::Daemon;
-use common::require::python;
+use common::require::{engine_python, python};
 use pkg_support::{assert_lines, cdylib, repo, run_ok, script};
 
 #[test]
@@ -30,6 +30,26 @@ fn package_client_round_trips_and_refuses_bad_input() {
             "OK loaded 4 pages into host tensors byte for byte; wrong layouts refused",
             "OK closed handles are refused, close twice is harmless",
             "OK version 0.1.0",
+        ],
+    );
+}
+
+#[test]
+fn package_client_registers_torch_tensors_and_checks_their_layout() {
+    // The test venv has no torch; the vLLM venv does.
+    let Some(py) = engine_python("vllm", &["torch"], "runs pkg_client.py's torch part") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), 16 << 20);
+    let mut cmd = script(&py, "pkg_client.py");
+    cmd.arg(&d.socket);
+    let out = run_ok(cmd, 300, &|| d.log_text());
+    assert_lines(
+        &out,
+        &[
+            "OK torch tensors registered and loaded; wrong layout refused",
+            "OK closed handles are refused, close twice is harmless",
         ],
     );
 }
