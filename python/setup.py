@@ -62,6 +62,21 @@ class BuildPy(build_py):
         shutil.copy2(built_library(), dest)
 
 
+try:  # setuptools >= 70.1 carries bdist_wheel itself
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    from wheel.bdist_wheel import bdist_wheel
+
+
+class Wheel(bdist_wheel):
+    """Tags the wheel ``py3-none-<platform>``: the library is native, but it is loaded with
+    ctypes, so any Python 3 on the platform can use it."""
+
+    def get_tag(self):
+        _, _, plat = super().get_tag()
+        return "py3", "none", plat
+
+
 class NativeDistribution(Distribution):
     """Marks the wheel as platform-specific: it carries a native library."""
 
@@ -69,4 +84,4 @@ class NativeDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildPy}, distclass=NativeDistribution)
+setup(cmdclass={"build_py": BuildPy, "bdist_wheel": Wheel}, distclass=NativeDistribution)

@@ -108,7 +108,20 @@ def _extra(vllm_config):
     return cfg
 
 
-def layout_of(kv_cache_config):
+def total_kv_heads(per_rank, tp_size, vllm_config=None):
+    """The model's KV heads, which kvtier's layout counts (vLLM's specs and tensors hold
+    one rank's share): the model config's count where it agrees with the rank's share
+    (heads replicated over more ranks than there are heads included), else share x TP."""
+    try:
+        total = vllm_config.model_config.get_total_num_kv_heads()
+    except Exception:  # noqa: BLE001 - no model config (tests building the layout alone)
+        total = None
+    if total and max(1, total // tp_size) == per_rank:
+        return total
+    return per_rank * tp_size
+
+
+def layout_of(kv_cache_config, tp_size=1, vllm_config=None):
     """The kvtier layout of vLLM's KV cache config: one page per block, every attention
     layer of one full-attention group."""
     groups = kv_cache_config.kv_cache_groups
@@ -120,7 +133,7 @@ def layout_of(kv_cache_config):
     mla = isinstance(spec, MLAAttentionSpec)
     return Layout(
         layers=len(groups[0].layer_names),
-        kv_heads=1 if mla else spec.num_kv_heads,
+        kv_heads=1 if mla else total_kv_heads(spec.num_kv_heads, tp_size, vllm_config),
         head_dim=spec.head_size,
         dtype_bytes=torch.empty((), dtype=spec.dtype).element_size(),
         page_tokens=spec.block_size,
@@ -129,7 +142,8 @@ def layout_of(kv_cache_config):
 
 
 def _tp():
-    """(rank, size) of this worker's tensor-parallel group; (0, 1) when none is set up."""
+    """(rank, size) of this worker's tensor-parallel group; (0, 1) when none is set up
+    (a connector driven outside vLLM's worker processes)."""
     try:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
@@ -163,7 +177,8 @@ class KvtierConnector(KVConnectorBase_V1):
         self._load_async = bool(cfg.get("load_async", False))
         self._block_size = vllm_config.cache_config.block_size
         self._tp_size = vllm_config.parallel_config.tensor_parallel_size
-        self._layout = layout_of(kv_cache_config) if kv_cache_config is not None else None
+        self._layout = (layout_of(kv_cache_config, self._tp_size, vllm_config)
+                        if kv_cache_config is not None else None)
         self._client = None
         self.hint_envelopes_unsent = 0
         if role == KVConnectorRole.SCHEDULER:
@@ -316,12 +331,15 @@ class KvtierConnector(KVConnectorBase_V1):
                                   "address ([2, blocks, block, heads, dim], [blocks, 2, ...] or MLA [blocks, block, dim])",
                                   "layout")
         k0 = ks[0]
-        layout = Layout(layers=len(ks), kv_heads=k0.shape[2], head_dim=k0.shape[3], dtype_bytes=k0.element_size(),
+        # The rank from vLLM's process group; the size from the parallel config, which the
+        # scheduler side used too.
+        tp_rank = _tp()[0]
+        heads = 1 if not vs else total_kv_heads(k0.shape[2], self._tp_size, self._vllm_config)
+        layout = Layout(layers=len(ks), kv_heads=heads, head_dim=k0.shape[3], dtype_bytes=k0.element_size(),
                         page_tokens=k0.shape[1], mla=not vs)
         if self._layout is not None and layout != self._layout:
             raise LayoutError(_capi.ERR_LAYOUT, f"KV caches {layout} differ from the KV cache config's {self._layout}",
                               "layout")
-        tp_rank, self._tp_size = _tp()
         self._client = self._connect(layout, self._instance, tp_rank)
         stream = torch.cuda.current_stream(k0.device).cuda_stream if k0.is_cuda else 0
         self._pages = _tensors.register(self._client, [ks, vs] if vs else [ks], stream)
