@@ -12,7 +12,11 @@
  * `count` hashes of `hash_len` bytes each, back to back (a u64 block hash is 8 bytes,
  * big-endian, so its hex key reads like the number).
  *
- * A client handle is thread-safe: calls on one handle are serialised.
+ * A client handle is thread-safe: calls on one handle are serialised. A handle is an
+ * opaque id, never a pointer kvtier dereferences: a call on a closed handle (or on any
+ * value that did not come from kvtier_connect) returns KVTIER_ERR_CLOSED, a second
+ * kvtier_close of one handle returns KVTIER_ERR_CLOSED and frees nothing, and a close
+ * while another thread's call is in flight on the handle lets that call finish first.
  */
 #ifndef KVTIER_H
 #define KVTIER_H
@@ -39,6 +43,7 @@ extern "C" {
 #define KVTIER_ERR_INTERNAL (-11)        /* a bug inside kvtier; close the handle */
 #define KVTIER_ERR_BUFFER_TOO_SMALL (-12)
 #define KVTIER_ERR_UNSUPPORTED (-13)     /* kvtier was built without the `cuda` feature */
+#define KVTIER_ERR_CLOSED (-14)          /* handle closed already, or not from kvtier_connect */
 /* The daemon refused the request: code = KVTIER_ERR_REMOTE_BASE - daemon code, with
  * daemon codes 1 bad_frame, 2 unsupported_version, 3 frame_too_large, 4 unknown_message,
  * 5 not_connected, 6 layout_mismatch, 7 bad_layout, 8 unknown_grant, 9 no_space,
@@ -151,7 +156,7 @@ const char *kvtier_error_name(int32_t code);
 
 /* ---- Connection -------------------------------------------------------------------- */
 int32_t kvtier_connect(const kvtier_connect_options_t *opts, kvtier_client_t **out);
-/* Frees the handle; null is a no-op. */
+/* Closes the handle; null is a no-op; a handle closed already is KVTIER_ERR_CLOSED. */
 int32_t kvtier_close(kvtier_client_t *client);
 
 /* ---- Device region ----------------------------------------------------------------- */
@@ -178,6 +183,15 @@ int32_t kvtier_register_cuda(kvtier_client_t *client, uint32_t ordinal, uint32_t
  * KVTIER_ERR_DEVICE without a driver. */
 int32_t kvtier_register_cuda_tensors(kvtier_client_t *client, uint32_t ordinal, const uint64_t *ptrs, size_t n_ptrs,
                                      uint64_t page_stride, uint32_t pages, uint64_t stream);
+/* Registers the engine's own KV tensors in host memory as this rank's region (vLLM's KV
+ * caches on CPU, SGLang's HiCache host pool): kvtier copies pages directly between them
+ * and its arena, with no staging buffer. Addresses as kvtier_register_cuda_tensors
+ * (ptrs[p * layers + l] is page 0 of part p, layer l; page s at ptrs[i] + s * page_stride,
+ * s < pages). The memory must stay allocated and mapped until the client is closed or
+ * another region is registered. KVTIER_ERR_NULL, KVTIER_ERR_LENGTH_MISMATCH,
+ * KVTIER_ERR_INVALID as for the CUDA tensors. */
+int32_t kvtier_register_host_tensors(kvtier_client_t *client, const uint64_t *ptrs, size_t n_ptrs,
+                                     uint64_t page_stride, uint32_t pages);
 /* Bytes of one object (one part of one page) of this rank. */
 int32_t kvtier_object_bytes(const kvtier_client_t *client, size_t *out);
 /* Writes the deterministic test pattern of `seed` into every part and layer of a page. */

@@ -247,3 +247,45 @@ fn error_names_are_stable() {
     assert_eq!(name(ffi::ERR_REMOTE_BASE - 9), "remote");
     assert_eq!(name(12345), "unknown");
 }
+
+#[test]
+fn closed_handles_are_refused_and_never_freed_twice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), 8 << 20);
+    let (h, other) = (connect(&d), connect(&d));
+    assert_ne!(h, other);
+    let one = 1u64.to_be_bytes();
+    let mut hit = PrefixHitC {
+        device: 9,
+        host: 9,
+        pool: 9,
+    };
+    // SAFETY: handles are ids the library checks; pointers valid for the lengths given.
+    unsafe {
+        assert_eq!(kvtier_register_emulated(h, 4), ffi::OK);
+        assert_eq!(kvtier_close(h), ffi::OK);
+        // Closed twice, used after close, a value that never was a handle: codes, no crash.
+        assert_eq!(kvtier_close(h), ffi::ERR_CLOSED);
+        assert!(last_error().contains("closed"), "{}", last_error());
+        assert_eq!(kvtier_lookup(h, one.as_ptr(), 8, 1, &mut hit), ffi::ERR_CLOSED);
+        assert_eq!(hit.host, 9, "an output is left alone on error");
+        assert_eq!(kvtier_device_fill_page(h, 0, 1), ffi::ERR_CLOSED);
+        let bogus = 0xdead_beef_usize as *mut Handle;
+        assert_eq!(kvtier_close(bogus), ffi::ERR_CLOSED);
+        assert_eq!(kvtier_register_emulated(bogus, 4), ffi::ERR_CLOSED);
+        // A new handle never reuses a closed one's id, so the stale one stays dead.
+        let fresh = connect(&d);
+        assert_ne!(fresh, h);
+        assert_eq!(kvtier_lookup(h, one.as_ptr(), 8, 1, &mut hit), ffi::ERR_CLOSED);
+        // The other handles are untouched by all of it.
+        for live in [other, fresh] {
+            assert_eq!(kvtier_lookup(live, one.as_ptr(), 8, 1, &mut hit), ffi::OK);
+            assert_eq!((hit.device, hit.host, hit.pool), (0, 0, 0));
+            assert_eq!(kvtier_close(live), ffi::OK);
+        }
+        assert_eq!(
+            CStr::from_ptr(kvtier_error_name(ffi::ERR_CLOSED)).to_str(),
+            Ok("closed")
+        );
+    }
+}

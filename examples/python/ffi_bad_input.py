@@ -1,16 +1,17 @@
-"""Bad input through ctypes: each call gets its kvtier error code, and the process lives on.
+"""Bad input straight through the C ABI (the ``kvtier`` package's ctypes declarations):
+each call gets its kvtier error code, and the process lives on.
 
-    python3 ffi_bad_input.py --socket /run/kvtier.sock --lib target/debug/libkvtier.so
+    python3 ffi_bad_input.py --socket /run/kvtier.sock [--lib target/release/libkvtier.so]
 
-Prints one ``case name code`` line per case and ``OK bad-input`` at the end.
+Uses the installed ``kvtier`` package, or the one in this checkout's ``python/``. Prints one
+``case name code`` line per case and ``OK bad-input`` at the end.
 """
 
 import argparse
 import ctypes
 import os
 import sys
-
-import kvtier_ctypes as kv
+from pathlib import Path
 
 
 def expect(name, want, rc, lib):
@@ -21,13 +22,24 @@ def expect(name, want, rc, lib):
 
 
 def main():
+    global kv
     ap = argparse.ArgumentParser()
     ap.add_argument("--socket", required=True)
-    ap.add_argument("--lib")
+    ap.add_argument("--lib", help="a built libkvtier.so instead of the packaged one")
     args = ap.parse_args()
-    lib = kv.load_library(args.lib)
+    if args.lib:
+        os.environ["KVTIER_LIB"] = args.lib
+    try:
+        import kvtier
+    except ImportError:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+        import kvtier
+    from kvtier import _capi as kv
+
+    lib = kv.lib()
     hit = kv.PrefixHit()
     one = (1).to_bytes(8, "big")
+    layout = kvtier.Layout(layers=4, kv_heads=4, head_dim=16, dtype_bytes=2, page_tokens=4)
 
     expect("null-handle", kv.ERR_NULL, lib.kvtier_lookup(None, one, 8, 1, ctypes.byref(hit)), lib)
     expect("null-options", kv.ERR_NULL, lib.kvtier_connect(None, ctypes.byref(ctypes.c_void_p())), lib)
@@ -35,12 +47,13 @@ def main():
     expect("wrong-struct-size", kv.ERR_INVALID, lib.kvtier_connect(ctypes.byref(opts), ctypes.byref(ctypes.c_void_p())),
            lib)
     try:
-        kv.Client(lib, args.socket + ".absent", "bad", "m")
+        kvtier.Client(layout, socket=args.socket + ".absent", instance="bad", model="m")
         raise AssertionError("connected to a closed daemon")
-    except kv.KvtierError as e:
+    except kvtier.UnavailableError as e:
         expect("closed-daemon", kv.ERR_UNAVAILABLE, e.code, lib)
 
-    with kv.Client(lib, args.socket, "bad-input", "bad-model") as c:
+    with kvtier.Client(layout, socket=args.socket, instance="bad-input", model="bad-model") as c:
+        c.handle = c.raw_handle
         c.register_emulated(4)
         expect("zero-length-batch", kv.ERR_EMPTY_BATCH, lib.kvtier_lookup(c.handle, None, 8, 0, ctypes.byref(hit)), lib)
         expect("null-hashes", kv.ERR_NULL, lib.kvtier_lookup(c.handle, None, 8, 3, ctypes.byref(hit)), lib)
@@ -59,6 +72,9 @@ def main():
         expect("tensors-zero-stride", kv.ERR_INVALID, reg(c.handle, 0, ptrs, 8, 0, 16, 0), lib)
         # Still alive and serving after all that.
         assert c.lookup([1]) == (0, 0, 0)
+    # A closed handle: the library answers, it never frees twice or reads freed memory.
+    expect("double-close", kv.ERR_CLOSED, lib.kvtier_close(c.handle), lib)
+    expect("use-after-close", kv.ERR_CLOSED, lib.kvtier_lookup(c.handle, one, 8, 1, ctypes.byref(hit)), lib)
     print("OK bad-input")
     return 0
 

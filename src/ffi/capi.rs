@@ -5,6 +5,7 @@
 
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char};
+use std::sync::Arc;
 
 use super::convert::{self, ConnectFields};
 use super::{ERR_EMPTY_BATCH, ERR_INVALID, ERR_LENGTH_MISMATCH, ERR_NULL, FfiError, Handle, OK, guard, hashes_from};
@@ -13,6 +14,7 @@ use crate::protocol::MAX_PAGES;
 
 pub use super::capi_device::*;
 pub use super::capi_hint::*;
+pub use super::capi_host::*;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -43,20 +45,28 @@ pub(super) fn null(what: &str) -> FfiError {
     FfiError::new(ERR_NULL, format!("{what} is a null pointer"))
 }
 
-/// # Safety
-/// `p` is null or a handle from `kvtier_connect` not yet closed.
-pub(super) unsafe fn handle<'a>(p: *const Handle) -> Result<&'a Handle, FfiError> {
-    // SAFETY: non-null handles come from `Box::into_raw` in `kvtier_connect`.
-    unsafe { p.as_ref() }.ok_or_else(|| null("the client handle"))
-}
-
-/// Runs an entry point on a live client handle: `ERR_NULL` when `client` is null.
+/// The live handle behind `p`: `ERR_NULL` for null, `ERR_CLOSED` for a handle closed
+/// already or a pointer that never came from `kvtier_connect`. `p` is an id from the
+/// handle registry and is never dereferenced, so no value of it is unsafe; the function
+/// stays `unsafe` so entry points keep one shape.
 ///
 /// # Safety
-/// `client` is null or a handle from `kvtier_connect` not yet closed.
+/// None beyond the type's: any value of `p` is handled.
+pub(super) unsafe fn handle(p: *const Handle) -> Result<Arc<Handle>, FfiError> {
+    if p.is_null() {
+        return Err(null("the client handle"));
+    }
+    super::handle::lookup(p as usize as u64)
+}
+
+/// Runs an entry point on a live client handle: `ERR_NULL` when `client` is null,
+/// `ERR_CLOSED` when it is closed.
+///
+/// # Safety
+/// As [`handle`].
 pub(super) unsafe fn on_handle(client: *const Handle, f: impl FnOnce(&Handle) -> Result<(), FfiError>) -> i32 {
     // SAFETY: caller contract.
-    run(|| f(unsafe { handle(client) }?))
+    run(|| f(&*unsafe { handle(client) }?))
 }
 
 /// Runs an entry point that answers through one output pointer: the handle is checked,
@@ -72,7 +82,7 @@ pub(super) unsafe fn to_output<T>(
     run(|| {
         // SAFETY: caller contract.
         let (h, o) = unsafe { (handle(client)?, out(output, "the output")?) };
-        *o = f(h)?;
+        *o = f(&h)?;
         Ok(())
     })
 }
@@ -160,6 +170,7 @@ pub extern "C" fn kvtier_error_name(code: i32) -> *const c_char {
         -11 => c"internal",
         -12 => c"buffer_too_small",
         -13 => c"unsupported",
+        -14 => c"closed",
         c if c <= super::ERR_REMOTE_BASE => c"remote",
         _ => c"unknown",
     };
@@ -218,22 +229,25 @@ pub unsafe extern "C" fn kvtier_connect(opts: *const ConnectOptions, out_client:
                 timeout_ms: o.timeout_ms as u64,
             }
         };
-        let h = Handle::connect(fields.config()?)?;
-        *slot = Box::into_raw(Box::new(h));
+        let id = super::handle::register(Handle::connect(fields.config()?)?)?;
+        // The id, not an address: see `handle`.
+        *slot = id as usize as *mut Handle;
         Ok(())
     })
 }
 
+/// Closes a handle. Null is a no-op; a second close of the same handle, or a pointer that
+/// never came from `kvtier_connect`, is `ERR_CLOSED` (nothing is freed twice).
+///
 /// # Safety
-/// `client` is null or a handle from `kvtier_connect`, closed at most once.
+/// None: any value of `client` is handled (it is an id, never dereferenced).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvtier_close(client: *mut Handle) -> i32 {
     run(|| {
-        if !client.is_null() {
-            // SAFETY: created by `Box::into_raw` in `kvtier_connect`.
-            drop(unsafe { Box::from_raw(client) });
+        if client.is_null() {
+            return Ok(());
         }
-        Ok(())
+        super::handle::unregister(client as usize as u64)
     })
 }
 

@@ -1,11 +1,20 @@
 //! The object both foreign interfaces hand out: a connected client plus the device region
 //! the engine registered through the boundary (an emulated one it can fill and check).
+//!
+//! The C ABI never gives C a pointer to a [`Handle`]: it hands out an id from a registry
+//! ([`register`], [`lookup`], [`unregister`]) disguised as the opaque `kvtier_client_t *`.
+//! A C caller that closes twice, uses a handle after closing it, or passes a made-up
+//! pointer therefore gets `KVTIER_ERR_CLOSED` instead of a double free or a read of freed
+//! memory. Ids are never reused, so a stale one cannot reach a newer client; a call in
+//! flight on another thread keeps its own reference, so a close never frees a client
+//! under it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
-use super::{ERR_INVALID, FfiError};
+use super::{ERR_CLOSED, ERR_INVALID, FfiError};
 use crate::client::{Client, ClientConfig};
 use crate::layout::Part;
 use crate::tier::device::{DeviceError, DeviceRegion, EmulatedDevice, ObjectCopy};
@@ -13,6 +22,57 @@ use crate::tier::tensors::{KvTensors, PageMap};
 
 /// Most pages an emulated region created through the boundary may hold.
 pub const MAX_EMULATED_PAGES: u32 = 1 << 20;
+
+/// Most handles one process may hold open through the C ABI at once.
+pub const MAX_OPEN_HANDLES: usize = 4096;
+
+/// The open C ABI handles by id. Taken alone and only to insert, clone or remove an entry
+/// (never while calling into a client), so it ranks below nothing and blocks no one long.
+struct Registry {
+    next: u64,
+    live: BTreeMap<u64, Arc<Handle>>,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    next: 1,
+    live: BTreeMap::new(),
+});
+
+/// Files `h` and returns its id (never 0, never reused).
+pub(crate) fn register(h: Handle) -> Result<u64, FfiError> {
+    let mut r = REGISTRY.lock();
+    if r.live.len() >= MAX_OPEN_HANDLES {
+        return Err(FfiError::new(
+            ERR_INVALID,
+            format!("{MAX_OPEN_HANDLES} client handles are open; close one first"),
+        ));
+    }
+    let id = r.next;
+    r.next += 1;
+    r.live.insert(id, Arc::new(h));
+    Ok(id)
+}
+
+fn closed(id: u64) -> FfiError {
+    FfiError::new(
+        ERR_CLOSED,
+        format!("client handle {id:#x} is closed or did not come from kvtier_connect"),
+    )
+}
+
+/// The open handle of `id`; `ERR_CLOSED` when it was closed or never opened.
+pub(crate) fn lookup(id: u64) -> Result<Arc<Handle>, FfiError> {
+    REGISTRY.lock().live.get(&id).cloned().ok_or_else(|| closed(id))
+}
+
+/// Closes `id`: the client is dropped once the last call in flight on it returns.
+/// `ERR_CLOSED` when it was already closed or never opened.
+pub(crate) fn unregister(id: u64) -> Result<(), FfiError> {
+    let h = REGISTRY.lock().live.remove(&id).ok_or_else(|| closed(id))?;
+    // Dropped outside the lock: closing the connection may take a moment.
+    drop(h);
+    Ok(())
+}
 
 /// A connected engine rank as a foreign caller holds it.
 pub struct Handle {

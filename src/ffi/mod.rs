@@ -9,8 +9,10 @@
 pub mod capi;
 mod capi_device;
 mod capi_hint;
+mod capi_host;
 mod convert;
 mod handle;
+mod host_tensors;
 
 pub use handle::Handle;
 pub mod cxx;
@@ -51,6 +53,8 @@ pub const ERR_INTERNAL: i32 = -11;
 pub const ERR_BUFFER_TOO_SMALL: i32 = -12;
 /// This kvtier was built without a feature the call needs (`cuda`).
 pub const ERR_UNSUPPORTED: i32 = -13;
+/// The client handle was closed already, or never came from `kvtier_connect`.
+pub const ERR_CLOSED: i32 = -14;
 /// The daemon refused the request: the code is `ERR_REMOTE_BASE - <daemon error code>`
 /// (the daemon's codes are `crate::protocol::ErrorCode`).
 pub const ERR_REMOTE_BASE: i32 = -100;

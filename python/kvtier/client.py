@@ -1,0 +1,227 @@
+"""One engine rank connected to a running ``kvtier serve``, over the C ABI.
+
+:class:`Client` is the low-level client the vLLM connector and the SGLang backend use: it
+owns one C handle, raises :mod:`kvtier.errors` exceptions carrying the C code, closes
+idempotently (``close()`` twice is fine; any other call after it raises
+:class:`~kvtier.errors.ClosedError`, answered by the library itself, never a crash), and is
+a context manager. Page hashes are ``bytes`` of 8 to 32 bytes, or ``int`` block hashes
+(packed 8-byte big-endian, like Rust's ``PageHash::from_u64``).
+"""
+
+import ctypes
+import os
+from collections import namedtuple
+from ctypes import byref, c_int32, c_size_t, c_uint8, c_uint32, c_uint64
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import _capi
+from .errors import InvalidArgumentError, UnavailableError, check, from_code
+
+PrefixHit = namedtuple("PrefixHit", "device host pool")
+StoreReceipt = namedtuple("StoreReceipt", "ticket written complete")
+TicketStatus = namedtuple("TicketStatus", "complete total failed")
+HintOutcome = namedtuple("HintOutcome", "outcome applied requested reason")
+
+_PHASES = {"reasoning": 0, "acting": 1, "paused": 2, "ended": 3}
+
+
+def default_socket():
+    """The daemon's default socket, as ``kvtier serve`` picks it: ``KVTIER_SOCKET`` when set,
+    else ``$XDG_RUNTIME_DIR/kvtier/kvtier.sock``, else ``./.kvtier/kvtier.sock``."""
+    env = os.environ.get("KVTIER_SOCKET")
+    if env:
+        return Path(env)
+    run = os.environ.get("XDG_RUNTIME_DIR")
+    return (Path(run) / "kvtier" if run else Path(".kvtier")) / "kvtier.sock"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The KV geometry of one model as kvtier sees it: a page is ``page_tokens`` tokens of
+    ``layers`` x (K and V, or one MLA latent) x ``kv_heads`` x ``head_dim`` elements of
+    ``dtype_bytes`` bytes."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    page_tokens: int
+    mla: bool = False
+    page_first: bool = False
+
+    @property
+    def parts(self):
+        return 1 if self.mla else 2
+
+    @property
+    def run_bytes(self):
+        """Bytes of one page of one (part, layer)."""
+        return self.page_tokens * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+def pack_hashes(hashes):
+    """A batch of hashes as (bytes, hash_len, count); all hashes must have one length."""
+    raw = [h.to_bytes(8, "big") if isinstance(h, int) else bytes(h) for h in hashes]
+    if not raw:
+        raise InvalidArgumentError(_capi.ERR_EMPTY_BATCH, "the batch names no pages", "empty_batch")
+    hash_len = len(raw[0])
+    if any(len(r) != hash_len for r in raw):
+        raise InvalidArgumentError(_capi.ERR_INVALID, "all hashes of a batch must have the same length", "invalid")
+    return b"".join(raw), hash_len, len(raw)
+
+
+class Client:
+    """One engine rank connected to the kvtier daemon at ``socket``."""
+
+    def __init__(self, layout, socket=None, instance="python", model="model", tp_rank=0, tp_size=1, pp_rank=0,
+                 pp_size=1, dp_rank=0, lora=None, salt=None, timeout_ms=5000):
+        self._lib = _capi.lib()
+        self.layout = layout
+        self.socket = Path(socket) if socket else default_socket()
+        opts = _capi.ConnectOptions(
+            ctypes.sizeof(_capi.ConnectOptions), os.fsencode(self.socket), instance.encode(), model.encode(),
+            lora.encode() if lora else None, salt.encode() if salt else None,
+            tp_rank, tp_size, pp_rank, pp_size, dp_rank,
+            layout.layers, layout.kv_heads, layout.head_dim, layout.dtype_bytes, layout.page_tokens,
+            _capi.ATTENTION_MLA if layout.mla else _capi.ATTENTION_MHA,
+            _capi.ORDER_PAGE_FIRST if layout.page_first else _capi.ORDER_LAYER_FIRST,
+            timeout_ms,
+        )
+        self._handle = ctypes.c_void_p()
+        self._closed = True
+        rc = self._lib.kvtier_connect(byref(opts), byref(self._handle))
+        if rc == _capi.ERR_UNAVAILABLE:
+            raise UnavailableError(
+                rc, f"no kvtier daemon answers at socket {self.socket} (is `kvtier serve` running?): "
+                f"{_capi.last_error()}")
+        check(rc)
+        self._closed = False
+
+    # -- lifetime ------------------------------------------------------------------------
+    @property
+    def closed(self):
+        return self._closed
+
+    def close(self):
+        """Closes the handle; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        check(self._lib.kvtier_close(self._handle))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to report to
+            pass
+
+    @property
+    def raw_handle(self):
+        """The C handle (an opaque id): a closed one still reaches the library, which
+        answers ``KVTIER_ERR_CLOSED``."""
+        return self._handle
+
+    # -- memory kvtier copies into and out of --------------------------------------------
+    def register_emulated(self, pages):
+        check(self._lib.kvtier_register_emulated(self._handle, pages))
+
+    def register_cuda(self, ordinal, pages):
+        check(self._lib.kvtier_register_cuda(self._handle, ordinal, pages))
+
+    def register_cuda_tensors(self, ordinal, ptrs, page_stride, pages, stream=0):
+        """The engine's own KV tensors on GPU ``ordinal`` (addresses: ``include/kvtier.h``)."""
+        arr = (c_uint64 * len(ptrs))(*ptrs)
+        check(self._lib.kvtier_register_cuda_tensors(self._handle, ordinal, arr, len(ptrs), page_stride, pages,
+                                                     stream))
+
+    def register_host_tensors(self, ptrs, page_stride, pages):
+        """The engine's own KV tensors in host memory; kvtier copies pages straight into
+        and out of them. They must stay allocated while registered."""
+        arr = (c_uint64 * len(ptrs))(*ptrs)
+        check(self._lib.kvtier_register_host_tensors(self._handle, arr, len(ptrs), page_stride, pages))
+
+    def object_bytes(self):
+        n = c_size_t()
+        check(self._lib.kvtier_object_bytes(self._handle, byref(n)))
+        return n.value
+
+    def fill_page(self, slot, seed):
+        check(self._lib.kvtier_device_fill_page(self._handle, slot, seed))
+
+    def page_matches(self, slot, seed):
+        m = c_int32()
+        check(self._lib.kvtier_device_page_matches(self._handle, slot, seed, byref(m)))
+        return bool(m.value)
+
+    def write_object(self, slot, part, data):
+        data = bytes(data)
+        check(self._lib.kvtier_device_write_object(self._handle, slot, part, data, len(data)))
+
+    def read_object(self, slot, part):
+        buf = ctypes.create_string_buffer(self.object_bytes())
+        check(self._lib.kvtier_device_read_object(self._handle, slot, part, buf, len(buf)))
+        return buf.raw
+
+    # -- pages ---------------------------------------------------------------------------
+    def lookup(self, hashes):
+        raw, hl, n = pack_hashes(hashes)
+        hit = _capi.PrefixHit()
+        check(self._lib.kvtier_lookup(self._handle, raw, hl, n, byref(hit)))
+        return PrefixHit(hit.device, hit.host, hit.pool)
+
+    def store(self, hashes, slots, session=""):
+        raw, hl, n = pack_hashes(hashes)
+        arr = (c_uint32 * len(slots))(*slots)
+        r = _capi.StoreReceipt()
+        check(self._lib.kvtier_store(self._handle, raw, hl, n, arr, len(slots), (session or "").encode(), byref(r)))
+        return StoreReceipt(r.ticket, r.written, r.complete)
+
+    def load(self, hashes, slots, wait=_capi.LOAD_WAIT_COMPLETE, wait_ms=0):
+        """Loads the leading pages complete on host into ``slots``; returns how many."""
+        raw, hl, n = pack_hashes(hashes)
+        arr = (c_uint32 * len(slots))(*slots)
+        loaded = c_size_t()
+        check(self._lib.kvtier_load(self._handle, raw, hl, n, arr, len(slots), wait, wait_ms, byref(loaded)))
+        return loaded.value
+
+    def poll(self, ticket):
+        t = _capi.TicketStatus()
+        check(self._lib.kvtier_poll(self._handle, ticket, byref(t)))
+        return TicketStatus(t.complete, t.total, t.failed)
+
+    def wait(self, ticket, timeout_ms=5000):
+        t = _capi.TicketStatus()
+        check(self._lib.kvtier_wait(self._handle, ticket, timeout_ms, byref(t)))
+        return TicketStatus(t.complete, t.total, t.failed)
+
+    def removed(self, hashes):
+        raw, hl, n = pack_hashes(hashes)
+        check(self._lib.kvtier_removed(self._handle, raw, hl, n))
+
+    # -- sessions and hints --------------------------------------------------------------
+    def session(self, session_id, parent=None, phase="reasoning"):
+        """Announces a session's phase at a tool boundary (``reasoning``, ``acting``,
+        ``paused``, ``ended``); ``parent`` links a sub-agent to its parent session."""
+        code = _PHASES.get(phase) if isinstance(phase, str) else phase
+        if code is None:
+            raise from_code(_capi.ERR_INVALID, f"phase {phase!r} is not one of {sorted(_PHASES)}")
+        check(self._lib.kvtier_session(self._handle, session_id.encode(), parent.encode() if parent else None, code))
+
+    def hint(self, kind, hashes=(), target=_capi.TARGET_PAGES, session=None, tier=_capi.TIER_HOST, priority=0,
+             ttl_ms=1000, deadline_ms=0):
+        """Sends a hint (``kvtier.HINT_*``); returns its :class:`HintOutcome`."""
+        hashes = list(hashes)
+        raw, hl, n = pack_hashes(hashes) if hashes else (b"", 8, 0)
+        buf = (c_uint8 * max(len(raw), 1)).from_buffer_copy(raw or b"\0")
+        h = _capi.Hint(ctypes.sizeof(_capi.Hint), kind, target, buf, hl, n, session.encode() if session else None,
+                       tier, priority, ttl_ms, deadline_ms)
+        o = _capi.HintOutcome()
+        check(self._lib.kvtier_hint(self._handle, byref(h), byref(o)))
+        return HintOutcome(_capi.OUTCOMES[o.outcome], o.applied, o.requested, o.reason)

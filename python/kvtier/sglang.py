@@ -1,0 +1,208 @@
+"""``KvtierStorage``: kvtier as an SGLang 0.5.23 HiCache storage backend.
+
+Load it through SGLang's dynamic backend::
+
+    --enable-hierarchical-cache --hicache-storage-backend dynamic \\
+    --hicache-storage-backend-extra-config '{"backend_name":"kvtier","module_path":"kvtier.sglang","class_name":"KvtierStorage","interface_v1":1}'
+
+``interface_v1: 1`` makes SGLang call the zero-copy batch API (``batch_exists``,
+``batch_get_v1``, ``batch_set_v1``) with ``page_size`` host-pool token indices per key.
+:meth:`KvtierStorage.register_mem_pool_host` registers SGLang's host pool tensors
+themselves with the daemon (``kvtier_register_host_tensors``), so kvtier copies each page
+straight between the host pool and its arena: no staging buffer, no extra copy. Other
+configuration comes from the same extra config (keys :data:`EXTRA_KEYS`).
+
+The legacy per-page API (``get``/``set``/``batch_get``/``batch_set``, used when
+``interface_v1`` is off) moves flat pages through a one-page staging region, one extra
+copy per page.
+"""
+
+import hashlib
+import logging
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+
+from . import _capi
+from . import tensors as _tensors
+from .client import Client, Layout
+from .errors import KvtierError, LayoutError
+
+logger = logging.getLogger(__name__)
+
+#: Keys of ``storage_config.extra_config``: SGLang's own dynamic-backend keys, then kvtier's
+#: (the daemon's socket, this engine's instance name, the model name pages are keyed under,
+#: every call's timeout).
+SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
+EXTRA_KEYS = SGLANG_KEYS + ("socket", "instance", "model", "timeout_ms")
+
+
+def page_hash(key):
+    """A HiCache key as a kvtier page hash: SGLang's hex digests as their bytes (8 to 32),
+    any other key through BLAKE2b-256."""
+    if isinstance(key, bytes):
+        return key if 8 <= len(key) <= 32 else hashlib.blake2b(key, digest_size=32).digest()
+    if 16 <= len(key) <= 64 and len(key) % 2 == 0:
+        try:
+            return bytes.fromhex(key)
+        except ValueError:
+            pass
+    return hashlib.blake2b(key.encode(), digest_size=32).digest()
+
+
+class KvtierStorage(HiCacheStorage):
+    """A HiCache storage backend whose pages live in kvtier's tiers (host arena, pool)."""
+
+    def __init__(self, storage_config, kwargs=None):
+        extra = dict(storage_config.extra_config or {})
+        unknown = sorted(set(extra) - set(EXTRA_KEYS))
+        if unknown:
+            raise ValueError(f"extra config keys {unknown} are unknown; KvtierStorage takes {list(EXTRA_KEYS)}")
+        self.storage_config = storage_config
+        self._socket = extra.get("socket")
+        self._instance = extra.get("instance") or f"sglang-dp{storage_config.dp_rank}"
+        self._model = extra.get("model") or storage_config.model_name or "model"
+        self._timeout_ms = int(extra.get("timeout_ms", 10000))
+        self._client = None
+        self._staging = None
+        self.mem_pool_host = None
+        self.page_size = None
+
+    # -- memory ----------------------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host):
+        super().register_mem_pool_host(mem_pool_host)
+        host = mem_pool_host
+        if getattr(host, "layout", None) != "layer_first":
+            raise LayoutError(_capi.ERR_LAYOUT, f"host pool layout {getattr(host, 'layout', None)!r}: KvtierStorage "
+                              "registers the 'layer_first' layout (--hicache-mem-layout layer_first)", "layout")
+        if not hasattr(host, "v_buffer") or getattr(host, "head_dim", None) != getattr(host, "v_head_dim", None):
+            raise LayoutError(_capi.ERR_LAYOUT, f"{type(host).__name__}: KvtierStorage registers MHA host pools "
+                              "with equal K and V head sizes", "layout")
+        ps = host.page_size
+        pages = host.size // ps
+        cfg = self.storage_config
+        # kvtier's layout counts the model's KV heads; the host pool holds this rank's share.
+        layout = Layout(layers=host.layer_num, kv_heads=host.head_num * cfg.tp_size, head_dim=host.head_dim,
+                        dtype_bytes=host.dtype.itemsize, page_tokens=ps)
+        self._client = Client(layout, socket=self._socket, instance=self._instance, model=str(self._model),
+                              tp_rank=cfg.tp_rank, tp_size=cfg.tp_size, pp_rank=cfg.pp_rank, pp_size=cfg.pp_size,
+                              dp_rank=cfg.dp_rank, timeout_ms=self._timeout_ms)
+        kv = host.kv_buffer
+        parts = [[kv[p][l][:pages * ps].view(pages, ps, host.head_num, host.head_dim) for l in range(host.layer_num)]
+                 for p in (0, 1)]
+        _tensors.register(self._client, parts)
+        self.page_size = ps
+
+    def _slots(self, keys, host_indices):
+        ps = self.page_size
+        if self._client is None:
+            raise KvtierError(_capi.ERR_INVALID, "no host pool is registered (register_mem_pool_host)", "invalid")
+        if host_indices.numel() != len(keys) * ps:
+            raise LayoutError(_capi.ERR_LAYOUT, f"{host_indices.numel()} host indices for {len(keys)} keys of "
+                              f"{ps} tokens", "layout")
+        first = host_indices.reshape(len(keys), ps)[:, 0].tolist()
+        if any(i % ps for i in first):
+            raise LayoutError(_capi.ERR_LAYOUT, "host indices do not start on page boundaries", "layout")
+        return [i // ps for i in first]
+
+    # -- the v1 batch API ----------------------------------------------------------------------
+    def batch_exists(self, keys, extra_info=None):
+        """Leading keys held anywhere kvtier can load from: its host arena, the pool (pages
+        the daemon brings back to host on load), or a registered region."""
+        if not keys:
+            return 0
+        try:
+            hit = self._lookup_client().lookup([page_hash(k) for k in keys])
+        except KvtierError as e:
+            logger.warning("kvtier lookup failed: %s", e)
+            return 0
+        return min(len(keys), hit.device + hit.host + hit.pool)
+
+    def batch_set_v1(self, keys, host_indices, extra_info=None):
+        if not keys:
+            return []
+        try:
+            self._client.store([page_hash(k) for k in keys], self._slots(keys, host_indices))
+            return [True] * len(keys)
+        except KvtierError as e:
+            logger.warning("kvtier store of %d pages failed: %s", len(keys), e)
+            return [False] * len(keys)
+
+    def batch_get_v1(self, keys, host_indices, extra_info=None):
+        if not keys:
+            return []
+        try:
+            n = self._client.load([page_hash(k) for k in keys], self._slots(keys, host_indices),
+                                  _capi.LOAD_WAIT_COMPLETE)
+        except KvtierError as e:
+            logger.warning("kvtier load of %d pages failed: %s", len(keys), e)
+            n = 0
+        return [True] * n + [False] * (len(keys) - n)
+
+    def exists(self, key):
+        return self.batch_exists([key]) == 1
+
+    # -- the legacy per-page API (flat pages through a one-page staging region) -----------------
+    def _lookup_client(self):
+        if self._client is None:
+            raise KvtierError(_capi.ERR_INVALID, "no host pool is registered (register_mem_pool_host)", "invalid")
+        return self._client
+
+    def _stage(self):
+        if self._staging is None:
+            c = self._lookup_client()
+            cfg = self.storage_config
+            self._staging = Client(c.layout, socket=self._socket, instance=f"{self._instance}-staging",
+                                   model=str(self._model), tp_rank=cfg.tp_rank, tp_size=cfg.tp_size,
+                                   pp_rank=cfg.pp_rank, pp_size=cfg.pp_size, dp_rank=cfg.dp_rank,
+                                   timeout_ms=self._timeout_ms)
+            self._staging.register_emulated(1)
+        return self._staging
+
+    def set(self, key, value=None, target_location=None, target_sizes=None):
+        """Stores one flat page (``[2, layers, page_size, heads, head_dim]``, K then V)."""
+        if value is None:
+            return False
+        try:
+            s = self._stage()
+            raw = value.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+            half = len(raw) // 2
+            s.write_object(0, _capi.PART_K, raw[:half])
+            s.write_object(0, _capi.PART_V, raw[half:])
+            s.store([page_hash(key)], [0])
+            return True
+        except KvtierError as e:
+            logger.warning("kvtier set failed: %s", e)
+            return False
+
+    def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
+        return all(self.set(k, v) for k, v in zip(keys, values or [None] * len(keys)))
+
+    def get(self, key, target_location=None, target_sizes=None):
+        """Loads one flat page into ``target_location`` (a flat tensor of the page's size);
+        returns it, or None when kvtier does not hold the key."""
+        try:
+            s = self._stage()
+            if s.load([page_hash(key)], [0], _capi.LOAD_WAIT_COMPLETE) != 1:
+                return None
+            raw = s.read_object(0, _capi.PART_K) + s.read_object(0, _capi.PART_V)
+        except KvtierError as e:
+            logger.warning("kvtier get failed: %s", e)
+            return None
+        page = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        if target_location is None:
+            return page.view(self.mem_pool_host.dtype)
+        target_location.view(torch.uint8).copy_(page)
+        return target_location
+
+    def batch_get(self, keys, target_locations=None, target_sizes=None):
+        targets = target_locations or [None] * len(keys)
+        return [self.get(k, t) for k, t in zip(keys, targets)]
+
+    def clear(self):
+        """kvtier's tiers are shared with other engines; a backend never clears them."""
+
+    def close(self):
+        for c in (self._client, self._staging):
+            if c is not None:
+                c.close()

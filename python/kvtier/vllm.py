@@ -1,0 +1,399 @@
+"""``KvtierConnector``: kvtier as a vLLM 0.33 KV connector (``KVConnectorBase_V1``).
+
+Load it with::
+
+    --kv-transfer-config '{"kv_connector":"KvtierConnector","kv_connector_module_path":"kvtier.vllm","kv_role":"kv_both"}'
+
+and optionally ``"kv_connector_extra_config": {...}`` with the keys of :data:`EXTRA_KEYS`.
+
+Scheduler side: ``get_num_new_matched_tokens`` looks the request's ``block_hashes`` up in
+kvtier (one page per vLLM block) and offers the hit beyond vLLM's own prefix cache, always
+leaving the prompt's last token to compute; the load is asynchronous (the request waits in
+``WAITING_FOR_REMOTE_KVS``) when part of the hit sits in the pool, which the daemon must
+first bring to host, or when ``load_async`` is set. ``update_state_after_alloc`` pins the
+hit to the blocks vLLM allocated, ``build_connector_meta`` hands the step's loads and the
+newly full blocks to save to the workers, ``request_finished`` forgets the request, and
+``take_events`` returns vLLM's own ``BlockStored`` events for the blocks sent to kvtier.
+
+Worker side: ``register_kv_caches`` registers vLLM's KV tensors themselves with the daemon
+(host tensors on CPU, CUDA tensors through the device registration with the current
+stream), so kvtier copies pages straight between them and its host arena.
+``start_load_kv`` loads whole pages (every layer at once; ``wait_for_layer_load`` has
+nothing left to wait for), in a background thread for asynchronous loads, reported by
+``get_finished``; ``wait_for_save`` stores the step's full blocks after the forward pass
+wrote them (``save_kv_layer`` has no per-layer work). Blocks a load could not fill are
+reported by ``get_block_ids_with_load_errors``.
+
+Sessions: a request's ``session_id`` is announced to kvtier and stored pages are tagged
+with it. Router hints (``Request.kv_hints``, Dynamo's ``KvHintsEnvelope``) go through
+:meth:`KvtierConnector._forward_kv_hints`, a marked hook: this kvtier's C ABI has no
+hint-envelope entry yet, so envelopes are counted and not sent.
+"""
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from vllm.distributed.kv_events import BlockStored
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+from . import _capi
+from . import tensors as _tensors
+from .client import Client, Layout
+from .errors import KvtierError, LayoutError
+
+logger = logging.getLogger(__name__)
+
+#: ``kv_connector_extra_config`` keys: the daemon's socket (default: as ``kvtier serve``),
+#: this engine's instance name, the model name pages are keyed under (default: the served
+#: model name), every call's timeout, and whether loads are always asynchronous.
+EXTRA_KEYS = ("socket", "instance", "model", "timeout_ms", "load_async")
+#: The ``medium`` of the ``BlockStored`` events: kvtier keeps pages in host memory.
+MEDIUM = "CPU"
+
+
+@dataclass
+class KvtierLoad:
+    """Pages to load into vLLM blocks: ``hashes[i]`` into ``block_ids[i]``."""
+
+    req_id: str
+    hashes: list
+    block_ids: list
+    is_async: bool
+
+
+@dataclass
+class KvtierSave:
+    """Full blocks to store: ``block_ids[i]`` holds page ``hashes[i]``."""
+
+    req_id: str
+    hashes: list
+    block_ids: list
+    session: str
+
+
+@dataclass
+class KvtierConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler hands the workers for one step."""
+
+    loads: list = field(default_factory=list)
+    saves: list = field(default_factory=list)
+
+
+@dataclass
+class _Tracked:
+    request: Any
+    block_ids: list = field(default_factory=list)
+    saved_upto: int = 0
+    hit_start: int = 0
+    hit_hashes: list = field(default_factory=list)
+    hit_async: bool = False
+    pending_load: Any = None
+
+
+def _extra(vllm_config):
+    cfg = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+    unknown = sorted(set(cfg) - set(EXTRA_KEYS))
+    if unknown:
+        raise ValueError(f"kv_connector_extra_config keys {unknown} are unknown; KvtierConnector takes {list(EXTRA_KEYS)}")
+    return cfg
+
+
+def total_kv_heads(per_rank, tp_size, vllm_config=None):
+    """The model's KV heads, which kvtier's layout counts (vLLM's specs and tensors hold
+    one rank's share): the model config's count where it agrees with the rank's share
+    (heads replicated over more ranks than there are heads included), else share x TP."""
+    try:
+        total = vllm_config.model_config.get_total_num_kv_heads()
+    except Exception:  # noqa: BLE001 - no model config (tests building the layout alone)
+        total = None
+    if total and max(1, total // tp_size) == per_rank:
+        return total
+    return per_rank * tp_size
+
+
+def layout_of(kv_cache_config, tp_size=1, vllm_config=None):
+    """The kvtier layout of vLLM's KV cache config: one page per block, every attention
+    layer of one full-attention group."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, FullAttentionSpec):
+        kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+        raise LayoutError(_capi.ERR_LAYOUT, f"KvtierConnector handles one full-attention KV cache group, not {kinds}",
+                          "layout")
+    spec = groups[0].kv_cache_spec
+    mla = isinstance(spec, MLAAttentionSpec)
+    return Layout(
+        layers=len(groups[0].layer_names),
+        kv_heads=1 if mla else total_kv_heads(spec.num_kv_heads, tp_size, vllm_config),
+        head_dim=spec.head_size,
+        dtype_bytes=torch.empty((), dtype=spec.dtype).element_size(),
+        page_tokens=spec.block_size,
+        mla=mla,
+    )
+
+
+def _tp():
+    """(rank, size) of this worker's tensor-parallel group; (0, 1) when none is set up
+    (a connector driven outside vLLM's worker processes)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    except (AssertionError, RuntimeError, ImportError):
+        return 0, 1
+
+
+def _layer_index(name):
+    try:
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        return extract_layer_index(name)
+    except (AssertionError, ValueError):
+        return name
+
+
+class KvtierConnector(KVConnectorBase_V1):
+    """kvtier behind vLLM's KV connector interface (both roles)."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        cfg = _extra(vllm_config)
+        self._socket = cfg.get("socket")
+        model_cfg = vllm_config.model_config
+        self._model = cfg.get("model") or getattr(model_cfg, "served_model_name", None) or model_cfg.model
+        if isinstance(self._model, (list, tuple)):
+            self._model = self._model[0]
+        self._instance = cfg.get("instance") or vllm_config.kv_transfer_config.engine_id or "vllm"
+        self._timeout_ms = int(cfg.get("timeout_ms", 10000))
+        self._load_async = bool(cfg.get("load_async", False))
+        self._block_size = vllm_config.cache_config.block_size
+        self._tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self._layout = (layout_of(kv_cache_config, self._tp_size, vllm_config)
+                        if kv_cache_config is not None else None)
+        self._client = None
+        self.hint_envelopes_unsent = 0
+        if role == KVConnectorRole.SCHEDULER:
+            # The scheduler only looks pages up; it registers no memory.
+            self._client = self._connect(self._layout, f"{self._instance}-scheduler", 0)
+            self._tracked = {}
+            self._sessions = set()
+            self._events = []
+        else:
+            self._pages = 0
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-load")
+            self._lock = threading.Lock()
+            self._async = {}
+            self._load_errors = set()
+
+    def _connect(self, layout, instance, tp_rank):
+        return Client(layout, socket=self._socket, instance=instance, model=str(self._model), tp_rank=tp_rank,
+                      tp_size=self._tp_size, timeout_ms=self._timeout_ms)
+
+    # ==============================
+    # Scheduler side
+    # ==============================
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        self._note_session(request)
+        self._forward_kv_hints(request)
+        tracked = self._tracked.setdefault(request.request_id, _Tracked(request))
+        # The last prompt token is always computed, so vLLM can sample the next one.
+        usable = min(len(request.block_hashes), (request.num_tokens - 1) // self._block_size)
+        start = num_computed_tokens // self._block_size
+        if usable <= start:
+            return 0, False
+        hashes = [bytes(h) for h in request.block_hashes[:usable]]
+        try:
+            hit = self._client.lookup(hashes)
+        except KvtierError as e:
+            logger.warning("kvtier lookup failed, computing locally: %s", e)
+            return 0, False
+        pages = min(hit.device + hit.host + hit.pool, usable)
+        if pages <= start:
+            return 0, False
+        tracked.hit_start = start
+        tracked.hit_hashes = hashes[start:pages]
+        tracked.hit_async = self._load_async or hit.pool > 0
+        return (pages - start) * self._block_size, tracked.hit_async
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        tracked = self._tracked.setdefault(request.request_id, _Tracked(request))
+        if num_external_tokens <= 0 or not tracked.hit_hashes:
+            return
+        n = num_external_tokens // self._block_size
+        block_ids = list(blocks.get_block_ids()[0])
+        ids = block_ids[tracked.hit_start:tracked.hit_start + n]
+        hashes = tracked.hit_hashes[:n]
+        tracked.hit_hashes = []
+        tracked.saved_upto = max(tracked.saved_upto, tracked.hit_start + len(ids))
+        tracked.pending_load = KvtierLoad(request.request_id, hashes, ids, tracked.hit_async)
+
+    def build_connector_meta(self, scheduler_output):
+        meta = KvtierConnectorMetadata()
+        for tracked in self._tracked.values():
+            if tracked.pending_load is not None:
+                meta.loads.append(tracked.pending_load)
+                tracked.pending_load = None
+        steps = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            tracked = self._tracked.get(new.req_id)
+            if tracked is not None:
+                tracked.block_ids = list(new.block_ids[0])
+                self._plan_save(meta, tracked, new.num_computed_tokens + steps.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            tracked = self._tracked.get(req_id)
+            if tracked is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                tracked.block_ids = list(new_ids[0]) if new_ids else []
+            elif new_ids:
+                tracked.block_ids.extend(new_ids[0])
+            self._plan_save(meta, tracked, cached.num_computed_tokens[i] + steps.get(req_id, 0))
+        return meta
+
+    def _plan_save(self, meta, tracked, computed_after_step):
+        request = tracked.request
+        full = min(computed_after_step // self._block_size, len(request.block_hashes), len(tracked.block_ids))
+        if full <= tracked.saved_upto:
+            return
+        lo, hi = tracked.saved_upto, full
+        hashes = [bytes(h) for h in request.block_hashes[lo:hi]]
+        meta.saves.append(KvtierSave(request.request_id, hashes, tracked.block_ids[lo:hi],
+                                     getattr(request, "session_id", None) or ""))
+        tracked.saved_upto = full
+        parent = maybe_convert_block_hash(request.block_hashes[lo - 1]) if lo > 0 else None
+        self._events.append(BlockStored(
+            block_hashes=[maybe_convert_block_hash(h) for h in request.block_hashes[lo:hi]],
+            parent_block_hash=parent,
+            token_ids=list(request.all_token_ids[lo * self._block_size:hi * self._block_size]),
+            block_size=self._block_size,
+            lora_id=None,
+            medium=MEDIUM,
+            lora_name=None,
+            session_id=getattr(request, "session_id", None),
+        ))
+
+    def request_finished(self, request, block_ids):
+        # Saves run inside the step (wait_for_save) before blocks can be freed, so vLLM may
+        # free them at once.
+        self._tracked.pop(request.request_id, None)
+        return False, None
+
+    def take_events(self):
+        events, self._events = self._events, []
+        return events
+
+    def _note_session(self, request):
+        session = getattr(request, "session_id", None)
+        if session and session not in self._sessions:
+            try:
+                self._client.session(session, None, "reasoning")
+                self._sessions.add(session)
+            except KvtierError as e:
+                logger.warning("kvtier did not take session %s: %s", session, e)
+
+    def _forward_kv_hints(self, request):
+        """HOOK (router hints): ``request.kv_hints`` is Dynamo's ``KvHintsEnvelope``. This
+        libkvtier has no C ABI entry for hint envelopes yet (``kvtier_hint_envelope``, being
+        added separately); once it has, encode the envelope here (msgspec JSON) and send it
+        with the request's block hashes. Until then envelopes are only counted."""
+        if getattr(request, "kv_hints", None) is not None:
+            self.hint_envelopes_unsent += 1
+
+    # ==============================
+    # Worker side
+    # ==============================
+    def register_kv_caches(self, kv_caches):
+        names = sorted(kv_caches, key=_layer_index)
+        ks, vs = [], []
+        for name in names:
+            t = kv_caches[name]
+            if t.dim() == 5 and t.shape[0] == 2:  # [2, blocks, block_size, heads, dim]
+                ks.append(t[0])
+                vs.append(t[1])
+            elif t.dim() == 5 and t.shape[1] == 2:  # [blocks, 2, block_size, heads, dim]
+                ks.append(t[:, 0])
+                vs.append(t[:, 1])
+            elif t.dim() == 3:  # MLA: [blocks, block_size, latent]
+                ks.append(t.unsqueeze(2))
+            else:
+                raise LayoutError(_capi.ERR_LAYOUT, f"KV cache {name} has shape {tuple(t.shape)}, which kvtier does not "
+                                  "address ([2, blocks, block, heads, dim], [blocks, 2, ...] or MLA [blocks, block, dim])",
+                                  "layout")
+        k0 = ks[0]
+        # The rank from vLLM's process group; the size from the parallel config, which the
+        # scheduler side used too.
+        tp_rank = _tp()[0]
+        heads = 1 if not vs else total_kv_heads(k0.shape[2], self._tp_size, self._vllm_config)
+        layout = Layout(layers=len(ks), kv_heads=heads, head_dim=k0.shape[3], dtype_bytes=k0.element_size(),
+                        page_tokens=k0.shape[1], mla=not vs)
+        if self._layout is not None and layout != self._layout:
+            raise LayoutError(_capi.ERR_LAYOUT, f"KV caches {layout} differ from the KV cache config's {self._layout}",
+                              "layout")
+        self._client = self._connect(layout, self._instance, tp_rank)
+        stream = torch.cuda.current_stream(k0.device).cuda_stream if k0.is_cuda else 0
+        self._pages = _tensors.register(self._client, [ks, vs] if vs else [ks], stream)
+        self._kv_caches = kv_caches  # kvtier copies into them; keep them referenced
+
+    def start_load_kv(self, forward_context, **kwargs):
+        meta = self._get_connector_metadata()
+        for load in meta.loads:
+            if load.is_async:
+                with self._lock:
+                    self._async[load.req_id] = self._pool.submit(self._load, load)
+            else:
+                self._load(load)
+
+    def _load(self, load):
+        try:
+            n = self._client.load(load.hashes, load.block_ids, _capi.LOAD_WAIT_COMPLETE)
+        except KvtierError as e:
+            logger.warning("kvtier load of %d pages failed: %s", len(load.hashes), e)
+            n = 0
+        if n < len(load.block_ids):
+            with self._lock:
+                self._load_errors.update(load.block_ids[n:])
+        return n
+
+    def wait_for_layer_load(self, layer_name):
+        return
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        return
+
+    def wait_for_save(self):
+        meta = self._get_connector_metadata()
+        for save in meta.saves:
+            try:
+                self._client.store(save.hashes, save.block_ids, save.session)
+            except KvtierError as e:
+                # A dropped save is a future cache miss, never a wrong answer.
+                logger.warning("kvtier store of %d pages failed: %s", len(save.hashes), e)
+
+    def get_finished(self, finished_req_ids):
+        with self._lock:
+            done = {r for r, f in self._async.items() if f.done()}
+            for r in done:
+                del self._async[r]
+        return None, (done or None)
+
+    def get_block_ids_with_load_errors(self):
+        with self._lock:
+            errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def shutdown(self):
+        if self._role != KVConnectorRole.SCHEDULER:
+            self._pool.shutdown(wait=True)
+        if self._client is not None:
+            self._client.close()

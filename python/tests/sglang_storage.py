@@ -1,0 +1,105 @@
+"""kvtier.sglang.KvtierStorage inside SGLang 0.5.23's own code, on CPU, against a real daemon.
+
+Run by tests/engines_sglang.rs with the daemon's socket as argv[1], in the SGLang venv with
+the source package on PYTHONPATH. SGLang's StorageBackendFactory builds the backend through
+its dynamic backend from the extra config; SGLang's own MHATokenToKVPoolHost (over a CPU
+MHATokenToKVPool, as SGLang's storage unit tests build it) is registered as the memory
+kvtier copies into and out of. Engine 1 stores pages with batch_set_v1; engine 2, another
+backend with its own host pool on the same daemon, finds them with batch_exists and loads
+them with batch_get_v1 into other host slots; every element is compared.
+"""
+
+import hashlib
+import sys
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+import kvtier
+import kvtier.sglang
+
+SOCKET = sys.argv[1]
+PAGE, HEADS, DIM, LAYERS = 4, 2, 16, 3
+
+
+def storage(instance, **extra):
+    cfg = HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+        enable_storage_metrics=False, is_page_first_layout=False, model_name="tiny",
+        extra_config={"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KvtierStorage",
+                      "interface_v1": 1, "socket": SOCKET, "instance": instance, **extra})
+    backend = StorageBackendFactory.create_backend("dynamic", cfg, None)
+    assert isinstance(backend, kvtier.sglang.KvtierStorage), type(backend)
+    device = MHATokenToKVPool(256, PAGE, torch.float16, HEADS, DIM, LAYERS, "cpu", False, start_layer=0,
+                              end_layer=LAYERS)
+    host = MHATokenToKVPoolHost(device.get_device_pool_infos()[0].buffer_info, 1.0, 0, PAGE, "layer_first",
+                                pin_memory=False, device="cpu", device_capacity_tokens=device.size, start_layer=0,
+                                end_layer=LAYERS)
+    backend.register_mem_pool_host(host)
+    return backend, host
+
+
+def indices(pages):
+    return torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in pages]).to(torch.int64)
+
+
+def page(host, p):
+    return host.kv_buffer[:, :, p * PAGE:(p + 1) * PAGE]
+
+
+s1, h1 = storage("sglang-1")
+g = torch.Generator().manual_seed(7)
+h1.kv_buffer.copy_(torch.randn(h1.kv_buffer.shape, generator=g).to(torch.float16))
+keys = [hashlib.sha256(f"page-{i}".encode()).hexdigest() for i in range(5)]
+missing = hashlib.sha256(b"never stored").hexdigest()
+assert s1.batch_exists(keys) == 0
+assert s1.batch_set_v1(keys[:4], indices([3, 0, 6, 1])) == [True] * 4
+assert s1.batch_exists(keys[:4] + [missing]) == 4
+assert s1.batch_exists([missing] + keys[:4]) == 0
+assert s1.exists(keys[2]) and not s1.exists(keys[4])
+print("OK engine 1 stored 4 pages; batch_exists counts the leading hits")
+
+s2, h2 = storage("sglang-2")
+assert s2.batch_exists(keys[:4]) == 4
+before = h2.kv_buffer.clone()
+assert s2.batch_get_v1(keys[:4] + [missing], indices([9, 2, 5, 11, 12])) == [True] * 4 + [False]
+checked = 0
+for src, dst in [(3, 9), (0, 2), (6, 5), (1, 11)]:
+    assert torch.equal(page(h2, dst), page(h1, src)), (src, dst)
+    checked += page(h2, dst).numel()
+touched = {9, 2, 5, 11}
+for p in range(h2.size // PAGE):
+    if p not in touched:
+        assert torch.equal(page(h2, p), before[:, :, p * PAGE:(p + 1) * PAGE]), p
+print(f"OK engine 2 loaded 4 pages into its host pool: {checked} elements equal, other pages untouched")
+
+# Bad input: indices off page boundaries or of the wrong count fail those keys, and the
+# backend keeps serving.
+assert s2.batch_get_v1(keys[:1], torch.arange(1, 1 + PAGE)) == [False]
+assert s2.batch_set_v1(keys[:2], indices([0])) == [False, False]
+try:
+    kvtier.sglang.KvtierStorage(HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+        enable_storage_metrics=False, is_page_first_layout=False, model_name="tiny",
+        extra_config={"sokcet": SOCKET}))
+    raise SystemExit("an unknown extra config key was accepted")
+except ValueError as e:
+    assert "sokcet" in str(e) and "socket" in str(e), e
+assert s2.batch_get_v1(keys[3:4], indices([0])) == [True]
+assert torch.equal(page(h2, 0), page(h1, 1))
+print("OK misaligned indices and unknown config keys refused; the backend keeps serving")
+
+# The legacy flat-page API through SGLang's own page accessors.
+assert s1.set(keys[4], h1.get_data_page(8 * PAGE))
+flat = h2.get_dummy_flat_data_page()
+assert s2.get(keys[4], flat) is flat
+assert torch.equal(flat, h1.get_data_page(8 * PAGE)), "legacy get"
+assert s2.batch_get([missing], [h2.get_dummy_flat_data_page()]) == [None]
+print("OK legacy set/get round trip")
+s1.close()
+s2.close()
+s1.close()
+print("OK done")

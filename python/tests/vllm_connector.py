@@ -1,0 +1,230 @@
+"""kvtier.vllm.KvtierConnector inside vLLM 0.33's own code, on CPU, against a real daemon.
+
+Run by tests/engines_vllm.rs with the daemon's socket as argv[1], in the vLLM venv with the
+source package on PYTHONPATH. vLLM's KVConnectorFactory builds the connector from a
+KVTransferConfig naming ``kvtier.vllm``; vLLM's v1 Scheduler (a ModelConfig on a tiny
+Llama config.json, DeviceConfig("cpu"), one FullAttentionSpec group) schedules real
+Requests. Each "engine" here is a Scheduler with its scheduler-side connector plus a
+worker-side connector whose registered KV caches are CPU tensors; the model forward is
+stood in for only by writing each scheduled token's K/V (a function of its token id and
+position, so a shared prefix has the same KV in any engine) into its slot.
+
+Engine 1 runs request A and stores its full blocks; engines 2 (asynchronous load) and 3
+(synchronous load), fresh vLLM instances on the same daemon, run request B sharing A's
+first 3 blocks: each gets num_computed_tokens = 48 from kvtier's hit, and the loaded
+blocks are checked element for element.
+"""
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from vllm import SamplingParams
+from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.distributed.kv_events import BlockStored
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.forward_context import ForwardContext
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, maybe_convert_block_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_hints.protocol import KvHintAction, KvHintsEnvelope
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+import kvtier
+import kvtier.vllm
+
+SOCKET = sys.argv[1]
+BS, HEADS, DIM, BLOCKS = 16, 2, 16, 24
+LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+
+model_dir = Path(tempfile.mkdtemp())
+(model_dir / "config.json").write_text(json.dumps({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HEADS * 2 * DIM,
+    "intermediate_size": 128, "num_attention_heads": HEADS * 2, "num_key_value_heads": HEADS,
+    "num_hidden_layers": len(LAYERS), "vocab_size": 1000, "max_position_embeddings": 2048,
+    "torch_dtype": "float16", "rms_norm_eps": 1e-6,
+}))
+model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float16", seed=0,
+                           max_model_len=1024)
+init_none_hash(sha256)
+
+
+def kv_cache_config():
+    return KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(LAYERS, FullAttentionSpec(block_size=BS, num_kv_heads=HEADS, head_size=DIM,
+                                                   dtype=torch.float16))])
+
+
+def transfer_config(name, load_async):
+    return KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm",
+                            kv_role="kv_both",
+                            kv_connector_extra_config={"socket": SOCKET, "instance": name, "model": "tiny-llama",
+                                                       "load_async": load_async})
+
+
+class Engine:
+    """One vLLM instance: its Scheduler (with the scheduler-side connector) and its worker
+    connector over CPU KV caches."""
+
+    def __init__(self, name, load_async):
+        cfg = VllmConfig(
+            model_config=model_config,
+            cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
+            scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024,
+                                             is_encoder_decoder=False),
+            device_config=DeviceConfig("cpu"),
+            kv_transfer_config=transfer_config(name, load_async),
+        )
+        cfg.cache_config.num_gpu_blocks = BLOCKS
+        kvc = kv_cache_config()
+        self.sched = Scheduler(vllm_config=cfg, kv_cache_config=kvc, log_stats=False,
+                               structured_output_manager=StructuredOutputManager(cfg), block_size=BS)
+        assert isinstance(self.sched.connector, kvtier.vllm.KvtierConnector), type(self.sched.connector)
+        self.worker = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kvc)
+        assert isinstance(self.worker, kvtier.vllm.KvtierConnector)
+        self.caches = {n: torch.zeros(2, BLOCKS, BS, HEADS, DIM, dtype=torch.float16) for n in LAYERS}
+        self.worker.register_kv_caches(self.caches)
+        self.requests = {}
+
+    def add(self, req):
+        self.requests[req.request_id] = req
+        self.sched.add_request(req)
+
+    def step(self):
+        out = self.sched.schedule()
+        # The scheduler collects the connector's events in update_from_output (and publishes
+        # them when KV events are on); take them here to check them.
+        self.events = list(self.sched.connector.take_events())
+        # The model forward: K/V of every scheduled token into its slot.
+        for new in out.scheduled_new_reqs:
+            self.forward(new.req_id, new.block_ids[0], new.num_computed_tokens, out.num_scheduled_tokens[new.req_id])
+        ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
+        self.worker.bind_connector_metadata(out.kv_connector_metadata)
+        self.worker.start_load_kv(ctx)
+        for layer in LAYERS:
+            self.worker.wait_for_layer_load(layer)
+        self.worker.wait_for_save()
+        sending, recving = self.worker.get_finished(out.finished_req_ids)
+        errors = self.worker.get_block_ids_with_load_errors()
+        self.worker.clear_connector_metadata()
+        ids = list(out.num_scheduled_tokens)
+        self.sched.update_from_output(out, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[[7] for _ in ids],
+            kv_connector_output=KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                                                  invalid_block_ids=errors)))
+        return out, errors
+
+    def forward(self, req_id, block_ids, start, n):
+        tokens = self.requests[req_id].all_token_ids
+        for pos in range(start, start + n):
+            block, off = block_ids[pos // BS], pos % BS
+            for li, layer in enumerate(LAYERS):
+                for part in (0, 1):
+                    self.caches[layer][part, block, off] = expected_token(tokens[pos], pos, li, part)
+
+
+def expected_token(token, pos, layer, part):
+    """What the model writes for one token: [heads, dim], distinct per element."""
+    base = (token * 131 + pos * 17 + layer * 7 + part * 3) % 997
+    return (torch.arange(HEADS * DIM, dtype=torch.float32).reshape(HEADS, DIM) + base) % 1024 / 8
+
+
+def request(rid, tokens, **kw):
+    return Request(request_id=rid, prompt_token_ids=tokens, sampling_params=SamplingParams(max_tokens=1),
+                   pooling_params=None, block_hasher=get_request_block_hasher(BS, sha256), **kw)
+
+
+def check_blocks(eng, req, block_ids, n_blocks):
+    """Every element of the request's first n_blocks blocks holds its tokens' K/V."""
+    tokens = req.all_token_ids
+    checked = 0
+    for b in range(n_blocks):
+        for off in range(BS):
+            pos = b * BS + off
+            for li, layer in enumerate(LAYERS):
+                for part in (0, 1):
+                    got = eng.caches[layer][part, block_ids[b], off].float()
+                    want = expected_token(tokens[pos], pos, li, part)
+                    assert torch.equal(got, want), (req.request_id, b, off, layer, part)
+                    checked += got.numel()
+    return checked
+
+
+prefix = [(i * 37 + 11) % 1000 for i in range(48)]
+a_tokens = prefix + [901, 902]                          # 50 tokens: 3 full blocks
+b_tokens = prefix + [(i * 53 + 5) % 1000 for i in range(12)]  # 60 tokens: shares 3 blocks
+
+# -- Engine 1 stores A's full blocks. --------------------------------------------------------
+e1 = Engine("vllm-1", load_async=False)
+req_a = request("A", a_tokens, session_id="agent-7")
+e1.add(req_a)
+out, errors = e1.step()
+assert [r.req_id for r in out.scheduled_new_reqs] == ["A"] and not errors
+assert out.scheduled_new_reqs[0].num_computed_tokens == 0
+saves = out.kv_connector_metadata.saves
+assert [(s.req_id, len(s.hashes), s.session) for s in saves] == [("A", 3, "agent-7")], saves
+assert req_a.status == RequestStatus.FINISHED_LENGTH_CAPPED, req_a.status
+events = e1.events
+assert len(events) == 1 and isinstance(events[0], BlockStored), events
+assert events[0].block_hashes == [maybe_convert_block_hash(h) for h in req_a.block_hashes[:3]] and events[0].session_id == "agent-7", events[0]
+assert events[0].token_ids == a_tokens[:48] and events[0].parent_block_hash is None
+layout = kvtier.vllm.layout_of(kv_cache_config())
+with kvtier.Client(layout, socket=SOCKET, instance="probe", model="tiny-llama") as probe:
+    assert sum(probe.lookup([bytes(h) for h in req_a.block_hashes])) == 3
+print("OK engine 1 stored 3 blocks; BlockStored event with the request's hashes and session")
+
+# -- Engine 2 loads asynchronously. -------------------------------------------------------------
+e2 = Engine("vllm-2", load_async=True)
+envelope = KvHintsEnvelope(protocol_version="1", message_id="m1",
+                           actions=[KvHintAction(action_id="a", action_type="prefetch", action_version="1",
+                                                 payload={})])
+req_b = request("B", b_tokens, kv_hints=envelope)
+e2.add(req_b)
+out, errors = e2.step()
+assert out.scheduled_new_reqs == [] and not errors, out.scheduled_new_reqs
+assert req_b.status == RequestStatus.WAITING_FOR_REMOTE_KVS, req_b.status
+loads = out.kv_connector_metadata.loads
+assert [(l.req_id, len(l.block_ids), l.is_async) for l in loads] == [("B", 3, True)], loads
+load_blocks = loads[0].block_ids
+assert e2.sched.connector.hint_envelopes_unsent == 1
+scheduled = None
+for _ in range(200):
+    out, errors = e2.step()
+    assert not errors, errors
+    if out.scheduled_new_reqs:
+        scheduled = out.scheduled_new_reqs[0]
+        break
+    time.sleep(0.02)
+assert scheduled is not None, "B was never scheduled after its asynchronous load"
+assert scheduled.req_id == "B" and scheduled.num_computed_tokens == 48, scheduled
+assert out.num_scheduled_tokens["B"] == 12, out.num_scheduled_tokens
+assert list(scheduled.block_ids[0][:3]) == load_blocks
+n = check_blocks(e2, req_b, load_blocks, 3)
+print(f"OK engine 2 async load: num_computed_tokens 48, {n} elements checked")
+
+# -- Engine 3 loads synchronously. --------------------------------------------------------------
+e3 = Engine("vllm-3", load_async=False)
+req_b3 = request("B3", b_tokens)
+e3.add(req_b3)
+out, errors = e3.step()
+assert not errors, errors
+assert [(r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs] == [("B3", 48)], out.scheduled_new_reqs
+loads = out.kv_connector_metadata.loads
+assert [(l.req_id, len(l.block_ids), l.is_async) for l in loads] == [("B3", 3, False)], loads
+n = check_blocks(e3, req_b3, loads[0].block_ids, 3)
+# Untouched blocks stayed zero: nothing was loaded beyond the hit.
+others = sorted(set(range(BLOCKS)) - set(out.scheduled_new_reqs[0].block_ids[0]))
+assert all(float(e3.caches[l][:, others].abs().sum()) == 0 for l in LAYERS)
+print(f"OK engine 3 sync load: num_computed_tokens 48, {n} elements checked")
+
+for e in (e1, e2, e3):
+    e.worker.shutdown()
+    e.sched.connector.shutdown()
+print("OK done")
