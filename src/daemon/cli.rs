@@ -35,6 +35,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "BYTES")]
     pub arena_bytes: Option<u64>,
     /// Any configuration key: `--set max_connections=64` (repeatable).
+    ///
+    /// KV event keys (docs/admin.md): `events_encoding` = `vllm` (vLLM 0.24 to 0.33, the
+    /// default) | `vllm-legacy` (vLLM 0.23 and earlier); `events_replay_protocol` = `auto` |
+    /// `topic` (vLLM 0.26+) | `legacy` (vLLM 0.25 and earlier); `events_hashes` = `int` (low
+    /// 64 bits) | `auto` | `bytes`; `events_endpoint`, `events_replay_endpoint`,
+    /// `pool_events_endpoint` = `tcp://HOST:PORT` | `ipc` (a socket in the 0700 runtime dir) |
+    /// empty (off); `events_replay_per_sec`; `pool_events_tenant`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
     /// Print the effective configuration as TOML and exit.
