@@ -156,11 +156,18 @@ pub fn parse(v: &Value, max_pages: usize) -> Result<RouterPlan, RouterHintError>
         let action_id = text("action_id", "action_id missing")?;
         let action_type = text("action_type", "action_type missing")?;
         let action_version = text("action_version", "action_version missing")?;
+        // Recorded for every action that names one, executed or not, so an operator sees
+        // where a router wanted pages from.
+        let source_control_endpoint = a
+            .get("payload")
+            .and_then(|p| p.get("source_control_endpoint"))
+            .and_then(Value::as_str)
+            .map(short);
         let mut planned = PlannedAction {
             action_id,
             action_type,
             action_version,
-            source_control_endpoint: None,
+            source_control_endpoint,
             step: Err(Reason::UnknownAction),
         };
         if planned.action_type != KV_FETCH {
@@ -176,10 +183,6 @@ pub fn parse(v: &Value, max_pages: usize) -> Result<RouterPlan, RouterHintError>
             .get("payload")
             .and_then(Value::as_object)
             .ok_or(RouterHintError::Invalid("kv.fetch payload is not an object"))?;
-        planned.source_control_endpoint = payload
-            .get("source_control_endpoint")
-            .and_then(Value::as_str)
-            .map(short);
         let hashes = payload
             .get("block_hashes")
             .and_then(Value::as_array)

@@ -65,6 +65,10 @@ fn other_versions_and_actions_are_ignored_with_reasons() {
     }));
     let plan = parse(&v, 64).unwrap();
     assert_eq!(plan.actions[0].step, Err(Reason::UnsupportedVersion));
+    assert_eq!(
+        plan.actions[0].source_control_endpoint.as_deref(),
+        Some("tcp://10.0.0.7:25000")
+    );
     assert_eq!(plan.actions[1].step, Err(Reason::UnknownAction));
     let report = apply(plan, |_| -> Result<HintOutcome, String> {
         unreachable!("nothing to run")
