@@ -76,6 +76,15 @@ mod bridge {
         requested: u64,
     }
 
+    /// Token ids of the pages of a `store_tokens`: page i's are
+    /// `tokens[i * tokens_per_page ..]`; `parent` is empty for none, else the `hash_len`
+    /// bytes of the page before page 0 in its chain.
+    struct PageTokens {
+        parent: Vec<u8>,
+        tokens: Vec<u32>,
+        tokens_per_page: usize,
+    }
+
     extern "Rust" {
         /// One connected engine rank.
         #[cxx_name = "Client"]
@@ -126,24 +135,21 @@ mod bridge {
         /// `parent` empty for none; phase `KVTIER_PHASE_*`.
         fn session(self: &CxxClient, id: &str, parent: &str, phase: u32) -> Result<()>;
         fn hint(self: &CxxClient, hint: &HintRequest) -> Result<HintResult>;
-        /// `store` with each page's token ids for the KV events: page i's are
-        /// `tokens[i * tokens_per_page ..]`; `parent` empty for none, else `hash_len` bytes.
+        /// `store` with each page's token ids for the KV events (see [`PageTokens`]).
         fn store_tokens(
             self: &CxxClient,
             hashes: &[u8],
             hash_len: usize,
             slots: &[u32],
             session: &str,
-            parent: &[u8],
-            tokens: &[u32],
-            tokens_per_page: usize,
+            tokens: &PageTokens,
         ) -> Result<StoreReceipt>;
         /// Passes on a Dynamo KvHint envelope (JSON); returns the report as JSON.
         fn kv_hints(self: &CxxClient, envelope: &str) -> Result<String>;
     }
 }
 
-use bridge::{ConnectOptions, HintRequest, HintResult, PrefixHit, StoreReceipt, TicketStatus};
+use bridge::{ConnectOptions, HintRequest, HintResult, PageTokens, PrefixHit, StoreReceipt, TicketStatus};
 
 /// The Rust side of `kvtier::Client`.
 pub struct CxxClient(Handle);
@@ -302,17 +308,19 @@ impl CxxClient {
 }
 
 impl CxxClient {
-    #[allow(clippy::too_many_arguments)] // the bridge's flat argument list
     fn store_tokens(
         &self,
         hashes: &[u8],
         hash_len: usize,
         slots: &[u32],
         session: &str,
-        parent: &[u8],
-        tokens: &[u32],
-        tokens_per_page: usize,
+        page_tokens: &PageTokens,
     ) -> Result<StoreReceipt, FfiError> {
+        let (parent, tokens, tokens_per_page) = (
+            &page_tokens.parent[..],
+            &page_tokens.tokens[..],
+            page_tokens.tokens_per_page,
+        );
         guard(|| {
             let hashes = batch(hashes, hash_len)?;
             check_slots(hashes.len(), slots)?;

@@ -232,6 +232,6 @@ mod tests {
         // A third peer pushes out the longest idle one (b), so the table stays bounded.
         assert!(r.admit(b"c".to_vec(), t1));
         assert_eq!(r.buckets.len(), 2);
-        assert!(!r.buckets.contains_key(&b"b".to_vec()));
+        assert!(!r.buckets.contains_key(b"b".as_slice()));
     }
 }
