@@ -505,7 +505,10 @@ fn an_unknown_events_encoding_stops_the_start_and_names_the_allowed_values() {
         assert!(!socket.exists(), "refused before binding");
     }
     // An allowed value from the flag wins over a bad one in the environment.
-    let out = run(&["--set", "events_encoding=vllm-legacy", "--print-config"], Some("binary"));
+    let out = run(
+        &["--set", "events_encoding=vllm-legacy", "--print-config"],
+        Some("binary"),
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("events_encoding = \"vllm-legacy\""));
 }

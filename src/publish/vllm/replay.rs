@@ -208,6 +208,48 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A start older than the buffer: what is held, then the end marker, counted; a
+    /// malformed request: the end marker alone. Both in the 0.26+ form, over a real pair.
+    #[test]
+    fn an_old_start_gets_what_is_held_and_a_malformed_one_the_end() {
+        let ctx = zmq::Context::new();
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        router.bind("inproc://replay-test").unwrap();
+        let dealer = ctx.socket(zmq::DEALER).unwrap();
+        dealer.set_rcvtimeo(5000).unwrap();
+        dealer.connect("inproc://replay-test").unwrap();
+        let mut r = Replayer::new(router, ReplayProtocol::Topic, b"t".to_vec(), ReplayLimits::default());
+        let buffer: VecDeque<(u64, Vec<u8>)> = (5..8u64).map(|s| (s, vec![s as u8])).collect();
+        let stats = PublisherStats::default();
+        dealer.send_multipart([&b""[..], &2u64.to_be_bytes()[..]], 0).unwrap();
+        dealer.send_multipart([&b""[..], &b"\x01"[..]], 0).unwrap();
+        let t = Instant::now();
+        while stats.replays.load(Relaxed) + stats.replays_refused.load(Relaxed) < 2 {
+            assert!(t.elapsed() < Duration::from_secs(5), "requests not served");
+            r.serve(&buffer, &stats);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            got.push(dealer.recv_multipart(0).unwrap());
+        }
+        let frame = |seq: &[u8], payload: &[u8], topic: &[u8]| {
+            vec![b"".to_vec(), topic.to_vec(), seq.to_vec(), payload.to_vec()]
+        };
+        let mut want: Vec<_> = (5..8u64).map(|s| frame(&s.to_be_bytes(), &[s as u8], b"t")).collect();
+        want.push(frame(&END_SEQ, b"", b""));
+        want.push(frame(&END_SEQ, b"", b""));
+        assert_eq!(got, want);
+        assert_eq!(
+            (
+                stats.replays.load(Relaxed),
+                stats.replays_too_old.load(Relaxed),
+                stats.replays_refused.load(Relaxed)
+            ),
+            (1, 1, 1)
+        );
+    }
+
     #[test]
     fn a_peer_gets_its_burst_then_its_rate() {
         let ctx = zmq::Context::new();
