@@ -40,7 +40,7 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(EVENTS as u64));
     for (name, encoding, hash_bytes) in [
         ("positional_u64_hashes", Encoding::Positional, 8),
-        ("named_u64_hashes", Encoding::Named, 8),
+        ("tagged_u64_hashes", Encoding::Tagged, 8),
         ("positional_32b_hashes", Encoding::Positional, 32),
     ] {
         let cfg = VllmConfig {

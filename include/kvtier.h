@@ -90,7 +90,7 @@ extern "C" {
 
 /* Hint reasons: 0 none, 1 unknown_pages, 2 pin_budget, 3 max_ttl, 4 queue_full,
  * 5 pool_degraded, 6 no_space, 7 already_there, 8 not_complete, 9 unknown_session,
- * 10 wrong_tier, 11 in_flight, 12 no_pool, 13 unknown_action. */
+ * 10 wrong_tier, 11 in_flight, 12 no_pool, 13 unknown_action, 14 unsupported_version. */
 
 /* ---- Types ------------------------------------------------------------------------- */
 typedef struct kvtier_client kvtier_client_t;
@@ -209,6 +209,14 @@ int32_t kvtier_lookup(kvtier_client_t *client, const uint8_t *hashes, size_t has
 /* Offloads pages: slots[i] holds page i in the device region. slot_count must equal count. */
 int32_t kvtier_store(kvtier_client_t *client, const uint8_t *hashes, size_t hash_len, size_t count,
                      const uint32_t *slots, size_t slot_count, const char *session, kvtier_store_receipt_t *out);
+/* kvtier_store with each page's token ids, which the KV events' BlockStored then carries
+ * (token-indexing routers, e.g. Dynamo's, need them): page i's ids are
+ * tokens[i * tokens_per_page .. (i + 1) * tokens_per_page] (1 to 4096 a page). `parent`
+ * is null or hash_len bytes: the hash of the page before page 0 in its chain (page i's
+ * parent is page i - 1). tokens null stores without ids, as kvtier_store. */
+int32_t kvtier_store_tokens(kvtier_client_t *client, const uint8_t *hashes, size_t hash_len, size_t count,
+                            const uint32_t *slots, size_t slot_count, const char *session, const uint8_t *parent,
+                            const uint32_t *tokens, size_t tokens_per_page, kvtier_store_receipt_t *out);
 /* Loads the leading pages complete on host into slots; *loaded = how many. */
 int32_t kvtier_load(kvtier_client_t *client, const uint8_t *hashes, size_t hash_len, size_t count,
                     const uint32_t *slots, size_t slot_count, uint32_t wait_mode, uint32_t wait_ms, size_t *loaded);
@@ -221,6 +229,16 @@ int32_t kvtier_removed(kvtier_client_t *client, const uint8_t *hashes, size_t ha
 /* parent may be null. phase: KVTIER_PHASE_*. */
 int32_t kvtier_session(kvtier_client_t *client, const char *id, const char *parent, uint32_t phase);
 int32_t kvtier_hint(kvtier_client_t *client, const kvtier_hint_t *hint, kvtier_hint_outcome_t *out);
+/* Passes on a Dynamo KvHint envelope (JSON text, as a router attached it to the request:
+ * vLLM's Request.kv_hints, SGLang's kv_hints). kv.fetch@1.x becomes a prefetch to host;
+ * other actions and versions are ignored with a reason. The report (JSON: message_id and
+ * per action action_id, outcome {outcome, reason, ...} or error, source_control_endpoint)
+ * is written NUL-terminated into report (report_cap bytes); *report_len = its length
+ * without the NUL. report may be null with report_cap 0 to skip it. A malformed envelope
+ * is KVTIER_ERR_REMOTE_BASE - 10 (bad_hint); KVTIER_ERR_BUFFER_TOO_SMALL means the envelope
+ * was applied but the report did not fit (*report_len says how much is needed). */
+int32_t kvtier_kv_hints(kvtier_client_t *client, const char *envelope, char *report, size_t report_cap,
+                        size_t *report_len);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,8 @@
 #   vllm-0.33.0    vllm==0.33.0            (KV connector, KV event decoders)
 #   sglang-0.5.23  sglang==0.5.23          (HiCache storage backend, Mooncake key logic)
 #   dynamo-1.6.1   ai-dynamo-runtime==1.6.1 (standalone KV indexer)
+# and, without a venv of its own, the vLLM 0.23.0 wheel (pip download --no-deps, about
+# 270 MB) whose kv_events.py the legacy-encoding test loads with vLLM 0.33's modules.
 # The venvs live outside the clone, in $KVTIER_VENV_DIR (default ~/.cache/kvtier/venvs), so
 # every clone on one machine reuses them: the first install takes minutes and about 10 GB
 # per engine, later runs only check them. A venv is used only after its install finished
@@ -21,7 +23,28 @@ engines=(
     "dynamo-1.6.1|ai-dynamo-runtime==1.6.1 pyzmq msgpack|KVTIER_DYNAMO_PYTHON"
 )
 
+# name|requirement|environment variable naming the downloaded file
+wheels=(
+    "vllm-0.23.0|vllm==0.23.0|KVTIER_VLLM023_WHEEL"
+)
+
 say() { printf 'engine-venvs: %s\n' "$*" >&2; }
+
+wheel_file() {
+    local name=$1
+    compgen -G "$dir/wheels/$name/*.whl" | head -n 1 || true
+}
+
+download_one() {
+    local name=$1 req=$2 dest="$dir/wheels/$1"
+    if [ -n "$(wheel_file "$name")" ]; then
+        return 0
+    fi
+    say "downloading $req (no dependencies) into $dest"
+    mkdir -p "$dest"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps "$req" -d "$dest.part"
+    mv "$dest.part"/*.whl "$dest"/ && rmdir "$dest.part"
+}
 
 install_one() {
     local name=$1 reqs=$2 venv="$dir/$1"
@@ -47,6 +70,10 @@ case "${1:-}" in
             install_one "$name" "$reqs" > "$dir/$name.log" 2>&1 &
             pids+=("$!:$name")
         done
+        for w in "${wheels[@]}"; do
+            IFS='|' read -r name req _ <<< "$w"
+            download_one "$name" "$req"
+        done
         failed=0
         for p in "${pids[@]}"; do
             if ! wait "${p%%:*}"; then
@@ -62,6 +89,13 @@ case "${1:-}" in
             IFS='|' read -r name _ var <<< "$e"
             if [ -f "$dir/$name/.kvtier-installed" ]; then
                 printf 'export %s=%q\n' "$var" "$dir/$name/bin/python3"
+            fi
+        done
+        for w in "${wheels[@]}"; do
+            IFS='|' read -r name _ var <<< "$w"
+            f=$(wheel_file "$name")
+            if [ -n "$f" ]; then
+                printf 'export %s=%q\n' "$var" "$f"
             fi
         done
         ;;

@@ -134,6 +134,8 @@ pub enum Reason {
     NoPool,
     /// A router action kvtier does not implement.
     UnknownAction,
+    /// A router action (or envelope) at a major version kvtier does not implement.
+    UnsupportedVersion,
 }
 
 /// What came of a well-formed hint.

@@ -499,13 +499,16 @@ fn an_unknown_events_encoding_stops_the_start_and_names_the_allowed_values() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "started with a bad events_encoding: {err}");
         assert!(
-            err.contains("binary") && err.contains("positional") && err.contains("named"),
+            err.contains("binary") && err.contains("`vllm`") && err.contains("vllm-legacy"),
             "{err}"
         );
         assert!(!socket.exists(), "refused before binding");
     }
     // An allowed value from the flag wins over a bad one in the environment.
-    let out = run(&["--set", "events_encoding=named", "--print-config"], Some("binary"));
+    let out = run(
+        &["--set", "events_encoding=vllm-legacy", "--print-config"],
+        Some("binary"),
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("events_encoding = \"named\""));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("events_encoding = \"vllm-legacy\""));
 }

@@ -36,7 +36,8 @@ fn drained(m: &Manager, pubs: &[&PublisherHandle]) {
 
 fn hash_json(h: &PageHash, fmt: HashFormat) -> Value {
     match fmt {
-        HashFormat::Auto if h.len() == 8 => json!(h.prefix_u64()),
+        HashFormat::Auto if h.len() == 8 => json!(vllm::low_u64(h)),
+        HashFormat::Int => json!(vllm::low_u64(h)),
         _ => json!(h.to_hex()),
     }
 }
@@ -89,6 +90,8 @@ fn routers_decode_vllm_and_mooncake_events_and_replay_fills_gaps() {
         VllmConfig {
             endpoint: any.clone(),
             replay_endpoint: Some(any.clone()),
+            encoding: Encoding::Positional,
+            hashes: HashFormat::Auto,
             max_batch_events: 2,
             ..VllmConfig::default()
         },
@@ -100,7 +103,7 @@ fn routers_decode_vllm_and_mooncake_events_and_replay_fills_gaps() {
         VllmConfig {
             endpoint: any.clone(),
             replay_endpoint: None,
-            encoding: Encoding::Named,
+            encoding: Encoding::Tagged,
             hashes: HashFormat::Bytes,
             dp_rank: 1,
             ..VllmConfig::default()
@@ -222,7 +225,7 @@ fn routers_decode_vllm_and_mooncake_events_and_replay_fills_gaps() {
     let want: Vec<Value> = log.iter().map(|e| vllm_json(e, HashFormat::Auto)).collect();
     assert_eq!(flatten(&r["positional"], 0), want);
 
-    // Named: what was published after the subscriber joined, hashes as bytes, rank 1.
+    // Tagged (vLLM 0.24+): what was published after the subscriber joined, hashes as bytes, rank 1.
     let named_batches = named.counts().batches;
     assert_eq!(
         seqs(&r["named_seqs"]),
@@ -234,10 +237,10 @@ fn routers_decode_vllm_and_mooncake_events_and_replay_fills_gaps() {
         .collect();
     assert_eq!(flatten(&r["named"], 1), want);
 
-    // Mooncake: one event per pool object key for each pool page event, from seq 0.
+    // Mooncake: one event per pool object key for each pool page event, from seq 1.
     assert_eq!(
         seqs(&r["mooncake_seqs"]),
-        (0..moon.counts().batches).collect::<Vec<_>>()
+        (1..=moon.counts().batches).collect::<Vec<_>>()
     );
     let scheme = m.key_scheme(ns).unwrap();
     let mut want = Vec::new();

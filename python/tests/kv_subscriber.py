@@ -1,8 +1,10 @@
 """A router-side subscriber for kvtier's event publishers, used by tests/events.rs.
 
-Usage: kv_subscriber.py <positional PUB> <positional replay ROUTER> <named PUB> <mooncake PUB>
+Usage: kv_subscriber.py <positional PUB> <positional replay ROUTER> <tagged PUB> <mooncake PUB>
 
-It subscribes, prints "ready", receives until the test writes "done <batches> <named
+The positional publisher sends vLLM <= 0.23's form (array events, replay answered
+`[seq, payload]`), the tagged one vLLM 0.24+'s (map events in an array batch). It
+subscribes, prints "ready", receives until the test writes "done <batches> <tagged
 batches> <mooncake batches>" on stdin and those batches arrived, checks every message's
 exact shape (frame count, sequence frames, field order and types, medium), fills the gap
 it had before it connected by replaying from sequence 0, checks a replay from a middle
@@ -22,7 +24,12 @@ MEDIA = {"GPU", "CPU_PINNED", "SHARED"}
 END_SEQ = b"\xff" * 8
 STORED_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"]
 REMOVED_KEYS = ["type", "block_hashes", "medium"]
-MOONCAKE_KEYS = ["event_type", "object_key", "tenant_id", "group_id", "page_hash", "medium", "seq"]
+MOONCAKE_KEYS = [
+    "event_id", "timestamp", "type", "event_type", "object_key", "tenant_id", "group_id", "backend_id", "medium",
+    "seq_hashes", "block_hashes", "base_block_idx", "parent_hash", "token_ids", "model_name", "block_size",
+    "lora_name", "additional_salt", "dp_rank", "page_hash", "seq",
+]
+EVENT_IDS = []
 
 
 def hash_json(h):
@@ -63,16 +70,12 @@ def check_named_event(e):
     return ["AllBlocksCleared"]
 
 
-def decode_vllm(payload, named):
+def decode_vllm(payload, tagged):
     b = msgpack.unpackb(payload, raw=False)
-    if named:
-        assert isinstance(b, dict) and list(b.keys()) == ["ts", "events", "data_parallel_rank"], b
-        ts, events, dp = b["ts"], b["events"], b["data_parallel_rank"]
-        check = check_named_event
-    else:
-        assert isinstance(b, list) and len(b) == 3, b
-        ts, events, dp = b
-        check = check_positional_event
+    # The batch is an array in both forms; only the events differ.
+    assert isinstance(b, list) and len(b) == 3, b
+    ts, events, dp = b
+    check = check_named_event if tagged else check_positional_event
     assert isinstance(ts, float) and ts > 1.6e9, ts
     assert isinstance(dp, int) and isinstance(events, list) and events, b
     return {"dp": dp, "events": [check(e) for e in events]}
@@ -87,9 +90,15 @@ def decode_mooncake(payload):
     out = []
     for e in events:
         assert isinstance(e, dict) and list(e.keys()) == MOONCAKE_KEYS, e
-        assert e["event_type"] in ("stored", "removed", "cleared"), e
-        assert all(isinstance(e[k], str) for k in MOONCAKE_KEYS[:6]) and isinstance(e["seq"], int), e
-        assert e["medium"] == "SHARED", e
+        assert e["event_type"] in ("stored", "removed", "cleared") and e["type"] == e["event_type"], e
+        assert all(isinstance(e[k], str) for k in ("object_key", "tenant_id", "group_id", "backend_id")), e
+        assert isinstance(e["seq"], int) and e["medium"] == "SHARED" and e["backend_id"] == "kvtier", e
+        assert e["timestamp"] == ts_ms and e["dp_rank"] == dp, e
+        low64 = int(e["page_hash"][-16:], 16)
+        assert e["seq_hashes"] == [low64] and e["block_hashes"] == [low64], e
+        assert e["base_block_idx"] is None and e["parent_hash"] is None and e["token_ids"] is None, e
+        assert e["model_name"] == "m" and e["block_size"] == 16, e
+        EVENT_IDS.append(e["event_id"])
         out.append([e["event_type"], e["object_key"], e["tenant_id"], e["group_id"], e["page_hash"], e["seq"]])
     return {"dp": dp, "events": out}
 
@@ -123,7 +132,7 @@ def main():
     pos_ep, replay_ep, named_ep, moon_ep = sys.argv[1:5]
     ctx = zmq.Context()
     subs = {}
-    for name, ep in (("positional", pos_ep), ("named", named_ep), ("mooncake", moon_ep)):
+    for name, ep in (("positional", pos_ep), ("tagged", named_ep), ("mooncake", moon_ep)):
         s = ctx.socket(zmq.SUB)
         s.setsockopt(zmq.SUBSCRIBE, b"")
         s.connect(ep)
@@ -140,25 +149,29 @@ def main():
     def read_done():
         line = sys.stdin.readline().split()
         assert line and line[0] == "done", line
-        want.update(positional=int(line[1]), named=int(line[2]), mooncake=int(line[3]))
+        want.update(positional=int(line[1]), tagged=int(line[2]), mooncake=int(line[3]))
 
     t = threading.Thread(target=read_done, daemon=True)
     t.start()
     live = {k: {} for k in subs}
     deadline = time.time() + 30
     while time.time() < deadline:
-        if want and all(len(live[k]) and max(live[k]) + 1 >= want[k] for k in subs):
+        # vLLM batches are numbered from 0, Mooncake's from 1: the last is want - 1 or want.
+        last = {k: want[k] - (k != "mooncake") for k in want}
+        if want and all(len(live[k]) and max(live[k]) >= last[k] for k in subs):
             break
         for sock, _ in poller.poll(100):
             name = next(k for k, s in subs.items() if s is sock)
             topic, seq, payload = split(sock.recv_multipart())
             assert topic == b"", topic
             assert seq not in live[name], f"{name}: seq {seq} twice"
-            live[name][seq] = decode_mooncake(payload) if name == "mooncake" else decode_vllm(payload, name == "named")
+            live[name][seq] = decode_mooncake(payload) if name == "mooncake" else decode_vllm(payload, name == "tagged")
     assert want, "the test never said done"
     for k in subs:
         seqs = sorted(live[k])
         assert seqs == list(range(seqs[0], seqs[-1] + 1)), f"{k}: live sequence has gaps: {seqs}"
+    # Mooncake numbers events from 1, without gaps (the subscriber saw them all).
+    assert EVENT_IDS == list(range(1, len(EVENT_IDS) + 1)), EVENT_IDS
 
     # Fill the gap before we connected from the replay socket, and check a later start.
     first_live = min(live["positional"])
@@ -175,8 +188,8 @@ def main():
         "replay_from_0": [s for s, _ in full],
         "replay_from_1": [s for s, _ in middle],
         "positional": [merged[s] for s in sorted(merged)],
-        "named_seqs": sorted(live["named"]),
-        "named": [live["named"][s] for s in sorted(live["named"])],
+        "named_seqs": sorted(live["tagged"]),
+        "named": [live["tagged"][s] for s in sorted(live["tagged"])],
         "mooncake_seqs": sorted(live["mooncake"]),
         "mooncake": [live["mooncake"][s] for s in sorted(live["mooncake"])],
     }), flush=True)

@@ -10,6 +10,7 @@
 
 mod conn;
 mod events;
+mod kv_hints;
 pub mod metrics;
 pub mod request;
 pub mod routes;
@@ -151,6 +152,11 @@ pub trait EngineView: Send + Sync {
 
     fn sessions(&self) -> Vec<SessionInfo> {
         Vec::new()
+    }
+
+    /// The daemon's log of delivered KvHint envelopes, if it keeps one.
+    fn kv_hints(&self) -> Option<&crate::router_hint::KvHintLog> {
+        None
     }
 }
 

@@ -53,6 +53,8 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         ("GET", "/v1/sessions") => sessions(ctx, req),
         ("GET", "/v1/pages") => pages(ctx, req),
         ("POST", "/v1/hints") => hint(ctx, req),
+        ("POST", "/v1/kv-hints") => namespace(req).and_then(|ns| super::kv_hints::post(ctx, req, ns)),
+        ("GET", "/v1/kv-hints") => super::kv_hints::list(ctx, req),
         ("GET", "/v1/config") => Ok(json!(ctx.manager.tunables())),
         ("PUT", "/v1/config") => put_config(ctx, req),
         ("GET", "/v1/events") => return events(ctx, req).unwrap_or_else(ApiError::reply),
@@ -62,8 +64,8 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         }
         (
             _,
-            "/v1/status" | "/v1/tiers" | "/v1/sessions" | "/v1/pages" | "/v1/hints" | "/v1/config" | "/v1/events"
-            | "/metrics",
+            "/v1/status" | "/v1/tiers" | "/v1/sessions" | "/v1/pages" | "/v1/hints" | "/v1/kv-hints" | "/v1/config"
+            | "/v1/events" | "/metrics",
         ) => Err(ApiError::new(
             405,
             "method_not_allowed",

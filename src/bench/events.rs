@@ -33,15 +33,38 @@ pub struct EventsBenchArgs {
     /// Most events per batch.
     #[arg(long, default_value_t = 1024)]
     pub batch: usize,
-    /// Use the named (map) encoding instead of the positional one.
-    #[arg(long)]
-    pub named: bool,
+    /// Event encoding: `tagged` (vLLM 0.24+, the default) or `positional` (vLLM ≤ 0.23).
+    #[arg(long, value_enum, default_value_t = BenchEncoding::Tagged)]
+    pub encoding: BenchEncoding,
     /// Give up waiting for the subscriber after this many seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout_s: u64,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The encodings the bench measures (the publisher's [`Encoding`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchEncoding {
+    Tagged,
+    Positional,
+}
+
+impl BenchEncoding {
+    fn encoding(self) -> Encoding {
+        match self {
+            BenchEncoding::Tagged => Encoding::Tagged,
+            BenchEncoding::Positional => Encoding::Positional,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            BenchEncoding::Tagged => "tagged",
+            BenchEncoding::Positional => "positional",
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -140,11 +163,7 @@ pub fn measure(args: &EventsBenchArgs) -> anyhow::Result<EventsReport> {
     let vcfg = VllmConfig {
         endpoint: "tcp://127.0.0.1:*".into(),
         replay_endpoint: None,
-        encoding: if args.named {
-            Encoding::Named
-        } else {
-            Encoding::Positional
-        },
+        encoding: args.encoding.encoding(),
         max_batch_events: args.batch.max(1),
         ..VllmConfig::default()
     };
@@ -196,7 +215,7 @@ pub fn measure(args: &EventsBenchArgs) -> anyhow::Result<EventsReport> {
         batches: got.batches,
         seq_gaps: got.gaps,
         elapsed_s: elapsed,
-        encoding: if args.named { "named" } else { "positional" },
+        encoding: args.encoding.name(),
         max_batch_events: vcfg.max_batch_events,
         reference_events_per_sec: reference,
         ratio_to_reference: rate / reference.max(1e-9),

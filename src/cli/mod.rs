@@ -76,7 +76,13 @@ pub enum HintKindArg {
 
 #[derive(Debug, Args)]
 pub struct HintArgs {
-    pub kind: HintKindArg,
+    /// The hint kind (not with `--envelope`).
+    #[arg(required_unless_present = "envelope")]
+    pub kind: Option<HintKindArg>,
+    /// Send a Dynamo KvHint envelope (a JSON file, `-` for stdin) instead of one hint;
+    /// prints each action's outcome.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["kind", "hashes", "session"])]
+    pub envelope: Option<std::path::PathBuf>,
     /// Page hashes (hex) the hint names.
     pub hashes: Vec<String>,
     /// Treat the hashes as a chain: the hint applies to its leading pages kvtier holds.
@@ -181,12 +187,31 @@ fn get(c: &Common, target: &str, render: fn(&Value) -> String) -> anyhow::Result
 }
 
 fn hint(a: &HintArgs) -> anyhow::Result<i32> {
+    if let Some(path) = &a.envelope {
+        let body = if path.as_os_str() == "-" {
+            let mut b = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut b)?;
+            b
+        } else {
+            std::fs::read(path).with_context(|| format!("reading {}", path.display()))?
+        };
+        return call(
+            &a.common,
+            "POST",
+            &format!("/v1/kv-hints?ns={}", a.ns),
+            Some(&body),
+            render::kv_hints,
+        );
+    }
+    let Some(kind) = a.kind else {
+        anyhow::bail!("a hint kind or --envelope is needed");
+    };
     let target = match (&a.session, a.prefix) {
         (Some(s), _) => json!({ "session": s }),
         (None, true) => json!({ "prefix": a.hashes }),
         (None, false) => json!({ "pages": a.hashes }),
     };
-    let h = match a.kind {
+    let h = match kind {
         HintKindArg::Share => json!({ "kind": "share", "target": target }),
         HintKindArg::Prefetch => json!({
             "kind": "prefetch", "target": target, "to": a.to.as_deref().unwrap_or("host"),

@@ -189,6 +189,43 @@ pub fn outcome(v: &Value) -> String {
     out
 }
 
+/// A KvHint envelope's report: one line per action, with its outcome or error and the
+/// source it named.
+pub fn kv_hints(v: &Value) -> String {
+    let mut out = format!(
+        "envelope {} (protocol {})\n",
+        s(&v["message_id"]),
+        s(&v["protocol_version"])
+    );
+    for a in v["actions"].as_array().into_iter().flatten() {
+        let _ = write!(
+            out,
+            "  {} {}@{}: ",
+            s(&a["action_id"]),
+            s(&a["action_type"]),
+            s(&a["action_version"])
+        );
+        match a.get("outcome") {
+            Some(o) => {
+                out.push_str(&s(&o["outcome"]));
+                for k in ["pages", "applied", "requested", "reason"] {
+                    if let Some(x) = o.get(k) {
+                        let _ = write!(out, "  {k}={}", s(x));
+                    }
+                }
+            }
+            None => {
+                let _ = write!(out, "error: {}", s(&a["error"]));
+            }
+        }
+        if let Some(src) = a.get("source_control_endpoint") {
+            let _ = write!(out, "  source={}", s(src));
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// One JSON event line as `seq kind tier ns hash`.
 pub fn event_line(line: &str) -> String {
     match serde_json::from_str::<Value>(line) {

@@ -9,6 +9,9 @@
 
 mod conn;
 mod copy;
+mod routing;
+
+pub use routing::MAX_PAGE_TOKENS;
 
 use std::path::PathBuf;
 use std::sync::Arc;

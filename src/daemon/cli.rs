@@ -35,6 +35,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "BYTES")]
     pub arena_bytes: Option<u64>,
     /// Any configuration key: `--set max_connections=64` (repeatable).
+    ///
+    /// KV event keys (docs/admin.md): `events_encoding` = `vllm` (vLLM 0.24 to 0.33, the
+    /// default) | `vllm-legacy` (vLLM 0.23 and earlier); `events_replay_protocol` = `auto` |
+    /// `topic` (vLLM 0.26+) | `legacy` (vLLM 0.25 and earlier); `events_hashes` = `int` (low
+    /// 64 bits) | `auto` | `bytes`; `events_endpoint`, `events_replay_endpoint`,
+    /// `pool_events_endpoint` = `tcp://HOST:PORT` | `ipc` (a socket in the 0700 runtime dir) |
+    /// empty (off); `events_replay_per_sec`; `pool_events_tenant`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
     /// Print the effective configuration as TOML and exit.
@@ -230,7 +237,7 @@ fn start_side_services(
         .ok();
     let started = runtime.as_ref().map(|rt| {
         let _in_runtime = rt.enter();
-        crate::admin::spawn(admin_cfg, manager.clone(), shared, cancel.clone())
+        crate::admin::spawn(admin_cfg, manager.clone(), shared.clone(), cancel.clone())
     });
     let admin = match started.unwrap_or(Err(crate::admin::AdminError::Config("no runtime".into()))) {
         Ok(h) => {
@@ -243,16 +250,33 @@ fn start_side_services(
         }
     };
     let mut publishers = Vec::new();
+    let run_dir = cfg.socket.parent().map(Path::to_path_buf).unwrap_or_default();
     if !cfg.events_endpoint.is_empty() {
-        let vcfg = crate::publish::vllm::VllmConfig {
-            endpoint: cfg.events_endpoint.clone(),
-            replay_endpoint: Some(cfg.events_replay_endpoint.clone()).filter(|e| !e.is_empty()),
+        use crate::publish::vllm;
+        let vcfg = vllm::VllmConfig {
+            endpoint: super::config::event_endpoint(&cfg.events_endpoint, &run_dir, "kv-events.ipc"),
+            replay_endpoint: Some(super::config::event_endpoint(
+                &cfg.events_replay_endpoint,
+                &run_dir,
+                "kv-events-replay.ipc",
+            ))
+            .filter(|e| !e.is_empty()),
             encoding: cfg.events_encoding.into(),
-            ..crate::publish::vllm::VllmConfig::default()
+            hashes: cfg.events_hashes,
+            replay: cfg.events_replay_protocol,
+            replay_limits: vllm::ReplayLimits {
+                per_sec: cfg.events_replay_per_sec,
+                ..vllm::ReplayLimits::default()
+            },
+            tokens: Some(shared.tokens.clone()),
+            ..vllm::VllmConfig::default()
         };
-        match crate::publish::vllm::spawn(vcfg, manager.clone(), side.clone()) {
+        match vllm::spawn(vcfg, manager.clone(), side.clone()) {
             Ok(h) => {
                 println!("kvtier serve: KV events {}", h.endpoint());
+                if let Some(r) = h.replay_endpoint() {
+                    println!("kvtier serve: KV event replay {r}");
+                }
                 publishers.push(h);
             }
             Err(e) => tracing::warn!(error = %e, endpoint = %cfg.events_endpoint, "KV event publisher not started"),
@@ -260,7 +284,8 @@ fn start_side_services(
     }
     if !cfg.pool_events_endpoint.is_empty() {
         let mcfg = crate::publish::mooncake::MooncakeConfig {
-            endpoint: cfg.pool_events_endpoint.clone(),
+            endpoint: super::config::event_endpoint(&cfg.pool_events_endpoint, &run_dir, "pool-events.ipc"),
+            tenant_id: cfg.pool_events_tenant.clone(),
             ..crate::publish::mooncake::MooncakeConfig::default()
         };
         match crate::publish::mooncake::spawn(mcfg, manager, side.clone()) {

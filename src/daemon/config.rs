@@ -63,34 +63,62 @@ pub struct DaemonConfig {
     pub tick_ms: u64,
     /// Admin socket (HTTP/1.1, mode 0600). Default: `admin.sock` beside the control socket.
     pub admin_socket: PathBuf,
-    /// vLLM-format KV event PUB endpoint; empty disables it. Default: `tcp://127.0.0.1:5570`.
+    /// vLLM-format KV event PUB endpoint; empty disables it, `ipc` binds
+    /// `ipc://<control socket dir>/kv-events.ipc` (the daemon's 0700 runtime dir, so only
+    /// its user can subscribe). Default: `tcp://127.0.0.1:5570`.
     pub events_endpoint: String,
-    /// Replay (ROUTER) endpoint of the KV events; empty disables it. Default: `tcp://127.0.0.1:5571`.
+    /// Replay (ROUTER) endpoint of the KV events; empty disables it, `ipc` binds
+    /// `kv-events-replay.ipc` in the runtime dir. Default: `tcp://127.0.0.1:5571`.
     pub events_replay_endpoint: String,
-    /// KV event encoding: `positional` (vLLM's array form) or `named` (maps).
-    /// Default: `positional`.
+    /// KV event encoding: `vllm` (tagged map events, what vLLM 0.24 and later decode) or
+    /// `vllm-legacy` (positional array events, vLLM 0.23 and earlier; `positional` is
+    /// accepted as its old name). Default: `vllm`.
     pub events_encoding: EventsEncoding,
-    /// Mooncake-style pool object event PUB endpoint; empty disables it. Default: `tcp://127.0.0.1:5572`.
+    /// Block hashes in KV events: `int` (the low 64 bits, as vLLM sends a wide hash),
+    /// `auto` (8-byte hashes as integers, wider ones as bytes) or `bytes`. Default: `int`.
+    pub events_hashes: crate::publish::vllm::HashFormat,
+    /// Replay answer form: `auto` (follows `events_encoding`: `topic` for `vllm`,
+    /// `legacy` for `vllm-legacy`), `topic` (vLLM 0.26+: `[topic, seq, payload]`) or
+    /// `legacy` (vLLM ≤ 0.25: `[seq, payload]`). Default: `auto`.
+    pub events_replay_protocol: crate::publish::vllm::ReplayProtocol,
+    /// Replay requests a subscriber (per TCP address, or per connection on ipc) may send
+    /// per second after a burst of 4. Default: 2.
+    pub events_replay_per_sec: f64,
+    /// Mooncake-style pool object event PUB endpoint; empty disables it, `ipc` binds
+    /// `pool-events.ipc` in the runtime dir. Default: `tcp://127.0.0.1:5572`.
     pub pool_events_endpoint: String,
+    /// `tenant_id` of pool object events. Default: `default` (Mooncake's own).
+    pub pool_events_tenant: String,
 }
 
 /// How the vLLM-format KV events are encoded (`events_encoding`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum EventsEncoding {
-    /// vLLM's own array form (what its subscribers decode).
+    /// vLLM 0.24 and later: the batch an array, each event a map tagged by `type`.
     #[default]
-    Positional,
-    /// Maps with field names (readable, larger).
-    Named,
+    Vllm,
+    /// vLLM 0.23 and earlier: every event an array (msgspec `array_like`).
+    #[serde(alias = "positional")]
+    VllmLegacy,
 }
 
 impl From<EventsEncoding> for crate::publish::vllm::Encoding {
     fn from(e: EventsEncoding) -> Self {
         match e {
-            EventsEncoding::Positional => Self::Positional,
-            EventsEncoding::Named => Self::Named,
+            EventsEncoding::Vllm => Self::Tagged,
+            EventsEncoding::VllmLegacy => Self::Positional,
         }
+    }
+}
+
+/// An event endpoint as configured, with `ipc` resolved to `ipc://<dir>/<name>` in the
+/// daemon's runtime dir (the control socket's, created 0700).
+pub fn event_endpoint(configured: &str, runtime_dir: &Path, name: &str) -> String {
+    if configured == "ipc" {
+        format!("ipc://{}", runtime_dir.join(name).display())
+    } else {
+        configured.to_owned()
     }
 }
 
@@ -131,8 +159,12 @@ impl Default for DaemonConfig {
             admin_socket: dir.join("admin.sock"),
             events_endpoint: "tcp://127.0.0.1:5570".into(),
             events_replay_endpoint: "tcp://127.0.0.1:5571".into(),
-            events_encoding: EventsEncoding::Positional,
+            events_encoding: EventsEncoding::Vllm,
+            events_hashes: crate::publish::vllm::HashFormat::Int,
+            events_replay_protocol: crate::publish::vllm::ReplayProtocol::Auto,
+            events_replay_per_sec: 2.0,
             pool_events_endpoint: "tcp://127.0.0.1:5572".into(),
+            pool_events_tenant: "default".into(),
         }
     }
 }
@@ -224,6 +256,9 @@ impl DaemonConfig {
         if self.tick_ms == 0 {
             return bad("tick_ms must be at least 1");
         }
+        if !(self.events_replay_per_sec > 0.0 && self.events_replay_per_sec.is_finite()) {
+            return bad("events_replay_per_sec must be a positive number");
+        }
         Ok(())
     }
 
@@ -303,23 +338,29 @@ mod tests {
         for r in refusals {
             let msg = r.unwrap_err().to_string();
             assert!(
-                msg.contains("binary") && msg.contains("positional") && msg.contains("named"),
+                msg.contains("binary") && msg.contains("vllm") && msg.contains("vllm-legacy"),
                 "{msg}"
             );
         }
         // The same sources with an allowed value, in precedence order file < env < flag.
-        std::fs::write(&file, "events_encoding = \"named\"\n").unwrap();
+        std::fs::write(&file, "events_encoding = \"vllm-legacy\"\n").unwrap();
         let c = DaemonConfig::load(Some(&file), Vec::new(), &[]).unwrap();
-        assert_eq!(c.events_encoding, EventsEncoding::Named);
-        let c = DaemonConfig::load(Some(&file), env("positional"), &[]).unwrap();
-        assert_eq!(c.events_encoding, EventsEncoding::Positional);
-        let c = DaemonConfig::load(Some(&file), env("positional"), &flag("named")).unwrap();
-        assert_eq!(c.events_encoding, EventsEncoding::Named);
-        assert_eq!(DaemonConfig::default().events_encoding, EventsEncoding::Positional);
+        assert_eq!(c.events_encoding, EventsEncoding::VllmLegacy);
+        let c = DaemonConfig::load(Some(&file), env("vllm"), &[]).unwrap();
+        assert_eq!(c.events_encoding, EventsEncoding::Vllm);
+        // The old name of the positional form still works; `named` (a map batch no vLLM
+        // version decoded) is refused with the allowed list.
+        let c = DaemonConfig::load(Some(&file), env("vllm"), &flag("positional")).unwrap();
+        assert_eq!(c.events_encoding, EventsEncoding::VllmLegacy);
+        let named = DaemonConfig::load(None, Vec::new(), &flag("named"))
+            .unwrap_err()
+            .to_string();
+        assert!(named.contains("named") && named.contains("vllm-legacy"), "{named}");
+        assert_eq!(DaemonConfig::default().events_encoding, EventsEncoding::Vllm);
         // `device` configured nothing (engines choose their device) and is gone.
         let old = DaemonConfig::load(None, Vec::new(), &[("device".into(), "cuda".into())]);
         assert!(old.unwrap_err().to_string().contains("device"));
         let printed = toml::to_string(&DaemonConfig::default()).unwrap();
-        assert!(printed.contains("events_encoding = \"positional\""), "{printed}");
+        assert!(printed.contains("events_encoding = \"vllm\""), "{printed}");
     }
 }

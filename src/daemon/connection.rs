@@ -73,6 +73,10 @@ pub struct Shared {
     next_conn: AtomicU64,
     /// Wakes the upkeep task ([`super::upkeep`]) before its periodic tick.
     pub(crate) upkeep: Arc<Notify>,
+    /// Token ids and parents engines sent with stores, read by the KV event publisher.
+    pub(crate) tokens: Arc<crate::publish::tokens::TokenTable>,
+    /// Recent KvHint envelopes and their outcomes (client, admin and CLI deliveries).
+    pub(crate) kv_hints: Arc<crate::router_hint::KvHintLog>,
 }
 
 impl Shared {
@@ -85,6 +89,8 @@ impl Shared {
             connections: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
             upkeep: Arc::new(Notify::new()),
+            tokens: Arc::default(),
+            kv_hints: Arc::default(),
         }
     }
 

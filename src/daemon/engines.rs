@@ -24,4 +24,8 @@ impl EngineView for Shared {
         out.sort_by(|a, b| (&a.instance, a.pp_rank, a.tp_rank).cmp(&(&b.instance, b.pp_rank, b.tp_rank)));
         out
     }
+
+    fn kv_hints(&self) -> Option<&crate::router_hint::KvHintLog> {
+        Some(&self.kv_hints)
+    }
 }

@@ -132,7 +132,7 @@ pub(super) unsafe fn hash_batch(ptr: *const u8, hash_len: usize, count: usize) -
 
 /// # Safety
 /// `ptr` is null or valid for `n` u32s.
-unsafe fn slot_batch<'a>(ptr: *const u32, n: usize, pages: usize) -> Result<&'a [u32], FfiError> {
+pub(super) unsafe fn slot_batch<'a>(ptr: *const u32, n: usize, pages: usize) -> Result<&'a [u32], FfiError> {
     if n != pages {
         return Err(FfiError::new(
             ERR_LENGTH_MISMATCH,

@@ -76,6 +76,15 @@ mod bridge {
         requested: u64,
     }
 
+    /// Token ids of the pages of a `store_tokens`: page i's are
+    /// `tokens[i * tokens_per_page ..]`; `parent` is empty for none, else the `hash_len`
+    /// bytes of the page before page 0 in its chain.
+    struct PageTokens {
+        parent: Vec<u8>,
+        tokens: Vec<u32>,
+        tokens_per_page: usize,
+    }
+
     extern "Rust" {
         /// One connected engine rank.
         #[cxx_name = "Client"]
@@ -126,10 +135,21 @@ mod bridge {
         /// `parent` empty for none; phase `KVTIER_PHASE_*`.
         fn session(self: &CxxClient, id: &str, parent: &str, phase: u32) -> Result<()>;
         fn hint(self: &CxxClient, hint: &HintRequest) -> Result<HintResult>;
+        /// `store` with each page's token ids for the KV events (see [`PageTokens`]).
+        fn store_tokens(
+            self: &CxxClient,
+            hashes: &[u8],
+            hash_len: usize,
+            slots: &[u32],
+            session: &str,
+            tokens: &PageTokens,
+        ) -> Result<StoreReceipt>;
+        /// Passes on a Dynamo KvHint envelope (JSON); returns the report as JSON.
+        fn kv_hints(self: &CxxClient, envelope: &str) -> Result<String>;
     }
 }
 
-use bridge::{ConnectOptions, HintRequest, HintResult, PrefixHit, StoreReceipt, TicketStatus};
+use bridge::{ConnectOptions, HintRequest, HintResult, PageTokens, PrefixHit, StoreReceipt, TicketStatus};
 
 /// The Rust side of `kvtier::Client`.
 pub struct CxxClient(Handle);
@@ -283,6 +303,63 @@ impl CxxClient {
                 applied,
                 requested,
             })
+        })
+    }
+}
+
+impl CxxClient {
+    fn store_tokens(
+        &self,
+        hashes: &[u8],
+        hash_len: usize,
+        slots: &[u32],
+        session: &str,
+        page_tokens: &PageTokens,
+    ) -> Result<StoreReceipt, FfiError> {
+        let (parent, tokens, tokens_per_page) = (
+            &page_tokens.parent[..],
+            &page_tokens.tokens[..],
+            page_tokens.tokens_per_page,
+        );
+        guard(|| {
+            let hashes = batch(hashes, hash_len)?;
+            check_slots(hashes.len(), slots)?;
+            let parent = if parent.is_empty() {
+                None
+            } else {
+                Some(crate::page::PageHash::new(parent).map_err(|e| FfiError::new(super::ERR_INVALID, e.to_string()))?)
+            };
+            if tokens_per_page == 0
+                || tokens_per_page > crate::client::MAX_PAGE_TOKENS
+                || tokens.len() != hashes.len() * tokens_per_page
+            {
+                return Err(FfiError::new(
+                    super::ERR_LENGTH_MISMATCH,
+                    format!(
+                        "{} token ids for {} pages of {tokens_per_page} (1 to {} a page)",
+                        tokens.len(),
+                        hashes.len(),
+                        crate::client::MAX_PAGE_TOKENS
+                    ),
+                ));
+            }
+            let lists: Vec<Vec<u32>> = tokens.chunks(tokens_per_page).map(<[u32]>::to_vec).collect();
+            let r = self
+                .0
+                .client()
+                .store_with_tokens(&hashes, slots, session, parent, Some(&lists))?;
+            Ok(StoreReceipt {
+                ticket: r.ticket,
+                written: r.written as u64,
+                complete: r.complete,
+            })
+        })
+    }
+
+    fn kv_hints(&self, envelope: &str) -> Result<String, FfiError> {
+        guard(|| {
+            let r = self.0.client().kv_hints(envelope)?;
+            serde_json::to_string(&r).map_err(|e| FfiError::new(super::ERR_INTERNAL, e.to_string()))
         })
     }
 }

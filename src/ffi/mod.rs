@@ -10,6 +10,7 @@ pub mod capi;
 mod capi_device;
 mod capi_hint;
 mod capi_host;
+mod capi_routing;
 mod convert;
 mod handle;
 mod host_tensors;
@@ -178,5 +179,6 @@ pub(crate) fn reason_code(r: Reason) -> u32 {
         Reason::InFlight => 11,
         Reason::NoPool => 12,
         Reason::UnknownAction => 13,
+        Reason::UnsupportedVersion => 14,
     }
 }

@@ -14,7 +14,21 @@ impl Manager {
     /// Applies a hint. See DESIGN.md, "KvHints", for the semantics of each kind.
     pub fn hint(&self, ns: NamespaceId, hint: Hint) -> Result<HintOutcome, ManagerError> {
         self.validate_hint(&hint)?;
-        let (pages, requested) = self.resolve(ns, hint.target())?;
+        // Hints are soft: naming only pages (or a session) kvtier does not know is an
+        // outcome, not an error.
+        let (pages, requested) = match self.resolve(ns, hint.target()) {
+            Ok(found) => found,
+            Err(ManagerError::Hint(HintError::UnknownPages(_))) => {
+                let reason = match hint.target() {
+                    HintTarget::Session(_) => Reason::UnknownSession,
+                    HintTarget::Pages(_) | HintTarget::Prefix(_) => Reason::UnknownPages,
+                };
+                let outcome = HintOutcome::Ignored { reason };
+                self.inner.stats.hint(hint.kind(), &outcome);
+                return Ok(outcome);
+            }
+            Err(e) => return Err(e),
+        };
         let outcome = match &hint {
             Hint::Share { .. } => self.share(ns, &pages, requested, &hint),
             Hint::Prefetch { to, .. } => self.prefetch(ns, &pages, requested, *to, &hint),

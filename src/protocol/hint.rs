@@ -130,7 +130,7 @@ pub(crate) fn decode_hint(r: &mut Reader) -> Result<Hint, DecodeError> {
 }
 
 /// Stable codes of [`Reason`]; never reorder, only append.
-const REASONS: [Reason; 13] = [
+const REASONS: [Reason; 14] = [
     Reason::UnknownPages,
     Reason::PinBudget,
     Reason::MaxTtl,
@@ -144,6 +144,7 @@ const REASONS: [Reason; 13] = [
     Reason::InFlight,
     Reason::NoPool,
     Reason::UnknownAction,
+    Reason::UnsupportedVersion,
 ];
 
 fn reason_code(r: Reason) -> u8 {

@@ -73,6 +73,18 @@ pub enum Request {
     TakeAdvice {
         max_pages: u32,
     },
+    /// Token ids of pages the rank is about to store (or stored), for the KV events:
+    /// `tokens[i]` belongs to `hashes[i]`; the chain's parents are `parent`, then
+    /// `hashes[i - 1]`. Sent before the `Store` it goes with.
+    Tokens {
+        parent: Option<PageHash>,
+        hashes: Vec<PageHash>,
+        tokens: Vec<Vec<u32>>,
+    },
+    /// A Dynamo KvHint envelope, as JSON text (see `crate::router_hint`).
+    KvHints {
+        envelope: String,
+    },
 }
 
 /// The daemon's answer to one request.
@@ -105,6 +117,10 @@ pub enum Response {
         payload: Vec<u8>,
     },
     Advice(AdviceBatch),
+    /// What came of a KvHint envelope: a `router_hint::EnvelopeReport` as JSON text.
+    KvHints {
+        report: String,
+    },
     Error(RemoteError),
 }
 
@@ -118,14 +134,27 @@ macro_rules! kinds {
 kinds! {
     CONNECT = 0x01, REGISTER_DEVICE = 0x02, LOOKUP = 0x03, STORE = 0x04, COMMIT = 0x05,
     ABORT = 0x06, LOAD = 0x07, LOAD_DONE = 0x08, POLL = 0x09, WAIT = 0x0a, REMOVED = 0x0b,
-    SESSION = 0x0c, HINT = 0x0d, STATS = 0x0e, PING = 0x0f, TAKE_ADVICE = 0x10,
+    SESSION = 0x0c, HINT = 0x0d, STATS = 0x0e, PING = 0x0f, TAKE_ADVICE = 0x10, TOKENS = 0x11,
+    KV_HINTS = 0x12,
     R_CONNECTED = 0x81, R_OK = 0x82, R_LOOKUP = 0x83, R_STORE_GRANT = 0x84, R_COMMITTED = 0x85,
     R_LOAD_GRANT = 0x86, R_TICKET = 0x87, R_HINT = 0x88, R_STATS = 0x89, R_PONG = 0x8a,
-    R_ADVICE = 0x8b, R_ERROR = 0xff,
+    R_ADVICE = 0x8b, R_KV_HINTS = 0x8c, R_ERROR = 0xff,
 }
 
 /// Largest ping payload.
 pub(crate) const MAX_PING: usize = 1 << 20;
+/// Largest KvHint envelope or report text (a frame bounds it too).
+pub const MAX_ENVELOPE: usize = 4 << 20;
+/// Most token ids per page in a `Tokens` request (a vLLM/SGLang page is 16 to 64 tokens,
+/// a Mooncake trace block 512).
+pub const MAX_PAGE_TOKENS: usize = 4096;
+
+/// Text carried as bytes (longer than a `u16`-length string allows).
+pub(crate) fn utf8(b: &[u8], what: &'static str) -> Result<String, DecodeError> {
+    std::str::from_utf8(b)
+        .map(str::to_owned)
+        .map_err(|_| DecodeError::BadUtf8 { what })
+}
 
 /// A `TakeAdvice` page budget: 1 to [`MAX_PAGES`].
 fn advice_budget(max_pages: u32) -> Result<u32, DecodeError> {
@@ -163,6 +192,8 @@ impl Request {
             Request::Stats => STATS,
             Request::Ping { .. } => PING,
             Request::TakeAdvice { .. } => TAKE_ADVICE,
+            Request::Tokens { .. } => TOKENS,
+            Request::KvHints { .. } => KV_HINTS,
         }
     }
 
@@ -218,6 +249,20 @@ impl Request {
             Request::Stats => {}
             Request::Ping { payload } => w.bytes(payload),
             Request::TakeAdvice { max_pages } => w.u32(*max_pages),
+            Request::Tokens { parent, hashes, tokens } => {
+                w.bool(parent.is_some());
+                if let Some(p) = parent {
+                    w.hash(p);
+                }
+                w.hashes(hashes);
+                w.count(tokens.len());
+                for t in tokens {
+                    w.count(t.len());
+                    t.iter().for_each(|&id| w.u32(id));
+                }
+            }
+            // Envelopes outgrow a u16 string length: bytes with a u32 one.
+            Request::KvHints { envelope } => w.bytes(envelope.as_bytes()),
         }
     }
 
@@ -281,6 +326,26 @@ impl Request {
             },
             kind::TAKE_ADVICE => Request::TakeAdvice {
                 max_pages: advice_budget(r.u32()?)?,
+            },
+            kind::TOKENS => {
+                let parent = if r.bool()? { Some(r.hash()?) } else { None };
+                let hashes = r.hashes(MAX_PAGES)?;
+                let n = r.count("token lists", MAX_PAGES, 4)?;
+                let mut tokens = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let len = r.count("page tokens", MAX_PAGE_TOKENS, 4)?;
+                    tokens.push((0..len).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?);
+                }
+                if tokens.len() != hashes.len() {
+                    return Err(DecodeError::Invalid {
+                        what: "token lists",
+                        why: format!("{} lists for {} pages", tokens.len(), hashes.len()),
+                    });
+                }
+                Request::Tokens { parent, hashes, tokens }
+            }
+            kind::KV_HINTS => Request::KvHints {
+                envelope: utf8(r.bytes("KvHint envelope", MAX_ENVELOPE)?, "KvHint envelope")?,
             },
             tag => {
                 return Err(DecodeError::BadTag {

@@ -25,7 +25,7 @@ pub use codec::DecodeError;
 pub use error::{ErrorCode, RemoteError};
 pub use frame::{DEFAULT_MAX_BODY, FrameError, HEADER_BYTES, Header, read_frame};
 pub use frame_codec::{Frame, FrameCodec, Outgoing};
-pub use message::{Request, Response, kind};
+pub use message::{MAX_ENVELOPE, MAX_PAGE_TOKENS, Request, Response, kind};
 pub use types::{
     AdviceBatch, AdviceKind, ArenaInfo, DaemonStats, DeviceInfo, EngineAdvice, GrantPage, Identity, LoadWait,
     MAX_ADVICE, MAX_PAGES, ObjectSlot, SessionPhase, TicketStatus,

@@ -24,6 +24,7 @@ impl Response {
             Response::Stats(_) => R_STATS,
             Response::Pong { .. } => R_PONG,
             Response::Advice(_) => R_ADVICE,
+            Response::KvHints { .. } => R_KV_HINTS,
             Response::Error(_) => R_ERROR,
         }
     }
@@ -85,6 +86,7 @@ impl Response {
             Response::Stats(s) => s.fields().iter().for_each(|&v| w.u64(v)),
             Response::Pong { payload } => w.bytes(payload),
             Response::Advice(a) => a.encode(w),
+            Response::KvHints { report } => w.bytes(report.as_bytes()),
             Response::Error(e) => {
                 w.u16(e.code.code());
                 w.str(&e.message);
@@ -157,6 +159,9 @@ impl Response {
                 payload: r.bytes("pong payload", MAX_PING)?.to_vec(),
             },
             kind::R_ADVICE => Response::Advice(AdviceBatch::decode(&mut r)?),
+            kind::R_KV_HINTS => Response::KvHints {
+                report: super::message::utf8(r.bytes("KvHint report", super::message::MAX_ENVELOPE)?, "KvHint report")?,
+            },
             kind::R_ERROR => {
                 let code = ErrorCode::from_code(r.u16()?);
                 Response::Error(RemoteError::new(code, r.str("error message", MAX_STR)?))

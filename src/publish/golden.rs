@@ -1,9 +1,10 @@
 //! Golden bytes of the event encodings: a fixed set of vLLM batches (positional and named,
 //! every hash format, 8- and 32-byte hashes, integers and lengths at each MessagePack
 //! width boundary) and Mooncake object batches, checked against `golden_batches.txt`.
-//! The file was recorded from the hand-written encoder that rmp replaced, so it proves
-//! the wire bytes did not change with the library; an intended format change updates it
-//! in the same commit and says so.
+//! The positional lines were recorded from the hand-written encoder that rmp replaced, so
+//! they prove the wire bytes did not change with the library; an intended format change
+//! updates the file in the same commit and says so (the tagged vLLM 0.24+ events, the
+//! low-64-bit integer hashes and the Mooncake superset fields were such changes).
 
 use super::mooncake::{self, MooncakeConfig, ObjectEvent};
 use super::vllm::{self, Encoding, HashFormat, VllmConfig};
@@ -100,6 +101,7 @@ fn mooncake_case(tenant: &str, key_len: usize, objects: usize, dp_rank: u32) -> 
             event_type: if i % 2 == 0 { "stored" } else { "removed" },
             key: format!("{:x>1$}_{i}", "k", key_len),
             ev: e,
+            ns: None,
         })
         .collect();
     if let Some(first) = evs.first() {
@@ -107,10 +109,12 @@ fn mooncake_case(tenant: &str, key_len: usize, objects: usize, dp_rank: u32) -> 
             event_type: "cleared",
             key: String::new(),
             ev: first,
+            ns: None,
         });
     }
     let mut buf = Vec::new();
-    mooncake::encode(&mut buf, &cfg, 1_700_000_000_123, &objs);
+    let mut event_id = 1;
+    mooncake::encode(&mut buf, &cfg, 1_700_000_000_123, &objs, &mut event_id);
     buf
 }
 
@@ -127,20 +131,20 @@ fn cases() -> Vec<(&'static str, Vec<u8>)> {
             vllm_case(Encoding::Positional, HashFormat::Auto, 200, &long),
         ),
         (
-            "vllm-positional-int-32",
+            "vllm-positional-int-low64-32",
             vllm_case(Encoding::Positional, HashFormat::Int, 70_000, &long),
         ),
         (
-            "vllm-named-auto-8",
-            vllm_case(Encoding::Named, HashFormat::Auto, 1, &small),
+            "vllm-tagged-auto-8",
+            vllm_case(Encoding::Tagged, HashFormat::Auto, 1, &small),
         ),
         (
-            "vllm-named-bytes-8",
-            vllm_case(Encoding::Named, HashFormat::Bytes, 3, &small),
+            "vllm-tagged-bytes-8",
+            vllm_case(Encoding::Tagged, HashFormat::Bytes, 3, &small),
         ),
         (
-            "vllm-named-auto-32",
-            vllm_case(Encoding::Named, HashFormat::Auto, 0, &long),
+            "vllm-tagged-int-32",
+            vllm_case(Encoding::Tagged, HashFormat::Int, 0, &long),
         ),
         (
             "vllm-positional-empty",

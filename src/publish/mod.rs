@@ -3,6 +3,7 @@
 //!
 //! - [`vllm`]: vLLM-compatible KV events (ZMQ PUB `[topic, seq, msgpack batch]` plus a
 //!   ROUTER replay socket), with `medium` naming the tier.
+//! - [`tokens`]: token ids and chain parents engines send with stores, for `BlockStored`.
 //! - [`mooncake`]: per pool object key `stored`/`removed` events, in the Mooncake store
 //!   event shape, for a shared-pool indexer.
 //!
@@ -13,6 +14,7 @@
 #[cfg(test)]
 mod golden;
 pub mod mooncake;
+pub mod tokens;
 pub mod vllm;
 pub mod wire;
 
@@ -54,6 +56,10 @@ pub struct PublisherStats {
     /// Page events the publisher fell too far behind to read (the ring dropped them).
     lost: AtomicU64,
     replays: AtomicU64,
+    /// Replay requests refused: over the peer's rate limit, or malformed.
+    replays_refused: AtomicU64,
+    /// Replay requests whose start the buffer no longer held.
+    replays_too_old: AtomicU64,
     /// The page event sequence the publisher has read up to (exclusive).
     next_event: AtomicU64,
 }
@@ -67,6 +73,8 @@ pub struct PublisherCounts {
     pub events: u64,
     pub lost: u64,
     pub replays: u64,
+    pub replays_refused: u64,
+    pub replays_too_old: u64,
     pub next_event: u64,
 }
 
@@ -77,6 +85,8 @@ impl PublisherStats {
             events: self.events.load(Relaxed),
             lost: self.lost.load(Relaxed),
             replays: self.replays.load(Relaxed),
+            replays_refused: self.replays_refused.load(Relaxed),
+            replays_too_old: self.replays_too_old.load(Relaxed),
             next_event: self.next_event.load(Relaxed),
         }
     }

@@ -6,10 +6,20 @@
 //! yields one `removed` per key; a pool clear yields one `cleared` with an empty key.
 //! Events of other tiers are not published here.
 //!
-//! Wire format: ZMQ PUB `[topic, seq (8 bytes big-endian, from 0, no gaps), payload]`;
-//! `payload` is msgpack `[timestamp_ms, [event, …], dp_rank]` and each event a map
-//! `{event_type, object_key, tenant_id, group_id, page_hash, medium, seq}` (`seq`: the page
-//! event's own sequence number; `medium`: `SHARED`).
+//! Wire format: ZMQ PUB `[topic, seq (8 bytes big-endian, from 1 as Mooncake's own
+//! publisher counts, no gaps), payload]`; `payload` is msgpack
+//! `[timestamp_ms, [event, …], dp_rank]` and each event a map with a superset of the
+//! fields Mooncake's own store publisher sends:
+//!
+//! - Mooncake's: `event_id` (per object event, from 1), `timestamp` (ms), `type` and
+//!   `event_type` (`stored` / `removed` / `cleared`), `object_key`, `tenant_id`
+//!   (`default` unless configured), `group_id`, `backend_id` (`kvtier`), `medium`
+//!   (`SHARED`), `seq_hashes` and `block_hashes` (the page hash's low 64 bits, as vLLM
+//!   renders a wide hash; `[]` for a clear), `base_block_idx`, `parent_hash`, `token_ids`
+//!   (nil: an object is not a position in a token chain), `model_name`, `block_size`
+//!   (page tokens), `lora_name`, `additional_salt` (the namespace's, nil when empty),
+//!   `dp_rank`;
+//! - kvtier's: `page_hash` (the full hash, hex) and `seq` (the page event's sequence).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,7 +29,7 @@ use super::wire::Writer;
 use super::{POLL, PublishError, PublisherHandle, PublisherStats, pub_socket, send_batch, start, wall_clock};
 use crate::events::{PageEvent, PageEventKind};
 use crate::manager::Manager;
-use crate::page::NamespaceId;
+use crate::page::{Namespace, NamespaceId};
 use crate::tier::TierKind;
 use tokio_util::sync::CancellationToken;
 
@@ -30,8 +40,10 @@ pub struct MooncakeConfig {
     pub endpoint: String,
     /// Topic frame. Default: empty.
     pub topic: String,
-    /// `tenant_id` of every event. Default: empty.
+    /// `tenant_id` of every event. Default: `default` (Mooncake's).
     pub tenant_id: String,
+    /// `backend_id` of every event. Default: `kvtier`.
+    pub backend_id: String,
     /// `group_id` of every event. Default: empty.
     pub group_id: String,
     /// `dp_rank` of every batch. Default: 0.
@@ -47,7 +59,8 @@ impl Default for MooncakeConfig {
         Self {
             endpoint: "tcp://127.0.0.1:5572".into(),
             topic: String::new(),
-            tenant_id: String::new(),
+            tenant_id: "default".into(),
+            backend_id: "kvtier".into(),
             group_id: String::new(),
             dp_rank: 0,
             max_batch_objects: 4096,
@@ -61,15 +74,35 @@ pub(super) struct ObjectEvent<'a> {
     pub(super) event_type: &'static str,
     pub(super) key: String,
     pub(super) ev: &'a PageEvent,
+    /// The page's namespace and page tokens, when known.
+    pub(super) ns: Option<(&'a Namespace, u32)>,
 }
 
-pub(super) fn encode(buf: &mut Vec<u8>, cfg: &MooncakeConfig, ts_ms: u64, objs: &[ObjectEvent<'_>]) {
+/// Encodes a batch; event ids continue from `*event_id` (the next one to give).
+pub(super) fn encode(
+    buf: &mut Vec<u8>,
+    cfg: &MooncakeConfig,
+    ts_ms: u64,
+    objs: &[ObjectEvent<'_>],
+    event_id: &mut u64,
+) {
     let mut w = Writer::new(buf);
     w.array(3);
     w.uint(ts_ms);
     w.array(objs.len());
+    let opt_str = |w: &mut Writer, s: Option<&str>| match s.filter(|s| !s.is_empty()) {
+        Some(s) => w.str(s),
+        None => w.nil(),
+    };
     for o in objs {
-        w.map(7);
+        w.map(21);
+        w.str("event_id");
+        w.uint(*event_id);
+        *event_id += 1;
+        w.str("timestamp");
+        w.uint(ts_ms);
+        w.str("type");
+        w.str(o.event_type);
         w.str("event_type");
         w.str(o.event_type);
         w.str("object_key");
@@ -78,10 +111,39 @@ pub(super) fn encode(buf: &mut Vec<u8>, cfg: &MooncakeConfig, ts_ms: u64, objs: 
         w.str(&cfg.tenant_id);
         w.str("group_id");
         w.str(&cfg.group_id);
-        w.str("page_hash");
-        w.hex_str(o.ev.hash.as_bytes());
+        w.str("backend_id");
+        w.str(&cfg.backend_id);
         w.str("medium");
         w.str(TierKind::Pool.medium());
+        let cleared = o.ev.kind == PageEventKind::Cleared;
+        for name in ["seq_hashes", "block_hashes"] {
+            w.str(name);
+            if cleared {
+                w.array(0);
+            } else {
+                w.array(1);
+                w.uint(super::vllm::low_u64(&o.ev.hash));
+            }
+        }
+        for name in ["base_block_idx", "parent_hash", "token_ids"] {
+            w.str(name);
+            w.nil();
+        }
+        w.str("model_name");
+        opt_str(&mut w, o.ns.map(|(n, _)| n.model.as_str()));
+        w.str("block_size");
+        match o.ns {
+            Some((_, tokens)) => w.uint(tokens.into()),
+            None => w.nil(),
+        }
+        w.str("lora_name");
+        opt_str(&mut w, o.ns.map(|(n, _)| n.lora.as_str()));
+        w.str("additional_salt");
+        opt_str(&mut w, o.ns.map(|(n, _)| n.salt.as_str()));
+        w.str("dp_rank");
+        w.uint(cfg.dp_rank as u64);
+        w.str("page_hash");
+        w.hex_str(o.ev.hash.as_bytes());
         w.str("seq");
         w.uint(o.ev.seq);
     }
@@ -119,8 +181,11 @@ fn run(
 ) {
     let topic = cfg.topic.as_bytes().to_vec();
     let mut next = stats.next_event.load(Relaxed);
-    let mut seq = 0u64;
+    // Mooncake's publisher numbers batches and events from 1.
+    let mut seq = 1u64;
+    let mut event_id = 1u64;
     let mut schemes = HashMap::new();
+    let mut names: HashMap<NamespaceId, Namespace> = HashMap::new();
     let max_events = cfg.max_batch_objects.clamp(1, 1024);
     while !stop.load(Relaxed) && !shutdown.is_cancelled() {
         let batch = manager.events().read_from(next, max_events, POLL);
@@ -130,8 +195,12 @@ fn run(
         }
         next = batch.next;
         stats.next_event.store(next, Relaxed);
+        let pool = || batch.events.iter().filter(|e| e.tier == TierKind::Pool);
+        if pool().any(|e| e.kind != PageEventKind::Cleared && !names.contains_key(&e.ns)) {
+            names.extend(manager.namespaces().into_iter().map(|(id, n, _)| (id, n)));
+        }
         let mut objs = Vec::new();
-        for ev in batch.events.iter().filter(|e| e.tier == TierKind::Pool) {
+        for ev in pool() {
             let event_type = match ev.kind {
                 PageEventKind::Stored => "stored",
                 PageEventKind::Removed => "removed",
@@ -140,6 +209,7 @@ fn run(
                         event_type: "cleared",
                         key: String::new(),
                         ev,
+                        ns: None,
                     });
                     continue;
                 }
@@ -147,13 +217,25 @@ fn run(
             let Some((scheme, layout)) = scheme_of(&manager, &mut schemes, ev.ns) else {
                 continue;
             };
+            let ns = names.get(&ev.ns).map(|n| (n, layout.page_tokens()));
             for key in scheme.page_keys(layout, &ev.hash) {
-                objs.push(ObjectEvent { event_type, key, ev });
+                objs.push(ObjectEvent {
+                    event_type,
+                    key,
+                    ev,
+                    ns,
+                });
             }
         }
         for chunk in objs.chunks(cfg.max_batch_objects) {
             let mut payload = Vec::with_capacity(160 * chunk.len() + 16);
-            encode(&mut payload, &cfg, wall_clock().as_millis() as u64, chunk);
+            encode(
+                &mut payload,
+                &cfg,
+                wall_clock().as_millis() as u64,
+                chunk,
+                &mut event_id,
+            );
             if let Err(e) = send_batch(&publ, &topic, seq, &payload) {
                 tracing::warn!(error = %e, seq, "Mooncake publisher: send failed");
             }
@@ -204,13 +286,21 @@ mod tests {
             dp_rank: 2,
             ..MooncakeConfig::default()
         };
+        let name = Namespace {
+            model: "m".into(),
+            lora: String::new(),
+            salt: "s".into(),
+        };
         let objs = [ObjectEvent {
             event_type: "stored",
             key: "k_0_k".into(),
             ev: &ev,
+            ns: Some((&name, 16)),
         }];
         let mut buf = Vec::new();
-        encode(&mut buf, &cfg, 1234, &objs);
+        let mut event_id = 1;
+        encode(&mut buf, &cfg, 1234, &objs, &mut event_id);
+        assert_eq!(event_id, 2);
         let v = rmpv::decode::read_value(&mut buf.as_slice()).unwrap();
         let a = v.as_array().unwrap();
         assert_eq!((a[0].as_u64(), a[2].as_u64()), (Some(1234), Some(2)));
@@ -219,10 +309,33 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.as_str().unwrap().into(), v.to_string()))
             .collect();
-        assert_eq!(pairs[0], ("event_type".into(), "\"stored\"".into()));
-        assert_eq!(pairs[1], ("object_key".into(), "\"k_0_k\"".into()));
-        assert_eq!(pairs[2], ("tenant_id".into(), "\"t\"".into()));
-        assert_eq!(pairs[3], ("group_id".into(), "\"g\"".into()));
-        assert_eq!(pairs[6], ("seq".into(), "9".into()));
+        let field = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()).unwrap();
+        let want = [
+            ("event_id", "1"),
+            ("timestamp", "1234"),
+            ("type", "\"stored\""),
+            ("event_type", "\"stored\""),
+            ("object_key", "\"k_0_k\""),
+            ("tenant_id", "\"t\""),
+            ("group_id", "\"g\""),
+            ("backend_id", "\"kvtier\""),
+            ("seq_hashes", "[1]"),
+            ("block_hashes", "[1]"),
+            ("base_block_idx", "nil"),
+            ("parent_hash", "nil"),
+            ("token_ids", "nil"),
+            ("model_name", "\"m\""),
+            ("block_size", "16"),
+            ("lora_name", "nil"),
+            ("additional_salt", "\"s\""),
+            ("dp_rank", "2"),
+            ("page_hash", "\"0000000000000001\""),
+            ("seq", "9"),
+        ];
+        for (k, v) in want {
+            assert_eq!(field(k), v, "{k}");
+        }
+        assert_eq!(pairs.len(), 21);
+        assert_eq!(MooncakeConfig::default().tenant_id, "default");
     }
 }

@@ -14,6 +14,7 @@ mod session;
 mod stats;
 mod store;
 mod ticket;
+mod tokens;
 
 use crate::directory::DirectoryError;
 use crate::manager::ManagerError;
@@ -32,6 +33,8 @@ pub(crate) fn blocks(req: &Request) -> bool {
         Request::Connect { .. } | Request::Store { .. } | Request::Commit { .. } | Request::Wait { .. } => true,
         Request::Load { wait, .. } => *wait != crate::protocol::LoadWait::BestEffort,
         Request::Hint(h) => matches!(h, crate::hints::Hint::Prefetch { .. }),
+        // An envelope's one action kind today is a prefetch.
+        Request::KvHints { .. } => true,
         Request::RegisterDevice(_)
         | Request::Lookup { .. }
         | Request::Abort { .. }
@@ -41,6 +44,7 @@ pub(crate) fn blocks(req: &Request) -> bool {
         | Request::Session { .. }
         | Request::TakeAdvice { .. }
         | Request::Stats
+        | Request::Tokens { .. }
         | Request::Ping { .. } => false,
     }
 }
@@ -74,6 +78,8 @@ fn run(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Response, Backe
         Request::Session { id, parent, phase } => session::session(shared, &id, parent.as_deref(), phase),
         Request::Hint(h) => hint::hint(shared, rank(conn)?, &h),
         Request::TakeAdvice { max_pages } => Ok(advice::take_advice(shared, rank(conn)?, max_pages)),
+        Request::Tokens { parent, hashes, tokens } => tokens::tokens(shared, rank(conn)?, parent, &hashes, &tokens),
+        Request::KvHints { envelope } => hint::kv_hints(shared, rank(conn)?, &envelope),
         Request::Connect { .. } | Request::Ping { .. } | Request::Stats => unreachable_request(),
     }
 }

@@ -1,4 +1,5 @@
-//! A consumer's decoder for vLLM KV event batches, positional or named: what a Rust
+//! A consumer's decoder for vLLM KV event batches, with tagged (map) or positional
+//! (array) events, in an array batch (or a map batch, as kvtier's old `named` mode sent): what a Rust
 //! router would use to read kvtier's (or vLLM's) events. It checks every field's type
 //! and borrows from the payload; the only allocations are the output vectors. Malformed
 //! input (cut short, wrong types, lengths beyond the payload, nesting deeper than the
@@ -38,6 +39,10 @@ pub struct VllmEvent {
     pub hashes: Vec<BlockHash>,
     /// `BlockStored` only; 0 otherwise.
     pub block_size: u64,
+    /// `BlockStored` only: the parent block hash, when sent.
+    pub parent: Option<BlockHash>,
+    /// `BlockStored` only: the token ids sent.
+    pub token_ids: Vec<u64>,
     /// `None` when absent or nil.
     pub medium: Option<TierKind>,
 }
@@ -63,7 +68,7 @@ pub fn decode_batch(payload: &[u8]) -> Result<VllmBatch, DecodeError> {
         for _ in 0..r.map()? {
             match r.str()? {
                 "ts" => batch.ts = r.f64()?,
-                "events" => batch.events = events(&mut r, true)?,
+                "events" => batch.events = events(&mut r)?,
                 "data_parallel_rank" => batch.dp_rank = opt_uint(&mut r)?,
                 _ => return Err(DecodeError::Malformed("unknown batch field")),
             }
@@ -74,7 +79,7 @@ pub fn decode_batch(payload: &[u8]) -> Result<VllmBatch, DecodeError> {
             return Err(DecodeError::Malformed("a batch array has 2 or 3 fields"));
         }
         batch.ts = r.f64()?;
-        batch.events = events(&mut r, false)?;
+        batch.events = events(&mut r)?;
         if n == 3 {
             batch.dp_rank = opt_uint(&mut r)?;
         }
@@ -89,11 +94,12 @@ fn opt_uint(r: &mut Reader<'_>) -> Result<Option<u64>, DecodeError> {
     Ok(if r.nil()? { None } else { Some(r.uint()?) })
 }
 
-fn events(r: &mut Reader<'_>, named: bool) -> Result<Vec<VllmEvent>, DecodeError> {
+fn events(r: &mut Reader<'_>) -> Result<Vec<VllmEvent>, DecodeError> {
     let n = r.array()?;
     let mut out = Vec::with_capacity(n.min(1 << 16));
     for _ in 0..n {
-        out.push(if named { named_event(r)? } else { positional_event(r)? });
+        let tagged = matches!(r.peek()?, Marker::FixMap(_) | Marker::Map16 | Marker::Map32);
+        out.push(if tagged { named_event(r)? } else { positional_event(r)? });
     }
     Ok(out)
 }
@@ -112,6 +118,8 @@ fn empty(kind: PageEventKind) -> VllmEvent {
         kind,
         hashes: Vec::new(),
         block_size: 0,
+        parent: None,
+        token_ids: Vec::new(),
         medium: None,
     }
 }
@@ -168,12 +176,12 @@ fn field(r: &mut Reader<'_>, ev: &mut VllmEvent, name: &str) -> Result<(), Decod
             let n = r.array()?;
             ev.hashes.reserve(n.min(1 << 12));
             for _ in 0..n {
-                ev.hashes.push(if r.is_uint()? {
-                    BlockHash::Int(r.uint()?)
-                } else {
-                    let b = r.bin()?;
-                    BlockHash::Bytes(PageHash::new(b).map_err(|_| DecodeError::Malformed("a block hash length"))?)
-                });
+                ev.hashes.push(block_hash(r)?);
+            }
+        }
+        "parent_block_hash" => {
+            if !r.nil()? {
+                ev.parent = Some(block_hash(r)?);
             }
         }
         "block_size" => ev.block_size = r.uint()?,
@@ -188,13 +196,24 @@ fn field(r: &mut Reader<'_>, ev: &mut VllmEvent, name: &str) -> Result<(), Decod
             }
         }
         "token_ids" => {
-            for _ in 0..r.array()? {
-                r.uint()?;
+            let n = r.array()?;
+            ev.token_ids.reserve(n.min(1 << 12));
+            for _ in 0..n {
+                ev.token_ids.push(r.uint()?);
             }
         }
         _ => skip(r, 0)?,
     }
     Ok(())
+}
+
+fn block_hash(r: &mut Reader<'_>) -> Result<BlockHash, DecodeError> {
+    Ok(if r.is_uint()? {
+        BlockHash::Int(r.uint()?)
+    } else {
+        let b = r.bin()?;
+        BlockHash::Bytes(PageHash::new(b).map_err(|_| DecodeError::Malformed("a block hash length"))?)
+    })
 }
 
 /// Deepest nesting of arrays [`skip`] follows (the formats nest two deep); deeper input is

@@ -2,36 +2,46 @@
 //!
 //! Wire format (vLLM `kv_events`): a ZMQ PUB message `[topic, seq, payload]` where `seq`
 //! is the batch number as 8 bytes big-endian (0, 1, 2, … with no gaps) and `payload` a
-//! msgpack `EventBatch`. Two encodings, chosen in [`VllmConfig::encoding`]:
+//! msgpack `EventBatch` `[ts, [events], dp_rank]` (msgspec `array_like`). Two encodings
+//! of the events inside, chosen in [`VllmConfig::encoding`]:
 //!
-//! - positional (msgspec `array_like`): batch `[ts, [events], dp_rank]`;
+//! - [`Encoding::Tagged`] (vLLM 0.24 and later, the default): each event is a map tagged
+//!   by `type`, `{"type": "BlockStored", "block_hashes", "parent_block_hash",
+//!   "token_ids", "block_size", "lora_id", "medium", "lora_name"}`,
+//!   `{"type": "BlockRemoved", "block_hashes", "medium"}`, `{"type": "AllBlocksCleared"}`;
+//! - [`Encoding::Positional`] (vLLM 0.23 and earlier): each event an array,
 //!   `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-//!   medium, lora_name]`, `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`;
-//! - named (msgspec maps, tag field `type`): `{"ts", "events", "data_parallel_rank"}` and
-//!   `{"type": "BlockStored", "block_hashes", …}` with the same fields.
+//!   medium, lora_name]`, `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`.
 //!
-//! One page event becomes one vLLM event with one block hash: kvtier pages are not a
-//! chain, so `parent_block_hash` is nil. kvtier never sees tokens: `token_ids` is `[]`,
-//! `lora_id` and `lora_name` are nil. `block_size` is the namespace's page tokens, and
-//! `medium` the tier (`GPU`, `CPU_PINNED`, `SHARED`). `AllBlocksCleared` carries no
-//! medium in vLLM's format, so a clear of any tier is sent as one.
+//! One page event becomes one vLLM event with one block hash. `token_ids` and
+//! `parent_block_hash` are what the engine sent with the store ([`TokenTable`]), else
+//! `[]` and nil. `lora_id` and `lora_name` are nil; `block_size` is the namespace's page
+//! tokens, and `medium` the tier (`GPU`, `CPU_PINNED`, `SHARED`). `AllBlocksCleared`
+//! carries no medium in vLLM's format, so a clear of any tier is sent as one.
 //!
-//! Block hashes ([`HashFormat`]): by default an 8-byte page hash (vLLM's u64 block hash)
-//! is sent as its big-endian integer and a longer one (a SHA-256 chain hash) as msgpack
-//! `bin` of its bytes, the two shapes of vLLM's `ExternalBlockHash = bytes | int`.
+//! Block hashes ([`HashFormat`]): by default every page hash is sent as an integer, its
+//! low 64 bits (the last 8 bytes, big-endian), as vLLM does with
+//! `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES` and as Dynamo's indexer requires; an 8-byte hash
+//! is its own value. The full hash stays in kvtier's own JSON events (admin
+//! `/v1/events`). `bytes` sends msgpack `bin` of the whole hash instead.
 //!
-//! Replay: a ROUTER socket; a request `[start_seq (8 bytes big-endian)]` is answered with
-//! every batch from that sequence the replay buffer still holds, `[seq, payload]` each,
-//! then the end marker `[0xff × 8, b""]` (−1), as vLLM's publisher does.
+//! Replay ([`replay`]): a ROUTER socket; a request `[start_seq (8 bytes big-endian)]` is
+//! answered with every batch from that sequence the replay buffer still holds, then an
+//! end marker, in vLLM's 0.26+ form (`[topic, seq, payload]` … `[b"", −1, b""]`) or its
+//! earlier one (`[seq, payload]` … `[−1, b""]`), per [`VllmConfig::replay`].
 
 mod decode;
 
+pub mod replay;
+
 pub use decode::{BlockHash, DecodeError, VllmBatch, VllmEvent, decode_batch};
+pub use replay::{ReplayLimits, ReplayProtocol};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
+use super::tokens::{PageTokens, TokenTable};
 use super::wire::Writer;
 use super::{
     POLL, PublishError, PublisherHandle, PublisherStats, bind, pub_socket, send_batch, start, wall_clock, zmq_err,
@@ -44,24 +54,27 @@ use tokio_util::sync::CancellationToken;
 /// The replay end marker: −1 as 8 bytes big-endian.
 pub const END_SEQ: [u8; 8] = [0xff; 8];
 
-/// Positional (array) or named (map) msgpack encoding of batches and events.
+/// How the events inside a batch are encoded (the batch is an array either way).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Encoding {
+    /// Maps tagged by `type`: what vLLM 0.24 and later send and decode.
     #[default]
+    Tagged,
+    /// Arrays, tag first: what vLLM 0.23 and earlier send and decode.
     Positional,
-    Named,
 }
 
 /// How page hashes are rendered as vLLM block hashes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HashFormat {
-    /// 8-byte hashes as integers, longer ones as bytes.
+    /// Always an integer: the low 64 bits (last 8 bytes, big-endian), as vLLM renders
+    /// a wide hash; lossy for hashes longer than 8 bytes.
     #[default]
-    Auto,
-    /// Always an integer: the first 8 bytes, big-endian (lossy for longer hashes).
     Int,
+    /// 8-byte hashes as integers, longer ones as bytes.
+    Auto,
     /// Always bytes.
     Bytes,
 }
@@ -75,10 +88,16 @@ pub struct VllmConfig {
     pub replay_endpoint: Option<String>,
     /// Topic frame. Default: empty (vLLM's default).
     pub topic: String,
-    /// Default: [`Encoding::Positional`].
+    /// Default: [`Encoding::Tagged`].
     pub encoding: Encoding,
-    /// Default: [`HashFormat::Auto`].
+    /// Default: [`HashFormat::Int`].
     pub hashes: HashFormat,
+    /// Replay answer form. Default: [`ReplayProtocol::Auto`] (follows the encoding).
+    pub replay: ReplayProtocol,
+    /// Per-peer replay request limits. Default: [`ReplayLimits::default`].
+    pub replay_limits: ReplayLimits,
+    /// Token ids and parents engines sent with stores. Default: none (`token_ids: []`).
+    pub tokens: Option<Arc<TokenTable>>,
     /// `data_parallel_rank` of every batch. Default: 0.
     pub dp_rank: u32,
     /// Most page events in one batch. Default: 1024.
@@ -97,8 +116,11 @@ impl Default for VllmConfig {
             endpoint: "tcp://127.0.0.1:5570".into(),
             replay_endpoint: Some("tcp://127.0.0.1:5571".into()),
             topic: String::new(),
-            encoding: Encoding::Positional,
-            hashes: HashFormat::Auto,
+            encoding: Encoding::Tagged,
+            hashes: HashFormat::Int,
+            replay: ReplayProtocol::Auto,
+            replay_limits: ReplayLimits::default(),
+            tokens: None,
             dp_rank: 0,
             max_batch_events: 1024,
             replay_batches: 10_000,
@@ -109,7 +131,7 @@ impl Default for VllmConfig {
 }
 
 /// Encodes page events as one vLLM `EventBatch`. `block_size` gives a namespace's page
-/// tokens.
+/// tokens, `tokens` what the engine sent with a page (if anything).
 pub fn encode_batch(
     buf: &mut Vec<u8>,
     cfg: &VllmConfig,
@@ -117,22 +139,26 @@ pub fn encode_batch(
     events: &[PageEvent],
     mut block_size: impl FnMut(NamespaceId) -> u32,
 ) {
-    let named = cfg.encoding == Encoding::Named;
+    encode_batch_with(buf, cfg, ts, events, &mut block_size, &mut |_| None)
+}
+
+/// [`encode_batch`] with a lookup of the tokens and parent of each stored page.
+pub fn encode_batch_with(
+    buf: &mut Vec<u8>,
+    cfg: &VllmConfig,
+    ts: f64,
+    events: &[PageEvent],
+    block_size: &mut dyn FnMut(NamespaceId) -> u32,
+    tokens: &mut dyn FnMut(&PageEvent) -> Option<PageTokens>,
+) {
+    let tagged = cfg.encoding == Encoding::Tagged;
     let mut w = Writer::new(buf);
-    if named {
-        w.map(3);
-        w.str("ts");
-    } else {
-        w.array(3);
-    }
+    w.array(3);
     w.f64(ts);
-    if named {
-        w.str("events");
-    }
     w.array(events.len());
     for ev in events {
         let field = |w: &mut Writer, name: &str| {
-            if named {
+            if tagged {
                 w.str(name);
             }
         };
@@ -141,7 +167,7 @@ pub fn encode_batch(
             PageEventKind::Removed => 3,
             PageEventKind::Cleared => 1,
         };
-        if named {
+        if tagged {
             w.map(fields);
             w.str("type");
         } else {
@@ -149,14 +175,22 @@ pub fn encode_batch(
         }
         match ev.kind {
             PageEventKind::Stored => {
+                let t = tokens(ev);
                 w.str("BlockStored");
                 field(&mut w, "block_hashes");
                 w.array(1);
                 hash(&mut w, cfg.hashes, &ev.hash);
                 field(&mut w, "parent_block_hash");
-                w.nil();
+                match t.as_ref().and_then(|t| t.parent) {
+                    Some(p) => hash(&mut w, cfg.hashes, &p),
+                    None => w.nil(),
+                }
                 field(&mut w, "token_ids");
-                w.array(0);
+                let ids: &[u32] = t.as_ref().map_or(&[], |t| &t.tokens);
+                w.array(ids.len());
+                for &id in ids {
+                    w.uint(id.into());
+                }
                 field(&mut w, "block_size");
                 w.uint(block_size(ev.ns) as u64);
                 field(&mut w, "lora_id");
@@ -177,16 +211,23 @@ pub fn encode_batch(
             PageEventKind::Cleared => w.str("AllBlocksCleared"),
         }
     }
-    if named {
-        w.str("data_parallel_rank");
-    }
     w.uint(cfg.dp_rank as u64);
+}
+
+/// The low 64 bits of a hash: its last 8 bytes, big-endian (vLLM's
+/// `int.from_bytes(hash, "big") & (2**64 - 1)`).
+pub fn low_u64(h: &PageHash) -> u64 {
+    let b = h.as_bytes();
+    let tail = &b[b.len().saturating_sub(8)..];
+    let mut last = [0u8; 8];
+    last[8 - tail.len()..].copy_from_slice(tail);
+    u64::from_be_bytes(last)
 }
 
 fn hash(w: &mut Writer, fmt: HashFormat, h: &PageHash) {
     match fmt {
-        HashFormat::Auto if h.len() == 8 => w.uint(h.prefix_u64()),
-        HashFormat::Int => w.uint(h.prefix_u64()),
+        HashFormat::Auto if h.len() == 8 => w.uint(low_u64(h)),
+        HashFormat::Int => w.uint(low_u64(h)),
         HashFormat::Auto | HashFormat::Bytes => w.bin(h.as_bytes()),
     }
 }
@@ -206,6 +247,9 @@ pub fn spawn(cfg: VllmConfig, manager: Manager, shutdown: CancellationToken) -> 
             let r = ctx.socket(zmq::ROUTER).map_err(zmq_err("ROUTER socket"))?;
             r.set_linger(500).map_err(zmq_err("ROUTER linger"))?;
             r.set_sndtimeo(1000).map_err(zmq_err("ROUTER send timeout"))?;
+            // A full replay plus its end marker fits in the queue of a slow subscriber.
+            let hwm = i32::try_from(2 * (cfg.replay_batches + 1)).unwrap_or(i32::MAX);
+            r.set_sndhwm(hwm).map_err(zmq_err("ROUTER hwm"))?;
             let bound = bind(&r, e)?;
             Some((r, bound))
         }
@@ -220,7 +264,14 @@ pub fn spawn(cfg: VllmConfig, manager: Manager, shutdown: CancellationToken) -> 
         replay_endpoint,
         move |stop, stats| {
             let _ctx = ctx;
-            run(cfg, manager, publ, replay.map(|(r, _)| r), stop, shutdown, stats)
+            let form = match (cfg.replay, cfg.encoding) {
+                (ReplayProtocol::Auto, Encoding::Tagged) => ReplayProtocol::Topic,
+                (ReplayProtocol::Auto, Encoding::Positional) => ReplayProtocol::Legacy,
+                (f, _) => f,
+            };
+            let topic = cfg.topic.as_bytes().to_vec();
+            let replay = replay.map(|(r, _)| replay::Replayer::new(r, form, topic, cfg.replay_limits));
+            run(cfg, manager, publ, replay, stop, shutdown, stats)
         },
     )?;
     tracing::info!(endpoint = %handle.endpoint, replay = ?handle.replay_endpoint, "vLLM KV event publisher started");
@@ -231,7 +282,7 @@ fn run(
     cfg: VllmConfig,
     manager: Manager,
     publ: zmq::Socket,
-    replay: Option<zmq::Socket>,
+    mut replay: Option<replay::Replayer>,
     stop: Arc<AtomicBool>,
     shutdown: CancellationToken,
     stats: Arc<PublisherStats>,
@@ -243,8 +294,8 @@ fn run(
     let mut buffered_bytes = 0usize;
     let mut sizes: HashMap<NamespaceId, u32> = HashMap::new();
     while !stop.load(Relaxed) && !shutdown.is_cancelled() {
-        if let Some(r) = &replay {
-            serve_replays(r, &buffer, &stats);
+        if let Some(r) = &mut replay {
+            r.serve(&buffer, &stats);
         }
         let batch = manager.events().read_from(next, cfg.max_batch_events, POLL);
         if batch.lost > 0 {
@@ -258,11 +309,19 @@ fn run(
         }
         let mut payload = Vec::with_capacity(48 * batch.events.len() + 32);
         let ts = wall_clock().as_secs_f64();
-        encode_batch(&mut payload, &cfg, ts, &batch.events, |ns| {
-            *sizes
-                .entry(ns)
-                .or_insert_with(|| manager.layout(ns).map_or(0, |l| l.page_tokens()))
-        });
+        let table = cfg.tokens.as_deref();
+        encode_batch_with(
+            &mut payload,
+            &cfg,
+            ts,
+            &batch.events,
+            &mut |ns| {
+                *sizes
+                    .entry(ns)
+                    .or_insert_with(|| manager.layout(ns).map_or(0, |l| l.page_tokens()))
+            },
+            &mut |ev| table.and_then(|t| t.get(ev.ns, &ev.hash)),
+        );
         if let Err(e) = send_batch(&publ, &topic, seq, &payload) {
             tracing::warn!(error = %e, seq, "vLLM publisher: send failed");
         }
@@ -276,37 +335,6 @@ fn run(
             }
         }
         seq += 1;
-    }
-}
-
-/// Answers the replay requests waiting on the ROUTER socket (a bounded number per call).
-fn serve_replays(r: &zmq::Socket, buffer: &VecDeque<(u64, Vec<u8>)>, stats: &PublisherStats) {
-    for _ in 0..16 {
-        let frames = match r.recv_multipart(zmq::DONTWAIT) {
-            Ok(f) => f,
-            Err(_) => return,
-        };
-        // [identity, (empty delimiter,) start_seq]
-        let (id, start) = match frames.as_slice() {
-            [id, empty, start] if empty.is_empty() => (id, start),
-            [id, start] => (id, start),
-            _ => {
-                tracing::warn!(frames = frames.len(), "vLLM replay: malformed request ignored");
-                continue;
-            }
-        };
-        let Ok(start) = <[u8; 8]>::try_from(start.as_slice()).map(u64::from_be_bytes) else {
-            tracing::warn!(len = start.len(), "vLLM replay: start sequence is not 8 bytes");
-            continue;
-        };
-        stats.replays.fetch_add(1, Relaxed);
-        let send = |a: &[u8], b: &[u8]| r.send_multipart([id.as_slice(), b"", a, b], 0);
-        for (seq, payload) in buffer.iter().filter(|(s, _)| *s >= start) {
-            if send(&seq.to_be_bytes(), payload).is_err() {
-                break;
-            }
-        }
-        let _ = send(&END_SEQ, b"");
     }
 }
 

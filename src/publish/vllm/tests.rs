@@ -15,7 +15,7 @@ fn ev(seq: u64, kind: PageEventKind, tier: TierKind, hash: PageHash) -> PageEven
 }
 
 #[test]
-fn positional_and_named_shapes() {
+fn positional_and_tagged_shapes() {
     let long = PageHash::new(&[7u8; 32]).unwrap();
     let evs = [
         ev(
@@ -27,8 +27,13 @@ fn positional_and_named_shapes() {
         ev(2, PageEventKind::Removed, TierKind::Pool, long),
         ev(3, PageEventKind::Cleared, TierKind::Device, PageHash::from_u64(0)),
     ];
+    let legacy = VllmConfig {
+        encoding: Encoding::Positional,
+        hashes: HashFormat::Auto,
+        ..VllmConfig::default()
+    };
     let mut buf = Vec::new();
-    encode_batch(&mut buf, &VllmConfig::default(), 1.25, &evs, |_| 16);
+    encode_batch(&mut buf, &legacy, 1.25, &evs, |_| 16);
     let v = rmpv::decode::read_value(&mut buf.as_slice()).unwrap();
     let b = v.as_array().unwrap();
     assert_eq!((b[0].as_f64(), b[2].as_u64()), (Some(1.25), Some(0)));
@@ -45,20 +50,19 @@ fn positional_and_named_shapes() {
     assert_eq!(r[2].as_str(), Some("SHARED"));
     assert_eq!(e[2].as_array().unwrap().len(), 1);
 
+    // Tagged (vLLM 0.24+): the batch stays an array, each event is a map tagged by type.
     let cfg = VllmConfig {
-        encoding: Encoding::Named,
         hashes: HashFormat::Bytes,
         dp_rank: 3,
         ..VllmConfig::default()
     };
+    assert_eq!(cfg.encoding, Encoding::Tagged);
     buf.clear();
     encode_batch(&mut buf, &cfg, 2.0, &evs[..1], |_| 16);
     let v = rmpv::decode::read_value(&mut buf.as_slice()).unwrap();
-    let m = v.as_map().unwrap();
-    let keys: Vec<_> = m.iter().map(|(k, _)| k.as_str().unwrap()).collect();
-    assert_eq!(keys, ["ts", "events", "data_parallel_rank"]);
-    assert_eq!(m[2].1.as_u64(), Some(3));
-    let s = m[1].1.as_array().unwrap()[0].as_map().unwrap();
+    let m = v.as_array().unwrap();
+    assert_eq!((m.len(), m[0].as_f64(), m[2].as_u64()), (3, Some(2.0), Some(3)));
+    let s = m[1].as_array().unwrap()[0].as_map().unwrap();
     let keys: Vec<_> = s.iter().map(|(k, _)| k.as_str().unwrap()).collect();
     let want = [
         "type",
@@ -78,6 +82,31 @@ fn positional_and_named_shapes() {
 }
 
 #[test]
+fn stored_events_carry_the_engines_tokens_and_wide_hashes_their_low_64_bits() {
+    let wide: Vec<u8> = (1..=32).collect();
+    let wide = PageHash::new(&wide).unwrap();
+    let parent = PageHash::from_u64(77);
+    let evs = [
+        ev(1, PageEventKind::Stored, TierKind::Host, wide),
+        ev(2, PageEventKind::Stored, TierKind::Pool, PageHash::from_u64(5)),
+    ];
+    let table = crate::publish::tokens::TokenTable::default();
+    table.record(NamespaceId(0), Some(parent), &[wide], &[vec![10, 11, 12]]);
+    let mut buf = Vec::new();
+    encode_batch_with(&mut buf, &VllmConfig::default(), 1.0, &evs, &mut |_| 3, &mut |e| {
+        table.get(e.ns, &e.hash)
+    });
+    let b = decode_batch(&buf).unwrap();
+    // The low 64 bits: bytes 25..=32, big-endian.
+    assert_eq!(low_u64(&wide), 0x191a_1b1c_1d1e_1f20);
+    assert_eq!(b.events[0].hashes, vec![BlockHash::Int(0x191a_1b1c_1d1e_1f20)]);
+    assert_eq!(b.events[0].parent, Some(BlockHash::Int(77)));
+    assert_eq!(b.events[0].token_ids, vec![10, 11, 12]);
+    // A page stored without tokens: `[]` and no parent, as before.
+    assert_eq!((b.events[1].parent, b.events[1].token_ids.len()), (None, 0));
+}
+
+#[test]
 fn decoder_reads_both_encodings_back() {
     let long = PageHash::new(&[7u8; 32]).unwrap();
     let evs = [
@@ -90,24 +119,31 @@ fn decoder_reads_both_encodings_back() {
             kind: PageEventKind::Stored,
             hashes: vec![BlockHash::Int(u64::MAX)],
             block_size: 16,
+            parent: None,
+            token_ids: vec![],
             medium: Some(TierKind::Host),
         },
         VllmEvent {
             kind: PageEventKind::Removed,
             hashes: vec![BlockHash::Bytes(long)],
             block_size: 0,
+            parent: None,
+            token_ids: vec![],
             medium: Some(TierKind::Pool),
         },
         VllmEvent {
             kind: PageEventKind::Cleared,
             hashes: vec![],
             block_size: 0,
+            parent: None,
+            token_ids: vec![],
             medium: None,
         },
     ];
-    for encoding in [Encoding::Positional, Encoding::Named] {
+    for encoding in [Encoding::Positional, Encoding::Tagged] {
         let cfg = VllmConfig {
             encoding,
+            hashes: HashFormat::Auto,
             dp_rank: 5,
             ..VllmConfig::default()
         };
@@ -124,7 +160,7 @@ fn decoder_reads_both_encodings_back() {
 fn malformed_batches_are_typed_errors() {
     use crate::publish::wire::{ReadError, Writer};
     let evs = [ev(1, PageEventKind::Stored, TierKind::Host, PageHash::from_u64(9))];
-    for encoding in [Encoding::Positional, Encoding::Named] {
+    for encoding in [Encoding::Positional, Encoding::Tagged] {
         let cfg = VllmConfig {
             encoding,
             ..VllmConfig::default()
