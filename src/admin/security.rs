@@ -78,7 +78,10 @@ impl PeerPolicy {
     pub fn check(&self, stream: &impl AsRawFd) -> Result<PeerCred, String> {
         match peer_cred(stream) {
             Ok(peer) if self.allows(&peer) => Ok(peer),
-            Ok(peer) => Err(format!("uid {} (gid {}) is not allowed on this socket", peer.uid, peer.gid)),
+            Ok(peer) => Err(format!(
+                "uid {} (gid {}) is not allowed on this socket",
+                peer.uid, peer.gid
+            )),
             Err(e) => Err(format!("peer credentials unavailable: {e}")),
         }
     }

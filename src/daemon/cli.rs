@@ -164,10 +164,7 @@ fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
             a.slots(),
             a.slot_bytes()
         ),
-        None => format!(
-            "{} MiB, slots sized by the first layout",
-            cfg.arena_bytes >> 20
-        ),
+        None => format!("{} MiB, slots sized by the first layout", cfg.arena_bytes >> 20),
     };
     let mut notes = String::new();
     if recovered + discarded > 0 {

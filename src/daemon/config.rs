@@ -55,6 +55,7 @@ pub struct DaemonConfig {
     pub socket_mode: u32,
     /// Group of the control socket (a name or a numeric gid); its members are also let
     /// through the peer check. Empty: the daemon's own group. Default: empty.
+    #[serde(deserialize_with = "name_or_number")]
     pub socket_group: String,
     /// Peer uids the control socket serves besides the daemon's own uid and root
     /// (checked with `SO_PEERCRED` at accept). Default: none.
@@ -142,6 +143,20 @@ pub fn default_arena_path(socket: &Path, instance: &str) -> PathBuf {
     shm.join(format!("kvtier-{}", crate::tier::private::euid()))
         .join(name)
         .join("arena")
+}
+
+/// A group given as a name or a number (`socket_group = 1001` or `"render"`), as text.
+fn name_or_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Name(String),
+        Number(u32),
+    }
+    Ok(match Either::deserialize(d)? {
+        Either::Name(s) => s,
+        Either::Number(n) => n.to_string(),
+    })
 }
 
 /// A group name or numeric gid, as the system knows it.
@@ -301,7 +316,9 @@ impl DaemonConfig {
             return bad("tick_ms must be at least 1");
         }
         let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-        if self.instance.len() > 64 || !self.instance.chars().all(name_ok) || matches!(self.instance.as_str(), "." | "..")
+        if self.instance.len() > 64
+            || !self.instance.chars().all(name_ok)
+            || matches!(self.instance.as_str(), "." | "..")
         {
             return bad("instance may hold only letters, digits, '.', '_' and '-' (at most 64), and not be . or ..");
         }

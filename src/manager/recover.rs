@@ -59,6 +59,12 @@ impl Manager {
         Ok(arena)
     }
 
+    /// Counts what a start-up recovery found, for operators (`/metrics`): `counts` in
+    /// [`crate::manager::RECOVERY_REASONS`] order.
+    pub fn record_recovery(&self, counts: [u64; crate::manager::RECOVERY_REASONS.len()]) {
+        self.inner.stats.recovered(counts);
+    }
+
     /// Runs `f` over a page complete on host: each object's slot and bytes, in canonical
     /// order. The page is leased meanwhile, so it is neither evicted nor rewritten under
     /// `f`. `None` when the page is not complete on host.

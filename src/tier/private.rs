@@ -33,7 +33,12 @@ pub enum PrivateError {
         "directory {path} is owned by uid {owner} with mode {mode:o}; kvtier needs it owned by uid {uid} \
          with no group or other permissions (chmod 700 it, or remove it)"
     )]
-    UnsafeDir { path: PathBuf, owner: u32, mode: u32, uid: u32 },
+    UnsafeDir {
+        path: PathBuf,
+        owner: u32,
+        mode: u32,
+        uid: u32,
+    },
     #[error(
         "directory {path}, above {target}, is owned by uid {owner} with mode {mode:o}: another user could \
          replace what is inside it"
@@ -48,7 +53,12 @@ pub enum PrivateError {
         "file {path} is owned by uid {owner} with mode {mode:o}; kvtier needs a regular file owned by uid \
          {uid} with no group or other permissions"
     )]
-    UnsafeFile { path: PathBuf, owner: u32, mode: u32, uid: u32 },
+    UnsafeFile {
+        path: PathBuf,
+        owner: u32,
+        mode: u32,
+        uid: u32,
+    },
     #[error("{path} is a symbolic link or not a regular file; refusing to use it")]
     NotAFile { path: PathBuf },
     #[error("{path} is held by another kvtier daemon (pid {holder}); one daemon owns an arena at a time")]
@@ -86,7 +96,11 @@ pub fn trusted_dir(dir: &Path) -> Result<(), PrivateError> {
 /// Creates `dir` `0700`, or accepts it when owned by the daemon's uid with none of the
 /// `refused` mode bits; then checks its ancestors.
 fn checked_dir(dir: &Path, refused: u32) -> Result<(), PrivateError> {
-    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
     let uid = euid();
     match std::fs::symlink_metadata(dir) {
         Ok(md) if md.file_type().is_symlink() && md.uid() != uid && md.uid() != 0 => {

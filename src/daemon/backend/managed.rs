@@ -106,6 +106,14 @@ impl ManagedTiers {
         } else {
             Recovered::default()
         };
+        mgr.record_recovery([
+            recovered.pages,
+            recovered.corrupt,
+            recovered.incomplete,
+            recovered.outside,
+            recovered.bad_records,
+            recovered.garbage as u64,
+        ]);
         if cfg.slot_bytes != 0 && mgr.arena().is_none() {
             mgr.create_arena(cfg.slot_bytes)?;
         }
