@@ -458,4 +458,44 @@ mod tests {
         let printed = toml::to_string(&DaemonConfig::default()).unwrap();
         assert!(printed.contains("events_encoding = \"positional\""), "{printed}");
     }
+
+    #[test]
+    fn the_default_arena_follows_the_socket_and_instance_and_security_keys_are_checked() {
+        let at = |socket: &str, instance: &str| {
+            let mut flags = vec![("socket".to_string(), socket.to_string())];
+            if !instance.is_empty() {
+                flags.push(("instance".into(), instance.into()));
+            }
+            DaemonConfig::load(None, Vec::new(), &flags).unwrap().arena_path
+        };
+        assert_ne!(at("/a/kvtier.sock", ""), at("/b/kvtier.sock", ""));
+        assert_eq!(at("/a/kvtier.sock", ""), at("/a/other.sock", ""));
+        assert!(at("/a/kvtier.sock", "prod-1").ends_with("prod-1/arena"));
+        // An explicit arena path is kept as given.
+        let flags = vec![("arena_path".to_string(), "/x/arena".to_string())];
+        assert_eq!(
+            DaemonConfig::load(None, Vec::new(), &flags).unwrap().arena_path,
+            PathBuf::from("/x/arena")
+        );
+        let set = |k: &str, v: &str| DaemonConfig::load(None, Vec::new(), &[(k.to_string(), v.to_string())]);
+        assert!(set("instance", "../up").is_err());
+        assert!(set("socket_mode", "0o1777").is_err());
+        assert_eq!(set("socket_mode", "0o660").unwrap().socket_mode, 0o660);
+        assert_eq!(set("socket_group", "0").unwrap().socket_gid().unwrap(), Some(0));
+        assert_eq!(set("socket_group", "root").unwrap().socket_gid().unwrap(), Some(0));
+        let e = set("socket_group", "no-such-group-kvtier").unwrap_err().to_string();
+        assert!(e.contains("no-such-group-kvtier"), "{e}");
+        let c = DaemonConfig::load(
+            None,
+            vec![("KVTIER_ALLOW_UIDS".to_string(), "[1001, 1002]".to_string())],
+            &[],
+        )
+        .unwrap();
+        let p = c.peers();
+        assert!(p.uids.contains(&1001) && p.uids.contains(&1002) && p.uids.contains(&0));
+        assert!(
+            set("slot_bytes", &(2u64 << 30).to_string()).is_err(),
+            "larger than the arena"
+        );
+    }
 }

@@ -344,4 +344,35 @@ mod tests {
         assert_eq!(live, vec![(1, 4), (3, 3)]);
         assert!(Manifest::replay(&dir.path().join("none")).unwrap().is_none());
     }
+
+    #[test]
+    fn a_record_with_a_broken_length_is_skipped_and_the_next_one_found_by_its_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("arena.manifest");
+        let rec = |slot| ObjectRecord {
+            ns: 0,
+            hash: PageHash::from_u64(slot as u64),
+            object: 0,
+            slot,
+            len: 64,
+            checksum: 1,
+        };
+        let recs: Vec<ObjectRecord> = (0..10).map(rec).collect();
+        drop(Manifest::create(&path, 64, &[], &recs).unwrap());
+        let mut bytes = std::fs::read(&path).unwrap();
+        // Every record has the same size here; break the length of the fourth.
+        let size = (bytes.len() - 16) / 10;
+        let at = 16 + 3 * size;
+        assert_eq!(&bytes[at..at + 4], MARK);
+        bytes[at + 4..at + 8].copy_from_slice(&60_000u32.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let r = Manifest::replay(&path).unwrap().unwrap();
+        assert_eq!((r.bad_records, r.skipped_bytes), (1, size as u64));
+        let mut slots: Vec<u32> = r.objects.keys().copied().collect();
+        slots.sort();
+        assert_eq!(slots, vec![0, 1, 2, 4, 5, 6, 7, 8, 9]);
+        // Not a manifest at all: reported as such.
+        std::fs::write(&path, [0xa5u8; 64]).unwrap();
+        assert!(Manifest::replay(&path).unwrap().unwrap().garbage);
+    }
 }
