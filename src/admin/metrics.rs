@@ -184,6 +184,15 @@ pub fn render(s: &StatsSnapshot, uptime: Duration, engines: usize) -> String {
     }
     family(
         &mut o,
+        "kvtier_recovery_total",
+        "counter",
+        "What start-up recovery found: pages recovered, pages discarded by reason, manifest records skipped, unreadable manifests.",
+    );
+    for (reason, n) in crate::manager::RECOVERY_REASONS.iter().zip(s.recovery) {
+        sample(&mut o, "kvtier_recovery_total", &[("reason", reason)], n as f64);
+    }
+    family(
+        &mut o,
         "kvtier_uptime_seconds",
         "gauge",
         "Seconds since the admin server started.",

@@ -6,6 +6,9 @@
 //!   so it never appears at its path with looser permissions.
 //! - Every connection's peer credentials (`SO_PEERCRED`) are checked against the uid/gid
 //!   allowlist before a byte of the request is read.
+//!
+//! The control socket shares the peer check ([`PeerPolicy`]) and the binding
+//! ([`bind_socket`], with a group for engines that run as another uid).
 
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
@@ -46,6 +49,44 @@ pub fn peer_cred(stream: &impl AsRawFd) -> std::io::Result<PeerCred> {
     })
 }
 
+/// Who may talk to a socket: a peer is allowed when its uid or its gid is listed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerPolicy {
+    pub uids: Vec<u32>,
+    pub gids: Vec<u32>,
+}
+
+impl PeerPolicy {
+    /// The daemon's own uid and root, plus `uids` and `gids`.
+    pub fn owner_and_root(uids: &[u32], gids: &[u32]) -> Self {
+        let mut all = vec![crate::tier::private::euid(), 0];
+        all.extend_from_slice(uids);
+        all.sort_unstable();
+        all.dedup();
+        Self {
+            uids: all,
+            gids: gids.to_vec(),
+        }
+    }
+
+    pub fn allows(&self, peer: &PeerCred) -> bool {
+        self.uids.contains(&peer.uid) || self.gids.contains(&peer.gid)
+    }
+
+    /// Reads the peer's credentials and checks them: `Ok(peer)` when allowed, else why
+    /// not (for the refusal and the log).
+    pub fn check(&self, stream: &impl AsRawFd) -> Result<PeerCred, String> {
+        match peer_cred(stream) {
+            Ok(peer) if self.allows(&peer) => Ok(peer),
+            Ok(peer) => Err(format!(
+                "uid {} (gid {}) is not allowed on this socket",
+                peer.uid, peer.gid
+            )),
+            Err(e) => Err(format!("peer credentials unavailable: {e}")),
+        }
+    }
+}
+
 /// Whether a peer is on the allowlist (its uid, or its gid).
 pub fn allowed(cfg: &AdminConfig, peer: &PeerCred) -> bool {
     cfg.allow_uids.contains(&peer.uid) || cfg.allow_gids.contains(&peer.gid)
@@ -80,7 +121,13 @@ pub fn prepare_dir(dir: &Path) -> Result<(), AdminError> {
 /// Binds the admin socket at `cfg.socket` with `cfg.mode`. A stale socket (nobody
 /// listening) is replaced; a live one, or any other file at the path, is an error.
 pub fn bind(cfg: &AdminConfig) -> Result<UnixListener, AdminError> {
-    let path = &cfg.socket;
+    bind_socket(&cfg.socket, cfg.mode, None)
+}
+
+/// Binds a Unix socket at `path` with permission bits `mode` and, with `gid`, that group,
+/// both set before the socket appears at its path. A stale socket (nobody listening) is
+/// replaced; a live one is [`AdminError::InUse`]; any other file at the path is an error.
+pub fn bind_socket(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, AdminError> {
     let err = |m: String| AdminError::Socket(path.to_path_buf(), m);
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -106,7 +153,8 @@ pub fn bind(cfg: &AdminConfig) -> Result<UnixListener, AdminError> {
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let listener = UnixListener::bind(&tmp).map_err(|e| err(format!("bind: {e}")))?;
-    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(cfg.mode))
+    let placed = std::os::unix::fs::lchown(&tmp, None, gid)
+        .and_then(|_| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)))
         .and_then(|_| std::fs::rename(&tmp, path));
     if let Err(e) = placed {
         let _ = std::fs::remove_file(&tmp);

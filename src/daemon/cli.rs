@@ -1,8 +1,7 @@
 //! `kvtier serve`: flags, start-up report, and the daemon's life from bind to clean exit.
 
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +12,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::clock::SystemClock;
+use crate::tier::private;
 
 use super::backend::{Backend, ManagedTiers};
 use super::config::{ConfigError, DaemonConfig};
@@ -90,31 +90,23 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     serve(cfg, CancellationToken::new())
 }
 
-fn private_dir(dir: &Path) -> anyhow::Result<()> {
-    if !dir.as_os_str().is_empty() && !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
+/// Binds the control socket in a private directory with the configured mode and group,
+/// refusing to steal it from a live daemon.
+fn bind(cfg: &DaemonConfig) -> anyhow::Result<UnixListener> {
+    let path = &cfg.socket;
+    let dir = private::parent_of(path);
+    if cfg.socket_dir_is_default() {
+        private::private_dir(dir)
+    } else {
+        private::trusted_dir(dir)
     }
-    Ok(())
-}
-
-/// Binds the control socket, refusing to steal it from a live daemon.
-fn bind(path: &Path) -> anyhow::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        private_dir(dir)?;
+    .context("the control socket's directory")?;
+    let gid = cfg.socket_gid()?;
+    match crate::admin::security::bind_socket(path, cfg.socket_mode, gid) {
+        Ok(l) => Ok(l),
+        Err(crate::admin::AdminError::InUse(_)) => bail!("another daemon is serving {}", path.display()),
+        Err(e) => Err(anyhow::anyhow!("control socket: {e}")),
     }
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            bail!("another daemon is serving {}", path.display());
-        }
-        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
-    }
-    let listener = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
 }
 
 /// Runs the daemon with a ready configuration until `shutdown` is cancelled, by the
@@ -126,11 +118,20 @@ pub fn serve(cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<(
         let _in_runtime = rt.enter();
         crate::shutdown::cancel_on_signals(shutdown.clone()).context("installing signal handlers")?
     };
-    let listener = bind(&cfg.socket)?;
-    if let Some(dir) = cfg.arena_path.parent() {
-        private_dir(dir)?;
+    // The tiers first: the arena's owner lock decides whether this daemon may run at all,
+    // and a refused start must not leave a socket behind.
+    if cfg.arena_is_default() {
+        // kvtier's own directories under /dev/shm: strictly private, whoever made them.
+        if let Some(kvtier_uid) = cfg.arena_path.parent().and_then(Path::parent)
+            && kvtier_uid.starts_with("/dev/shm")
+            && kvtier_uid != Path::new("/dev/shm")
+        {
+            private::private_dir(kvtier_uid).context("the arena's directory")?;
+        }
+        private::private_dir(private::parent_of(&cfg.arena_path)).context("the arena's directory")?;
     }
     let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).context("opening the tiers")?);
+    let listener = bind(&cfg)?;
     announce(&cfg, &backend)?;
     tracing::info!(socket = %cfg.socket.display(), "serving");
     let shared = Arc::new(Shared::new(backend.clone(), cfg.limits()));
@@ -141,7 +142,7 @@ pub fn serve(cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<(
         let extras = start_side_services(&cfg, backend.manager().clone(), shared.clone(), &shutdown);
         listener.set_nonblocking(true)?;
         let listener = tokio::net::UnixListener::from_std(listener)?;
-        let served = server::run(listener, shutdown.clone(), shared, tick).await;
+        let served = server::run_with(listener, shutdown.clone(), shared, tick, cfg.peers()).await;
         // Whatever ended the server ends the side services too.
         shutdown.cancel();
         Ok::<_, std::io::Error>((extras, served))
@@ -157,25 +158,37 @@ pub fn serve(cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<(
     Ok(())
 }
 
-/// The start-up report on stdout: where everything is.
+/// The start-up report on stdout: where everything is, as it is (the arena's real size
+/// and slot size once it exists, what recovery kept and dropped).
 fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
-    let stats = backend.stats();
+    let (recovered, discarded, bad_records, garbage) = backend.recovery();
     let mut out = std::io::stdout().lock();
     writeln!(out, "kvtier serve: control socket {}", cfg.socket.display())?;
+    let size = match backend.manager().arena() {
+        Some(a) => format!(
+            "{} MiB in {} slots of {} bytes",
+            a.len_bytes() >> 20,
+            a.slots(),
+            a.slot_bytes()
+        ),
+        None => format!("{} MiB, slots sized by the first layout", cfg.arena_bytes >> 20),
+    };
+    let mut notes = String::new();
+    if recovered + discarded > 0 {
+        notes.push_str(&format!(", {recovered} pages recovered, {discarded} discarded"));
+    }
+    if bad_records > 0 {
+        notes.push_str(&format!(", {bad_records} bad manifest records skipped"));
+    }
+    if garbage {
+        notes.push_str(", manifest unreadable (ignored)");
+    }
     writeln!(
         out,
-        "kvtier serve: host arena {} ({} MiB{}), manifest {}",
+        "kvtier serve: host arena {} ({size}{notes}), manifest {}, owner lock {}",
         cfg.arena_path.display(),
-        cfg.arena_bytes >> 20,
-        if stats.recovered_pages > 0 {
-            format!(
-                ", {} pages recovered, {} discarded",
-                stats.recovered_pages, stats.discarded_pages
-            )
-        } else {
-            String::new()
-        },
-        backend.manifest_path().display()
+        backend.manifest_path().display(),
+        backend.lock_path().display()
     )?;
     writeln!(out, "kvtier serve: local pool {} MiB", cfg.pool_bytes >> 20)?;
     out.flush()?;

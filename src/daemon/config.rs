@@ -28,11 +28,41 @@ pub struct DaemonConfig {
     /// Control socket. Default: `$XDG_RUNTIME_DIR/kvtier/kvtier.sock`, or
     /// `./.kvtier/kvtier.sock` when `XDG_RUNTIME_DIR` is unset.
     pub socket: PathBuf,
-    /// Host arena file (shared memory). Default: `/dev/shm/kvtier-<uid>/arena` where
-    /// `/dev/shm` exists, else `arena` beside the socket. The manifest sits beside it.
+    /// Host arena file (shared memory). Default: `/dev/shm/kvtier-<uid>/<instance>/arena`
+    /// where `/dev/shm` exists, else `arena` beside the socket; without an `instance`, the
+    /// name is `rt-` and a hash of the control socket's directory, so daemons with
+    /// different runtime directories never share an arena. The manifest (`.manifest`),
+    /// the local pool (`.pool`) and the owner lock (`.lock`) sit beside it; one daemon
+    /// holds the lock for its whole life, and a second one on the same arena refuses to
+    /// start, naming the holder's pid.
     pub arena_path: PathBuf,
-    /// Host arena size in bytes. Default: 1 GiB.
+    /// Name of this daemon among several of one uid on a node (letters, digits, `.`, `_`,
+    /// `-`; at most 64): names the default arena directory. Default: empty (a hash of the
+    /// control socket's directory).
+    pub instance: String,
+    /// Host arena size in bytes. Honoured on recovery too: an arena file of another size
+    /// is cut or extended to it, and pages in slots that no longer exist (or read as
+    /// zeros) are discarded and counted. Default: 1 GiB.
     pub arena_bytes: u64,
+    /// Size of each host arena slot in bytes (one object of a page per slot), rounded up
+    /// to 64. A layout whose objects are larger is refused at `Connect` with both sizes
+    /// in the message; a restart with another size starts a fresh arena (the old pages
+    /// are discarded and counted). 0 sizes the slots by the largest object of the first
+    /// layout registered (tests, one-model nodes). Default: 0.
+    pub slot_bytes: u64,
+    /// Permission bits of the control socket, e.g. `0o660` with `socket_group` for
+    /// engines that run as another uid. Default: `0o600`.
+    pub socket_mode: u32,
+    /// Group of the control socket (a name or a numeric gid); its members are also let
+    /// through the peer check. Empty: the daemon's own group. Default: empty.
+    #[serde(deserialize_with = "name_or_number")]
+    pub socket_group: String,
+    /// Peer uids the control socket serves besides the daemon's own uid and root
+    /// (checked with `SO_PEERCRED` at accept). Default: none.
+    pub allow_uids: Vec<u32>,
+    /// Peer gids the control socket serves (a peer is served when its uid or its gid is
+    /// allowed). Default: none.
+    pub allow_gids: Vec<u32>,
     /// Local shared-memory pool size in bytes (G3), beside the arena (`<arena>.pool`);
     /// 0 runs without a pool. Default: 2 GiB.
     pub pool_bytes: u64,
@@ -122,7 +152,63 @@ pub fn event_endpoint(configured: &str, runtime_dir: &Path, name: &str) -> Strin
     }
 }
 
-fn runtime_dir() -> PathBuf {
+/// The default arena for a daemon whose control socket is `socket`: under `/dev/shm`
+/// where it exists (else beside the socket), in a directory named by `instance` or by a
+/// hash of the socket's directory.
+pub fn default_arena_path(socket: &Path, instance: &str) -> PathBuf {
+    let sock_dir = crate::tier::private::parent_of(socket);
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return sock_dir.join("arena");
+    }
+    let name = if instance.is_empty() {
+        let abs = std::path::absolute(sock_dir).unwrap_or_else(|_| sock_dir.to_path_buf());
+        let h = xxhash_rust::xxh3::xxh3_64(abs.as_os_str().as_encoded_bytes());
+        format!("rt-{h:016x}")
+    } else {
+        instance.to_owned()
+    };
+    shm.join(format!("kvtier-{}", crate::tier::private::euid()))
+        .join(name)
+        .join("arena")
+}
+
+/// A group given as a name or a number (`socket_group = 1001` or `"render"`), as text.
+fn name_or_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Name(String),
+        Number(u32),
+    }
+    Ok(match Either::deserialize(d)? {
+        Either::Name(s) => s,
+        Either::Number(n) => n.to_string(),
+    })
+}
+
+/// A group name or numeric gid, as the system knows it.
+pub fn resolve_group(group: &str) -> Result<u32, ConfigError> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(group).map_err(|_| ConfigError::Invalid(format!("socket_group {group:?}")))?;
+    // SAFETY: `group` is plain C data; all-zero is a valid (empty) value.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 << 10];
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the sizes given; `out` is set to `&mut grp` or null.
+    let rc = unsafe { libc::getgrnam_r(name.as_ptr(), &mut grp, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if rc != 0 || out.is_null() {
+        return Err(ConfigError::Invalid(format!(
+            "socket_group {group:?} is not a known group name or a numeric gid"
+        )));
+    }
+    Ok(grp.gr_gid)
+}
+
+/// Where the daemon's sockets go by default: `$XDG_RUNTIME_DIR/kvtier`, else `.kvtier`.
+pub fn runtime_dir() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d).join("kvtier"),
         _ => PathBuf::from(".kvtier"),
@@ -132,18 +218,17 @@ fn runtime_dir() -> PathBuf {
 impl Default for DaemonConfig {
     fn default() -> Self {
         let dir = runtime_dir();
-        // SAFETY: getuid has no preconditions.
-        let uid = unsafe { libc::getuid() };
-        let shm = Path::new("/dev/shm");
-        let arena_path = if shm.is_dir() {
-            shm.join(format!("kvtier-{uid}")).join("arena")
-        } else {
-            dir.join("arena")
-        };
+        let socket = dir.join("kvtier.sock");
         Self {
-            socket: dir.join("kvtier.sock"),
-            arena_path,
+            arena_path: default_arena_path(&socket, ""),
+            socket,
+            instance: String::new(),
             arena_bytes: 1 << 30,
+            slot_bytes: 0,
+            socket_mode: 0o600,
+            socket_group: String::new(),
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
             pool_bytes: 2 << 30,
             max_connections: 256,
             max_ranks: 64,
@@ -224,9 +309,15 @@ impl DaemonConfig {
         for (k, v) in flags {
             table.insert(k.replace('-', "_"), value(v));
         }
-        let cfg: Self = toml::Value::Table(table)
+        let derive_arena = !table.contains_key("arena_path");
+        let mut cfg: Self = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        if derive_arena {
+            // Derived from the socket and instance as finally configured, so a daemon
+            // given its own socket (or runtime dir) gets its own arena too.
+            cfg.arena_path = default_arena_path(&cfg.socket, &cfg.instance);
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -259,13 +350,58 @@ impl DaemonConfig {
         if !(self.events_replay_per_sec > 0.0 && self.events_replay_per_sec.is_finite()) {
             return bad("events_replay_per_sec must be a positive number");
         }
+        let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if self.instance.len() > 64
+            || !self.instance.chars().all(name_ok)
+            || matches!(self.instance.as_str(), "." | "..")
+        {
+            return bad("instance may hold only letters, digits, '.', '_' and '-' (at most 64), and not be . or ..");
+        }
+        if self.socket_mode > 0o777 {
+            return bad("socket_mode must be permission bits (at most 0o777), e.g. 0o660");
+        }
+        if self.slot_bytes > self.arena_bytes {
+            return bad("slot_bytes must not exceed arena_bytes");
+        }
+        self.socket_gid()?;
         Ok(())
+    }
+
+    /// Whether the control socket's directory is one kvtier names itself (the runtime
+    /// directory's `kvtier`, or `.kvtier`): then it must be strictly private.
+    pub fn socket_dir_is_default(&self) -> bool {
+        crate::tier::private::parent_of(&self.socket) == runtime_dir()
+    }
+
+    /// Whether the arena path is the derived default (`/dev/shm/kvtier-<uid>/…`): then its
+    /// directory must be strictly private.
+    pub fn arena_is_default(&self) -> bool {
+        self.arena_path == default_arena_path(&self.socket, &self.instance)
+    }
+
+    /// The control socket's group, when one is configured.
+    pub fn socket_gid(&self) -> Result<Option<u32>, ConfigError> {
+        if self.socket_group.is_empty() {
+            return Ok(None);
+        }
+        resolve_group(&self.socket_group).map(Some)
+    }
+
+    /// Who the control socket serves: the daemon's uid, root, `allow_uids`, and members of
+    /// `allow_gids` and `socket_group`.
+    pub fn peers(&self) -> crate::admin::security::PeerPolicy {
+        let mut gids = self.allow_gids.clone();
+        if let Ok(Some(g)) = self.socket_gid() {
+            gids.push(g);
+        }
+        crate::admin::security::PeerPolicy::owner_and_root(&self.allow_uids, &gids)
     }
 
     pub fn tiers(&self) -> TiersConfig {
         TiersConfig {
             arena_path: self.arena_path.clone(),
             arena_bytes: self.arena_bytes,
+            slot_bytes: self.slot_bytes,
             pool_bytes: self.pool_bytes,
             max_pages: self.max_pages,
             max_wait: Duration::from_millis(self.max_wait_ms),
@@ -362,5 +498,45 @@ mod tests {
         assert!(old.unwrap_err().to_string().contains("device"));
         let printed = toml::to_string(&DaemonConfig::default()).unwrap();
         assert!(printed.contains("events_encoding = \"vllm\""), "{printed}");
+    }
+
+    #[test]
+    fn the_default_arena_follows_the_socket_and_instance_and_security_keys_are_checked() {
+        let at = |socket: &str, instance: &str| {
+            let mut flags = vec![("socket".to_string(), socket.to_string())];
+            if !instance.is_empty() {
+                flags.push(("instance".into(), instance.into()));
+            }
+            DaemonConfig::load(None, Vec::new(), &flags).unwrap().arena_path
+        };
+        assert_ne!(at("/a/kvtier.sock", ""), at("/b/kvtier.sock", ""));
+        assert_eq!(at("/a/kvtier.sock", ""), at("/a/other.sock", ""));
+        assert!(at("/a/kvtier.sock", "prod-1").ends_with("prod-1/arena"));
+        // An explicit arena path is kept as given.
+        let flags = vec![("arena_path".to_string(), "/x/arena".to_string())];
+        assert_eq!(
+            DaemonConfig::load(None, Vec::new(), &flags).unwrap().arena_path,
+            PathBuf::from("/x/arena")
+        );
+        let set = |k: &str, v: &str| DaemonConfig::load(None, Vec::new(), &[(k.to_string(), v.to_string())]);
+        assert!(set("instance", "../up").is_err());
+        assert!(set("socket_mode", "0o1777").is_err());
+        assert_eq!(set("socket_mode", "0o660").unwrap().socket_mode, 0o660);
+        assert_eq!(set("socket_group", "0").unwrap().socket_gid().unwrap(), Some(0));
+        assert_eq!(set("socket_group", "root").unwrap().socket_gid().unwrap(), Some(0));
+        let e = set("socket_group", "no-such-group-kvtier").unwrap_err().to_string();
+        assert!(e.contains("no-such-group-kvtier"), "{e}");
+        let c = DaemonConfig::load(
+            None,
+            vec![("KVTIER_ALLOW_UIDS".to_string(), "[1001, 1002]".to_string())],
+            &[],
+        )
+        .unwrap();
+        let p = c.peers();
+        assert!(p.uids.contains(&1001) && p.uids.contains(&1002) && p.uids.contains(&0));
+        assert!(
+            set("slot_bytes", &(2u64 << 30).to_string()).is_err(),
+            "larger than the arena"
+        );
     }
 }

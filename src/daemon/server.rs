@@ -22,6 +22,7 @@ use tokio_util::codec::Encoder;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admin::security::PeerPolicy;
 use crate::protocol::{ErrorCode, FrameCodec, Outgoing, Response};
 
 use super::connection::{self, Shared};
@@ -53,6 +54,19 @@ pub async fn run(
     shared: Arc<Shared>,
     tick: Duration,
 ) -> std::io::Result<()> {
+    run_with(listener, shutdown, shared, tick, PeerPolicy::owner_and_root(&[], &[])).await
+}
+
+/// [`run`], serving only peers that `peers` allows (`SO_PEERCRED`, checked at accept,
+/// before a byte is read): others get a `bad_request` error frame naming their uid and
+/// are closed. The file mode of the socket is only the first fence; this is the second.
+pub async fn run_with(
+    listener: UnixListener,
+    shutdown: CancellationToken,
+    shared: Arc<Shared>,
+    tick: Duration,
+    peers: PeerPolicy,
+) -> std::io::Result<()> {
     let tasks = TaskTracker::new();
     tasks.spawn(upkeep::run(shared.clone(), tick, shutdown.clone()));
     loop {
@@ -62,7 +76,13 @@ pub async fn run(
             a = listener.accept() => a,
         };
         match accepted {
-            Ok((stream, _)) => admit(stream, &shared, &shutdown, &tasks),
+            Ok((stream, _)) => match peers.check(&stream) {
+                Ok(_) => admit(stream, &shared, &shutdown, &tasks),
+                Err(why) => {
+                    tracing::warn!(%why, "control: refused a peer not on the allowlist");
+                    refuse(&stream, ErrorCode::BadRequest, &format!("peer not allowed: {why}"));
+                }
+            },
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -104,24 +124,30 @@ impl Drop for Admitted {
     }
 }
 
+/// Answers a connection with one error frame and drops it (closing it).
+fn refuse(stream: &UnixStream, code: ErrorCode, message: &str) {
+    let refusal = Response::error(code, message);
+    let mut out = bytes::BytesMut::new();
+    if FrameCodec::new(0)
+        .encode(Outgoing::Response(0, &refusal), &mut out)
+        .is_ok()
+    {
+        // A fresh socket's send buffer takes a small frame whole; if it does not, the
+        // refusal is the close itself. Never waits.
+        let _ = stream.try_write(&out);
+    }
+}
+
 fn admit(stream: UnixStream, shared: &Arc<Shared>, shutdown: &CancellationToken, tasks: &TaskTracker) {
     let n = shared.connections.fetch_add(1, Ordering::SeqCst);
     let admitted = Admitted(shared.clone());
     if n as usize >= shared.limits.max_connections {
         drop(admitted);
-        let refusal = Response::error(
+        refuse(
+            &stream,
             ErrorCode::TooManyConnections,
             "the daemon serves its maximum number of connections",
         );
-        let mut out = bytes::BytesMut::new();
-        if FrameCodec::new(0)
-            .encode(Outgoing::Response(0, &refusal), &mut out)
-            .is_ok()
-        {
-            // A fresh socket's send buffer takes a small frame whole; if it does not,
-            // the refusal is the close itself. Never waits.
-            let _ = stream.try_write(&out);
-        }
         return;
     }
     let (shared, shutdown) = (shared.clone(), shutdown.clone());

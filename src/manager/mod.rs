@@ -41,7 +41,7 @@ pub use config::{ManagerConfig, PoolConfig, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
 pub use queues::Advice;
-pub use stats::{COPY_BUCKETS_S, CopyLatency, Stats, StatsSnapshot, TierStats};
+pub use stats::{COPY_BUCKETS_S, CopyLatency, RECOVERY_REASONS, Stats, StatsSnapshot, TierStats};
 
 use crate::clock::Clock;
 use crate::directory::{Directory, DirectoryError, PrefixHit};

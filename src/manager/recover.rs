@@ -27,17 +27,42 @@ impl Manager {
     }
 
     /// Maps the existing arena file at the configured path, keeping its bytes, with every
-    /// slot free until pages are adopted. Must run before the first namespace is
-    /// registered (which would otherwise create a fresh, empty arena).
-    pub fn open_existing_arena(&self, slot_bytes: u64) -> Result<Arc<HostArena>, ManagerError> {
+    /// slot free until pages are adopted. The file is fitted to the configured size
+    /// (`host_bytes`): returns the arena and how many bytes the file held before, so the
+    /// caller knows which slots were cut off or read as zeros. Must run before the first
+    /// namespace is registered (which would otherwise create a fresh, empty arena).
+    pub fn open_existing_arena(&self, slot_bytes: u64) -> Result<(Arc<HostArena>, u64), ManagerError> {
         let _guard = self.init_lock();
         if self.inner.arena.get().is_some() {
             return Err(ManagerError::Config("the host arena is already open".into()));
         }
         let cfg = &self.inner.cfg;
-        let arena = Arc::new(HostArena::open(&cfg.host_path, slot_bytes, &cfg.arena)?);
+        let r = HostArena::reopen(&cfg.host_path, cfg.host_bytes, slot_bytes, &cfg.arena)?;
+        let arena = Arc::new(r.arena);
+        let _ = self.inner.arena.set(arena.clone());
+        Ok((arena, r.found_bytes))
+    }
+
+    /// Creates a fresh, empty arena with slots of `slot_bytes` (rounded up to 64) before any
+    /// namespace is registered, so the slot size is configuration rather than whatever the
+    /// first layout needs. A later layout whose objects do not fit is refused with
+    /// [`ManagerError::SlotTooSmall`].
+    pub fn create_arena(&self, slot_bytes: u64) -> Result<Arc<HostArena>, ManagerError> {
+        let _guard = self.init_lock();
+        if self.inner.arena.get().is_some() {
+            return Err(ManagerError::Config("the host arena is already open".into()));
+        }
+        let cfg = &self.inner.cfg;
+        let slot = slot_bytes.div_ceil(64) * 64;
+        let arena = Arc::new(HostArena::create(&cfg.host_path, cfg.host_bytes, slot, &cfg.arena)?);
         let _ = self.inner.arena.set(arena.clone());
         Ok(arena)
+    }
+
+    /// Counts what a start-up recovery found, for operators (`/metrics`): `counts` in
+    /// [`crate::manager::RECOVERY_REASONS`] order.
+    pub fn record_recovery(&self, counts: [u64; crate::manager::RECOVERY_REASONS.len()]) {
+        self.inner.stats.recovered(counts);
     }
 
     /// Runs `f` over a page complete on host: each object's slot and bytes, in canonical
@@ -118,8 +143,11 @@ mod tests {
         let slot = layout.max_object_bytes().div_ceil(64) * 64;
         // A first life writes the arena file.
         std::fs::write(&cfg.host_path, vec![7u8; 1 << 20]).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cfg.host_path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let m = Manager::new(cfg, SimClock::new()).unwrap();
-        let arena = m.open_existing_arena(slot).unwrap();
+        let (arena, found) = m.open_existing_arena(slot).unwrap();
+        assert_eq!(found, 1 << 20);
         assert!(m.open_existing_arena(slot).is_err());
         let ns = m.register_namespace(Namespace::model("m"), layout).unwrap();
         assert_eq!(m.namespaces()[0].1, Namespace::model("m"));

@@ -23,7 +23,21 @@ pub struct Stats {
     hints: [[AtomicU64; 4]; 5],
     evictions: [AtomicU64; 3],
     copies: [[Histogram; 3]; 3],
+    /// What the daemon's start-up recovery kept and dropped, by [`RECOVERY_REASONS`].
+    recovery: [AtomicU64; RECOVERY_REASONS.len()],
 }
+
+/// Labels of the recovery counters: pages recovered, pages discarded (failed checksum,
+/// incomplete, outside the configured arena), manifest records skipped, and manifests
+/// that were not manifests at all.
+pub const RECOVERY_REASONS: [&str; 6] = [
+    "recovered",
+    "corrupt",
+    "incomplete",
+    "outside_arena",
+    "bad_manifest_record",
+    "garbage_manifest",
+];
 
 /// Upper bounds (seconds) of the copy latency histogram's buckets; a last `+Inf` bucket
 /// is implied.
@@ -80,6 +94,13 @@ impl Stats {
             HintOutcome::Ignored { .. } => 3,
         };
         self.hints[kind as usize][o].fetch_add(1, Relaxed);
+    }
+
+    /// Adds what a recovery found (`counts` in [`RECOVERY_REASONS`] order).
+    pub(crate) fn recovered(&self, counts: [u64; RECOVERY_REASONS.len()]) {
+        for (c, n) in self.recovery.iter().zip(counts) {
+            c.fetch_add(n, Relaxed);
+        }
     }
 
     pub(crate) fn evicted(&self, tier: TierKind) {
@@ -159,6 +180,7 @@ impl Stats {
             })
             .collect();
         StatsSnapshot {
+            recovery: std::array::from_fn(|i| self.recovery[i].load(Relaxed)),
             lookups: self.lookups.load(Relaxed),
             looked_up_pages: self.looked_up_pages.load(Relaxed),
             hit_pages: TierKind::ALL.map(|t| self.hit_pages[t.index()].load(Relaxed)),
@@ -291,6 +313,8 @@ pub struct StatsSnapshot {
     pub leased_pages: u64,
     pub deferred_hints: u64,
     pub event_seq: u64,
+    /// Start-up recovery counts, in [`RECOVERY_REASONS`] order.
+    pub recovery: [u64; RECOVERY_REASONS.len()],
 }
 
 impl StatsSnapshot {

@@ -7,6 +7,7 @@
 //! memory where the system allows it (when it does not, that is reported, not fatal).
 
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,16 @@ pub enum ArenaError {
     BadSlot(u32),
     #[error("{len} bytes do not fit a slot of {slot_bytes} bytes")]
     WrongSize { len: usize, slot_bytes: usize },
+    #[error(transparent)]
+    Private(#[from] super::private::PrivateError),
+}
+
+/// An arena the daemon reopened after a restart ([`HostArena::reopen`]).
+#[derive(Debug)]
+pub struct Reopened {
+    pub arena: HostArena,
+    /// The file's length before it was fitted to the configured size.
+    pub found_bytes: u64,
 }
 
 /// How the mapping went, for logs and `bench`.
@@ -78,8 +89,10 @@ pub struct HostArena {
 }
 
 impl HostArena {
-    /// Creates (or truncates) the file at `path` with room for as many `slot_bytes` slots
-    /// as fit in `capacity` bytes, and maps it.
+    /// Creates the file at `path` afresh (private: `0600`, `O_EXCL`; whatever was at the
+    /// path, a symlink included, is removed first and never followed) with room for as
+    /// many `slot_bytes` slots as fit in `capacity` bytes, and maps it. A process that
+    /// still maps an old file at the path keeps its own, untouched.
     pub fn create(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Self, ArenaError> {
         if slot_bytes == 0 || !slot_bytes.is_multiple_of(64) {
             return Err(ArenaError::SlotSize(slot_bytes));
@@ -93,15 +106,38 @@ impl HostArena {
             source,
         };
         let start = Instant::now();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map_err(io)?;
+        let file = super::private::replace(path)?;
         file.set_len(slots * slot_bytes).map_err(io)?;
         Self::map(path, file, slot_bytes as usize, slots as u32, opts, start)
+    }
+
+    /// Reopens the daemon's own arena file after a restart, keeping its bytes, fitted to
+    /// the configured `capacity`: the file must be a private file of the daemon's uid
+    /// (never followed through a symlink), and is cut or extended to as many `slot_bytes`
+    /// slots as fit in `capacity`. Slots past the old end read as zeros (a truncated file);
+    /// slots past the new end are gone. `found_bytes` says what the file held, so the
+    /// caller can tell what did not fit.
+    pub fn reopen(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Reopened, ArenaError> {
+        if slot_bytes == 0 || !slot_bytes.is_multiple_of(64) {
+            return Err(ArenaError::SlotSize(slot_bytes));
+        }
+        let slots = (capacity / slot_bytes).min(u32::MAX as u64 - 1);
+        if slots == 0 {
+            return Err(ArenaError::TooSmall { capacity, slot_bytes });
+        }
+        let io = |source| ArenaError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let start = Instant::now();
+        let file = super::private::open_existing(path, true)?
+            .ok_or_else(|| io(std::io::Error::from(std::io::ErrorKind::NotFound)))?;
+        let found_bytes = file.metadata().map_err(io)?.len();
+        if found_bytes != slots * slot_bytes {
+            file.set_len(slots * slot_bytes).map_err(io)?;
+        }
+        let arena = Self::map(path, file, slot_bytes as usize, slots as u32, opts, start)?;
+        Ok(Reopened { arena, found_bytes })
     }
 
     /// Maps an existing arena file (the daemon after a restart, or an engine process).
@@ -114,7 +150,13 @@ impl HostArena {
             path: path.to_owned(),
             source,
         };
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io)?;
+        // Never through a symlink: an engine maps what the daemon created, nothing else.
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         let slots = len / slot_bytes;
         if slots == 0 {

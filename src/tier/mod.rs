@@ -10,6 +10,7 @@ pub mod cuda;
 mod cuda_batch;
 pub mod device;
 pub mod host;
+pub mod private;
 pub mod tensors;
 
 use serde::{Deserialize, Serialize};

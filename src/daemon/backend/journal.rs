@@ -43,6 +43,19 @@ pub(super) struct Recovered {
     pub pages: u64,
     pub corrupt: u64,
     pub incomplete: u64,
+    /// Pages in slots the configured arena no longer has, or whose file was too short,
+    /// or every page of an arena whose slot size changed.
+    pub outside: u64,
+    /// Manifest records skipped as unreadable.
+    pub bad_records: u64,
+    /// The manifest was not a manifest at all.
+    pub garbage: bool,
+}
+
+impl Recovered {
+    pub fn discarded(&self) -> u64 {
+        self.corrupt + self.incomplete + self.outside
+    }
 }
 
 impl Journal {
@@ -162,26 +175,64 @@ impl Journal {
         Ok(())
     }
 
-    /// Replays the manifest at `self.path` into `mgr`: reopens the arena, re-registers
-    /// namespaces, verifies and adopts pages, and starts a compacted manifest.
-    pub fn recover(&mut self, mgr: &Manager, arena_path: &Path) -> Result<Recovered, BackendError> {
+    /// Replays the manifest at `self.path` into `mgr`: reopens the arena fitted to the
+    /// configured size, re-registers namespaces, verifies and adopts pages, and starts a
+    /// compacted manifest. With `slot_bytes` configured (non-zero) and different from the
+    /// manifest's, nothing is adopted: every recorded page is discarded and counted, and
+    /// the caller creates a fresh arena.
+    pub fn recover(&mut self, mgr: &Manager, arena_path: &Path, slot_bytes: u64) -> Result<Recovered, BackendError> {
         let mut found = Recovered::default();
         let Some(replay) = Manifest::replay(&self.path)? else {
             return Ok(found);
         };
+        found.bad_records = replay.bad_records;
+        if replay.garbage {
+            found.garbage = true;
+            tracing::warn!(manifest = %self.path.display(), "the manifest is not a kvtier manifest; nothing recovered");
+            return Ok(found);
+        }
+        if replay.bad_records > 0 {
+            tracing::warn!(
+                manifest = %self.path.display(),
+                records = replay.bad_records,
+                bytes = replay.skipped_bytes,
+                "manifest records failed their checks and were skipped; the others were read"
+            );
+        }
+        let recorded_pages = || {
+            let pages: std::collections::HashSet<_> = replay.objects.values().map(|o| (o.ns, o.hash)).collect();
+            pages.len() as u64
+        };
         if !arena_path.exists() || replay.slot_bytes == 0 || !replay.slot_bytes.is_multiple_of(64) {
             return Ok(found);
         }
-        if replay.torn_tail {
-            tracing::warn!(manifest = %self.path.display(), "manifest ends in a torn record; later records ignored");
+        if slot_bytes != 0 && slot_bytes.div_ceil(64) * 64 != replay.slot_bytes {
+            found.outside = recorded_pages();
+            tracing::warn!(
+                configured = slot_bytes,
+                manifest = replay.slot_bytes,
+                discarded = found.outside,
+                "the configured slot size differs from the arena's; starting a fresh arena"
+            );
+            return Ok(found);
         }
-        let arena = match mgr.open_existing_arena(replay.slot_bytes) {
+        let (arena, found_bytes) = match mgr.open_existing_arena(replay.slot_bytes) {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(error = %e, "the arena cannot be reopened; starting empty");
+                found.outside = recorded_pages();
                 return Ok(found);
             }
         };
+        // Slots at or past this index were cut off or read as zeros (a short file).
+        let kept = (found_bytes / replay.slot_bytes).min(arena.slots() as u64);
+        if found_bytes != arena.len_bytes() {
+            tracing::warn!(
+                file_bytes = found_bytes,
+                arena_bytes = arena.len_bytes(),
+                "the arena file did not have the configured size; it was fitted, and pages in slots past its old end are discarded"
+            );
+        }
         let mut ids = HashMap::new();
         for (old, ns, spec) in &replay.namespaces {
             let registered = spec
@@ -207,6 +258,10 @@ impl Journal {
         }
         let mut corrupt = Vec::new();
         for ((ns, hash), recs) in pages {
+            if recs.iter().any(|r| r.slot as u64 >= kept) {
+                found.outside += 1;
+                continue;
+            }
             match Self::verify(mgr, &arena, ns, &recs) {
                 Some(slots) if mgr.adopt_host_page(ns, &hash, &slots).is_ok() => {
                     self.live.insert((ns, hash), recs);
@@ -224,6 +279,8 @@ impl Journal {
             recovered = found.pages,
             corrupt = found.corrupt,
             incomplete = found.incomplete,
+            outside = found.outside,
+            bad_records = found.bad_records,
             "host arena recovered from manifest"
         );
         if !corrupt.is_empty() {

@@ -26,6 +26,7 @@ use crate::protocol::{
 };
 use crate::tier::TierKind;
 use crate::tier::host::{ArenaOptions, SlotId};
+use crate::tier::private::{self, OwnerLock};
 
 use super::journal::{Journal, Recovered};
 use super::manifest::ObjectRecord;
@@ -39,6 +40,8 @@ pub struct TiersConfig {
     /// (`.pool`).
     pub arena_path: PathBuf,
     pub arena_bytes: u64,
+    /// Slot size of the host arena; 0 sizes slots by the first layout registered.
+    pub slot_bytes: u64,
     /// Local pool size; 0 runs without a pool.
     pub pool_bytes: u64,
     pub max_pages: usize,
@@ -65,10 +68,19 @@ pub struct ManagedTiers {
     stores: Mutex<HashMap<u64, StoreInfo>>,
     tickets: Tickets,
     recovered: Recovered,
+    /// Held for the backend's whole life: no second daemon opens this arena meanwhile.
+    owner: OwnerLock,
 }
 
 impl ManagedTiers {
+    /// Opens the tiers: checks the arena's directory ([`private::trusted_dir`]: created
+    /// `0700`, never writable by others; the daemon makes its default one strictly
+    /// private before this), takes the arena's owner lock
+    /// (refusing, with the holder's pid, when another daemon has it), recovers the arena
+    /// from its manifest when asked, and creates it with the configured slot size.
     pub fn open(cfg: TiersConfig, clock: Arc<dyn Clock>) -> Result<Self, BackendError> {
+        private::trusted_dir(private::parent_of(&cfg.arena_path))?;
+        let owner = OwnerLock::acquire(&cfg.arena_path)?;
         let mut pool_path = cfg.arena_path.clone().into_os_string();
         pool_path.push(".pool");
         let mcfg = ManagerConfig {
@@ -90,11 +102,23 @@ impl ManagedTiers {
         let mgr = Manager::new(mcfg, clock)?;
         let mut journal = Journal::new(cfg.arena_path.with_extension("manifest"));
         let recovered = if cfg.recover {
-            journal.recover(&mgr, &cfg.arena_path)?
+            journal.recover(&mgr, &cfg.arena_path, cfg.slot_bytes)?
         } else {
             Recovered::default()
         };
+        mgr.record_recovery([
+            recovered.pages,
+            recovered.corrupt,
+            recovered.incomplete,
+            recovered.outside,
+            recovered.bad_records,
+            recovered.garbage as u64,
+        ]);
+        if cfg.slot_bytes != 0 && mgr.arena().is_none() {
+            mgr.create_arena(cfg.slot_bytes)?;
+        }
         Ok(Self {
+            owner,
             mgr,
             journal: Mutex::new(journal),
             stores: Mutex::new(HashMap::new()),
@@ -106,6 +130,18 @@ impl ManagedTiers {
 
     pub fn manager(&self) -> &Manager {
         &self.mgr
+    }
+
+    /// The owner lock's file (beside the arena).
+    pub fn lock_path(&self) -> &std::path::Path {
+        self.owner.path()
+    }
+
+    /// What recovery found at start: (pages recovered, pages discarded, manifest records
+    /// skipped, whether the manifest was garbage).
+    pub fn recovery(&self) -> (u64, u64, u64, bool) {
+        let r = &self.recovered;
+        (r.pages, r.discarded(), r.bad_records, r.garbage)
     }
 
     pub fn manifest_path(&self) -> PathBuf {
@@ -410,7 +446,7 @@ impl Backend for ManagedTiers {
             open_grants: s.open_grants,
             connections: 0,
             recovered_pages: self.recovered.pages,
-            discarded_pages: self.recovered.corrupt + self.recovered.incomplete,
+            discarded_pages: self.recovered.discarded(),
         }
     }
 

@@ -39,6 +39,8 @@ pub enum BackendError {
     FlagCount { grant: u64, pages: usize, flags: usize },
     #[error("the host arena has no free slot, even after eviction")]
     NoSpace,
+    #[error(transparent)]
+    Private(#[from] crate::tier::private::PrivateError),
     #[error("manifest {path}: {source}")]
     Manifest {
         path: String,

@@ -14,6 +14,7 @@ fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
     TiersConfig {
         arena_path: dir.join("arena"),
         arena_bytes: 4096,
+        slot_bytes: 0,
         pool_bytes: 0,
         max_pages: 1024,
         max_wait: Duration::from_millis(200),

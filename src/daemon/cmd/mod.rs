@@ -121,7 +121,7 @@ pub(crate) fn error_response(e: &BackendError) -> Response {
         BackendError::UnknownGrant(_) => ErrorCode::UnknownGrant,
         BackendError::FlagCount { .. } => ErrorCode::BadRequest,
         BackendError::NoSpace => ErrorCode::NoSpace,
-        BackendError::Manifest { .. } => ErrorCode::Internal,
+        BackendError::Manifest { .. } | BackendError::Private(_) => ErrorCode::Internal,
     };
     Response::error(code, e.to_string())
 }

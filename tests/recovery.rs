@@ -1,0 +1,194 @@
+//! Issue 15's recovery cases, through real `kvtier serve` processes: the slot size is
+//! configuration (never the first connector's layout), `arena_bytes` holds across a
+//! restart and a truncated arena is detected, and the manifest is read record by record
+//! with each discard counted in `/metrics`.
+
+mod common;
+#[path = "security/serve.rs"]
+mod serve;
+
+use common::{hashes, small_spec};
+use kvtier::client::ClientError;
+use kvtier::layout::LayoutSpec;
+use kvtier::page::PageHash;
+use kvtier::protocol::ErrorCode;
+use serve::*;
+
+#[test]
+fn slot_size_is_configuration_not_the_first_layouts() {
+    let dir = tempdir();
+    let arena = dir.path().join("state/arena");
+    let base = ["--arena-path", arena.to_str().unwrap(), "--arena-bytes", "4194304"];
+    let tiny = small_spec();
+    let fits = LayoutSpec::mha(8, 4, 16, 2, 4);
+    let big = LayoutSpec::mha(16, 4, 16, 2, 4);
+    let size = |l: &LayoutSpec| l.clone().build().unwrap().max_object_bytes();
+    assert_eq!((size(&tiny), size(&fits), size(&big)), (128, 4096, 8192));
+
+    let mut d = serve(dir.path(), "s", &[&base[..], &["--set", "slot_bytes=4096"]].concat()).ready();
+    // The tiny layout connects first; it does not decide the slot size.
+    let c = d.client("tiny", tiny.clone()).unwrap();
+    assert_eq!(c.arena().unwrap().slot_bytes, 4096);
+    let f = d.client("fits", fits.clone()).unwrap();
+    let hs = hashes(900, 8);
+    store(&f, &fits, &hs, 9);
+    assert_eq!(load_verified(&f, &fits, &hs, 9), 8);
+    match d.client("big", big.clone()) {
+        Err(ClientError::Remote(e)) => {
+            assert_eq!(e.code, ErrorCode::BadLayout);
+            assert!(
+                e.message.contains("8192") && e.message.contains("4096"),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("a layout over the slot size must be refused: {:?}", other.err()),
+    }
+    drop((c, f));
+    d.stop(libc::SIGTERM);
+    // A restart with a larger configured size serves the larger layout.
+    let d = serve(dir.path(), "s", &[&base[..], &["--set", "slot_bytes=8192"]].concat()).ready();
+    let b = d.client("big", big.clone()).unwrap();
+    assert_eq!(b.arena().unwrap().slot_bytes, 8192);
+    store(&b, &big, &hs, 10);
+    assert_eq!(load_verified(&b, &big, &hs, 10), 8);
+    assert!(d.log().contains("differs from the arena's"), "{}", d.log());
+}
+
+#[test]
+fn arena_bytes_is_honoured_on_recovery_and_a_truncated_arena_is_detected() {
+    let dir = tempdir();
+    let arena = dir.path().join("state/arena");
+    let start = |bytes: u64| {
+        let b = bytes.to_string();
+        serve(
+            dir.path(),
+            "r",
+            &[
+                "--arena-path",
+                arena.to_str().unwrap(),
+                "--arena-bytes",
+                &b,
+                "--set",
+                "slot_bytes=65536",
+            ],
+        )
+        .ready()
+    };
+    // 2 MiB: 32 slots of 64 KiB; 15 pages of two objects fill 30, below the watermark.
+    let mut d = start(2 << 20);
+    let c = d.client("r", small_spec()).unwrap();
+    let hs = hashes(40, 15);
+    store(&c, &small_spec(), &hs, 5);
+    d.stop(libc::SIGKILL);
+
+    // Restarted at 1 MiB: the old 2 MiB file is not adopted as it is.
+    let mut d = start(1 << 20);
+    assert_eq!(std::fs::metadata(&arena).unwrap().len(), 1 << 20);
+    let s = c.stats().unwrap();
+    assert_eq!(
+        s.arena_slots, 16,
+        "the banner and the arena agree on the configured size"
+    );
+    assert!(
+        d.banner().contains("1 MiB in 16 slots of 65536 bytes"),
+        "{}",
+        d.banner()
+    );
+    // Pages take slots from 0 up, two a page: the first 8 pages fit, 7 were cut off.
+    assert_eq!((s.recovered_pages, s.discarded_pages), (8, 7));
+    assert_eq!(c.lookup(&hs).unwrap().host, 8);
+    assert_eq!(load_verified(&c, &small_spec(), &hs, 5), 8);
+    d.stop(libc::SIGKILL);
+
+    // Truncated behind the daemon's back to 8 slots: detected, not served as zeros.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&arena)
+        .unwrap()
+        .set_len(512 << 10)
+        .unwrap();
+    let _d = start(1 << 20);
+    assert_eq!(std::fs::metadata(&arena).unwrap().len(), 1 << 20);
+    let s = c.stats().unwrap();
+    assert_eq!((s.arena_slots, s.recovered_pages, s.discarded_pages), (16, 4, 4));
+    assert_eq!(load_verified(&c, &small_spec(), &hs, 5), 4);
+    assert!(_d.log().contains("did not have the configured size"), "{}", _d.log());
+}
+
+/// The object records of a `KVTMANI2` manifest: (offset of the body, body length).
+fn object_records(bytes: &[u8]) -> Vec<(usize, usize)> {
+    assert_eq!(&bytes[..8], b"KVTMANI2");
+    let mut at = 16;
+    let mut out = Vec::new();
+    while at + 16 <= bytes.len() {
+        assert_eq!(&bytes[at..at + 4], b"KVR2");
+        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        if bytes[at + 16] == 2 {
+            out.push((at + 16, len));
+        }
+        at += 16 + len;
+    }
+    out
+}
+
+#[test]
+fn a_bad_manifest_record_costs_that_record_only_and_garbage_is_reported() {
+    let dir = tempdir();
+    let arena = dir.path().join("state/arena");
+    let manifest = dir.path().join("state/arena.manifest");
+    let start = || {
+        serve(
+            dir.path(),
+            "m",
+            &["--arena-path", arena.to_str().unwrap(), "--arena-bytes", "4194304"],
+        )
+        .ready()
+    };
+    let mut d = start();
+    let c = d.client("m", small_spec()).unwrap();
+    let hs = hashes(3000, 40);
+    store(&c, &small_spec(), &hs, 7);
+    d.stop(libc::SIGTERM); // compacts: one record per object
+
+    let mut bytes = std::fs::read(&manifest).unwrap();
+    let objects = object_records(&bytes);
+    assert_eq!(objects.len(), 80, "40 pages of two objects");
+    let (body, len) = objects[21];
+    bytes[body + len - 1] ^= 0x5a; // a record in the middle, its checksum no longer holds
+    std::fs::write(&manifest, &bytes).unwrap();
+
+    let mut d = start();
+    let s = c.stats().unwrap();
+    assert_eq!(
+        (s.recovered_pages, s.discarded_pages),
+        (39, 1),
+        "one bad record costs one page"
+    );
+    let on_host: Vec<&PageHash> = hs.iter().filter(|h| c.lookup(&[**h]).unwrap().host == 1).collect();
+    assert_eq!(on_host.len(), 39);
+    for h in on_host {
+        assert_eq!(load_verified(&c, &small_spec(), &[*h], 7), 1);
+    }
+    assert!(d.log().contains("manifest records failed their checks"), "{}", d.log());
+    let metrics = d.admin_get("/metrics");
+    assert!(
+        metrics.contains("kvtier_recovery_total{reason=\"bad_manifest_record\"} 1")
+            && metrics.contains("kvtier_recovery_total{reason=\"recovered\"} 39")
+            && metrics.contains("kvtier_recovery_total{reason=\"incomplete\"} 1"),
+        "{metrics}"
+    );
+    d.stop(libc::SIGTERM);
+
+    // A manifest that is not one at all is reported, not taken for an empty one.
+    std::fs::write(&manifest, vec![0xa5u8; 4096]).unwrap();
+    let d = start();
+    assert_eq!(c.stats().unwrap().recovered_pages, 0);
+    assert!(d.log().contains("not a kvtier manifest"), "{}", d.log());
+    assert!(d.banner().contains("manifest unreadable"), "{}", d.banner());
+    let metrics = d.admin_get("/metrics");
+    assert!(
+        metrics.contains("kvtier_recovery_total{reason=\"garbage_manifest\"} 1"),
+        "{metrics}"
+    );
+}
