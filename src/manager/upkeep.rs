@@ -110,6 +110,7 @@ impl Manager {
     pub fn tick(&self) -> Result<(), ManagerError> {
         let now = self.inner.clock.now_ms();
         self.expire(now);
+        self.expire_protection();
         self.sync_pool_evictions();
         // Host watermark.
         if let Some(arena) = self.arena() {
@@ -194,14 +195,18 @@ impl Manager {
         if reclaim == 0 {
             return;
         }
-        let cands = self.candidates(TierKind::Pool, |_, _, _| true);
-        let per_page = match cands.first() {
-            Some((_, i)) => self.layout(i.ns).map_or(1, |l| l.object_count()),
-            None => return,
-        };
+        // Victims from the pool's eviction lists: a read-only walk of O(victims) under the
+        // read lock, re-checked under the write lock below.
         let slot_kib = self.arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
-        let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
-        let victims = select_victims(cands, pages, |_| false);
+        let victims = {
+            let st = self.read();
+            let Some(&head) = st.dir.victims(TierKind::Pool, 1, |_| false).first() else {
+                return;
+            };
+            let per_page = st.dir.layout(st.dir.info(head).ns).map_or(1, |l| l.object_count());
+            let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
+            st.dir.victims(TierKind::Pool, pages, |_| false)
+        };
         // Reserve: under the write lock, pages still live and still evictable.
         let mut removing = Vec::new();
         {
