@@ -97,6 +97,24 @@ impl Lists {
         self.len += 1;
     }
 
+    /// Puts slot `i` (not linked) at the head of bucket `b`: the next victim of it.
+    pub fn push_front(&mut self, i: u32, b: u16) {
+        self.ensure(i as usize + 1);
+        let bi = b as usize;
+        let h = self.head[bi];
+        self.prev[i as usize] = NIL;
+        self.next[i as usize] = h;
+        if h == NIL {
+            self.tail[bi] = i;
+            self.nonempty[bi / 64] |= 1 << (bi % 64);
+        } else {
+            self.prev[h as usize] = i;
+        }
+        self.head[bi] = i;
+        self.bucket[i as usize] = b;
+        self.len += 1;
+    }
+
     /// Takes slot `i` out of its list, if it is in one.
     pub fn unlink(&mut self, i: u32) {
         let Some(b) = self.bucket_of(i) else { return };
@@ -255,6 +273,12 @@ mod tests {
         l.push_back(5, bucket(false, 0));
         l.unlink(2);
         assert_eq!(l.iter().collect::<Vec<_>>(), vec![1, 9, 7, 5]);
+        l.unlink(7);
+        l.push_front(7, bucket(false, 0));
+        assert_eq!(l.iter().collect::<Vec<_>>(), vec![1, 9, 7, 5]);
+        l.unlink(5);
+        l.push_front(5, bucket(false, 0));
+        assert_eq!(l.iter().collect::<Vec<_>>(), vec![1, 9, 5, 7]);
         assert_eq!(l.len(), 4);
         for i in [1, 9, 7, 5] {
             l.unlink(i);

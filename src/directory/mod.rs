@@ -43,6 +43,17 @@ fn listed(tier: TierKind) -> Option<usize> {
     LISTED.iter().position(|&t| t == tier)
 }
 
+/// Where [`Directory::relink`] puts a page in its bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// Leave it where it is if its bucket did not change; else at the tail.
+    Keep,
+    /// At the tail (most recently used).
+    Tail,
+    /// At the head (next victim).
+    Head,
+}
+
 /// A page's eviction class, set by the session policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EvictClass {
@@ -478,7 +489,7 @@ impl Directory {
 
     pub fn set_retain(&mut self, id: PageId, priority: i8) {
         self.records[id.0 as usize].retain = priority;
-        self.relink(id, false);
+        self.relink(id, Place::Keep);
     }
 
     /// Records the session that last touched the page. Its class follows the session's
@@ -499,8 +510,9 @@ impl Directory {
     /// session's later pages start there. O(pages of the session), no scan.
     pub fn set_session_idle(&mut self, session: u32, idle: bool) {
         self.note_session_idle(session, idle);
-        for i in self.by_session.pages(session) {
-            self.set_idle_bit(PageId(i), idle);
+        // Least recently used first, so the class they enter keeps their recency order.
+        for id in self.session_pages(session) {
+            self.set_idle_bit(id, idle);
         }
     }
 
@@ -531,9 +543,12 @@ impl Directory {
         self.idle_sessions.remove(&session);
     }
 
-    /// Pages whose session is `session`: O(pages of the session).
+    /// Pages whose session is `session`, least recently used first: O(k log k) for the
+    /// session's k pages, no scan.
     pub fn session_pages(&self, session: u32) -> Vec<PageId> {
-        self.by_session.pages(session).into_iter().map(PageId).collect()
+        let mut pages = self.by_session.pages(session);
+        pages.sort_by_key(|&i| self.records[i as usize].last_access);
+        pages.into_iter().map(PageId).collect()
     }
 
     fn set_idle_bit(&mut self, id: PageId, idle: bool) {
@@ -541,7 +556,7 @@ impl Directory {
         let was = rec.class & CLASS_IDLE != 0;
         if was != idle {
             rec.class ^= CLASS_IDLE;
-            self.relink(id, false);
+            self.relink(id, Place::Keep);
         }
     }
 
@@ -561,7 +576,7 @@ impl Directory {
         if self.records[id.0 as usize].class & CLASS_PROTECTED == 0 {
             self.protected.remove(&id.0);
         }
-        self.relink(id, false);
+        self.relink(id, Place::Keep);
     }
 
     /// Whether the page is protected from eviction.
@@ -576,10 +591,14 @@ impl Directory {
 
     /// Ends protection early (the page was loaded).
     pub fn unprotect(&mut self, id: PageId) {
+        self.end_protection(id, Place::Keep);
+    }
+
+    fn end_protection(&mut self, id: PageId, place: Place) {
         if self.records[id.0 as usize].class & CLASS_PROTECTED != 0 {
             self.records[id.0 as usize].class &= !CLASS_PROTECTED;
             self.protected.remove(&id.0);
-            self.relink(id, false);
+            self.relink(id, place);
         }
     }
 
@@ -589,7 +608,8 @@ impl Directory {
         self.protect_heap.peek().map(|Reverse((at, _))| *at)
     }
 
-    /// Ends the protections due at `now_ms`. Returns how many pages it released.
+    /// Ends the protections due at `now_ms`: each page goes to the head of its bucket
+    /// (staged, never loaded: the first to go). Returns how many pages it released.
     pub fn expire_protection(&mut self, now_ms: u64) -> usize {
         let mut n = 0;
         while let Some(&Reverse((at, i))) = self.protect_heap.peek() {
@@ -598,7 +618,8 @@ impl Directory {
             }
             self.protect_heap.pop();
             if self.protected.get(&i) == Some(&at) {
-                self.unprotect(PageId(i));
+                // Staged and never loaded within the TTL: the coldest page of its bucket.
+                self.end_protection(PageId(i), Place::Head);
                 n += 1;
             }
         }
@@ -623,13 +644,14 @@ impl Directory {
             rec.hits = rec.hits.saturating_add(1);
             self.unprotect(id);
         }
-        self.relink(id, true);
+        self.relink(id, Place::Tail);
     }
 
     /// Puts the page in the lists where it belongs now: linked in a listed tier iff live,
-    /// complete there, not pinned there, not in flight anywhere and not protected. With
-    /// `to_tail`, a page already in the right bucket moves to its tail (an access).
-    fn relink(&mut self, id: PageId, to_tail: bool) {
+    /// complete there, not pinned there, not in flight anywhere and not protected. A page
+    /// that changes bucket enters at the tail, or where `place` says; `Tail` and `Head`
+    /// move it even when its bucket stays (an access; a protection that ran out).
+    fn relink(&mut self, id: PageId, place: Place) {
         let i = id.0;
         let rec = self.records[i as usize];
         let live = self.live.get(i as usize).copied().unwrap_or(false);
@@ -641,12 +663,14 @@ impl Directory {
                 && rec.class & CLASS_PROTECTED == 0;
             let want = evictable.then(|| evict::bucket(rec.class & CLASS_IDLE != 0, rec.retain));
             let have = self.lists[k].bucket_of(i);
-            if want == have && !(to_tail && want.is_some()) {
+            if want == have && (place == Place::Keep || want.is_none()) {
                 continue;
             }
             self.lists[k].unlink(i);
-            if let Some(b) = want {
-                self.lists[k].push_back(i, b);
+            match (want, place) {
+                (Some(b), Place::Head) => self.lists[k].push_front(i, b),
+                (Some(b), _) => self.lists[k].push_back(i, b),
+                (None, _) => {}
             }
         }
     }
@@ -720,7 +744,7 @@ impl Directory {
     /// Frees the record of a page that has no state left (e.g. one found by
     /// `find_or_insert` and then not used). Its `PageId` is invalid afterwards.
     pub fn release_if_empty(&mut self, id: PageId) {
-        self.relink(id, false);
+        self.relink(id, Place::Keep);
         let rec = self.records[id.0 as usize];
         if !rec.is_empty() || !self.live[id.0 as usize] {
             return;
@@ -733,7 +757,7 @@ impl Directory {
         self.records[id.0 as usize].session = 0;
         self.records[id.0 as usize].class = 0;
         self.protected.remove(&id.0);
-        self.relink(id, false);
+        self.relink(id, Place::Keep);
     }
 
     /// Drops every page of `tier` at once and emits a single `cleared` event.

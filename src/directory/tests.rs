@@ -306,8 +306,9 @@ proptest! {
         let mut m = [EvModel::default(); 10];
         let mut idle_sessions = [false; 4];
         // (bucket, entered) per page and listed tier, as the model sees it.
-        let mut at: [[Option<((bool, i8), u64)>; 2]; 10] = [[None; 2]; 10];
-        let mut clock = 0u64;
+        let mut at: [[Option<((bool, i8), i64)>; 2]; 10] = [[None; 2]; 10];
+        let mut expired = [false; 10];
+        let mut clock = 0i64;
         for op in ops {
             let mut touched = None;
             match op {
@@ -371,9 +372,10 @@ proptest! {
                 }
                 EvOp::Expire { now } => {
                     d.expire_protection(now as u64);
-                    for p in m.iter_mut() {
+                    for (i, p) in m.iter_mut().enumerate() {
                         if p.protected_until.is_some_and(|u| u <= now) {
                             p.protected_until = None;
+                            expired[i] = true;
                         }
                     }
                 }
@@ -391,6 +393,8 @@ proptest! {
                     *p = EvModel::default();
                 }
             }
+            let expired_now = std::mem::take(&mut expired);
+            let expired = expired_now;
             // Pages that change bucket in one call share a time: their order among
             // themselves is the call's (expiry order, a session's list), not the model's.
             clock += 1;
@@ -400,7 +404,10 @@ proptest! {
                     let want = (p.complete[t] && !p.pinned[t] && !p.inflight && p.protected_until.is_none())
                         .then_some((!p.idle, p.retain));
                     let have = at[i][k].map(|(b, _)| b);
-                    if want != have || (want.is_some() && touched == Some(i)) {
+                    if expired[i] && want.is_some() {
+                        // A protection that ran out: at the head of the bucket.
+                        at[i][k] = want.map(|b| (b, -clock));
+                    } else if want != have || (want.is_some() && touched == Some(i)) {
                         at[i][k] = want.map(|b| (b, clock));
                     }
                 }
@@ -413,7 +420,7 @@ proptest! {
                 got_set.sort();
                 let want: Vec<usize> = (0..10).filter(|&i| at[i][k].is_some()).collect();
                 prop_assert_eq!(&got_set, &want, "{:?} set", tier);
-                let keys: Vec<((bool, i8), u64)> = got.iter().map(|&i| at[i][k].unwrap()).collect();
+                let keys: Vec<((bool, i8), i64)> = got.iter().map(|&i| at[i][k].unwrap()).collect();
                 prop_assert!(keys.windows(2).all(|w| w[0] <= w[1]), "{:?} order {:?}", tier, keys);
                 prop_assert_eq!(d.evictable(tier), want.len());
                 // Skipping pages steps over them and keeps the order.
@@ -440,11 +447,11 @@ fn a_protected_page_is_not_a_victim_until_its_ttl_or_a_load() {
     assert_eq!((d.protected_pages(), d.next_protection_expiry()), (2, Some(50)));
     assert_eq!(d.expire_protection(49), 0);
     assert_eq!(d.expire_protection(50), 1);
-    // Back at the tail of its bucket: it entered it last.
-    assert_eq!(d.victims(TierKind::Host, 3, |_| false), vec![ids[2], ids[1]]);
-    // A load (a hit) ends protection before the TTL.
+    // Staged and never loaded: at the head of its bucket, the next victim.
+    assert_eq!(d.victims(TierKind::Host, 3, |_| false), vec![ids[1], ids[2]]);
+    // A load (a hit) ends protection before the TTL, and is an access: at the tail.
     d.touch(ids[0], true);
-    assert_eq!(d.victims(TierKind::Host, 3, |_| false), vec![ids[2], ids[1], ids[0]]);
+    assert_eq!(d.victims(TierKind::Host, 3, |_| false), vec![ids[1], ids[2], ids[0]]);
     assert_eq!(d.protected_pages(), 0);
     assert_eq!(d.expire_protection(1_000), 0, "the stale heap entry ends nothing");
     // Idle sessions' pages go first, whatever their recency.

@@ -29,6 +29,8 @@ mod timers;
 mod upkeep;
 
 #[cfg(test)]
+mod evict_tests;
+#[cfg(test)]
 mod split_tests;
 #[cfg(test)]
 mod tests;
