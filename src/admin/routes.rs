@@ -127,7 +127,9 @@ impl From<ManagerError> for ApiError {
 
 fn status(ctx: &AdminState) -> Value {
     let stats = ctx.manager.stats();
+    let (held, bytes) = ctx.manager.session_table_size();
     json!({
+        "sessions": {"held": held, "max": ctx.manager.tunables().max_sessions, "table_bytes": bytes},
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": ctx.started.elapsed().as_secs_f64(),
         "tiers": stats.tiers,
