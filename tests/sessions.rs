@@ -61,15 +61,24 @@ impl Serve {
     }
 
     fn client(&self, instance: &str) -> Client {
-        let cfg = ClientConfig::new(self.dir.join("kvtier.sock"), identity(instance, 0, 0, 1, 1), small_spec())
-            .with_timeout(Duration::from_secs(30));
+        let cfg = ClientConfig::new(
+            self.dir.join("kvtier.sock"),
+            identity(instance, 0, 0, 1, 1),
+            small_spec(),
+        )
+        .with_timeout(Duration::from_secs(30));
         Client::connect(cfg).unwrap()
     }
 
     fn get(&self, path: &str) -> Value {
-        let answer =
-            kvtier::cli::client::request(&self.dir.join("admin.sock"), "GET", path, None, Some(Duration::from_secs(30)))
-                .unwrap();
+        let answer = kvtier::cli::client::request(
+            &self.dir.join("admin.sock"),
+            "GET",
+            path,
+            None,
+            Some(Duration::from_secs(30)),
+        )
+        .unwrap();
         assert_eq!(answer.status, 200, "{path}");
         serde_json::from_slice(&answer.body().unwrap()).unwrap()
     }
@@ -109,7 +118,11 @@ fn a_million_ended_sessions_stay_within_the_table_bound() {
         .unwrap_or(1_000_000);
     // Warm the daemon up to a full table first, so the baseline includes its allocator's
     // steady state, then send the rest: growth past the baseline is what a leak adds.
-    assert!(total >= 2 * MAX_SESSIONS, "KVTIER_TEST_SESSIONS must be at least {}", 2 * MAX_SESSIONS);
+    assert!(
+        total >= 2 * MAX_SESSIONS,
+        "KVTIER_TEST_SESSIONS must be at least {}",
+        2 * MAX_SESSIONS
+    );
     let send = |from: usize, to: usize, threads: usize| {
         std::thread::scope(|s| {
             for t in 0..threads {
@@ -137,7 +150,8 @@ fn a_million_ended_sessions_stay_within_the_table_bound() {
         other => panic!("an over-long id was answered {other:?}"),
     }
     // Sorts after every long id, and frees the oldest ended session.
-    c.session("zz-after-the-bad-one", None, SessionPhase::Reasoning).unwrap();
+    c.session("zz-after-the-bad-one", None, SessionPhase::Reasoning)
+        .unwrap();
 
     let st = d.get("/v1/status");
     let held = st["sessions"]["held"].as_u64().unwrap() as usize;

@@ -80,7 +80,7 @@ fn store(dir: &mut Directory, ns: NamespaceId, i: usize) -> anyhow::Result<()> {
     let id = dir.find_or_insert(ns, &hash(i))?;
     dir.set_page(id, TierKind::Host, true);
     dir.set_session(id, (i % 97) as u32 + 1);
-    if i % 8 == 0 {
+    if i.is_multiple_of(8) {
         dir.set_retain(id, 1);
     }
     dir.touch(id, false);
@@ -151,7 +151,7 @@ pub fn measure(args: &EvictArgs) -> anyhow::Result<EvictReport> {
     let ns = dir.register(Namespace::model("bench"), layout)?;
     for i in 0..args.pages - BATCH {
         store(&mut dir, ns, i)?;
-        if i % 65_536 == 0 {
+        if i.is_multiple_of(65_536) {
             dir.drain_events();
         }
     }

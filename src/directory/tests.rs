@@ -282,6 +282,10 @@ fn ev_op() -> impl Strategy<Value = EvOp> {
     ]
 }
 
+/// Where the model puts a page in a tier's lists: (bucket as (busy, retain), when it
+/// entered; negative for a page put at the head).
+type Entered = ((bool, i8), i64);
+
 /// A plain model of one page's eviction facts.
 #[derive(Clone, Copy, Debug, Default)]
 struct EvModel {
@@ -306,7 +310,7 @@ proptest! {
         let mut m = [EvModel::default(); 10];
         let mut idle_sessions = [false; 4];
         // (bucket, entered) per page and listed tier, as the model sees it.
-        let mut at: [[Option<((bool, i8), i64)>; 2]; 10] = [[None; 2]; 10];
+        let mut at: [[Option<Entered>; 2]; 10] = [[None; 2]; 10];
         let mut expired = [false; 10];
         let mut clock = 0i64;
         for op in ops {
@@ -420,7 +424,7 @@ proptest! {
                 got_set.sort();
                 let want: Vec<usize> = (0..10).filter(|&i| at[i][k].is_some()).collect();
                 prop_assert_eq!(&got_set, &want, "{:?} set", tier);
-                let keys: Vec<((bool, i8), i64)> = got.iter().map(|&i| at[i][k].unwrap()).collect();
+                let keys: Vec<Entered> = got.iter().map(|&i| at[i][k].unwrap()).collect();
                 prop_assert!(keys.windows(2).all(|w| w[0] <= w[1]), "{:?} order {:?}", tier, keys);
                 prop_assert_eq!(d.evictable(tier), want.len());
                 // Skipping pages steps over them and keeps the order.

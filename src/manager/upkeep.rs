@@ -21,6 +21,9 @@ use crate::page::{NamespaceId, PageHash};
 use crate::policy::{Watermarks, select_victims};
 use crate::tier::TierKind;
 
+/// Pool victims marked per write lock.
+const POOL_EVICT_BATCH: usize = 64;
+
 /// A callback that wakes the upkeep task. It must return quickly and must not call back
 /// into the manager synchronously (it runs on the thread that crossed the watermark).
 pub type UpkeepWaker = Arc<dyn Fn() + Send + Sync>;
@@ -207,11 +210,20 @@ impl Manager {
             let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
             st.dir.victims(TierKind::Pool, pages, |_| false)
         };
-        // Reserve: under the write lock, pages still live and still evictable.
+        // A batch at a time, so the write lock is held for one batch's marks only.
+        for batch in victims.chunks(POOL_EVICT_BATCH) {
+            self.evict_pool_batch(pool.as_ref(), batch);
+        }
+    }
+
+    /// Reserve: under the write lock, pages still live and still evictable get their pool
+    /// objects marked absent and in flight. Remove with no lock held. Settle: clear the
+    /// in-flight marks.
+    fn evict_pool_batch(&self, pool: &dyn crate::pool::PoolBackend, victims: &[PageId]) {
         let mut removing = Vec::new();
         {
             let mut st = self.write();
-            for id in victims {
+            for &id in victims {
                 let info = st.dir.info(id);
                 let Ok(layout) = st.dir.layout(info.ns).cloned() else {
                     continue;
@@ -232,11 +244,9 @@ impl Manager {
                 self.inner.stats.evicted(TierKind::Pool);
             }
         }
-        // Remove, no lock held.
         for (_, _, key) in &removing {
             let _ = pool.remove(key, true);
         }
-        // Settle.
         let mut st = self.write();
         for (id, obj, _) in removing {
             let _ = st.dir.set_inflight(id, TierKind::Pool, obj, false);
