@@ -57,8 +57,8 @@ pub struct Tunables {
     /// When host pages are copied on to the pool. Default: write-back (on eviction).
     pub host_to_pool: WritePolicy,
     /// How long pages staged from the pool into host (a prefetch, a best-effort load) are
-    /// protected from eviction unless a load hits them first; 0 turns protection off.
-    /// Default: 5 000 ms.
+    /// protected from eviction unless a load hits them first; 0 turns protection off. At
+    /// most half of the host arena's pages are protected at once. Default: 5 000 ms.
     pub stage_protect_ms: u64,
     /// Most sessions the session table holds; a new one in a full table frees the oldest
     /// ended session first, then the one idle longest, then the oldest. Default: 65 536.

@@ -418,12 +418,14 @@ impl Manager {
             let mut pages: Vec<PageId> = moves.iter().map(|m| m.page).collect();
             pages.dedup();
             // Staged for a load: protected until the load hits it or the TTL ends, so the
-            // next eviction round does not drop what was just brought in.
+            // next eviction round does not drop what was just brought in. At most half of
+            // host is protected at once, so a huge prefetch cannot lock stores out.
             let until_ms = self.inner.clock.now_ms() + protect_ms;
+            let cap = arena.slots() as usize / (2 * count.max(1));
             for &p in &pages {
                 if st.dir.is_complete(p, TierKind::Host) {
                     staged += 1;
-                    if protect_ms > 0 {
+                    if protect_ms > 0 && st.dir.protected_pages() < cap {
                         st.dir.set_class(p, EvictClass::Protected { until_ms });
                     }
                 }
