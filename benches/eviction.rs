@@ -1,9 +1,11 @@
 //! Eviction victim selection: what the manager does when the host tier crosses its
-//! watermark: list the evictable pages, then pick a batch of 64 victims in eviction
-//! order (idle sessions first, then low retain priority, then least recently used).
+//! watermark: take a batch of 64 victims in eviction order (idle sessions first, then low
+//! retain priority, then least recently used).
 //!
-//! Two figures over 100,000 host pages: the whole step (`eviction_candidates` and
-//! `select_victims`), and `select_victims` alone on a prepared candidate list.
+//! Three figures over 100,000 host pages: the directory's lists (`victims`, what the
+//! manager runs), and for reference the scan it replaced (`eviction_candidates` and
+//! `select_victims`, which the replay still uses) and `select_victims` alone on a
+//! prepared candidate list.
 
 use std::hint::black_box;
 
@@ -26,11 +28,14 @@ fn bench(c: &mut Criterion) {
             let id = dir.find_or_insert(ns, &PageHash::from_u64(i)).expect("room");
             dir.set_page(id, TierKind::Host, true);
             // A spread of sessions and retain priorities, so every key field matters.
-            dir.set_session(id, (i % 97) as u32);
+            dir.set_session(id, (i % 97) as u32 + 1);
             dir.set_retain(id, (i % 5) as i8 - 2);
             id
         })
         .collect();
+    for s in (1..=97u32).filter(|s| s.is_multiple_of(3)) {
+        dir.set_session_idle(s, true);
+    }
     // Access times in a scrambled order (61,813 is prime, so the walk visits every page
     // once), so the candidate list is not already in LRU order.
     for j in 0..PAGES {
@@ -39,6 +44,13 @@ fn bench(c: &mut Criterion) {
     dir.drain_events();
     let idle = |s: u32| s.is_multiple_of(3);
     let mut g = c.benchmark_group("eviction");
+    g.bench_function("lists_64_of_100k", |b| {
+        b.iter(|| {
+            let v = dir.victims(TierKind::Host, VICTIMS, |_| false);
+            assert_eq!(v.len(), VICTIMS);
+            v
+        })
+    });
     g.bench_function("candidates_and_select_64_of_100k", |b| {
         b.iter(|| {
             let cands = dir.eviction_candidates(TierKind::Host);

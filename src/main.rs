@@ -41,6 +41,9 @@ enum Bench {
     Pool(kvtier::bench::pool::PoolBenchArgs),
     /// Page events per second delivered to and decoded by a live vLLM-format subscriber.
     Events(kvtier::bench::events::EventsBenchArgs),
+    /// Eviction per victim over a directory at its high watermark, and lookup latency
+    /// during eviction against idle.
+    Evict(kvtier::bench::evict::EvictArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -73,6 +76,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Control(a)) => kvtier::bench::control::run(a),
         Command::Bench(Bench::Pool(a)) => kvtier::bench::pool::run(a),
         Command::Bench(Bench::Events(a)) => kvtier::bench::events::run(a),
+        Command::Bench(Bench::Evict(a)) => kvtier::bench::evict::run(a),
         Command::Admin(cmd) => std::process::exit(kvtier::cli::run(cmd)?),
     }
 }

@@ -324,9 +324,9 @@ fn endpoints_limits_metrics_and_cli() {
     assert_eq!(kv(&["status", "--bogus"]).0, Some(64));
 
     // Without the daemon's view of sessions, the manager's own are listed.
-    let idle = m.session_index("agent-7");
+    let idle = m.session_index("agent-7").unwrap();
     m.set_session_idle(idle, true);
-    m.session_index("agent-2");
+    m.session_index("agent-2").unwrap();
     let plain_cfg = AdminConfig::at(dir.path().join("run/plain.sock"));
     let plain = start(&rt, plain_cfg, &m, Arc::new(admin::NoEngines));
     let none = json!(null);
@@ -340,10 +340,13 @@ fn endpoints_limits_metrics_and_cli() {
     assert_eq!(code, 200);
     assert_eq!(
         first,
-        json!({"sessions": [want["sessions"][0]], "truncated": true, "next_offset": 1, "total": 2})
+        json!({"sessions": [want["sessions"][0]], "truncated": true, "next_offset": 1, "next_after": "agent-2", "total": 2})
     );
     let rest = get(&plain.socket(), "/v1/sessions?offset=1&limit=1");
     assert_eq!(rest, (200, json!({"sessions": [want["sessions"][1]]})));
+    // By cursor: the same last page.
+    let by_cursor = get(&plain.socket(), "/v1/sessions?after=agent-2&limit=1");
+    assert_eq!(by_cursor, (200, json!({"sessions": [want["sessions"][1]]})));
     let (code, over) = get(&plain.socket(), "/v1/sessions?limit=10001");
     assert_eq!((code, over["code"].as_str()), (400, Some("bad_query")));
     assert_eq!(get(&plain.socket(), "/v1/status").1["engines"], json!([]));

@@ -5,7 +5,7 @@
 //! | --- | --- | --- |
 //! | GET | `/v1/status` | version, uptime, tiers, connected engines and ranks |
 //! | GET | `/v1/tiers` | per tier: capacity, used, complete/pinned/in-flight pages, evictions |
-//! | GET | `/v1/sessions?offset=<n>&limit=<n>` | sessions the daemon tracks, one page of them |
+//! | GET | `/v1/sessions?after=<id>&offset=<n>&limit=<n>` | sessions the daemon tracks, one page of them in id order |
 //! | GET | `/v1/pages?hash=<hex>` or `?prefix=<hex,hex,…>` | per-tier completeness, missing objects |
 //! | POST | `/v1/hints` | a JSON hint → its outcome, as on the engine path |
 //! | GET, PUT | `/v1/config` | the tunables; PUT changes only those, validated |
@@ -129,7 +129,9 @@ impl From<ManagerError> for ApiError {
 
 fn status(ctx: &AdminState) -> Value {
     let stats = ctx.manager.stats();
+    let (held, bytes) = ctx.manager.session_table_size();
     json!({
+        "sessions": {"held": held, "max": ctx.manager.tunables().max_sessions, "table_bytes": bytes},
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": ctx.started.elapsed().as_secs_f64(),
         "tiers": stats.tiers,
@@ -143,19 +145,48 @@ fn status(ctx: &AdminState) -> Value {
 }
 
 /// One page of the daemon's sessions, or of the manager's when the daemon reports none.
-/// `truncated` and `next_offset` appear only when sessions remain past this page, so a
-/// small node's answer is the bare `{"sessions": […]}` it always was.
+/// `truncated`, `next_offset`, `next_after` (the cursor for `after=`) and `total` appear
+/// only when sessions remain past this page, so a small node's answer is the bare
+/// `{"sessions": […]}` it always was. The manager's rows are copied out of the session
+/// table (only this page of them, by cursor) and rendered after its lock is let go.
 fn sessions(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> {
     let offset = count_param(req, "offset", 0, usize::MAX)?;
     let limit = count_param(req, "limit", SESSIONS_DEFAULT_LIMIT, SESSIONS_MAX_LIMIT)?;
-    let all = all_sessions(ctx);
-    let total = all.len();
-    let page: Vec<SessionInfo> = all.into_iter().skip(offset).take(limit).collect();
+    let after = req.param("after");
+    // One row past the page says whether more remain.
+    let from_daemon = ctx.engines.sessions();
+    let (mut page, total) = if from_daemon.is_empty() {
+        let (rows, total) = ctx.manager.sessions_page(after, offset, limit + 1);
+        let page: Vec<SessionInfo> = rows
+            .into_iter()
+            .map(|(session_id, idle, ended)| SessionInfo {
+                session_id,
+                parent_session_id: None,
+                phase: ended.then(|| "ended".to_owned()),
+                idle,
+                pages: None,
+            })
+            .collect();
+        (page, total)
+    } else {
+        let total = from_daemon.len();
+        let skip = after.map_or(0, |a| {
+            from_daemon.iter().take_while(|s| s.session_id.as_str() <= a).count()
+        });
+        let page: Vec<SessionInfo> = from_daemon.into_iter().skip(skip + offset).take(limit + 1).collect();
+        (page, total)
+    };
+    let more = page.len() > limit;
+    page.truncate(limit);
+    let next_after = page.last().map(|s| s.session_id.clone());
     let end = offset.saturating_add(page.len());
     let mut v = json!({ "sessions": page });
-    if end < total {
+    if more {
         v["truncated"] = json!(true);
-        v["next_offset"] = json!(end);
+        if after.is_none() {
+            v["next_offset"] = json!(end);
+        }
+        v["next_after"] = json!(next_after);
         v["total"] = json!(total);
     }
     Ok(v)
@@ -179,24 +210,6 @@ fn count_param(req: &Request, name: &str, default: usize, max: usize) -> Result<
             format!("{name} must be a non-negative integer"),
         )),
     }
-}
-
-fn all_sessions(ctx: &AdminState) -> Vec<SessionInfo> {
-    let from_daemon = ctx.engines.sessions();
-    if !from_daemon.is_empty() {
-        return from_daemon;
-    }
-    ctx.manager
-        .sessions()
-        .into_iter()
-        .map(|(session_id, idle)| SessionInfo {
-            session_id,
-            parent_session_id: None,
-            phase: None,
-            idle,
-            pages: None,
-        })
-        .collect()
 }
 
 fn namespace(req: &Request) -> Result<NamespaceId, ApiError> {

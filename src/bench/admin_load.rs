@@ -31,6 +31,9 @@ pub(crate) struct AdminLoad {
     pub idle_p99: f64,
     pub loaded_p50: f64,
     pub loaded_p99: f64,
+    /// The longest single lookup: what a render delayed a lookup by at worst.
+    pub idle_max: f64,
+    pub loaded_max: f64,
     pub renders_per_sec: f64,
 }
 
@@ -102,6 +105,8 @@ pub(crate) fn measure(
         idle_p99: percentile(&idle, 0.99),
         loaded_p50: percentile(&loaded, 0.5),
         loaded_p99: percentile(&loaded, 0.99),
+        idle_max: idle.last().copied().unwrap_or(0.0),
+        loaded_max: loaded.last().copied().unwrap_or(0.0),
         renders_per_sec: renders.load(Ordering::Relaxed) as f64 / loaded_secs.max(1e-9),
     })
 }

@@ -7,6 +7,7 @@ pub mod arena;
 pub mod control;
 pub mod daemon;
 pub mod events;
+pub mod evict;
 pub mod index;
 pub mod pool;
 pub mod transfer;

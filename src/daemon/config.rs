@@ -80,6 +80,15 @@ pub struct DaemonConfig {
     pub max_pin_ttl_ms: u64,
     /// Share of host slots pins may hold. Default: 0.25.
     pub pin_budget: f64,
+    /// How long pages staged from the pool (a prefetch, a best-effort load) are protected
+    /// from eviction unless a load takes them first, in ms; 0 turns it off. Default: 5000.
+    pub stage_protect_ms: u64,
+    /// Most sessions the daemon tracks; a new one in a full table frees the oldest ended
+    /// session first. Default: 65,536.
+    pub max_sessions: usize,
+    /// Longest session id in bytes; a longer one is refused with `bad_request`.
+    /// Default: 1024.
+    pub max_session_id_bytes: usize,
     /// Recover the arena from its manifest at start. Default: true.
     pub recover: bool,
     /// Lock the arena in memory (failure is reported, not fatal). Default: true.
@@ -237,6 +246,9 @@ impl Default for DaemonConfig {
             max_wait_ms: 5_000,
             max_pin_ttl_ms: 600_000,
             pin_budget: 0.25,
+            stage_protect_ms: 5_000,
+            max_sessions: crate::manager::DEFAULT_MAX_SESSIONS,
+            max_session_id_bytes: crate::manager::DEFAULT_MAX_ID_BYTES,
             recover: true,
             lock_arena: true,
             prefault: true,
@@ -335,6 +347,9 @@ impl DaemonConfig {
         if self.arena_bytes < 4096 {
             return bad("arena_bytes must be at least 4096");
         }
+        if self.max_sessions == 0 || self.max_session_id_bytes == 0 {
+            return bad("max_sessions and max_session_id_bytes must be at least 1");
+        }
         if self.max_connections == 0 || self.max_ranks == 0 {
             return bad("max_connections and max_ranks must be at least 1");
         }
@@ -414,6 +429,9 @@ impl DaemonConfig {
             tunables: Tunables {
                 max_pin_ttl_ms: self.max_pin_ttl_ms,
                 pin_budget: self.pin_budget,
+                stage_protect_ms: self.stage_protect_ms,
+                max_sessions: self.max_sessions,
+                max_session_id_bytes: self.max_session_id_bytes,
                 ..Tunables::default()
             },
         }

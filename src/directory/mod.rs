@@ -10,7 +10,11 @@
 //! addressing index, and side tables only for the rare pages that are partial or in flight.
 
 mod bitset;
+mod evict;
 pub(crate) mod index;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use serde::Serialize;
 
@@ -20,11 +24,48 @@ use crate::events::{PageEvent, PageEventKind};
 use crate::layout::Layout;
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::tier::TierKind;
+use evict::{Lists, SessionLists};
 use index::PageIndex;
 
 const ABSENT: u8 = 0;
 const PARTIAL: u8 = 1;
 const COMPLETE: u8 = 2;
+
+/// `PageRecord::class` bits.
+const CLASS_IDLE: u8 = 1;
+const CLASS_PROTECTED: u8 = 2;
+
+/// The tiers whose eviction order the directory keeps as lists (device memory belongs to
+/// the engine: kvtier only advises there, from a walk at upkeep).
+const LISTED: [TierKind; 2] = [TierKind::Host, TierKind::Pool];
+
+fn listed(tier: TierKind) -> Option<usize> {
+    LISTED.iter().position(|&t| t == tier)
+}
+
+/// Where [`Directory::relink`] puts a page in its bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// Leave it where it is if its bucket did not change; else at the tail.
+    Keep,
+    /// At the tail (most recently used).
+    Tail,
+    /// At the head (next victim).
+    Head,
+}
+
+/// A page's eviction class, set by the session policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictClass {
+    /// Ordered by retain priority and recency. Clears idle and protected.
+    Normal,
+    /// Its session is idle (paused, acting): evicted before every normal page. Clears
+    /// protection.
+    IdleSession,
+    /// Never evicted until `until_ms` (the manager's clock) passes or the page is hit by
+    /// a load; then back to the class it had (idle or normal).
+    Protected { until_ms: u64 },
+}
 
 /// Index of a page's record. Valid while the page has any state in any tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -92,6 +133,8 @@ struct PageRecord {
     session: u32,
     /// Logical access time for LRU ordering.
     last_access: u64,
+    /// Eviction class bits (`CLASS_*`); fits the record's padding, so it stays 56 bytes.
+    class: u8,
 }
 
 impl PageRecord {
@@ -138,6 +181,16 @@ pub struct Directory {
     access_clock: u64,
     now_ms: u64,
     max_pages: usize,
+    /// Eviction order of the listed tiers ([`LISTED`]).
+    lists: [Lists; 2],
+    /// Pages per session, so a session changing class touches only its pages.
+    by_session: SessionLists,
+    /// Sessions whose new pages start in the idle class.
+    idle_sessions: HashSet<u32>,
+    /// Protected pages and when their protection ends; the heap orders the expiries
+    /// (entries whose page was unprotected or reused are skipped when they come up).
+    protected: HashMap<u32, u64>,
+    protect_heap: BinaryHeap<Reverse<(u64, u32)>>,
 }
 
 impl Directory {
@@ -236,6 +289,7 @@ impl Directory {
             hits: 0,
             session: 0,
             last_access: 0,
+            class: 0,
         };
         let idx = match self.free.pop() {
             Some(i) => {
@@ -548,20 +602,229 @@ impl Directory {
 
     pub fn set_retain(&mut self, id: PageId, priority: i8) {
         self.records[id.0 as usize].retain = priority;
+        self.relink(id, Place::Keep);
     }
 
+    /// Records the session that last touched the page. Its class follows the session's
+    /// (idle when the session is, see [`Self::set_session_idle`]); protection stays.
     pub fn set_session(&mut self, id: PageId, session: u32) {
-        self.records[id.0 as usize].session = session;
+        let rec = &mut self.records[id.0 as usize];
+        let old = rec.session;
+        if old != session {
+            rec.session = session;
+            self.by_session.remove(old, id.0);
+            self.by_session.add(session, id.0);
+        }
+        let idle = session != 0 && self.idle_sessions.contains(&session);
+        self.set_idle_bit(id, idle);
     }
 
-    /// Records an access (for LRU) and, when `hit`, a hit.
+    /// Moves every page of `session` into the idle class (or out of it), and makes the
+    /// session's later pages start there. O(pages of the session), no scan.
+    pub fn set_session_idle(&mut self, session: u32, idle: bool) {
+        self.note_session_idle(session, idle);
+        // Least recently used first, so the class they enter keeps their recency order.
+        for id in self.session_pages(session) {
+            self.set_idle_bit(id, idle);
+        }
+    }
+
+    /// Makes `session`'s later pages start in the idle class (or not), leaving its
+    /// existing pages to [`Self::set_session_page_idle`] (a caller that works in chunks).
+    pub fn note_session_idle(&mut self, session: u32, idle: bool) {
+        if session == 0 {
+            return;
+        }
+        if idle {
+            self.idle_sessions.insert(session);
+        } else {
+            self.idle_sessions.remove(&session);
+        }
+    }
+
+    /// Moves one page into the idle class (or out), if it still belongs to `session`.
+    pub fn set_session_page_idle(&mut self, id: PageId, session: u32, idle: bool) {
+        if self.live.get(id.0 as usize) == Some(&true) && self.records[id.0 as usize].session == session {
+            self.set_idle_bit(id, idle);
+        }
+    }
+
+    /// Forgets `session` (it ended): its pages stay in the idle class, so they go first,
+    /// and the directory keeps nothing per ended session.
+    pub fn end_session(&mut self, session: u32) {
+        self.set_session_idle(session, true);
+        self.idle_sessions.remove(&session);
+    }
+
+    /// Pages whose session is `session`, least recently used first: O(k log k) for the
+    /// session's k pages, no scan.
+    pub fn session_pages(&self, session: u32) -> Vec<PageId> {
+        let mut pages = self.by_session.pages(session);
+        pages.sort_by_key(|&i| self.records[i as usize].last_access);
+        pages.into_iter().map(PageId).collect()
+    }
+
+    fn set_idle_bit(&mut self, id: PageId, idle: bool) {
+        let rec = &mut self.records[id.0 as usize];
+        let was = rec.class & CLASS_IDLE != 0;
+        if was != idle {
+            rec.class ^= CLASS_IDLE;
+            self.relink(id, Place::Keep);
+        }
+    }
+
+    /// Moves a page between eviction classes (the session policy's hook). O(1), plus
+    /// O(log n) to schedule a protection's end.
+    pub fn set_class(&mut self, id: PageId, class: EvictClass) {
+        let rec = &mut self.records[id.0 as usize];
+        match class {
+            EvictClass::Normal => rec.class = 0,
+            EvictClass::IdleSession => rec.class = CLASS_IDLE,
+            EvictClass::Protected { until_ms } => {
+                rec.class |= CLASS_PROTECTED;
+                self.protected.insert(id.0, until_ms);
+                self.protect_heap.push(Reverse((until_ms, id.0)));
+            }
+        }
+        if self.records[id.0 as usize].class & CLASS_PROTECTED == 0 {
+            self.protected.remove(&id.0);
+        }
+        self.relink(id, Place::Keep);
+    }
+
+    /// Whether the page is protected from eviction.
+    pub fn is_protected(&self, id: PageId) -> bool {
+        self.records[id.0 as usize].class & CLASS_PROTECTED != 0
+    }
+
+    /// Whether the page is in the idle-session class.
+    pub fn is_idle_class(&self, id: PageId) -> bool {
+        self.records[id.0 as usize].class & CLASS_IDLE != 0
+    }
+
+    /// Ends protection early (the page was loaded).
+    pub fn unprotect(&mut self, id: PageId) {
+        self.end_protection(id, Place::Keep);
+    }
+
+    fn end_protection(&mut self, id: PageId, place: Place) {
+        if self.records[id.0 as usize].class & CLASS_PROTECTED != 0 {
+            self.records[id.0 as usize].class &= !CLASS_PROTECTED;
+            self.protected.remove(&id.0);
+            self.relink(id, place);
+        }
+    }
+
+    /// When the next protection ends (manager clock), if any page is protected. Stale
+    /// entries may make this early, never late.
+    pub fn next_protection_expiry(&self) -> Option<u64> {
+        self.protect_heap.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Ends the protections due at `now_ms`: each page goes to the head of its bucket
+    /// (staged, never loaded: the first to go). Returns how many pages it released.
+    pub fn expire_protection(&mut self, now_ms: u64) -> usize {
+        let mut n = 0;
+        while let Some(&Reverse((at, i))) = self.protect_heap.peek() {
+            if at > now_ms {
+                break;
+            }
+            self.protect_heap.pop();
+            if self.protected.get(&i) == Some(&at) {
+                // Staged and never loaded within the TTL: the coldest page of its bucket.
+                self.end_protection(PageId(i), Place::Head);
+                n += 1;
+            }
+        }
+        if self.protected.is_empty() {
+            self.protect_heap.clear();
+        }
+        n
+    }
+
+    /// Protected pages now.
+    pub fn protected_pages(&self) -> usize {
+        self.protected.len()
+    }
+
+    /// Records an access (for LRU) and, when `hit`, a hit. A hit is a load: it ends the
+    /// page's protection. The page moves to the tail of its eviction bucket.
     pub fn touch(&mut self, id: PageId, hit: bool) {
         self.access_clock += 1;
         let rec = &mut self.records[id.0 as usize];
         rec.last_access = self.access_clock;
         if hit {
             rec.hits = rec.hits.saturating_add(1);
+            self.unprotect(id);
         }
+        self.relink(id, Place::Tail);
+    }
+
+    /// Puts the page in the lists where it belongs now: linked in a listed tier iff live,
+    /// complete there, not pinned there, not in flight anywhere and not protected. A page
+    /// that changes bucket enters at the tail, or where `place` says; `Tail` and `Head`
+    /// move it even when its bucket stays (an access; a protection that ran out).
+    fn relink(&mut self, id: PageId, place: Place) {
+        let i = id.0;
+        let rec = self.records[i as usize];
+        let live = self.live.get(i as usize).copied().unwrap_or(false);
+        for (k, &tier) in LISTED.iter().enumerate() {
+            let evictable = live
+                && rec.tier_state(tier) == COMPLETE
+                && rec.pinned & (1 << tier.index()) == 0
+                && rec.inflight == 0
+                && rec.class & CLASS_PROTECTED == 0;
+            let want = evictable.then(|| evict::bucket(rec.class & CLASS_IDLE != 0, rec.retain));
+            let have = self.lists[k].bucket_of(i);
+            if want == have && (place == Place::Keep || want.is_none()) {
+                continue;
+            }
+            self.lists[k].unlink(i);
+            match (want, place) {
+                (Some(b), Place::Head) => self.lists[k].push_front(i, b),
+                (Some(b), _) => self.lists[k].push_back(i, b),
+                (None, _) => {}
+            }
+        }
+    }
+
+    /// Up to `n` victims in `tier` in eviction order (idle sessions' pages, then low
+    /// retain, then least recently used), never pinned, in-flight or protected, skipping
+    /// pages for which `skip` holds (e.g. leased). For host and pool this follows the
+    /// lists: O(n + skipped), read-only, so it runs under a read lock; at most `n * 4 +
+    /// 1024` skipped pages are stepped over. Device pages are walked and sorted (advice).
+    pub fn victims(&self, tier: TierKind, n: usize, mut skip: impl FnMut(PageId) -> bool) -> Vec<PageId> {
+        if n == 0 {
+            return Vec::new();
+        }
+        let Some(k) = listed(tier) else {
+            let mut c = self.eviction_candidates(tier);
+            c.retain(|(id, _)| !self.is_protected(*id) && !skip(*id));
+            let key = |id: &PageId, i: &PageInfo| (!self.is_idle_class(*id), i.retain, i.last_access);
+            c.sort_unstable_by_key(|(id, i)| key(id, i));
+            return c.into_iter().take(n).map(|(id, _)| id).collect();
+        };
+        let mut budget = n * 4 + 1024;
+        let mut out = Vec::with_capacity(n);
+        for i in self.lists[k].iter() {
+            if out.len() == n {
+                break;
+            }
+            if skip(PageId(i)) {
+                if budget == 0 {
+                    break;
+                }
+                budget -= 1;
+                continue;
+            }
+            out.push(PageId(i));
+        }
+        out
+    }
+
+    /// Pages evictable in `tier` now (linked in its lists). O(1); host and pool only.
+    pub fn evictable(&self, tier: TierKind) -> usize {
+        listed(tier).map_or(0, |k| self.lists[k].len())
     }
 
     fn set_state(&mut self, id: PageId, tier: TierKind, s: u8) {
@@ -594,6 +857,7 @@ impl Directory {
     /// Frees the record of a page that has no state left (e.g. one found by
     /// `find_or_insert` and then not used). Its `PageId` is invalid afterwards.
     pub fn release_if_empty(&mut self, id: PageId) {
+        self.relink(id, Place::Keep);
         let rec = self.records[id.0 as usize];
         if !rec.is_empty() || !self.live[id.0 as usize] {
             return;
@@ -601,6 +865,12 @@ impl Directory {
         self.table.remove(rec.hash.table_hash(rec.ns), id.0);
         self.live[id.0 as usize] = false;
         self.free.push(id.0);
+        // A reused slot starts with no session, class or protection.
+        self.by_session.remove(rec.session, id.0);
+        self.records[id.0 as usize].session = 0;
+        self.records[id.0 as usize].class = 0;
+        self.protected.remove(&id.0);
+        self.relink(id, Place::Keep);
     }
 
     /// Drops every page of `tier` at once and emits a single `cleared` event.
@@ -742,7 +1012,8 @@ impl Directory {
                 .chain(self.inflight.values())
                 .map(ObjectSet::heap_bytes)
                 .sum::<usize>();
-        rec + table + side + self.free.capacity() * 4
+        let order = self.lists.iter().map(Lists::heap_bytes).sum::<usize>() + self.by_session.heap_bytes();
+        rec + table + side + self.free.capacity() * 4 + order
     }
 
     /// Size of the fixed per-page record.

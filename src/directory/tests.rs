@@ -316,3 +316,218 @@ proptest! {
         }
     }
 }
+
+#[derive(Clone, Debug)]
+enum EvOp {
+    StorePage { page: u8, tier: u8 },
+    Evict { page: u8, tier: u8 },
+    Inflight { page: u8, on: bool },
+    Pin { page: u8, tier: u8, on: bool },
+    Retain { page: u8, level: i8 },
+    Touch { page: u8, hit: bool },
+    Session { page: u8, session: u8 },
+    SessionIdle { session: u8, idle: bool },
+    Protect { page: u8, until: u8 },
+    Expire { now: u8 },
+}
+
+fn ev_op() -> impl Strategy<Value = EvOp> {
+    prop_oneof![
+        3 => (0u8..10, 0u8..3).prop_map(|(page, tier)| EvOp::StorePage { page, tier }),
+        1 => (0u8..10, 0u8..3).prop_map(|(page, tier)| EvOp::Evict { page, tier }),
+        1 => (0u8..10, any::<bool>()).prop_map(|(page, on)| EvOp::Inflight { page, on }),
+        1 => (0u8..10, 0u8..3, any::<bool>()).prop_map(|(page, tier, on)| EvOp::Pin { page, tier, on }),
+        1 => (0u8..10, -2i8..3).prop_map(|(page, level)| EvOp::Retain { page, level }),
+        2 => (0u8..10, any::<bool>()).prop_map(|(page, hit)| EvOp::Touch { page, hit }),
+        1 => (0u8..10, 0u8..4).prop_map(|(page, session)| EvOp::Session { page, session }),
+        1 => (1u8..4, any::<bool>()).prop_map(|(session, idle)| EvOp::SessionIdle { session, idle }),
+        1 => (0u8..10, 0u8..20).prop_map(|(page, until)| EvOp::Protect { page, until }),
+        1 => (0u8..20).prop_map(|now| EvOp::Expire { now }),
+    ]
+}
+
+/// Where the model puts a page in a tier's lists: (bucket as (busy, retain), when it
+/// entered; negative for a page put at the head).
+type Entered = ((bool, i8), i64);
+
+/// A plain model of one page's eviction facts.
+#[derive(Clone, Copy, Debug, Default)]
+struct EvModel {
+    complete: [bool; 3],
+    inflight: bool,
+    pinned: [bool; 3],
+    retain: i8,
+    session: u8,
+    idle: bool,
+    protected_until: Option<u8>,
+}
+
+proptest! {
+    /// The eviction lists against a model: for host and pool, `victims` yields exactly
+    /// the pages that are complete there, not pinned there, not in flight and not
+    /// protected, ordered by (idle class first, retain, then when the page entered its
+    /// bucket or was last touched), which is what the lists promise.
+    #[test]
+    fn eviction_lists_match_a_model(ops in proptest::collection::vec(ev_op(), 1..150)) {
+        let layout = LayoutSpec::mha(2, 2, 8, 2, 4).build().unwrap();
+        let (mut d, ns) = dir_with(layout);
+        let mut m = [EvModel::default(); 10];
+        let mut idle_sessions = [false; 4];
+        // (bucket, entered) per page and listed tier, as the model sees it.
+        let mut at: [[Option<Entered>; 2]; 10] = [[None; 2]; 10];
+        let mut expired = [false; 10];
+        let mut clock = 0i64;
+        for op in ops {
+            let mut touched = None;
+            match op {
+                EvOp::StorePage { page, tier } => {
+                    let id = d.find_or_insert(ns, &PageHash::from_u64(page as u64)).unwrap();
+                    d.set_page(id, TierKind::from_index(tier as usize).unwrap(), true);
+                    m[page as usize].complete[tier as usize] = true;
+                }
+                EvOp::Evict { page, tier } => {
+                    if let Some(id) = d.find(ns, &PageHash::from_u64(page as u64)) {
+                        d.set_page(id, TierKind::from_index(tier as usize).unwrap(), false);
+                        m[page as usize].complete[tier as usize] = false;
+                    }
+                }
+                EvOp::Inflight { page, on } => {
+                    let id = d.find_or_insert(ns, &PageHash::from_u64(page as u64)).unwrap();
+                    d.set_inflight(id, TierKind::Device, 0, on).unwrap();
+                    m[page as usize].inflight = on;
+                }
+                EvOp::Pin { page, tier, on } => {
+                    if let Some(id) = d.find(ns, &PageHash::from_u64(page as u64)) {
+                        d.set_pinned(id, TierKind::from_index(tier as usize).unwrap(), on);
+                        m[page as usize].pinned[tier as usize] = on;
+                    }
+                }
+                EvOp::Retain { page, level } => {
+                    if let Some(id) = d.find(ns, &PageHash::from_u64(page as u64)) {
+                        d.set_retain(id, level);
+                        m[page as usize].retain = level;
+                    }
+                }
+                EvOp::Touch { page, hit } => {
+                    if let Some(id) = d.find(ns, &PageHash::from_u64(page as u64)) {
+                        d.touch(id, hit);
+                        if hit {
+                            m[page as usize].protected_until = None;
+                        }
+                        touched = Some(page as usize);
+                    }
+                }
+                EvOp::Session { page, session } => {
+                    if let Some(id) = d.find(ns, &PageHash::from_u64(page as u64)) {
+                        d.set_session(id, session as u32);
+                        let p = &mut m[page as usize];
+                        p.session = session;
+                        p.idle = session != 0 && idle_sessions[session as usize];
+                    }
+                }
+                EvOp::SessionIdle { session, idle } => {
+                    d.set_session_idle(session as u32, idle);
+                    idle_sessions[session as usize] = idle;
+                    for p in m.iter_mut().filter(|p| p.session == session) {
+                        p.idle = idle;
+                    }
+                }
+                EvOp::Protect { page, until } => {
+                    if let Some(id) = d.find(ns, &PageHash::from_u64(page as u64)) {
+                        d.set_class(id, EvictClass::Protected { until_ms: until as u64 });
+                        m[page as usize].protected_until = Some(until);
+                    }
+                }
+                EvOp::Expire { now } => {
+                    d.expire_protection(now as u64);
+                    for (i, p) in m.iter_mut().enumerate() {
+                        if p.protected_until.is_some_and(|u| u <= now) {
+                            p.protected_until = None;
+                            expired[i] = true;
+                        }
+                    }
+                }
+            }
+            // A page with no state left is released, and with it its session and class.
+            for (i, p) in m.iter_mut().enumerate() {
+                let live = p.complete.iter().any(|&c| c) || p.inflight || p.pinned.iter().any(|&c| c);
+                if live {
+                    continue;
+                }
+                if let Some(id) = d.find(ns, &PageHash::from_u64(i as u64)) {
+                    d.release_if_empty(id);
+                }
+                if d.find(ns, &PageHash::from_u64(i as u64)).is_none() {
+                    *p = EvModel::default();
+                }
+            }
+            let expired_now = std::mem::take(&mut expired);
+            let expired = expired_now;
+            // Pages that change bucket in one call share a time: their order among
+            // themselves is the call's (expiry order, a session's list), not the model's.
+            clock += 1;
+            for (k, tier) in [TierKind::Host, TierKind::Pool].into_iter().enumerate() {
+                for (i, p) in m.iter().enumerate() {
+                    let t = tier.index();
+                    let want = (p.complete[t] && !p.pinned[t] && !p.inflight && p.protected_until.is_none())
+                        .then_some((!p.idle, p.retain));
+                    let have = at[i][k].map(|(b, _)| b);
+                    if expired[i] && want.is_some() {
+                        // A protection that ran out: at the head of the bucket.
+                        at[i][k] = want.map(|b| (b, -clock));
+                    } else if want != have || (want.is_some() && touched == Some(i)) {
+                        at[i][k] = want.map(|b| (b, clock));
+                    }
+                }
+                let got: Vec<usize> = d
+                    .victims(tier, 100, |_| false)
+                    .into_iter()
+                    .map(|id| (0..10).find(|&i| d.info(id).hash == PageHash::from_u64(i as u64)).unwrap())
+                    .collect();
+                let mut got_set = got.clone();
+                got_set.sort();
+                let want: Vec<usize> = (0..10).filter(|&i| at[i][k].is_some()).collect();
+                prop_assert_eq!(&got_set, &want, "{:?} set", tier);
+                let keys: Vec<Entered> = got.iter().map(|&i| at[i][k].unwrap()).collect();
+                prop_assert!(keys.windows(2).all(|w| w[0] <= w[1]), "{:?} order {:?}", tier, keys);
+                prop_assert_eq!(d.evictable(tier), want.len());
+                // Skipping pages steps over them and keeps the order.
+                let skip_first = d.victims(tier, 100, |id| Some(id) == d.victims(tier, 1, |_| false).first().copied());
+                prop_assert_eq!(skip_first.len(), want.len().saturating_sub(1));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_protected_page_is_not_a_victim_until_its_ttl_or_a_load() {
+    let (mut d, ns) = dir_with(LayoutSpec::mha(2, 2, 8, 2, 4).build().unwrap());
+    let ids: Vec<PageId> = (0..3)
+        .map(|i| {
+            let id = d.find_or_insert(ns, &PageHash::from_u64(i)).unwrap();
+            d.set_page(id, TierKind::Host, true);
+            id
+        })
+        .collect();
+    d.set_class(ids[0], EvictClass::Protected { until_ms: 100 });
+    d.set_class(ids[1], EvictClass::Protected { until_ms: 50 });
+    assert_eq!(d.victims(TierKind::Host, 3, |_| false), vec![ids[2]]);
+    assert_eq!((d.protected_pages(), d.next_protection_expiry()), (2, Some(50)));
+    assert_eq!(d.expire_protection(49), 0);
+    assert_eq!(d.expire_protection(50), 1);
+    // Staged and never loaded: at the head of its bucket, the next victim.
+    assert_eq!(d.victims(TierKind::Host, 3, |_| false), vec![ids[1], ids[2]]);
+    // A load (a hit) ends protection before the TTL, and is an access: at the tail.
+    d.touch(ids[0], true);
+    assert_eq!(d.victims(TierKind::Host, 3, |_| false), vec![ids[1], ids[2], ids[0]]);
+    assert_eq!(d.protected_pages(), 0);
+    assert_eq!(d.expire_protection(1_000), 0, "the stale heap entry ends nothing");
+    // Idle sessions' pages go first, whatever their recency.
+    d.set_session(ids[0], 9);
+    d.set_session_idle(9, true);
+    assert_eq!(d.victims(TierKind::Host, 1, |_| false), vec![ids[0]]);
+    assert_eq!(d.session_pages(9), vec![ids[0]]);
+    d.end_session(9);
+    assert!(d.is_idle_class(ids[0]), "an ended session's pages stay first");
+    assert_eq!(Directory::record_bytes(), 56);
+}

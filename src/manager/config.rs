@@ -56,6 +56,15 @@ pub struct Tunables {
     pub max_pin_ttl_ms: u64,
     /// When host pages are copied on to the pool. Default: write-back (on eviction).
     pub host_to_pool: WritePolicy,
+    /// How long pages staged from the pool into host (a prefetch, a best-effort load) are
+    /// protected from eviction unless a load hits them first; 0 turns protection off. At
+    /// most half of the host arena's pages are protected at once. Default: 5 000 ms.
+    pub stage_protect_ms: u64,
+    /// Most sessions the session table holds; a new one in a full table frees the oldest
+    /// ended session first, then the one idle longest, then the oldest. Default: 65 536.
+    pub max_sessions: usize,
+    /// Longest session id in bytes; longer ids are refused. Default: 1 024.
+    pub max_session_id_bytes: usize,
 }
 
 impl Default for Tunables {
@@ -67,6 +76,9 @@ impl Default for Tunables {
             pin_budget: 0.25,
             max_pin_ttl_ms: 600_000,
             host_to_pool: WritePolicy::WriteBack,
+            stage_protect_ms: 5_000,
+            max_sessions: super::sessions::DEFAULT_MAX_SESSIONS,
+            max_session_id_bytes: super::sessions::DEFAULT_MAX_ID_BYTES,
         }
     }
 }
@@ -81,6 +93,11 @@ impl Tunables {
                 "pin_budget {} is not in 0..=1",
                 self.pin_budget
             )));
+        }
+        if self.max_sessions == 0 || self.max_session_id_bytes == 0 {
+            return Err(ManagerError::Config(
+                "max_sessions and max_session_id_bytes must be positive".into(),
+            ));
         }
         if self.max_pin_ttl_ms == 0 {
             return Err(ManagerError::Config("max_pin_ttl_ms must be positive".into()));

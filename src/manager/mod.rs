@@ -29,6 +29,8 @@ mod timers;
 mod upkeep;
 
 #[cfg(test)]
+mod evict_tests;
+#[cfg(test)]
 mod split_tests;
 #[cfg(test)]
 mod tests;
@@ -60,6 +62,7 @@ use grants::GrantTable;
 use locks::{Ordered, Rank};
 use queues::Queues;
 use sessions::Sessions;
+pub use sessions::{DEFAULT_MAX_ID_BYTES, DEFAULT_MAX_SESSIONS, SessionError};
 use state::DirState;
 use timers::Timers;
 use upkeep::Upkeep;
@@ -86,6 +89,8 @@ pub enum ManagerError {
     Hint(#[from] HintError),
     #[error(transparent)]
     Ticket(#[from] TicketError),
+    #[error(transparent)]
+    Session(#[from] SessionError),
     #[error("a batch of {got} pages exceeds the maximum of {max}")]
     BatchTooLarge { got: usize, max: usize },
     #[error("{hashes} hashes but {slots} device slots")]
@@ -346,21 +351,84 @@ impl Manager {
         }))
     }
 
-    /// The index pages of session `id` carry, interned on first use (never 0).
-    pub fn session_index(&self, id: &str) -> u32 {
-        self.sessions_table().intern(id)
+    /// The index pages of session `id` carry, interned on first use (never 0). An id
+    /// over `max_session_id_bytes` is refused; a new session in a full table frees the
+    /// oldest ended one first.
+    pub fn session_index(&self, id: &str) -> Result<u32, ManagerError> {
+        let tun = self.tunables();
+        let mut t = self.sessions_table();
+        t.set_limits(tun.max_sessions, tun.max_session_id_bytes);
+        Ok(t.intern(id)?)
     }
 
     /// Sessions the manager has interned, sorted by id, each with whether it is idle.
-    /// Reads only the session table.
+    /// Reads only the session table; copies every row (tests, small tables). Renders use
+    /// [`Manager::sessions_page`].
     pub fn sessions(&self) -> Vec<(String, bool)> {
         self.sessions_table().list()
     }
 
+    /// One page of sessions in id order: up to `limit` rows with ids after `after`, past
+    /// `offset` of them, each (id, idle, ended), and how many sessions the table holds.
+    /// Holds only the session table, for O(log n + offset + limit); the caller renders
+    /// after it let go.
+    pub fn sessions_page(
+        &self,
+        after: Option<&str>,
+        offset: usize,
+        limit: usize,
+    ) -> (Vec<(String, bool, bool)>, usize) {
+        let t = self.sessions_table();
+        (t.list_page(after, offset, limit), t.len())
+    }
+
+    /// Sessions held and the table's approximate heap bytes.
+    pub fn session_table_size(&self) -> (usize, usize) {
+        let t = self.sessions_table();
+        (t.len(), t.heap_bytes())
+    }
+
     /// Marks a session idle (paused, or acting: waiting on a tool) or busy. Idle
-    /// sessions' pages are evicted before others.
+    /// sessions' pages are evicted before others: they move to the idle eviction class.
     pub fn set_session_idle(&self, session: u32, idle: bool) {
         self.sessions_table().set_idle(session, idle);
+        self.reclass_session(session, idle, false);
+    }
+
+    /// A session changed phase: `idle` (paused, acting) or not, or `ended`. An ended
+    /// session is freed from the table once it needs the room (oldest ended first); its
+    /// pages stay in the idle class, so they are evicted first. Returns its index.
+    pub fn session_changed(&self, id: &str, idle: bool, ended: bool) -> Result<u32, ManagerError> {
+        let idx = self.session_index(id)?;
+        let standing = match (ended, idle) {
+            (true, _) => sessions::Standing::Ended,
+            (false, true) => sessions::Standing::Idle,
+            (false, false) => sessions::Standing::Busy,
+        };
+        self.sessions_table().set_standing(id, standing);
+        self.reclass_session(idx, idle || ended, ended);
+        Ok(idx)
+    }
+
+    /// Moves a session's pages between the idle and normal eviction classes: the pages
+    /// are listed under the read lock (O(pages of the session)), then reclassed under the
+    /// write lock in chunks, so lookups never wait behind a big session.
+    fn reclass_session(&self, session: u32, idle: bool, ended: bool) {
+        const CHUNK: usize = 4096;
+        if session == 0 {
+            return;
+        }
+        self.write().dir.note_session_idle(session, idle);
+        let pages = self.read().dir.session_pages(session);
+        for chunk in pages.chunks(CHUNK) {
+            let mut st = self.write();
+            for &p in chunk {
+                st.dir.set_session_page_idle(p, session, idle);
+            }
+        }
+        if ended {
+            self.write().dir.end_session(session);
+        }
     }
 
     /// Waits up to `timeout` until every queued transfer has finished. Returns whether it

@@ -72,8 +72,8 @@ fn lookups_finish_while_every_other_table_is_locked() {
 #[test]
 fn session_listing_finishes_while_the_directory_is_write_locked() {
     let f = fixture(1, 8, None);
-    let a = f.m.session_index("agent-a");
-    f.m.session_index("agent-b");
+    let a = f.m.session_index("agent-a").unwrap();
+    f.m.session_index("agent-b").unwrap();
     f.m.set_session_idle(a, true);
     let (in_time, list) = while_held(&f.m, Rank::Dir, || f.m.sessions());
     assert!(in_time, "listing sessions waited for the directory");

@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 
 use super::Manager;
 use super::state::{DirState, NO_SLOT};
-use crate::directory::PageId;
+use crate::directory::{EvictClass, PageId};
 use crate::page::{NamespaceId, PageHash};
-use crate::policy::select_victims;
 use crate::pool::{PoolError, PoolHealth};
 use crate::tier::TierKind;
 use crate::tier::host::SlotId;
@@ -96,26 +95,40 @@ impl Manager {
         freed
     }
 
-    /// Up to a batch of host pages to evict for `slots` slots, in policy order, with their
-    /// namespaces. The directory is walked in chunks; leases are checked after the walk
-    /// and again when the copy settles, so a page leased meanwhile is never dropped.
+    /// Up to a batch of host pages to evict for `slots` slots, in eviction order, with
+    /// their namespaces. The directory keeps the order as lists, so this is a read-only
+    /// walk of O(batch) under the read lock (lookups run beside it); leases are checked
+    /// during the walk and again when the copy settles, so a page leased meanwhile is
+    /// never dropped.
     fn host_victims(&self, slots: usize) -> Vec<(PageId, NamespaceId)> {
-        let idle = self.sessions_table().idle_snapshot();
-        let mut cands = self.candidates(TierKind::Host, |_, _, _| true);
-        {
-            let gt = self.grants();
-            cands.retain(|(id, _)| !gt.leased(*id));
-        }
-        let per_page = match cands.first() {
-            Some((_, i)) => self.layout(i.ns).map_or(1, |l| l.object_count()).max(1),
-            None => return Vec::new(),
+        self.expire_protection();
+        let st = self.read();
+        let gt = self.grants();
+        let first = st.dir.victims(TierKind::Host, 1, |id| gt.leased(id));
+        let Some(&head) = first.first() else {
+            return Vec::new();
         };
+        let per_page = st
+            .dir
+            .layout(st.dir.info(head).ns)
+            .map_or(1, |l| l.object_count())
+            .max(1);
         let want = slots.div_ceil(per_page).clamp(1, POOL_BATCH);
-        let ns: std::collections::HashMap<PageId, NamespaceId> = cands.iter().map(|(id, i)| (*id, i.ns)).collect();
-        select_victims(cands, want, |s| idle.contains(&s))
+        st.dir
+            .victims(TierKind::Host, want, |id| gt.leased(id))
             .into_iter()
-            .filter_map(|id| ns.get(&id).map(|&n| (id, n)))
+            .map(|id| (id, st.dir.info(id).ns))
             .collect()
+    }
+
+    /// Ends the stage protections that are due. The due check is a heap peek under the
+    /// read lock; the write lock is taken only when one is due.
+    pub(crate) fn expire_protection(&self) {
+        let now = self.inner.clock.now_ms();
+        if self.read().dir.next_protection_expiry().is_none_or(|at| at > now) {
+            return;
+        }
+        self.write().dir.expire_protection(now);
     }
 
     /// Copies host-complete pages to the pool in the background (write-through, share).
@@ -312,6 +325,7 @@ impl Manager {
             return 0;
         };
         let Some(arena) = self.arena() else { return 0 };
+        let protect_ms = self.tunables().stage_protect_ms;
         let mut staged = 0;
         for chunk in hashes.chunks(POOL_BATCH) {
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -397,6 +411,8 @@ impl Manager {
             let count = st.dir.layout(ns).map_or(0, |l| l.object_count());
             let mut bytes = 0u64;
             let (mut arrived, mut lost, mut all) = (Vec::new(), Vec::new(), Vec::new());
+            let until_ms = self.inner.clock.now_ms() + protect_ms;
+            let cap = arena.slots() as usize / (2 * count.max(1));
             // Per page (its moves are adjacent): one side-table change each for what
             // arrived, what the pool lost and what is no longer in flight; present before
             // out of flight, so the page never looks empty in between.
@@ -428,7 +444,16 @@ impl Manager {
                 all.clear();
                 all.extend(moves[run].iter().map(|m| m.obj));
                 let _ = st.dir.set_inflight_objects(page, TierKind::Host, &all, false);
-                staged += usize::from(st.dir.is_complete(page, TierKind::Host));
+                // Staged for a load: protected until the load hits it or the TTL ends, so
+                // the next eviction round does not drop what was just brought in. At most
+                // half of host is protected at once, so a huge prefetch cannot lock
+                // stores out.
+                if st.dir.is_complete(page, TierKind::Host) {
+                    staged += 1;
+                    if protect_ms > 0 && st.dir.protected_pages() < cap {
+                        st.dir.set_class(page, EvictClass::Protected { until_ms });
+                    }
+                }
             }
             drop(st);
             self.inner.stats.moved(TierKind::Pool, TierKind::Host, bytes);

@@ -21,6 +21,9 @@ use crate::page::{NamespaceId, PageHash};
 use crate::policy::{Watermarks, select_victims};
 use crate::tier::TierKind;
 
+/// Pool victims marked per write lock.
+const POOL_EVICT_BATCH: usize = 64;
+
 /// A callback that wakes the upkeep task. It must return quickly and must not call back
 /// into the manager synchronously (it runs on the thread that crossed the watermark).
 pub type UpkeepWaker = Arc<dyn Fn() + Send + Sync>;
@@ -110,6 +113,7 @@ impl Manager {
     pub fn tick(&self) -> Result<(), ManagerError> {
         let now = self.inner.clock.now_ms();
         self.expire(now);
+        self.expire_protection();
         self.sync_pool_evictions();
         // Host watermark.
         if let Some(arena) = self.arena() {
@@ -194,19 +198,32 @@ impl Manager {
         if reclaim == 0 {
             return;
         }
-        let cands = self.candidates(TierKind::Pool, |_, _, _| true);
-        let per_page = match cands.first() {
-            Some((_, i)) => self.layout(i.ns).map_or(1, |l| l.object_count()),
-            None => return,
-        };
+        // Victims from the pool's eviction lists: a read-only walk of O(victims) under the
+        // read lock, re-checked under the write lock below.
         let slot_kib = self.arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
-        let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
-        let victims = select_victims(cands, pages, |_| false);
-        // Reserve: under the write lock, pages still live and still evictable.
+        let victims = {
+            let st = self.read();
+            let Some(&head) = st.dir.victims(TierKind::Pool, 1, |_| false).first() else {
+                return;
+            };
+            let per_page = st.dir.layout(st.dir.info(head).ns).map_or(1, |l| l.object_count());
+            let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
+            st.dir.victims(TierKind::Pool, pages, |_| false)
+        };
+        // A batch at a time, so the write lock is held for one batch's marks only.
+        for batch in victims.chunks(POOL_EVICT_BATCH) {
+            self.evict_pool_batch(pool.as_ref(), batch);
+        }
+    }
+
+    /// Reserve: under the write lock, pages still live and still evictable get their pool
+    /// objects marked absent and in flight. Remove with no lock held. Settle: clear the
+    /// in-flight marks.
+    fn evict_pool_batch(&self, pool: &dyn crate::pool::PoolBackend, victims: &[PageId]) {
         let mut removing = Vec::new();
         {
             let mut st = self.write();
-            for id in victims {
+            for &id in victims {
                 let info = st.dir.info(id);
                 let Ok(layout) = st.dir.layout(info.ns).cloned() else {
                     continue;
@@ -227,11 +244,9 @@ impl Manager {
                 self.inner.stats.evicted(TierKind::Pool);
             }
         }
-        // Remove, no lock held.
         for (_, _, key) in &removing {
             let _ = pool.remove(key, true);
         }
-        // Settle.
         let mut st = self.write();
         for (id, obj, _) in removing {
             let _ = st.dir.set_inflight(id, TierKind::Pool, obj, false);

@@ -219,7 +219,7 @@ impl Backend for ManagedTiers {
         let session = if session.is_empty() {
             0
         } else {
-            self.mgr.session_index(session)
+            self.mgr.session_index(session)?
         };
         let g = self.mgr.begin_store(ns, tp, pp, hashes, session, owner)?;
         let mut out = Vec::new();
@@ -397,11 +397,12 @@ impl Backend for ManagedTiers {
         Ok(n)
     }
 
-    fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase) {
-        let idx = self.mgr.session_index(id);
+    fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase) -> Result<(), BackendError> {
+        let idle = matches!(phase, SessionPhase::Acting | SessionPhase::Paused);
+        let ended = phase == SessionPhase::Ended;
+        let idx = self.mgr.session_changed(id, idle, ended)?;
         tracing::debug!(session = idx, has_parent = parent.is_some(), ?phase, "session phase");
-        let idle = matches!(phase, SessionPhase::Acting | SessionPhase::Paused | SessionPhase::Ended);
-        self.mgr.set_session_idle(idx, idle);
+        Ok(())
     }
 
     fn hint(&self, ns: NamespaceId, hint: &Hint) -> Result<HintOutcome, BackendError> {
