@@ -6,10 +6,17 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::grants::{Grant, GrantKind, GrantPage};
+use super::store_plan::{apply_store, plan_store, unplan_store};
 use super::{Manager, ManagerError};
 use crate::page::{NamespaceId, PageHash};
 use crate::tier::TierKind;
 use crate::tier::host::SlotId;
+
+/// Longest `begin_store` retries a reservation that came up short while other moves
+/// were still settling, before it answers `NoSpace` for the pages without room.
+const ROOM_WAIT: Duration = Duration::from_millis(500);
+/// Pause between such retries, so the moves it waits for get the directory lock.
+const ROOM_RETRY: Duration = Duration::from_millis(1);
 
 /// How long a load may wait for pages that are not on host yet (HiCache's prefetch
 /// policies).
@@ -81,6 +88,14 @@ pub struct OpResult {
 impl Manager {
     /// Reserves host slots for the objects rank `(tp_rank, pp_rank)` holds of each page,
     /// marks them in flight, and records that the rank has the pages on device.
+    ///
+    /// A page that gets no host room (`NoSpace`) leaves no trace: it is not recorded on
+    /// device (the engine does not remember refused pages, so nothing would ever clear
+    /// the mark) and a record created for it is released. An error leaves the directory
+    /// and the arena as they were. A request whose objects outnumber the arena's slots is
+    /// refused up front (`StoreTooLarge`) rather than partly stored. When slots run short
+    /// because concurrent stores or evictions have not settled yet, the reservation is
+    /// undone and retried (bounded by [`ROOM_WAIT`]) instead of answering `NoSpace`.
     pub fn begin_store(
         &self,
         ns: NamespaceId,
@@ -96,71 +111,53 @@ impl Manager {
             .rank_objects(tp_rank, pp_rank)
             .map_err(|e| ManagerError::Config(e.to_string()))?;
         let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
-        // Make room before taking the directory lock for allocation; eviction takes it in phases.
         let need = hashes.len() * objs.len();
-        if arena.free_slots() < need as u32 {
-            self.make_host_room(need - arena.free_slots() as usize);
+        if need > arena.slots() as usize {
+            return Err(ManagerError::StoreTooLarge {
+                pages: hashes.len(),
+                need,
+                slots: arena.slots(),
+            });
         }
-        let mut st = self.write();
-        let mut pages = Vec::with_capacity(hashes.len());
-        let mut grant_pages = Vec::new();
-        for (req_index, hash) in hashes.iter().enumerate() {
-            let id = st.dir.find_or_insert(ns, hash)?;
-            for &o in &objs {
-                st.dir.set_object(id, TierKind::Device, o, true)?;
-            }
-            st.dir.touch(id, false);
-            if session != 0 {
-                st.dir.set_session(id, session);
-            }
-            let todo: Vec<usize> = objs
-                .iter()
-                .copied()
-                .filter(|&o| {
-                    !st.dir.has_object(id, TierKind::Host, o)
-                        && !st.dir.inflight_objects(id, TierKind::Host).contains(&o)
-                })
-                .collect();
-            if todo.is_empty() {
-                pages.push(StorePage {
-                    hash: *hash,
-                    status: StoreStatus::AlreadyStored,
-                    objects: Vec::new(),
-                });
-                continue;
-            }
-            let Some(slots) = arena.alloc_n(todo.len()) else {
-                pages.push(StorePage {
-                    hash: *hash,
-                    status: StoreStatus::NoSpace,
-                    objects: Vec::new(),
-                });
-                continue;
+        let deadline = Instant::now() + ROOM_WAIT;
+        let mut round = 0u32;
+        loop {
+            // Make room before taking the directory lock for allocation; eviction takes
+            // it in phases.
+            let free = arena.free_slots() as usize;
+            let freed = if free < need {
+                self.make_host_room(need - free)
+            } else {
+                0
             };
-            let objects: Vec<(usize, SlotId)> = todo.into_iter().zip(slots).collect();
-            for &(o, _) in &objects {
-                st.dir.set_inflight(id, TierKind::Host, o, true)?;
+            let mut st = self.write();
+            let planned = plan_store(&mut st, &arena, ns, &objs, hashes)?;
+            let short = planned.iter().any(|p| p.no_space);
+            let busy = st.dir.inflight_pages(TierKind::Pool) > 0 || st.dir.inflight_pages(TierKind::Host) > 0;
+            if short && Instant::now() < deadline && (freed > 0 || busy || round == 0) {
+                // Someone else's slots are on their way back (an eviction settling, a
+                // store committing or aborting): undo and try again, rather than
+                // answering `no_space` while the arena is about to have room.
+                unplan_store(&mut st, &arena, &planned);
+                drop(st);
+                round += 1;
+                std::thread::sleep(ROOM_RETRY);
+                continue;
             }
-            grant_pages.push(GrantPage {
-                req_index,
-                page: id,
-                objects: objects.clone(),
+            if short {
+                tracing::debug!(pages = hashes.len(), need, "store: no host room even after eviction");
+            }
+            let (pages, grant_pages) = apply_store(&mut st, &arena, &objs, hashes, &planned, session)?;
+            let id = self.grants().insert(Grant {
+                ns,
+                kind: GrantKind::Store,
+                pages: grant_pages,
+                owner,
             });
-            pages.push(StorePage {
-                hash: *hash,
-                status: StoreStatus::Write,
-                objects,
-            });
+            drop(st);
+            self.usage_grew(TierKind::Host);
+            return Ok(StoreGrant { id, pages });
         }
-        let id = self.grants().insert(Grant {
-            ns,
-            kind: GrantKind::Store,
-            pages: grant_pages,
-            owner,
-        });
-        drop(st);
-        self.usage_grew(TierKind::Host);
-        Ok(StoreGrant { id, pages })
     }
 
     /// Makes the written objects of a store grant present on host. `written[i]` says
