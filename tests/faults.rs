@@ -165,7 +165,8 @@ fn raw_connected(d: &Daemon, instance: &str) -> UnixStream {
     }
     .encode(1, &mut body);
     s.write_all(&body).unwrap();
-    assert!(matches!(answer(&mut s), Some(Response::Connected { .. })));
+    let a = answer(&mut s);
+    assert!(matches!(a, Some(Response::Connected { .. })), "{a:?}");
     s
 }
 
@@ -213,8 +214,10 @@ fn idle_connections_are_closed_so_a_new_engine_gets_in() {
     let d = Daemon::start_with(
         dir.path(),
         64 << 10,
-        &["max_connections=4", "connect_timeout_ms=300", "idle_timeout_ms=600"],
+        &["max_connections=4", "connect_timeout_ms=1000", "idle_timeout_ms=1500"],
     );
+    // The start-up probe's connection must be gone before the limit is filled.
+    std::thread::sleep(Duration::from_millis(200));
     let mut idle: Vec<UnixStream> = (0..3).map(|_| UnixStream::connect(&d.socket).unwrap()).collect();
     idle.push(raw_connected(&d, "idle"));
     // The limit is held: a fifth connection is refused.
@@ -229,4 +232,101 @@ fn idle_connections_are_closed_so_a_new_engine_gets_in() {
     }
     let (c, _) = rank(&d, "newcomer", 4);
     assert_eq!(c.lookup(&hashes(1, 1)).unwrap().device, 0);
+}
+
+fn admin_socket(d: &Daemon) -> std::path::PathBuf {
+    d.dir.join("admin.sock")
+}
+
+/// `--set` pairs that put the admin socket in the test's directory.
+fn admin_set(dir: &std::path::Path) -> String {
+    format!("admin_socket={}", dir.join("admin.sock").display())
+}
+
+/// One HTTP/1.1 request on the daemon's admin socket; the status and the body.
+fn admin(d: &Daemon, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = UnixStream::connect(admin_socket(d)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: kvtier\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (status, body)
+}
+
+/// Item 10: a pin TTL near `u64::MAX` (allowed once `max_pin_ttl_ms` is raised that far)
+/// saturates instead of wrapping into the past: the pin holds through eviction and ticks.
+#[test]
+fn a_pin_ttl_near_u64_max_saturates_and_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(dir.path(), 64 << 10, &["tick_ms=20", &admin_set(dir.path())]);
+    let (c, dev) = rank(&d, "pin", 256);
+    let slots = c.arena().unwrap().slots as u64;
+    let keep = hashes(90_000, 2);
+    for (i, h) in keep.iter().enumerate() {
+        dev.fill_page(i as u32, seed(h, 0, 0)).unwrap();
+    }
+    assert_eq!(c.store(&keep, &[0, 1], "").unwrap().written, 2);
+    // Not on device any more: a lookup credits host (or pool) only.
+    c.removed(&keep).unwrap();
+    let (st, body) = admin(
+        &d,
+        "PUT",
+        "/v1/config",
+        &format!("{{\"max_pin_ttl_ms\": {}}}", u64::MAX),
+    );
+    assert_eq!(st, 200, "{body}");
+    std::thread::sleep(Duration::from_millis(50));
+    let pin = kvtier::hints::Hint::Pin {
+        target: kvtier::hints::HintTarget::Pages(keep.clone()),
+        tier: kvtier::tier::TierKind::Host,
+        ttl_ms: u64::MAX - 1,
+    };
+    let outcome = c.hint(pin).unwrap();
+    assert_eq!(outcome, kvtier::hints::HintOutcome::Accepted { pages: 2 });
+    // Push the arena through twice its size; unpinned pages go to the pool.
+    for round in 0..(slots / 2) {
+        let hs = hashes(100_000 + round * 4, 4);
+        for (i, h) in hs.iter().enumerate() {
+            dev.fill_page(i as u32, seed(h, 0, 0)).unwrap();
+        }
+        c.store(&hs, &[0, 1, 2, 3], "").unwrap();
+        c.removed(&hs).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let hit = c.lookup(&keep).unwrap();
+    assert_eq!((hit.device, hit.host), (0, 2), "the pinned pages stayed on host");
+}
+
+/// Item 10: the documented 4,096-hash `prefix=` limit is reachable (in a form body), and
+/// one more is refused with `batch_too_large`.
+#[test]
+fn admin_prefix_of_4096_hashes_is_served_and_4097_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(dir.path(), 64 << 10, &[&admin_set(dir.path())]);
+    let (c, dev) = rank(&d, "prefix", 4);
+    let hs = hashes(1, 4097);
+    for (i, h) in hs[..2].iter().enumerate() {
+        dev.fill_page(i as u32, seed(h, 0, 0)).unwrap();
+    }
+    c.store(&hs[..2], &[0, 1], "").unwrap();
+    let hex = |n: usize| hs[..n].iter().map(|h| h.to_hex()).collect::<Vec<_>>().join(",");
+    let body = format!("prefix={}", hex(4096));
+    assert!(body.len() > 16 << 10, "the prefix does not fit a request head");
+    let (st, answer) = admin(&d, "POST", "/v1/pages", &body);
+    assert_eq!(st, 200, "{answer}");
+    let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(v["complete_prefix"]["host"], 2, "{}", &answer[..answer.len().min(300)]);
+    let (st, answer) = admin(&d, "POST", "/v1/pages", &format!("prefix={}", hex(4097)));
+    assert_eq!(st, 413, "{answer}");
+    assert!(answer.contains("batch_too_large"), "{answer}");
+    // A short one still works as a GET.
+    let (st, _) = admin(&d, "GET", &format!("/v1/pages?prefix={}", hex(2)), "");
+    assert_eq!(st, 200);
 }

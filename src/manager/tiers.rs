@@ -159,6 +159,7 @@ impl Manager {
                             continue;
                         }
                         let Some(slot) = st.host_slot(page, obj) else { continue };
+                        // Cannot fail: the object index comes from this page's own layout.
                         let _ = st.dir.set_inflight(page, TierKind::Pool, obj, true);
                         moves.push(ObjMove {
                             page,
@@ -202,8 +203,10 @@ impl Manager {
         let mut gt = self.grants();
         let mut bytes = 0u64;
         for (m, r) in moves.iter().zip(&results) {
+            // Cannot fail: the object index comes from this page's own layout.
             let _ = st.dir.set_inflight(m.page, TierKind::Pool, m.obj, false);
             if r.is_ok() {
+                // Cannot fail: the object index comes from this page's own layout.
                 let _ = st.dir.set_object(m.page, TierKind::Pool, m.obj, true);
                 bytes += m.len as u64;
             }
@@ -348,6 +351,7 @@ impl Manager {
                             break;
                         };
                         for (obj, slot) in missing.into_iter().zip(slots) {
+                            // Cannot fail: the object index comes from this page's own layout.
                             let _ = st.dir.set_inflight(id, TierKind::Host, obj, true);
                             moves.push(ObjMove {
                                 page: id,
@@ -385,10 +389,12 @@ impl Manager {
             let count = st.dir.layout(ns).map_or(0, |l| l.object_count());
             let mut bytes = 0u64;
             for (m, r) in moves.iter().zip(&results) {
+                // Cannot fail: the object index comes from this page's own layout.
                 let _ = st.dir.set_inflight(m.page, TierKind::Host, m.obj, false);
                 match r {
                     Ok(n) if *n == m.len => {
                         st.set_host_slot(m.page, m.obj, count, Some(m.slot));
+                        // Cannot fail: the object index comes from this page's own layout.
                         let _ = st.dir.set_object(m.page, TierKind::Host, m.obj, true);
                         bytes += m.len as u64;
                     }
@@ -396,6 +402,7 @@ impl Manager {
                         arena.free(m.slot);
                         // The pool lost the object (or it is the wrong size): not complete there.
                         if matches!(other, Err(PoolError::NotFound) | Ok(_)) {
+                            // Cannot fail: the object index comes from this page's own layout.
                             let _ = st.dir.set_object(m.page, TierKind::Pool, m.obj, false);
                         }
                     }
