@@ -330,3 +330,34 @@ fn admin_prefix_of_4096_hashes_is_served_and_4097_refused() {
     let (st, _) = admin(&d, "GET", &format!("/v1/pages?prefix={}", hex(2)), "");
     assert_eq!(st, 200);
 }
+
+/// Item 8: 64 clients trickling a request cannot lock the admin socket: a newcomer at the
+/// limit takes the slot of the oldest slow one and is answered, and the slow one is cut
+/// off (it never gets an answer to a request it never finished).
+#[test]
+fn slow_admin_clients_cannot_lock_out_a_newcomer() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(dir.path(), 64 << 10, &[&admin_set(dir.path())]);
+    let mut slow: Vec<UnixStream> = Vec::new();
+    for _ in 0..64 {
+        let mut s = UnixStream::connect(admin_socket(&d)).unwrap();
+        s.write_all(b"GET /v1/status HTTP/1.1\r\nHost: kvtier\r\n").unwrap();
+        slow.push(s);
+    }
+    // Past the grace a slow request has before it can be displaced.
+    std::thread::sleep(Duration::from_millis(600));
+    for i in 0..3 {
+        let (st, body) = admin(&d, "GET", "/v1/status", "");
+        assert_eq!(st, 200, "newcomer {i} is served while 64 clients trickle: {body}");
+    }
+    // The three oldest slow clients lost their slots: their sockets read as closed.
+    for s in &mut slow[..3] {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = Vec::new();
+        let _ = s.read_to_end(&mut b);
+        assert!(
+            !String::from_utf8_lossy(&b).contains("200 OK"),
+            "a displaced client gets no answer"
+        );
+    }
+}

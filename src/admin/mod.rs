@@ -11,6 +11,7 @@
 mod conn;
 mod events;
 pub mod metrics;
+mod readers;
 pub mod request;
 pub mod routes;
 pub mod security;

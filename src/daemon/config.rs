@@ -58,6 +58,10 @@ pub struct DaemonConfig {
     /// from its last request), so idle sockets cannot hold the `max_connections` slots.
     /// Default: 10000.
     pub connect_timeout_ms: u64,
+    /// Page events kept in memory for replay (the events replay endpoint, admin
+    /// `/v1/events`); the oldest go first. Its memory grows with use up to this bound
+    /// (about 80 bytes an event). Default: 1,048,576.
+    pub event_ring: usize,
     /// Longest pin/retain TTL in ms; longer ones are clipped. Default: 600,000.
     pub max_pin_ttl_ms: u64,
     /// Share of host slots pins may hold. Default: 0.25.
@@ -137,6 +141,7 @@ impl Default for DaemonConfig {
             frame_body_timeout_ms: 10_000,
             idle_timeout_ms: 600_000,
             connect_timeout_ms: 10_000,
+            event_ring: 1 << 20,
             max_pin_ttl_ms: 600_000,
             pin_budget: 0.25,
             recover: true,
@@ -239,8 +244,8 @@ impl DaemonConfig {
         if self.tick_ms == 0 {
             return bad("tick_ms must be at least 1");
         }
-        if self.frame_body_timeout_ms == 0 || self.connect_timeout_ms == 0 {
-            return bad("frame_body_timeout_ms and connect_timeout_ms must be at least 1");
+        if self.frame_body_timeout_ms == 0 || self.connect_timeout_ms == 0 || self.event_ring == 0 {
+            return bad("frame_body_timeout_ms, connect_timeout_ms and event_ring must be at least 1");
         }
         Ok(())
     }
@@ -263,6 +268,7 @@ impl DaemonConfig {
                 pin_budget: self.pin_budget,
                 ..Tunables::default()
             },
+            event_ring: self.event_ring,
         }
     }
 

@@ -14,9 +14,11 @@ use crate::tier::host::SlotId;
 
 /// Longest `begin_store` retries a reservation that came up short while other moves
 /// were still settling, before it answers `NoSpace` for the pages without room.
-const ROOM_WAIT: Duration = Duration::from_millis(500);
-/// Pause between such retries, so the moves it waits for get the directory lock.
+const ROOM_WAIT: Duration = Duration::from_secs(1);
+/// First pause between such retries (doubling up to [`ROOM_RETRY_MAX`]), so the moves it
+/// waits for get the directory lock.
 const ROOM_RETRY: Duration = Duration::from_millis(1);
+const ROOM_RETRY_MAX: Duration = Duration::from_millis(16);
 
 /// How long a load may wait for pages that are not on host yet (HiCache's prefetch
 /// policies).
@@ -125,23 +127,23 @@ impl Manager {
             // Make room before taking the directory lock for allocation; eviction takes
             // it in phases.
             let free = arena.free_slots() as usize;
-            let freed = if free < need {
-                self.make_host_room(need - free)
-            } else {
-                0
-            };
+            if free < need {
+                self.make_host_room(need - free);
+            }
             let mut st = self.write();
             let planned = plan_store(&mut st, &arena, ns, &objs, hashes)?;
             let short = planned.iter().any(|p| p.no_space);
-            let busy = st.dir.inflight_pages(TierKind::Pool) > 0 || st.dir.inflight_pages(TierKind::Host) > 0;
-            if short && Instant::now() < deadline && (freed > 0 || busy || round == 0) {
-                // Someone else's slots are on their way back (an eviction settling, a
-                // store committing or aborting): undo and try again, rather than
-                // answering `no_space` while the arena is about to have room.
+            if short && Instant::now() < deadline {
+                // Concurrent stores race for the slots one eviction frees, and a victim
+                // another thread is writing to the pool is skipped here until it settles:
+                // undo and try again (making room again), rather than answering
+                // `no_space` while the arena is about to have room. Only a host held
+                // entirely by pins, leases and open grants answers `no_space`, after
+                // `ROOM_WAIT`.
                 unplan_store(&mut st, &arena, &planned);
                 drop(st);
+                std::thread::sleep((ROOM_RETRY * 2u32.pow(round.min(4))).min(ROOM_RETRY_MAX));
                 round += 1;
-                std::thread::sleep(ROOM_RETRY);
                 continue;
             }
             if short {
