@@ -2,7 +2,13 @@
 # Sets up, starts and stops a loopback Mooncake master for kvtier's Mooncake tests and bench.
 #
 #   scripts/mooncake-env.sh install   # libibverbs1 + libclang-dev (Debian), venv .venv with the wheel
-#   scripts/mooncake-env.sh start     # mooncake_master on 127.0.0.1, pid in .kvtier/mooncake-master.pid
+#   scripts/mooncake-env.sh start     # mooncake_master on 127.0.0.1, pid in .kvtier/mooncake-master.pid,
+#                                     # and its HTTP metadata server, on 127.0.0.1 too
+#
+# Every port listens on loopback only: RPC (--rpc_address), metrics (--metrics_host) and the
+# metadata server. The master's built-in metadata server binds 0.0.0.0 whatever
+# --http_metadata_server_host says (wheel 0.3.x), so it is turned off and the wheel's own
+# mooncake_http_metadata_server runs beside the master with --host 127.0.0.1.
 #   scripts/mooncake-env.sh stop      # stop it (safe to call twice, or when it never started)
 #   scripts/mooncake-env.sh env       # print the export lines the tests need
 #   scripts/mooncake-env.sh status    # say whether the master is up
@@ -15,6 +21,8 @@ VENV="${KVTIER_MOONCAKE_VENV:-$ROOT/.venv}"
 STATE="$ROOT/.kvtier"
 PIDFILE="$STATE/mooncake-master.pid"
 LOG="$STATE/mooncake-master.log"
+META_PIDFILE="$STATE/mooncake-metadata.pid"
+META_LOG="$STATE/mooncake-metadata.log"
 RPC_PORT="${KVTIER_MOONCAKE_RPC_PORT:-50351}"
 HTTP_PORT="${KVTIER_MOONCAKE_HTTP_PORT:-50352}"
 METRICS_PORT="${KVTIER_MOONCAKE_METRICS_PORT:-50353}"
@@ -74,12 +82,15 @@ start() {
         log "ports $RPC_PORT/$HTTP_PORT are taken by another process; set KVTIER_MOONCAKE_RPC_PORT and KVTIER_MOONCAKE_HTTP_PORT"
         exit 1
     fi
-    # setsid: the master gets its own process group, so stop can end it and its children.
+    [ -x "$VENV/bin/mooncake_http_metadata_server" ] || { log "mooncake_http_metadata_server missing from $VENV/bin"; exit 1; }
+    # setsid: each gets its own process group, so stop can end it and its children.
+    setsid "$VENV/bin/mooncake_http_metadata_server" --host 127.0.0.1 --port "$HTTP_PORT" \
+        >"$META_LOG" 2>&1 </dev/null &
+    echo $! >"$META_PIDFILE"
     setsid "$VENV/bin/mooncake_master" \
         --rpc_address=127.0.0.1 --rpc_port="$RPC_PORT" \
-        --enable_http_metadata_server=true \
-        --http_metadata_server_host=127.0.0.1 --http_metadata_server_port="$HTTP_PORT" \
-        --metrics_port="$METRICS_PORT" \
+        --enable_http_metadata_server=false \
+        --metrics_host=127.0.0.1 --metrics_port="$METRICS_PORT" \
         --client_ttl="$CLIENT_TTL" \
         >"$LOG" 2>&1 </dev/null &
     echo $! >"$PIDFILE"
@@ -97,10 +108,11 @@ start() {
     exit 1
 }
 
-stop() {
-    if [ -f "$PIDFILE" ]; then
+stop_pidfile() {
+    local file="$1" what="$2"
+    if [ -f "$file" ]; then
         local pid
-        pid="$(cat "$PIDFILE")"
+        pid="$(cat "$file")"
         if kill -0 "$pid" 2>/dev/null; then
             kill -TERM "$pid" 2>/dev/null || true
             for _ in $(seq 1 50); do
@@ -108,10 +120,15 @@ stop() {
                 sleep 0.1
             done
             kill -KILL "$pid" 2>/dev/null || true
-            log "master (pid $pid) stopped"
+            log "$what (pid $pid) stopped"
         fi
-        rm -f "$PIDFILE"
+        rm -f "$file"
     fi
+}
+
+stop() {
+    stop_pidfile "$PIDFILE" master
+    stop_pidfile "$META_PIDFILE" "metadata server"
 }
 
 env_lines() {

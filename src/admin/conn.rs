@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::events::{EventBody, Stream};
+use super::readers::{ReaderGuard, Readers};
 use super::request::Request;
 use super::routes::{self, ApiError, Reply};
 use super::security;
@@ -87,6 +88,8 @@ pub(crate) struct Conn {
     pub http: http1::Builder,
     pub cancel: CancellationToken,
     pub tracker: TaskTracker,
+    /// Connections still sending their request (see `readers`).
+    pub readers: Arc<Readers>,
 }
 
 impl Conn {
@@ -119,18 +122,23 @@ impl Conn {
         }
         let fd = stream.as_raw_fd();
         let deadline = Arc::new(Deadline::new(cfg.read_timeout));
+        // Displaceable by a newcomer at the limit until the request is in.
+        let (reading, displaced) = self.readers.enter();
+        let reading = Arc::new(reading);
         let (state, tracker, cancel, d) = (
             self.state.clone(),
             self.tracker.clone(),
             self.cancel.clone(),
             deadline.clone(),
         );
+        let r = reading.clone();
         let service = service_fn(move |req| {
             let h = Handler {
                 state: state.clone(),
                 tracker: tracker.clone(),
                 cancel: cancel.clone(),
                 deadline: d.clone(),
+                reading: r.clone(),
             };
             // Boxed: hyper needs an `Unpin` future to hand the socket back afterwards.
             Box::pin(async move { Ok::<_, Infallible>(h.respond(req).await) })
@@ -141,6 +149,10 @@ impl Conn {
             let wake = deadline.at().unwrap_or_else(|| Instant::now() + PEER_CHECK);
             tokio::select! {
                 r = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => break r,
+                _ = displaced.cancelled() => {
+                    tracing::info!("admin: a connection still sending its request was displaced by a newer one");
+                    return;
+                }
                 _ = self.cancel.cancelled(), if !shutting_down => {
                     // Ends an idle connection now and an answering one after its answer.
                     shutting_down = true;
@@ -176,6 +188,8 @@ struct Handler {
     tracker: TaskTracker,
     cancel: CancellationToken,
     deadline: Arc<Deadline>,
+    /// The connection's place among those still sending a request.
+    reading: Arc<ReaderGuard>,
 }
 
 impl Handler {
@@ -198,6 +212,7 @@ impl Handler {
             }
         };
         self.deadline.extend(cfg.read_timeout);
+        self.reading.done();
         let req = Request::new(parts.method.as_str(), parts.uri.path(), parts.uri.query(), body);
         tracing::debug!(method = %req.method, path = %req.path, "admin request");
         let st = self.state.clone();

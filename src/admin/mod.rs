@@ -12,6 +12,7 @@ mod conn;
 mod events;
 mod kv_hints;
 pub mod metrics;
+mod readers;
 pub mod request;
 pub mod routes;
 pub mod security;

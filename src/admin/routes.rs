@@ -7,6 +7,7 @@
 //! | GET | `/v1/tiers` | per tier: capacity, used, complete/pinned/in-flight pages, evictions |
 //! | GET | `/v1/sessions?after=<id>&offset=<n>&limit=<n>` | sessions the daemon tracks, one page of them in id order |
 //! | GET | `/v1/pages?hash=<hex>` or `?prefix=<hex,hex,…>` | per-tier completeness, missing objects |
+//! | POST | `/v1/pages` with a form body `prefix=<hex,hex,…>` | the same, for prefixes over the head limit |
 //! | POST | `/v1/hints` | a JSON hint → its outcome, as on the engine path |
 //! | GET, PUT | `/v1/config` | the tunables; PUT changes only those, validated |
 //! | GET | `/v1/events?from=<seq>&limit=<n>` | page events as JSON lines (chunked) |
@@ -51,7 +52,8 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         ("GET", "/v1/status") => Ok(status(ctx)),
         ("GET", "/v1/tiers") => Ok(json!({ "tiers": ctx.manager.stats().tiers })),
         ("GET", "/v1/sessions") => sessions(ctx, req),
-        ("GET", "/v1/pages") => pages(ctx, req),
+        // POST takes `prefix=` in a form body, for prefixes too long for a request head.
+        ("GET" | "POST", "/v1/pages") => pages(ctx, req),
         ("POST", "/v1/hints") => hint(ctx, req),
         ("POST", "/v1/kv-hints") => namespace(req).and_then(|ns| super::kv_hints::post(ctx, req, ns)),
         ("GET", "/v1/kv-hints") => super::kv_hints::list(ctx, req),

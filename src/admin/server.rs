@@ -3,8 +3,11 @@
 //! task on the current runtime.
 //!
 //! Each accepted connection is one task (`conn`), at most `max_connections` at
-//! once (a semaphore); as many more at once get `503 too_many_connections`, and any
-//! beyond those are closed unanswered.
+//! once (a semaphore). A newcomer that finds them all taken first displaces the oldest
+//! connection that is still sending its request after [`DISPLACE_AFTER`] (`readers`), and
+//! takes its slot: slow clients cannot lock out the others. When none can be displaced,
+//! as many more at once get `503 too_many_connections`, and any beyond those are closed
+//! unanswered.
 //! On cancellation the loop stops accepting, connections finish what they answer (each
 //! has a deadline) and event streams end; [`serve`] waits for them, bounded, and returns.
 
@@ -20,6 +23,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::readers::{DISPLACE_AFTER, Readers};
 use super::{AdminConfig, AdminError, EngineView, conn, security};
 use crate::manager::Manager;
 
@@ -28,6 +32,8 @@ use crate::manager::Manager;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 /// hyper's read buffer may not be smaller than this (its `max_buf_size` panics below it).
 const HYPER_MIN_BUF: usize = 8192;
+/// How long a newcomer waits for the slot of the connection it displaced to be freed.
+const SLOT_WAIT: Duration = Duration::from_secs(1);
 
 /// What every connection of one admin server shares: its settings, the manager it reads
 /// and the daemon's view of engines and sessions.
@@ -80,6 +86,7 @@ pub async fn serve(listener: UnixListener, state: AdminState, cancel: Cancellati
     let state = Arc::new(state);
     let slots = Arc::new(Semaphore::new(state.cfg.max_connections));
     let refusals = Arc::new(Semaphore::new(state.cfg.max_connections));
+    let readers = Arc::new(Readers::default());
     let tracker = TaskTracker::new();
     loop {
         let stream = tokio::select! {
@@ -93,25 +100,44 @@ pub async fn serve(listener: UnixListener, state: AdminState, cancel: Cancellati
                 }
             },
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            // Answered in a task of its own (the client must be drained to see the
-            // answer), itself capped: past that, a connection is closed unanswered.
-            match refusals.clone().try_acquire_owned() {
-                Ok(p) => {
-                    tracker.spawn(async move {
-                        conn::refuse_busy(stream).await;
-                        drop(p);
-                    });
-                }
-                Err(_) => tracing::warn!("admin: connection closed unanswered, far over the limit"),
-            }
-            continue;
-        };
         let c = conn::Conn {
             state: state.clone(),
             http: http.clone(),
             cancel: cancel.clone(),
             tracker: tracker.clone(),
+            readers: readers.clone(),
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            // Waiting for a slot and refusing are done in a task of their own (the
+            // client must be drained to see a refusal), capped: past that, a connection
+            // is closed unanswered.
+            let Ok(p) = refusals.clone().try_acquire_owned() else {
+                tracing::warn!("admin: connection closed unanswered, far over the limit");
+                continue;
+            };
+            if readers.displace_oldest(DISPLACE_AFTER) {
+                tracing::info!("admin: at the limit; a slow connection gives its slot to a newer one");
+                let slots = slots.clone();
+                tracker.spawn(async move {
+                    match tokio::time::timeout(SLOT_WAIT, slots.acquire_owned()).await {
+                        Ok(Ok(permit)) => {
+                            drop(p);
+                            c.serve(stream).await;
+                            drop(permit);
+                        }
+                        _ => {
+                            conn::refuse_busy(stream).await;
+                            drop(p);
+                        }
+                    }
+                });
+            } else {
+                tracker.spawn(async move {
+                    conn::refuse_busy(stream).await;
+                    drop(p);
+                });
+            }
+            continue;
         };
         tracker.spawn(async move {
             c.serve(stream).await;

@@ -76,6 +76,22 @@ pub struct DaemonConfig {
     pub max_pages: usize,
     /// Longest a load or ticket wait may block, in ms. Default: 5000.
     pub max_wait_ms: u64,
+    /// Longest a control frame may take to arrive once its first byte has, in ms: a
+    /// client may pause inside a frame, but one that does not complete within this is
+    /// answered `bad_frame` and closed. Independent of the idle timeouts. Default: 10000.
+    pub frame_body_timeout_ms: u64,
+    /// Longest a connected rank's connection may sit idle between requests, in ms; 0
+    /// never closes it. The client library reconnects on its next call; the rank's device
+    /// pages are forgotten as on any close. Default: 600000.
+    pub idle_timeout_ms: u64,
+    /// Longest a connection may stay open without having sent `Connect`, in ms (counted
+    /// from its last request), so idle sockets cannot hold the `max_connections` slots.
+    /// Default: 10000.
+    pub connect_timeout_ms: u64,
+    /// Page events kept in memory for replay (the events replay endpoint, admin
+    /// `/v1/events`); the oldest go first. Its memory grows with use up to this bound
+    /// (about 80 bytes an event). Default: 1,048,576.
+    pub event_ring: usize,
     /// Longest pin/retain TTL in ms; longer ones are clipped. Default: 600,000.
     pub max_pin_ttl_ms: u64,
     /// Share of host slots pins may hold. Default: 0.25.
@@ -244,6 +260,10 @@ impl Default for DaemonConfig {
             max_frame_bytes: crate::protocol::DEFAULT_MAX_BODY,
             max_pages: 1 << 22,
             max_wait_ms: 5_000,
+            frame_body_timeout_ms: 10_000,
+            idle_timeout_ms: 600_000,
+            connect_timeout_ms: 10_000,
+            event_ring: 1 << 20,
             max_pin_ttl_ms: 600_000,
             pin_budget: 0.25,
             stage_protect_ms: 5_000,
@@ -379,6 +399,9 @@ impl DaemonConfig {
             return bad("slot_bytes must not exceed arena_bytes");
         }
         self.socket_gid()?;
+        if self.frame_body_timeout_ms == 0 || self.connect_timeout_ms == 0 || self.event_ring == 0 {
+            return bad("frame_body_timeout_ms, connect_timeout_ms and event_ring must be at least 1");
+        }
         Ok(())
     }
 
@@ -434,6 +457,7 @@ impl DaemonConfig {
                 max_session_id_bytes: self.max_session_id_bytes,
                 ..Tunables::default()
             },
+            event_ring: self.event_ring,
         }
     }
 
@@ -443,6 +467,9 @@ impl DaemonConfig {
             max_frame_bytes: self.max_frame_bytes,
             max_ranks: self.max_ranks,
             max_wait: Duration::from_millis(self.max_wait_ms),
+            frame_body_timeout: Duration::from_millis(self.frame_body_timeout_ms),
+            idle_timeout: (self.idle_timeout_ms > 0).then(|| Duration::from_millis(self.idle_timeout_ms)),
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
         }
     }
 }

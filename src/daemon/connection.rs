@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_util::StreamExt;
@@ -52,6 +52,26 @@ pub struct Limits {
     /// Longest the backend lets a load or ticket wait block (`max_wait_ms`); a blocking
     /// command's deadline is this plus a margin.
     pub max_wait: Duration,
+    /// Longest a frame may take to arrive once its first byte has (`frame_body_timeout_ms`):
+    /// pauses inside a frame are fine, a frame that never completes is not.
+    pub frame_body_timeout: Duration,
+    /// Longest a connection that has sent `Connect` may sit between requests
+    /// (`idle_timeout_ms`); `None` never closes it.
+    pub idle_timeout: Option<Duration>,
+    /// Longest a connection may stay open without having sent `Connect`
+    /// (`connect_timeout_ms`), counted from its last request.
+    pub connect_timeout: Duration,
+}
+
+impl Limits {
+    /// When a connection that last finished a request at `last` goes idle for good.
+    fn idle_deadline(&self, connected: bool, last: Instant) -> Option<Instant> {
+        if connected {
+            self.idle_timeout.map(|d| last + d)
+        } else {
+            Some(last + self.connect_timeout)
+        }
+    }
 }
 
 /// What every rank of an instance must agree on.
@@ -165,6 +185,10 @@ pub enum ConnError {
     CommandTimeout(Duration),
     #[error("a blocking command failed: {0}")]
     CommandFailed(String),
+    #[error("a frame was not complete {0:?} after its first byte")]
+    BodyTimeout(Duration),
+    #[error("idle for {0:?}")]
+    Idle(Duration),
 }
 
 async fn serve(
@@ -180,6 +204,12 @@ async fn serve(
     // One waiter on the token for the connection's life, not one per request.
     let cancelled = shutdown.cancelled();
     tokio::pin!(cancelled);
+    // One timer for the connection's life too, moved only when it fires (never per
+    // request): it checks the frame-body deadline and the idle deadline.
+    let limits = &shared.limits;
+    let mut last = Instant::now();
+    let check = tokio::time::sleep_until(next_check(limits, None, limits.idle_deadline(false, last), last).into());
+    tokio::pin!(check);
     loop {
         let next = tokio::select! {
             biased;
@@ -189,6 +219,29 @@ async fn serve(
                 return flush(&mut wr, &mut out).await;
             }
             f = frames.next() => f,
+            _ = &mut check => {
+                let now = Instant::now();
+                let connected = slot.as_ref().is_some_and(|c| c.rank.is_some());
+                let idle = limits.idle_deadline(connected, last);
+                match frames.decoder().partial_since() {
+                    Some(t) if now >= t + limits.frame_body_timeout => {
+                        // Not at a frame boundary: say why once, then close.
+                        let e = ConnError::BodyTimeout(limits.frame_body_timeout);
+                        enc.encode(Outgoing::Response(0, &Response::error(ErrorCode::BadFrame, e.to_string())), &mut out)?;
+                        let _ = flush(&mut wr, &mut out).await;
+                        return Err(e);
+                    }
+                    None if idle.is_some_and(|d| now >= d) => {
+                        let limit = if connected { limits.idle_timeout.unwrap_or_default() } else { limits.connect_timeout };
+                        tracing::info!(conn = slot.as_ref().map_or(0, |c| c.id), ?limit, connected, "closing an idle connection");
+                        return Err(ConnError::Idle(limit));
+                    }
+                    partial => {
+                        check.as_mut().reset(next_check(limits, partial, idle, now).into());
+                        continue;
+                    }
+                }
+            }
         };
         let frame = match next {
             None => return Ok(()),
@@ -219,11 +272,26 @@ async fn serve(
             Err(_) => Response::error(ErrorCode::UnknownMessage, format!("kind {kind:#04x} is not a request")),
         };
         enc.encode(Outgoing::Response(request_id, &resp), &mut out)?;
+        last = Instant::now();
         if !frames.decoder().frame_ready(frames.read_buffer()) || out.len() >= FLUSH_BYTES {
             match flush(&mut wr, &mut out).await {
                 Err(ConnError::Frame(FrameError::Io(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
                 other => other?,
             }
+        }
+    }
+}
+
+/// When the connection's timer should look next: a frame in progress at its body
+/// deadline; otherwise the idle deadline, but no later than one body timeout from now:
+/// a frame that starts while the timer waits is then seen in progress before its own
+/// deadline, and the timer moves to that deadline.
+fn next_check(limits: &Limits, partial: Option<Instant>, idle: Option<Instant>, now: Instant) -> Instant {
+    match partial {
+        Some(t) => t + limits.frame_body_timeout,
+        None => {
+            let soon = now + limits.frame_body_timeout;
+            idle.map_or(soon, |d| d.min(soon))
         }
     }
 }

@@ -6,10 +6,19 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::grants::{Grant, GrantKind, GrantPage};
+use super::store_plan::{apply_store, plan_store, unplan_store};
 use super::{Manager, ManagerError};
 use crate::page::{NamespaceId, PageHash};
 use crate::tier::TierKind;
 use crate::tier::host::SlotId;
+
+/// Longest `begin_store` retries a reservation that came up short while other moves
+/// were still settling, before it answers `NoSpace` for the pages without room.
+const ROOM_WAIT: Duration = Duration::from_secs(1);
+/// First pause between such retries (doubling up to [`ROOM_RETRY_MAX`]), so the moves it
+/// waits for get the directory lock.
+const ROOM_RETRY: Duration = Duration::from_millis(1);
+const ROOM_RETRY_MAX: Duration = Duration::from_millis(16);
 
 /// How long a load may wait for pages that are not on host yet (HiCache's prefetch
 /// policies).
@@ -81,6 +90,14 @@ pub struct OpResult {
 impl Manager {
     /// Reserves host slots for the objects rank `(tp_rank, pp_rank)` holds of each page,
     /// marks them in flight, and records that the rank has the pages on device.
+    ///
+    /// A page that gets no host room (`NoSpace`) leaves no trace: it is not recorded on
+    /// device (the engine does not remember refused pages, so nothing would ever clear
+    /// the mark) and a record created for it is released. An error leaves the directory
+    /// and the arena as they were. A request whose objects outnumber the arena's slots is
+    /// refused up front (`StoreTooLarge`) rather than partly stored. When slots run short
+    /// because concurrent stores or evictions have not settled yet, the reservation is
+    /// undone and retried (bounded by [`ROOM_WAIT`]) instead of answering `NoSpace`.
     pub fn begin_store(
         &self,
         ns: NamespaceId,
@@ -96,67 +113,53 @@ impl Manager {
             .rank_objects(tp_rank, pp_rank)
             .map_err(|e| ManagerError::Config(e.to_string()))?;
         let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
-        // Make room before taking the directory lock for allocation; eviction takes it in phases.
         let need = hashes.len() * objs.len();
-        if arena.free_slots() < need as u32 {
-            self.make_host_room(need - arena.free_slots() as usize);
-        }
-        let mut st = self.write();
-        let mut pages = Vec::with_capacity(hashes.len());
-        let mut grant_pages = Vec::with_capacity(hashes.len());
-        // One side-table change per page and tier, not per object, and no allocation
-        // but the grant's own lists: this runs under the directory's write lock, on the
-        // critical path of every store.
-        let mut todo: Vec<usize> = Vec::with_capacity(objs.len());
-        for (req_index, hash) in hashes.iter().enumerate() {
-            let id = st.dir.find_or_insert(ns, hash)?;
-            st.dir.set_objects(id, TierKind::Device, &objs, true)?;
-            st.dir.touch(id, false);
-            if session != 0 {
-                st.dir.set_session(id, session);
-            }
-            todo.clear();
-            todo.extend(objs.iter().copied().filter(|&o| {
-                !st.dir.has_object(id, TierKind::Host, o) && !st.dir.is_inflight_object(id, TierKind::Host, o)
-            }));
-            if todo.is_empty() {
-                pages.push(StorePage {
-                    hash: *hash,
-                    status: StoreStatus::AlreadyStored,
-                    objects: Vec::new(),
-                });
-                continue;
-            }
-            let Some(slots) = arena.alloc_n(todo.len()) else {
-                pages.push(StorePage {
-                    hash: *hash,
-                    status: StoreStatus::NoSpace,
-                    objects: Vec::new(),
-                });
-                continue;
-            };
-            let objects: Vec<(usize, SlotId)> = todo.iter().copied().zip(slots).collect();
-            st.dir.set_inflight_objects(id, TierKind::Host, &todo, true)?;
-            grant_pages.push(GrantPage {
-                req_index,
-                page: id,
-                objects: objects.clone(),
-            });
-            pages.push(StorePage {
-                hash: *hash,
-                status: StoreStatus::Write,
-                objects,
+        if need > arena.slots() as usize {
+            return Err(ManagerError::StoreTooLarge {
+                pages: hashes.len(),
+                need,
+                slots: arena.slots(),
             });
         }
-        let id = self.grants().insert(Grant {
-            ns,
-            kind: GrantKind::Store,
-            pages: grant_pages,
-            owner,
-        });
-        drop(st);
-        self.usage_grew(TierKind::Host);
-        Ok(StoreGrant { id, pages })
+        let deadline = Instant::now() + ROOM_WAIT;
+        let mut round = 0u32;
+        loop {
+            // Make room before taking the directory lock for allocation; eviction takes
+            // it in phases.
+            let free = arena.free_slots() as usize;
+            if free < need {
+                self.make_host_room(need - free);
+            }
+            let mut st = self.write();
+            let planned = plan_store(&mut st, &arena, ns, &objs, hashes)?;
+            let short = planned.iter().any(|p| p.no_space);
+            if short && Instant::now() < deadline {
+                // Concurrent stores race for the slots one eviction frees, and a victim
+                // another thread is writing to the pool is skipped here until it settles:
+                // undo and try again (making room again), rather than answering
+                // `no_space` while the arena is about to have room. Only a host held
+                // entirely by pins, leases and open grants answers `no_space`, after
+                // `ROOM_WAIT`.
+                unplan_store(&mut st, &arena, &planned);
+                drop(st);
+                std::thread::sleep((ROOM_RETRY * 2u32.pow(round.min(4))).min(ROOM_RETRY_MAX));
+                round += 1;
+                continue;
+            }
+            if short {
+                tracing::debug!(pages = hashes.len(), need, "store: no host room even after eviction");
+            }
+            let (pages, grant_pages) = apply_store(&mut st, &arena, &objs, hashes, &planned, session)?;
+            let id = self.grants().insert(Grant {
+                ns,
+                kind: GrantKind::Store,
+                pages: grant_pages,
+                owner,
+            });
+            drop(st);
+            self.usage_grew(TierKind::Host);
+            return Ok(StoreGrant { id, pages });
+        }
     }
 
     /// Makes the written objects of a store grant present on host. `written[i]` says

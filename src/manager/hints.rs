@@ -240,7 +240,7 @@ impl Manager {
         let tun = self.tunables();
         let (ttl, ttl_clipped) = clip_ttl(&tun, ttl_ms);
         let budget = (tun.pin_budget * self.capacity_pages(tier) as f64).floor() as usize;
-        let expires = self.inner.clock.now_ms() + ttl;
+        let expires = expiry(self.inner.clock.now_ms(), ttl);
         // Directory, then timers: the pin mark and its expiry change together.
         let mut st = self.write();
         let mut timers = self.timers();
@@ -287,7 +287,7 @@ impl Manager {
 
     fn retain(&self, pages: &[PageId], requested: usize, priority: i8, ttl_ms: u64) -> HintOutcome {
         let (ttl, ttl_clipped) = clip_ttl(&self.tunables(), ttl_ms);
-        let expires = self.inner.clock.now_ms() + ttl;
+        let expires = expiry(self.inner.clock.now_ms(), ttl);
         let mut st = self.write();
         let mut timers = self.timers();
         for &p in pages {
@@ -328,12 +328,45 @@ impl Manager {
     }
 
     /// Re-runs deferred hints once each; those still blocked go back in the queue.
-    pub(crate) fn retry_deferred(&self) {
+    /// Returns what the re-runs came to (each outcome is also counted in the hint
+    /// stats); a re-run that fails (its namespace or pages gone wrong since) is logged
+    /// here, since nobody waits for it any more.
+    pub(crate) fn retry_deferred(&self) -> DeferredRetry {
         let pending = self.queues().take_deferred();
+        let mut r = DeferredRetry::default();
         for (ns, hint) in pending {
-            let _ = self.hint(ns, hint);
+            let kind = hint.kind();
+            r.rerun += 1;
+            match self.hint(ns, hint) {
+                Ok(HintOutcome::Accepted { .. } | HintOutcome::Clipped { .. }) => r.applied += 1,
+                Ok(HintOutcome::Deferred { .. }) => r.deferred_again += 1,
+                Ok(_) => r.ignored += 1,
+                Err(e) => {
+                    r.failed += 1;
+                    tracing::warn!(ns = ns.0, ?kind, error = %e, "a deferred hint failed when re-run");
+                }
+            }
         }
+        if r.rerun > 0 {
+            tracing::debug!(?r, "deferred hints re-run");
+        }
+        r
     }
+}
+
+/// What one [`Manager::retry_deferred`] pass came to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeferredRetry {
+    /// Deferred hints taken from the queue and re-run.
+    pub rerun: usize,
+    /// Re-runs applied (accepted, or clipped).
+    pub applied: usize,
+    /// Re-runs deferred again (back in the queue, or refused by a full queue).
+    pub deferred_again: usize,
+    /// Re-runs that were ignored (nothing left to do, pages gone).
+    pub ignored: usize,
+    /// Re-runs that returned an error.
+    pub failed: usize,
 }
 
 impl Manager {
@@ -360,6 +393,13 @@ fn offload_advice(st: &DirState, ns: NamespaceId, pages: &[PageId]) -> Option<Ad
         .map(|p| st.dir.info(p).hash)
         .collect();
     (!hashes.is_empty()).then_some(Advice::Offload { ns, hashes })
+}
+
+/// When a TTL set at `now_ms` ends. Saturates: a TTL reaching past `u64::MAX` ms (as
+/// `max_pin_ttl_ms = u64::MAX` allows) ends at `u64::MAX`, which no clock reaches, so
+/// the pin holds until it is replaced or its page goes, never wrapping to the past.
+pub(crate) fn expiry(now_ms: u64, ttl_ms: u64) -> u64 {
+    now_ms.saturating_add(ttl_ms)
 }
 
 fn clip_ttl(tun: &super::Tunables, ttl_ms: u64) -> (u64, bool) {

@@ -24,6 +24,7 @@ mod recover;
 mod sessions;
 mod state;
 mod stats;
+mod store_plan;
 mod tiers;
 mod timers;
 mod upkeep;
@@ -105,6 +106,8 @@ pub enum ManagerError {
     UnknownGrant(u64),
     #[error("grant {id} covers {pages} pages, the result names {got}")]
     GrantMismatch { id: u64, pages: usize, got: usize },
+    #[error("a store of {pages} pages needs {need} host slots; the arena has {slots} in all")]
+    StoreTooLarge { pages: usize, need: usize, slots: u32 },
     #[error("the transfer queue is full")]
     Busy,
     #[error("no namespace is registered yet")]

@@ -188,6 +188,7 @@ impl Manager {
                     }
                     objs.clear();
                     objs.extend(moves[first..].iter().map(|m| m.obj));
+                    // Cannot fail: every object index comes from this page's own layout.
                     let _ = st.dir.set_inflight_objects(page, TierKind::Pool, &objs, true);
                 }
                 gt.lease(page);
@@ -232,9 +233,11 @@ impl Manager {
                     bytes += m.len as u64;
                 }
             }
+            // Cannot fail: every object index comes from this page's own layout.
             let _ = st.dir.set_objects(page, TierKind::Pool, &objs, true);
             objs.clear();
             objs.extend(moves[run].iter().map(|m| m.obj));
+            // Cannot fail: every object index comes from this page's own layout.
             let _ = st.dir.set_inflight_objects(page, TierKind::Pool, &objs, false);
         }
         let mut complete = 0;
@@ -373,6 +376,7 @@ impl Manager {
                             stop = true;
                             break;
                         };
+                        // Cannot fail: every object index comes from this page's own layout.
                         let _ = st.dir.set_inflight_objects(id, TierKind::Host, &missing, true);
                         for (obj, slot) in missing.into_iter().zip(slots) {
                             moves.push(ObjMove {
@@ -439,10 +443,13 @@ impl Manager {
                 st.set_host_slots(page, &arrived, count);
                 all.clear();
                 all.extend(arrived.iter().map(|&(o, _)| o));
+                // Cannot fail: every object index comes from this page's own layout.
                 let _ = st.dir.set_objects(page, TierKind::Host, &all, true);
+                // Cannot fail: every object index comes from this page's own layout.
                 let _ = st.dir.set_objects(page, TierKind::Pool, &lost, false);
                 all.clear();
                 all.extend(moves[run].iter().map(|m| m.obj));
+                // Cannot fail: every object index comes from this page's own layout.
                 let _ = st.dir.set_inflight_objects(page, TierKind::Host, &all, false);
                 // Staged for a load: protected until the load hits it or the TTL ends, so
                 // the next eviction round does not drop what was just brought in. At most

@@ -19,6 +19,7 @@ use super::{Manager, ManagerError};
 use crate::directory::PageId;
 use crate::page::{NamespaceId, PageHash};
 use crate::policy::{Watermarks, select_victims};
+use crate::pool::PoolError;
 use crate::tier::TierKind;
 
 /// Pool victims marked per write lock.
@@ -126,7 +127,8 @@ impl Manager {
             }
         }
         self.evict_pool_by_watermark();
-        self.retry_deferred();
+        // Outcomes are counted in the hint stats and failures logged by the retry itself.
+        let _retried = self.retry_deferred();
         self.device_advice();
         // Re-arm: the next growth that finds usage above a high watermark wakes upkeep.
         self.refresh_crossings();
@@ -173,6 +175,7 @@ impl Manager {
                 let Ok(layout) = st.dir.layout(ns) else { continue };
                 if let Ok((hash, obj)) = st.keys[i].parse(layout, &key) {
                     if let Some(id) = st.dir.find(ns, &hash) {
+                        // `parse` checked `obj` against this layout: this cannot fail.
                         let _ = st.dir.set_object(id, TierKind::Pool, obj, false);
                     }
                     break;
@@ -237,19 +240,53 @@ impl Manager {
                 }
                 for (obj, &oid) in layout.objects().iter().enumerate() {
                     let key = st.keys[info.ns.0 as usize].object_key(&layout, &info.hash, oid);
-                    let _ = st.dir.set_object(id, TierKind::Pool, obj, false);
-                    let _ = st.dir.set_inflight(id, TierKind::Pool, obj, true);
+                    // `obj` indexes the page's own layout: neither call can fail.
+                    if let Err(e) = st
+                        .dir
+                        .set_inflight(id, TierKind::Pool, obj, true)
+                        .and_then(|()| st.dir.set_object(id, TierKind::Pool, obj, false).map(|_| ()))
+                    {
+                        tracing::warn!(error = %e, "pool eviction: could not reserve an object");
+                        continue;
+                    }
                     removing.push((id, obj, key));
                 }
                 self.inner.stats.evicted(TierKind::Pool);
             }
         }
-        for (_, _, key) in &removing {
-            let _ = pool.remove(key, true);
-        }
+        // Remove, no lock held.
+        let results: Vec<Result<(), PoolError>> = removing.iter().map(|(_, _, key)| pool.remove(key, true)).collect();
+        // Settle. An object the pool could not remove is still there: it is marked present
+        // again (before its in-flight mark goes, so the record stays live), not orphaned.
         let mut st = self.write();
-        for (id, obj, _) in removing {
-            let _ = st.dir.set_inflight(id, TierKind::Pool, obj, false);
+        let mut kept = 0usize;
+        for ((id, obj, _), r) in removing.into_iter().zip(results) {
+            let restore = match r {
+                Ok(()) | Err(PoolError::NotFound) => None,
+                Err(e) => Some(e),
+            };
+            if let Some(e) = &restore {
+                kept += 1;
+                tracing::debug!(error = %e, "pool eviction: remove failed; the object stays");
+            }
+            // `obj` is an index of the page's own layout and the in-flight mark has kept the
+            // record live since the reserve step, so neither call can fail; if one did, the
+            // directory is wrong about this object, which is worth a warning.
+            let mut r = Ok(());
+            if restore.is_some() {
+                r = st.dir.set_object(id, TierKind::Pool, obj, true).map(|_| ());
+            }
+            let r = r.and_then(|()| st.dir.set_inflight(id, TierKind::Pool, obj, false));
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "pool eviction: could not settle an object");
+            }
+        }
+        drop(st);
+        if kept > 0 {
+            tracing::warn!(
+                objects = kept,
+                "pool eviction: removes failed; those objects stay in the pool"
+            );
         }
     }
 

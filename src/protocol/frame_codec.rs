@@ -7,7 +7,13 @@
 //! it. The client library inside engines stays on blocking std I/O and keeps using
 //! [`read_frame`] and [`encode_frame`](super::frame::encode_frame).
 //!
+//! The codec also notes when the frame it is waiting for began to arrive
+//! ([`FrameCodec::partial_since`]), so a server can give a frame body its own deadline,
+//! independent of how long the connection idles between frames.
+//!
 //! [`read_frame`]: super::frame::read_frame
+
+use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
@@ -35,6 +41,9 @@ pub struct FrameCodec {
     /// The message encoders write into a `Vec`; reused so encoding allocates nothing
     /// once it has grown to the largest message.
     scratch: Vec<u8>,
+    /// When the bytes of the frame not yet whole were first seen; `None` at a frame
+    /// boundary with nothing buffered.
+    partial: Option<Instant>,
 }
 
 impl FrameCodec {
@@ -43,6 +52,23 @@ impl FrameCodec {
         Self {
             max_body,
             scratch: Vec::new(),
+            partial: None,
+        }
+    }
+
+    /// Since when part of a frame has been buffered without the rest, as seen by the
+    /// last `decode`: the start of a frame body (or header) that is still arriving.
+    /// `None` while the connection sits at a frame boundary.
+    pub fn partial_since(&self) -> Option<Instant> {
+        self.partial
+    }
+
+    /// Notes that `decode` is waiting for more bytes of a frame in `src`.
+    fn waiting(&mut self, src: &BytesMut) {
+        if src.is_empty() {
+            self.partial = None;
+        } else if self.partial.is_none() {
+            self.partial = Some(Instant::now());
         }
     }
 
@@ -67,6 +93,7 @@ impl Decoder for FrameCodec {
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
         let Some(h) = src.first_chunk::<HEADER_BYTES>() else {
             src.reserve(HEADER_BYTES);
+            self.waiting(src);
             return Ok(None);
         };
         let header = Header::decode(h, self.max_body)?;
@@ -74,10 +101,13 @@ impl Decoder for FrameCodec {
         if src.len() < total {
             // Within the cap (checked above), so this reservation is bounded.
             src.reserve(total - src.len());
+            self.waiting(src);
             return Ok(None);
         }
         src.advance(HEADER_BYTES);
         let body = src.split_to(header.body_len as usize);
+        // The next frame, if some of it is buffered already, is timed from the next call.
+        self.partial = None;
         Ok(Some(Frame { header, body }))
     }
 
@@ -185,6 +215,34 @@ mod tests {
         let mut half = BytesMut::from(&ping(1, b"xyz")[..18]);
         assert!(matches!(codec.decode_eof(&mut half), Err(FrameError::Truncated)));
         assert!(matches!(codec.decode_eof(&mut BytesMut::new()), Ok(None)));
+    }
+
+    #[test]
+    fn a_partial_frame_is_timed_from_its_first_bytes_and_cleared_at_a_boundary() {
+        let wire = ping(5, &[7u8; 40]);
+        let mut codec = FrameCodec::new(1024);
+        let mut buf = BytesMut::new();
+        assert!(codec.decode(&mut buf).unwrap().is_none());
+        assert_eq!(codec.partial_since(), None, "nothing buffered: at a boundary");
+        buf.extend_from_slice(&wire[..10]);
+        assert!(codec.decode(&mut buf).unwrap().is_none());
+        let first = codec.partial_since().expect("a header in progress is timed");
+        buf.extend_from_slice(&wire[10..30]);
+        assert!(codec.decode(&mut buf).unwrap().is_none());
+        assert_eq!(
+            codec.partial_since(),
+            Some(first),
+            "more bytes do not restart the clock"
+        );
+        buf.extend_from_slice(&wire[30..]);
+        buf.extend_from_slice(&wire[..3]);
+        assert_eq!(codec.decode(&mut buf).unwrap().unwrap().header.request_id, 5);
+        assert_eq!(codec.partial_since(), None, "a whole frame ends the wait");
+        assert!(codec.decode(&mut buf).unwrap().is_none());
+        assert!(
+            codec.partial_since().is_some(),
+            "the next frame's first bytes start a new clock"
+        );
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub struct Daemon {
     pub arena: PathBuf,
     child: Option<Child>,
     pub log: PathBuf,
+    /// `key=value` pairs passed as `--set` on every (re)start.
+    pub sets: Vec<String>,
 }
 
 /// The `kvtier` binary the tests run: `KVTIER_BIN` where set (a prebuilt test binary
@@ -65,15 +67,26 @@ pub fn kvtier_bin() -> PathBuf {
 
 impl Daemon {
     pub fn start(dir: &Path, arena_bytes: u64) -> Self {
+        Self::start_with(dir, arena_bytes, &[])
+    }
+
+    /// [`Daemon::start`] with configuration keys set (`"key=value"`, as `--set` takes).
+    pub fn start_with(dir: &Path, arena_bytes: u64, sets: &[&str]) -> Self {
         let mut d = Self {
             dir: dir.to_owned(),
             socket: dir.join("kvtier.sock"),
             arena: dir.join("arena"),
             child: None,
             log: dir.join("daemon.log"),
+            sets: sets.iter().map(|s| s.to_string()).collect(),
         };
         d.restart(arena_bytes);
         d
+    }
+
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn restart(&mut self, arena_bytes: u64) {
@@ -96,6 +109,7 @@ impl Daemon {
                 "--set",
                 "pool_bytes=8388608",
             ])
+            .args(self.sets.iter().flat_map(|s| ["--set", s.as_str()]))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)

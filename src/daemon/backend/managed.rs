@@ -51,6 +51,8 @@ pub struct TiersConfig {
     pub recover: bool,
     pub arena: ArenaOptions,
     pub tunables: manager::Tunables,
+    /// Page events kept for replay (the ring's bound; its memory grows to it).
+    pub event_ring: usize,
 }
 
 struct StoreInfo {
@@ -97,6 +99,7 @@ impl ManagedTiers {
             },
             max_pages: cfg.max_pages,
             tunables: cfg.tunables,
+            event_ring: cfg.event_ring,
             ..ManagerConfig::default()
         };
         let mgr = Manager::new(mcfg, clock)?;

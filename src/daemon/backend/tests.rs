@@ -25,6 +25,7 @@ fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
             touch_threads: 1,
         },
         tunables: Tunables::default(),
+        event_ring: 1 << 12,
     }
 }
 

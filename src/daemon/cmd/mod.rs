@@ -107,6 +107,7 @@ pub(crate) fn error_response(e: &BackendError) -> Response {
             ManagerError::Directory(_)
             | ManagerError::Page(_)
             | ManagerError::BatchTooLarge { .. }
+            | ManagerError::StoreTooLarge { .. }
             | ManagerError::LengthMismatch { .. }
             | ManagerError::GrantMismatch { .. }
             | ManagerError::NoDevice { .. }
