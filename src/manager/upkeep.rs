@@ -123,6 +123,7 @@ impl Manager {
         }
         self.evict_pool_by_watermark();
         self.retry_deferred();
+        self.policy_tick();
         self.device_advice();
         // Re-arm: the next growth that finds usage above a high watermark wakes upkeep.
         self.refresh_crossings();

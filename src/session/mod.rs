@@ -21,7 +21,7 @@ use crate::clock::Clock;
 use crate::tier::TierKind;
 
 /// Longest accepted `session_id`, in bytes.
-pub const MAX_SESSION_ID_BYTES: usize = 256;
+pub const MAX_SESSION_ID_BYTES: usize = 1024;
 /// Pause durations kept per session for reporting (older ones are folded into the totals).
 const MAX_PAUSES_KEPT: usize = 256;
 

@@ -93,8 +93,23 @@ impl PressureController {
             .sum()
     }
 
-    /// One control step against a device of `capacity_tokens`.
+    /// One control step against a device of `capacity_tokens`, on the live sessions'
+    /// device demand (their context tokens).
     pub fn step(&self, sessions: &mut SessionTable, capacity_tokens: u64) -> Result<Vec<Action>, SessionError> {
+        let used = self.demand(sessions);
+        self.step_at(sessions, used, capacity_tokens, |s| s.context_tokens)
+    }
+
+    /// One control step on a utilisation the caller measured (`used` of `capacity`, in
+    /// the unit `size` gives each session): the daemon passes its host tier's pages and
+    /// each session's pages, so pausing a session is credited with what it frees there.
+    pub fn step_at(
+        &self,
+        sessions: &mut SessionTable,
+        used: u64,
+        capacity_tokens: u64,
+        size: impl Fn(&super::Session) -> u64,
+    ) -> Result<Vec<Action>, SessionError> {
         let now = sessions.now_ms();
         let cap = capacity_tokens as usize;
         let wm = &self.config.watermarks;
@@ -116,13 +131,13 @@ impl PressureController {
                 });
             }
         }
-        let used = self.demand(sessions) as usize;
+        let used = used as usize;
         let reclaim = wm.reclaim(used, cap) as u64;
         if reclaim > 0 {
             let mut acting: Vec<(u64, u32)> = sessions
                 .iter()
                 .filter(|(i, s)| !s.paused && s.activity == Activity::Acting && s.boost_until_ms <= now && *i > 0)
-                .map(|(i, s)| (s.context_tokens, i))
+                .map(|(i, s)| (size(s), i))
                 .collect();
             acting.sort_unstable_by(|a, b| b.cmp(a));
             let mut freed = 0u64;
@@ -138,7 +153,7 @@ impl PressureController {
                 let smallest = sessions
                     .iter()
                     .filter(|(_, s)| !s.paused && !s.pause_pending && s.activity == Activity::Reasoning)
-                    .min_by_key(|(i, s)| (s.context_tokens, *i))
+                    .min_by_key(|(i, s)| (size(s), *i))
                     .map(|(i, _)| i);
                 if let Some(session) = smallest {
                     sessions.mark_pause(session)?;
@@ -146,11 +161,11 @@ impl PressureController {
                 }
             }
         } else if wm.may_resume(used, cap) {
-            let mut budget = (wm.resume * capacity_tokens as f64) as u64 - used as u64;
+            let mut budget = ((wm.resume * capacity_tokens as f64) as u64).saturating_sub(used as u64);
             let mut paused: Vec<(u64, u64, u32)> = sessions
                 .iter()
                 .filter(|(_, s)| s.paused)
-                .map(|(i, s)| (s.context_tokens, s.paused_since_ms.unwrap_or(now), i))
+                .map(|(i, s)| (size(s), s.paused_since_ms.unwrap_or(now), i))
                 .collect();
             paused.sort_unstable();
             for (tokens, _, session) in paused.into_iter().take(self.config.max_changes_per_step) {

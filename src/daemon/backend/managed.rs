@@ -180,12 +180,19 @@ impl Backend for ManagedTiers {
         session: &str,
         owner: u64,
     ) -> Result<(u64, Vec<GrantPage>), BackendError> {
+        let session_id = session;
         let session = if session.is_empty() {
             0
         } else {
             self.mgr.session_index(session)
         };
         let g = self.mgr.begin_store(ns, tp, pp, hashes, session, owner)?;
+        if session != 0
+            && let Err(e) = self.mgr.policy_page_stored(session_id, ns, hashes)
+        {
+            // The store stands; only the session's chain misses these pages.
+            tracing::debug!(error = %e, "session policy refused a store's session");
+        }
         let mut out = Vec::new();
         let mut pages = Vec::new();
         let mut no_space = false;
@@ -361,11 +368,21 @@ impl Backend for ManagedTiers {
         Ok(n)
     }
 
-    fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase) {
-        let idx = self.mgr.session_index(id);
-        tracing::debug!(session = idx, has_parent = parent.is_some(), ?phase, "session phase");
-        let idle = matches!(phase, SessionPhase::Acting | SessionPhase::Paused | SessionPhase::Ended);
-        self.mgr.set_session_idle(idx, idle);
+    fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase) -> Result<(), BackendError> {
+        tracing::debug!(
+            id_len = id.len(),
+            has_parent = parent.is_some(),
+            ?phase,
+            "session phase"
+        );
+        let phase = match phase {
+            SessionPhase::Reasoning => crate::policy::Phase::Reasoning,
+            SessionPhase::Acting => crate::policy::Phase::Acting,
+            SessionPhase::Paused => crate::policy::Phase::Paused,
+            SessionPhase::Ended => crate::policy::Phase::Ended,
+        };
+        self.mgr.session_phase(id, parent.filter(|p| !p.is_empty()), phase)?;
+        Ok(())
     }
 
     fn hint(&self, ns: NamespaceId, hint: &Hint) -> Result<HintOutcome, BackendError> {

@@ -97,7 +97,7 @@ pub trait Backend: Send + Sync + 'static {
     /// The rank freed these device pages. Returns how many kvtier knew.
     fn removed(&self, ns: NamespaceId, tp_rank: u16, pp_rank: u16, hashes: &[PageHash]) -> Result<usize, BackendError>;
     /// A session changed phase (tool-call start/end, pause, end).
-    fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase);
+    fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase) -> Result<(), BackendError>;
     fn hint(&self, ns: NamespaceId, hint: &Hint) -> Result<HintOutcome, BackendError>;
     /// Takes the namespace's advice for engines, at most `max_pages` page hashes in all.
     fn take_advice(&self, ns: NamespaceId, max_pages: usize) -> AdviceBatch;

@@ -104,7 +104,8 @@ pub(crate) fn error_response(e: &BackendError) -> Response {
             | ManagerError::LengthMismatch { .. }
             | ManagerError::GrantMismatch { .. }
             | ManagerError::NoDevice { .. }
-            | ManagerError::NoNamespace => ErrorCode::BadRequest,
+            | ManagerError::NoNamespace
+            | ManagerError::Session(_) => ErrorCode::BadRequest,
             ManagerError::Arena(_)
             | ManagerError::Device(_)
             | ManagerError::Pool(_)

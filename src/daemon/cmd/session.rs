@@ -11,6 +11,6 @@ pub(super) fn session(
     parent: Option<&str>,
     phase: SessionPhase,
 ) -> Result<Response, BackendError> {
-    shared.backend.session(id, parent, phase);
+    shared.backend.session(id, parent, phase)?;
     Ok(Response::Ok)
 }
