@@ -8,6 +8,8 @@
 //! | GET | `/v1/sessions?offset=<n>&limit=<n>` | sessions the daemon tracks, one page of them |
 //! | GET | `/v1/pages?hash=<hex>` or `?prefix=<hex,hex,…>` | per-tier completeness, missing objects |
 //! | POST | `/v1/hints` | a JSON hint → its outcome, as on the engine path |
+//! | POST | `/v1/sessions/phase` | a router reports a session's phase (`{"session_id", "parent_session_id"?, "phase"}`) |
+//! | GET | `/v1/sessions/advice` | pause/resume advice of the pressure controller since the last call, and its counters |
 //! | GET, PUT | `/v1/config` | the tunables; PUT changes only those, validated |
 //! | GET | `/v1/events?from=<seq>&limit=<n>` | page events as JSON lines (chunked) |
 //! | GET | `/metrics` | Prometheus text format |
@@ -53,6 +55,8 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         ("GET", "/v1/sessions") => sessions(ctx, req),
         ("GET", "/v1/pages") => pages(ctx, req),
         ("POST", "/v1/hints") => hint(ctx, req),
+        ("POST", "/v1/sessions/phase") => super::session_routes::phase(ctx, req),
+        ("GET", "/v1/sessions/advice") => Ok(super::session_routes::advice(ctx)),
         ("GET", "/v1/config") => Ok(json!(ctx.manager.tunables())),
         ("PUT", "/v1/config") => put_config(ctx, req),
         ("GET", "/v1/events") => return events(ctx, req).unwrap_or_else(ApiError::reply),
@@ -62,8 +66,16 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         }
         (
             _,
-            "/v1/status" | "/v1/tiers" | "/v1/sessions" | "/v1/pages" | "/v1/hints" | "/v1/config" | "/v1/events"
-            | "/metrics",
+            "/v1/status"
+            | "/v1/tiers"
+            | "/v1/sessions"
+            | "/v1/pages"
+            | "/v1/hints"
+            | "/v1/config"
+            | "/v1/events"
+            | "/metrics"
+            | "/v1/sessions/phase"
+            | "/v1/sessions/advice",
         ) => Err(ApiError::new(
             405,
             "method_not_allowed",
@@ -119,6 +131,7 @@ impl From<ManagerError> for ApiError {
             ManagerError::BatchTooLarge { .. } => (413, "batch_too_large"),
             ManagerError::Busy => (503, "busy"),
             ManagerError::NoNamespace => (404, "no_namespace"),
+            ManagerError::Session(_) => (400, "bad_session"),
             _ => (500, "internal"),
         };
         ApiError::new(status, code, e.to_string())
@@ -184,15 +197,25 @@ fn all_sessions(ctx: &AdminState) -> Vec<SessionInfo> {
     if !from_daemon.is_empty() {
         return from_daemon;
     }
+    // The policy's view (phase, parent, chain length) where it keeps the session.
+    let views: std::collections::HashMap<String, crate::policy::SessionView> = ctx
+        .manager
+        .session_views()
+        .into_iter()
+        .map(|v| (v.session_id.clone(), v))
+        .collect();
     ctx.manager
         .sessions()
         .into_iter()
-        .map(|(session_id, idle)| SessionInfo {
-            session_id,
-            parent_session_id: None,
-            phase: None,
-            idle,
-            pages: None,
+        .map(|(session_id, idle)| {
+            let v = views.get(&session_id);
+            SessionInfo {
+                parent_session_id: v.and_then(|v| v.parent_session_id.clone()),
+                phase: v.map(|v| v.phase.name().to_owned()),
+                pages: v.map(|v| v.pages as u64),
+                session_id,
+                idle,
+            }
         })
         .collect()
 }

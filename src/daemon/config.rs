@@ -72,6 +72,40 @@ pub struct DaemonConfig {
     pub events_encoding: EventsEncoding,
     /// Mooncake-style pool object event PUB endpoint; empty disables it. Default: `tcp://127.0.0.1:5572`.
     pub pool_events_endpoint: String,
+    /// The session policy: `session-aware` (phases, lineage and pressure move pages) or
+    /// `off` (sessions only order eviction). Default: `session-aware`.
+    pub session_policy: SessionPolicyMode,
+    /// Host utilisation at which the pressure controller pauses acting sessions. Default: 0.95.
+    pub policy_pause_at: f64,
+    /// Host utilisation it reclaims down to; above it, acting sessions' private pages are
+    /// demoted to the pool and reasoning sessions lose priority. Default: 0.80.
+    pub policy_target: f64,
+    /// Paused sessions come back at or below this host utilisation. Default: 0.85.
+    pub policy_resume_at: f64,
+    /// Room kept per resumed session, in pages. Default: 16.
+    pub policy_resume_buffer_pages: u64,
+    /// How long a resumed session is not paused again, in ms. Default: 1000.
+    pub policy_resume_boost_ms: u64,
+    /// Longest pause, in ms, whatever the utilisation. Default: 1,800,000 (30 minutes).
+    pub policy_forced_resume_ms: u64,
+    /// An acting session's private pages are demoted once it has acted this long (ms)
+    /// and host is above `policy_target`. Default: 0.
+    pub policy_demote_after_ms: u64,
+    /// Drop a page's host copy once it is loaded to device (exclusive tiers). Default: false.
+    pub policy_exclusive: bool,
+    /// A session with no activity this long (ms) ends. Default: 300,000.
+    pub policy_idle_timeout_ms: u64,
+}
+
+/// Whether the daemon runs the session-aware policy (`session_policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SessionPolicyMode {
+    /// Phases, lineage and the pressure controller decide demotions and staging.
+    #[default]
+    SessionAware,
+    /// Session phases only order eviction (idle sessions' pages go first).
+    Off,
 }
 
 /// How the vLLM-format KV events are encoded (`events_encoding`).
@@ -133,6 +167,16 @@ impl Default for DaemonConfig {
             events_replay_endpoint: "tcp://127.0.0.1:5571".into(),
             events_encoding: EventsEncoding::Positional,
             pool_events_endpoint: "tcp://127.0.0.1:5572".into(),
+            session_policy: SessionPolicyMode::SessionAware,
+            policy_pause_at: 0.95,
+            policy_target: 0.80,
+            policy_resume_at: 0.85,
+            policy_resume_buffer_pages: 16,
+            policy_resume_boost_ms: 1_000,
+            policy_forced_resume_ms: 30 * 60 * 1_000,
+            policy_demote_after_ms: 0,
+            policy_exclusive: false,
+            policy_idle_timeout_ms: 300_000,
         }
     }
 }
@@ -224,7 +268,41 @@ impl DaemonConfig {
         if self.tick_ms == 0 {
             return bad("tick_ms must be at least 1");
         }
+        if let Some(p) = self.session_policy()
+            && let Err(e) = p.pressure.validate()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "policy_pause_at, policy_target, policy_resume_at: {e}"
+            )));
+        }
         Ok(())
+    }
+
+    /// The session policy these keys describe, or `None` when it is off.
+    pub fn session_policy(&self) -> Option<crate::policy::SessionPolicyConfig> {
+        use crate::policy::SessionPolicyConfig;
+        use crate::session::pressure::PressureConfig;
+        if self.session_policy == SessionPolicyMode::Off {
+            return None;
+        }
+        let d = SessionPolicyConfig::default();
+        Some(SessionPolicyConfig {
+            pressure: PressureConfig {
+                watermarks: crate::policy::Watermarks {
+                    high: self.policy_pause_at,
+                    target: self.policy_target,
+                    resume: self.policy_resume_at,
+                },
+                resume_buffer_tokens: self.policy_resume_buffer_pages,
+                boost_ms: self.policy_resume_boost_ms,
+                forced_resume_ms: self.policy_forced_resume_ms,
+                ..d.pressure
+            },
+            demote_after_ms: self.policy_demote_after_ms,
+            exclusive: self.policy_exclusive,
+            idle_timeout_ms: self.policy_idle_timeout_ms,
+            ..d
+        })
     }
 
     pub fn tiers(&self) -> TiersConfig {
@@ -245,6 +323,7 @@ impl DaemonConfig {
                 pin_budget: self.pin_budget,
                 ..Tunables::default()
             },
+            policy: self.session_policy(),
         }
     }
 

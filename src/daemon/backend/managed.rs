@@ -48,6 +48,8 @@ pub struct TiersConfig {
     pub recover: bool,
     pub arena: ArenaOptions,
     pub tunables: manager::Tunables,
+    /// The session-aware policy; `None` turns it off.
+    pub policy: Option<crate::policy::SessionPolicyConfig>,
 }
 
 struct StoreInfo {
@@ -85,6 +87,7 @@ impl ManagedTiers {
             },
             max_pages: cfg.max_pages,
             tunables: cfg.tunables,
+            policy: cfg.policy,
             ..ManagerConfig::default()
         };
         let mgr = Manager::new(mcfg, clock)?;

@@ -24,6 +24,7 @@ fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
             touch_threads: 1,
         },
         tunables: Tunables::default(),
+        policy: Some(crate::policy::SessionPolicyConfig::default()),
     }
 }
 
