@@ -117,7 +117,16 @@ fn costs_follow_the_model() {
     assert!((ms - (1000.0 + 1.0 + 200.0)).abs() < 1e-6, "{ms}");
     assert_eq!(
         PolicyKind::ALL.map(PolicyKind::name),
-        ["device-lru", "write-through", "session-aware"]
+        [
+            "device-lru",
+            "write-through",
+            "exclusive-lru",
+            "session-aware",
+            "session-aware-no-lineage",
+            "session-aware-no-phases",
+            "session-aware-no-pressure",
+            "session-aware-no-ended"
+        ]
     );
     assert!(c.validate().is_ok());
     let bad = CostModel {
