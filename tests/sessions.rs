@@ -32,7 +32,7 @@ impl Drop for Serve {
     }
 }
 
-fn serve(dir: &Path) -> Serve {
+fn serve(dir: &Path, extra: &[String]) -> Serve {
     let socket = dir.join("kvtier.sock");
     let admin = dir.join("admin.sock");
     let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
@@ -61,6 +61,7 @@ fn serve(dir: &Path) -> Serve {
         ])
         .arg("--set")
         .arg(format!("admin_socket={}", admin.display()))
+        .args(extra.iter().flat_map(|e| ["--set", e.as_str()]))
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -123,7 +124,8 @@ fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
 #[test]
 fn an_acting_child_goes_to_the_pool_under_pressure_and_comes_back_on_resume() {
     let dir = tempfile::tempdir().unwrap();
-    let d = serve(dir.path());
+    let traces = dir.path().join("traces/requests.jsonl");
+    let d = serve(dir.path(), &[format!("request_trace_path={}", traces.display())]);
     let mut parent = RankProc::spawn(&d.socket, "parent-engine", 0, 0, 1, 1);
     let mut child = RankProc::spawn(&d.socket, "child-engine", 0, 0, 1, 1);
 
@@ -177,12 +179,109 @@ fn an_acting_child_goes_to_the_pool_under_pressure_and_comes_back_on_resume() {
     let (_, a) = http(&d.admin, "GET", "/v1/sessions/advice", "");
     assert_eq!(a["stats"]["demoted_pages"], json!(16), "{a}");
     assert_eq!(a["stats"]["staged_pages"], json!(24), "{a}");
+
+    // Request ends become content-free trace lines that `kvtier replay --trace` reads.
+    assert_eq!(parent.cmd("reqend parent - 32 4 1000 8"), "ok");
+    assert_eq!(child.cmd("reqend child parent 96 8 1000 8 2000 16"), "ok");
+    let text = std::fs::read_to_string(&traces).unwrap();
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    let ids: Vec<u64> = (1000..1008).chain(2000..2016).collect();
+    assert_eq!(lines[1]["hash_ids"], json!(ids));
+    assert_eq!(
+        (lines[1]["session_id"].clone(), lines[1]["parent_session_id"].clone()),
+        (json!("child"), json!("parent"))
+    );
+    assert_eq!(
+        (lines[1]["input_length"].clone(), lines[1]["output_length"].clone()),
+        (json!(96), json!(8))
+    );
+    let mut keys: Vec<&String> = lines[1].as_object().unwrap().keys().collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "hash_ids",
+            "input_length",
+            "output_length",
+            "parent_session_id",
+            "session_id",
+            "timestamp"
+        ]
+    );
+    let out = Command::new(kvtier_bin())
+        .args(["replay", "--json", "--block-tokens", "4", "--trace"])
+        .arg(&traces)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (r["workload"]["requests"].clone(), r["workload"]["sessions"].clone()),
+        (json!(2), json!(2))
+    );
+    // The child reuses the parent's 8-page prefix: 32 of its tokens are a hit.
+    assert_eq!(r["bounds"]["infinite_hit_tokens"], json!(32), "{r}");
+}
+
+/// The same calls, made on the policy the replay runs, decide the same moves as the
+/// daemon made above: the child's 16 private pages demoted, its 24-page chain staged.
+#[test]
+fn the_policy_the_replay_runs_decides_the_same_moves() {
+    use kvtier::clock::SimClock;
+    use kvtier::page::NamespaceId;
+    use kvtier::policy::{Move, Phase, SessionPolicy, SessionPolicyConfig, Usage};
+    let ns = NamespaceId(0);
+    let usage = |used| Usage {
+        used_pages: used,
+        capacity_pages: 100,
+        pool: true,
+    };
+    let mut p = SessionPolicy::new(SessionPolicyConfig::default(), SimClock::new()).unwrap();
+    let prefix = hashes(1000, 8);
+    let chain: Vec<_> = prefix.iter().copied().chain(hashes(2000, 16)).collect();
+    p.phase_changed("parent", None, Phase::Reasoning, usage(0)).unwrap();
+    p.page_stored("parent", ns, &prefix).unwrap();
+    p.phase_changed("child", Some("parent"), Phase::Reasoning, usage(8))
+        .unwrap();
+    p.page_stored("child", ns, &chain).unwrap();
+    p.phase_changed("child", None, Phase::Acting, usage(24)).unwrap();
+    assert!(p.tick(usage(24)).moves.is_empty());
+    p.page_stored("filler", ns, &hashes(5000, 64)).unwrap();
+    assert_eq!(
+        p.tick(usage(88)).moves,
+        vec![Move::Demote {
+            ns,
+            hashes: hashes(2000, 16)
+        }]
+    );
+    let d = p.phase_changed("child", None, Phase::Reasoning, usage(72)).unwrap();
+    assert_eq!(d.moves, vec![Move::Stage { ns, hashes: chain }]);
+}
+
+#[test]
+fn a_trace_line_with_missing_fields_is_refused_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &path,
+        "{\"timestamp\": 0, \"input_length\": 8, \"output_length\": 1, \"hash_ids\": [1, 2]}\n{\"timestamp\": 5, \"input_length\": 8, \"output_length\": 1}\n",
+    )
+    .unwrap();
+    let out = Command::new(kvtier_bin())
+        .args(["replay", "--json", "--trace"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2") && err.contains("hash_ids"), "{err}");
 }
 
 #[test]
 fn bad_session_input_gets_typed_errors_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let d = serve(dir.path());
+    let d = serve(dir.path(), &[]);
     let mut e = RankProc::spawn(&d.socket, "engine", 0, 0, 1, 1);
     assert_eq!(e.cmd("phase a - reasoning"), "ok");
     assert_eq!(e.cmd("cstore a 1000 8"), "stored 8 8");

@@ -95,6 +95,14 @@ pub struct DaemonConfig {
     pub policy_exclusive: bool,
     /// A session with no activity this long (ms) ends. Default: 300,000.
     pub policy_idle_timeout_ms: u64,
+    /// Request traces (JSON lines in the Mooncake trace format plus session ids, no
+    /// content) appended here as engines report request ends; empty writes none.
+    /// Default: empty (off).
+    pub request_trace_path: PathBuf,
+    /// Rotate the request traces past this many bytes. Default: 64 MiB.
+    pub request_trace_max_bytes: u64,
+    /// Request trace files kept, the current one included. Default: 4.
+    pub request_trace_files: usize,
 }
 
 /// Whether the daemon runs the session-aware policy (`session_policy`).
@@ -177,6 +185,9 @@ impl Default for DaemonConfig {
             policy_demote_after_ms: 0,
             policy_exclusive: false,
             policy_idle_timeout_ms: 300_000,
+            request_trace_path: PathBuf::new(),
+            request_trace_max_bytes: 64 << 20,
+            request_trace_files: 4,
         }
     }
 }
@@ -324,6 +335,13 @@ impl DaemonConfig {
                 ..Tunables::default()
             },
             policy: self.session_policy(),
+            request_traces: (!self.request_trace_path.as_os_str().is_empty()).then(|| {
+                crate::session::trace_log::TraceLogConfig {
+                    path: self.request_trace_path.clone(),
+                    max_bytes: self.request_trace_max_bytes.max(1),
+                    files: self.request_trace_files.max(1),
+                }
+            }),
         }
     }
 

@@ -73,6 +73,15 @@ pub enum Request {
     TakeAdvice {
         max_pages: u32,
     },
+    /// A request finished: its session (and parent), token counts and prompt page
+    /// hashes. No content. Feeds the session policy's lineage and the request traces.
+    RequestEnd {
+        session: String,
+        parent: Option<String>,
+        input_length: u64,
+        output_length: u64,
+        hashes: Vec<PageHash>,
+    },
 }
 
 /// The daemon's answer to one request.
@@ -119,6 +128,7 @@ kinds! {
     CONNECT = 0x01, REGISTER_DEVICE = 0x02, LOOKUP = 0x03, STORE = 0x04, COMMIT = 0x05,
     ABORT = 0x06, LOAD = 0x07, LOAD_DONE = 0x08, POLL = 0x09, WAIT = 0x0a, REMOVED = 0x0b,
     SESSION = 0x0c, HINT = 0x0d, STATS = 0x0e, PING = 0x0f, TAKE_ADVICE = 0x10,
+    REQUEST_END = 0x1c,
     R_CONNECTED = 0x81, R_OK = 0x82, R_LOOKUP = 0x83, R_STORE_GRANT = 0x84, R_COMMITTED = 0x85,
     R_LOAD_GRANT = 0x86, R_TICKET = 0x87, R_HINT = 0x88, R_STATS = 0x89, R_PONG = 0x8a,
     R_ADVICE = 0x8b, R_ERROR = 0xff,
@@ -163,6 +173,7 @@ impl Request {
             Request::Stats => STATS,
             Request::Ping { .. } => PING,
             Request::TakeAdvice { .. } => TAKE_ADVICE,
+            Request::RequestEnd { .. } => REQUEST_END,
         }
     }
 
@@ -218,6 +229,20 @@ impl Request {
             Request::Stats => {}
             Request::Ping { payload } => w.bytes(payload),
             Request::TakeAdvice { max_pages } => w.u32(*max_pages),
+            Request::RequestEnd {
+                session,
+                parent,
+                input_length,
+                output_length,
+                hashes,
+            } => {
+                w.str(session);
+                w.bool(parent.is_some());
+                w.str(parent.as_deref().unwrap_or(""));
+                w.u64(*input_length);
+                w.u64(*output_length);
+                w.hashes(hashes);
+            }
         }
     }
 
@@ -282,6 +307,18 @@ impl Request {
             kind::TAKE_ADVICE => Request::TakeAdvice {
                 max_pages: advice_budget(r.u32()?)?,
             },
+            kind::REQUEST_END => {
+                let session = r.str("session", MAX_STR)?;
+                let has_parent = r.bool()?;
+                let parent = r.str("parent session", MAX_STR)?;
+                Request::RequestEnd {
+                    session,
+                    parent: has_parent.then_some(parent),
+                    input_length: r.u64()?,
+                    output_length: r.u64()?,
+                    hashes: r.hashes(MAX_PAGES)?,
+                }
+            }
             tag => {
                 return Err(DecodeError::BadTag {
                     what: "request kind",

@@ -6,11 +6,13 @@
 //! record. Sessions end explicitly or after an idle timeout measured on a [`Clock`], so the
 //! daemon (system time) and `kvtier replay` (simulated time) share the same code.
 //! [`lineage`] keeps the radix tree of page-hash chains, [`pressure`] decides pauses and
-//! resumptions, and [`trace`] writes the per-request records that replay reads back.
+//! resumptions, [`trace`] writes the per-request records that replay reads back, and
+//! [`trace_log`] the daemon's rotated request traces in the Mooncake format.
 
 pub mod lineage;
 pub mod pressure;
 pub mod trace;
+pub mod trace_log;
 
 use std::collections::HashMap;
 use std::sync::Arc;

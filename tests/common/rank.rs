@@ -218,6 +218,16 @@ fn rank_main() {
                 client.register_device(dev.clone()).unwrap();
                 r
             }
+            // reqend <session> <parent|-> <input> <output> <chain…>
+            Some("reqend") => client
+                .request_end(
+                    w.get(1).copied().unwrap_or(""),
+                    w.get(2).copied().filter(|p| *p != "-"),
+                    num(3),
+                    num(4),
+                    &chain(&w[5.min(w.len())..]),
+                )
+                .map(|()| "ok".to_string()),
             Some("cremoved") => client.removed(&chain(&w[1..])).map(|()| "ok".to_string()),
             Some("advice") => client.take_advice(4096).map(|b| {
                 let ready: usize = b

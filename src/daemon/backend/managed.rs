@@ -50,6 +50,8 @@ pub struct TiersConfig {
     pub tunables: manager::Tunables,
     /// The session-aware policy; `None` turns it off.
     pub policy: Option<crate::policy::SessionPolicyConfig>,
+    /// Request traces (`request_trace_path`); `None` writes none.
+    pub request_traces: Option<crate::session::trace_log::TraceLogConfig>,
 }
 
 struct StoreInfo {
@@ -67,6 +69,8 @@ pub struct ManagedTiers {
     stores: Mutex<HashMap<u64, StoreInfo>>,
     tickets: Tickets,
     recovered: Recovered,
+    traces: Option<Mutex<crate::session::trace_log::TraceLog>>,
+    clock: Arc<dyn Clock>,
 }
 
 impl ManagedTiers {
@@ -90,7 +94,14 @@ impl ManagedTiers {
             policy: cfg.policy,
             ..ManagerConfig::default()
         };
-        let mgr = Manager::new(mcfg, clock)?;
+        let mgr = Manager::new(mcfg, clock.clone())?;
+        let traces = match &cfg.request_traces {
+            Some(t) => Some(Mutex::new(
+                crate::session::trace_log::TraceLog::open(t.clone())
+                    .map_err(|e| BackendError::Manager(ManagerError::Config(e.to_string())))?,
+            )),
+            None => None,
+        };
         let mut journal = Journal::new(cfg.arena_path.with_extension("manifest"));
         let recovered = if cfg.recover {
             journal.recover(&mgr, &cfg.arena_path)?
@@ -103,6 +114,8 @@ impl ManagedTiers {
             stores: Mutex::new(HashMap::new()),
             tickets: Tickets::default(),
             recovered,
+            traces,
+            clock,
             cfg,
         })
     }
@@ -385,6 +398,29 @@ impl Backend for ManagedTiers {
             SessionPhase::Ended => crate::policy::Phase::Ended,
         };
         self.mgr.session_phase(id, parent.filter(|p| !p.is_empty()), phase)?;
+        Ok(())
+    }
+
+    fn request_end(&self, end: &crate::policy::RequestEnd) -> Result<(), BackendError> {
+        self.mgr.request_ended(end)?;
+        if let Some(t) = &self.traces {
+            let line = crate::session::trace_log::TraceLine {
+                timestamp: self.clock.now_ms(),
+                input_length: end.input_length,
+                output_length: end.output_length,
+                hash_ids: end
+                    .hashes
+                    .iter()
+                    .map(crate::session::trace_log::TraceLine::hash_id)
+                    .collect(),
+                session_id: end.session_id.clone(),
+                parent_session_id: end.parent_session_id.clone(),
+            };
+            // A full disk loses trace lines, never the request: the engine is not told.
+            if let Err(e) = t.lock().append(&line) {
+                tracing::warn!(error = %e, "request trace not written");
+            }
+        }
         Ok(())
     }
 

@@ -25,6 +25,7 @@ fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
         },
         tunables: Tunables::default(),
         policy: Some(crate::policy::SessionPolicyConfig::default()),
+        request_traces: None,
     }
 }
 

@@ -39,6 +39,7 @@ pub(crate) fn blocks(req: &Request) -> bool {
         | Request::Poll { .. }
         | Request::Removed { .. }
         | Request::Session { .. }
+        | Request::RequestEnd { .. }
         | Request::TakeAdvice { .. }
         | Request::Stats
         | Request::Ping { .. } => false,
@@ -72,6 +73,24 @@ fn run(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Response, Backe
         Request::Wait { ticket, timeout_ms } => ticket::status(shared, ticket, timeout_ms),
         Request::Removed { hashes } => removed::removed(shared, conn, &hashes),
         Request::Session { id, parent, phase } => session::session(shared, &id, parent.as_deref(), phase),
+        Request::RequestEnd {
+            session,
+            parent,
+            input_length,
+            output_length,
+            hashes,
+        } => session::request_end(
+            shared,
+            rank(conn)?,
+            crate::policy::RequestEnd {
+                session_id: session,
+                parent_session_id: parent,
+                ns: crate::page::NamespaceId(0),
+                input_length,
+                output_length,
+                hashes,
+            },
+        ),
         Request::Hint(h) => hint::hint(shared, rank(conn)?, &h),
         Request::TakeAdvice { max_pages } => Ok(advice::take_advice(shared, rank(conn)?, max_pages)),
         Request::Connect { .. } | Request::Ping { .. } | Request::Stats => unreachable_request(),
