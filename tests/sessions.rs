@@ -336,3 +336,19 @@ fn bad_session_input_gets_typed_errors_and_loses_nothing() {
         "the refused parent was not recorded"
     );
 }
+
+#[test]
+fn exclusive_tiers_drop_the_host_copy_once_a_page_is_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = serve(dir.path(), &["policy_exclusive=true".to_string()]);
+    let mut e = RankProc::spawn(&d.socket, "engine", 0, 0, 1, 1);
+    assert_eq!(e.cmd("cstore a 1000 4"), "stored 4 4");
+    assert_eq!(e.cmd("cremoved 1000 4"), "ok");
+    assert_eq!(where_are(&d.admin, 1000, 4), vec![(true, false); 4]);
+    assert_eq!(e.cmd("cload 1000 4"), "loaded 4 4");
+    assert_eq!(
+        where_are(&d.admin, 1000, 4),
+        vec![(false, false); 4],
+        "on device now: the host copy went"
+    );
+}

@@ -73,16 +73,14 @@ impl SessionPolicy {
             Phase::Reasoning => {
                 let was_paused = self.table.get(idx).is_some_and(|s| s.paused);
                 self.table.set_activity(idx, Activity::Reasoning)?;
-                if was_paused {
-                    if let Some(ms) = self.table.resume(idx, self.cfg.pressure.boost_ms)? {
-                        self.stats.resumes += 1;
-                        self.stats.paused_ms_total += ms;
-                        d.advice.push(Advice::Resume {
-                            session_id: session.to_owned(),
-                            forced: false,
-                            paused_ms: ms,
-                        });
-                    }
+                if was_paused && let Some(ms) = self.table.resume(idx, self.cfg.pressure.boost_ms)? {
+                    self.stats.resumes += 1;
+                    self.stats.paused_ms_total += ms;
+                    d.advice.push(Advice::Resume {
+                        session_id: session.to_owned(),
+                        forced: false,
+                        paused_ms: ms,
+                    });
                 }
                 if self.cfg.signals.phases || was_paused {
                     d.extend(self.stage(idx, was_paused));
