@@ -325,8 +325,19 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         args.policies.iter().map(|&p| p.into()).collect()
     };
     const SWEEP: [f64; 5] = [0.25, 0.5, 1.0, 2.0, 4.0];
-    let runs = 1 + if args.plot.is_some() { SWEEP.len() } else { 0 };
-    let runs = runs * policies.len() + usize::from(args.write_traces.is_some());
+    // The plot draws the policies, not the ablation rows (those are in the report).
+    let plotted: Vec<PolicyKind> = policies
+        .iter()
+        .copied()
+        .filter(|p| !p.name().starts_with("session-aware-no-"))
+        .collect();
+    let runs = policies.len()
+        + if args.plot.is_some() {
+            SWEEP.len() * plotted.len()
+        } else {
+            0
+        };
+    let runs = runs + usize::from(args.write_traces.is_some());
     let bar = progress_bar((w.requests.len() * runs) as u64);
     let mut tick = || bar.inc(1);
     let report = replay(&w, &cfg, &policies, &mut tick)?;
@@ -348,7 +359,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                     scale(cfg.capacity.pool_pages)
                 },
             };
-            sweep.push(replay(&w, &c, &policies, &mut tick)?);
+            sweep.push(replay(&w, &c, &plotted, &mut tick)?);
         }
         let title = format!("kvtier replay: {} ({} requests)", w.name, w.requests.len());
         super::plot::draw(path, &title, &sweep)?;
