@@ -141,12 +141,19 @@ impl Manager {
                 Move::Demote { ns, hashes } => self.demote_pages(ns, &hashes),
                 Move::Stage { ns, hashes } => self.stage_and_advise(ns, &hashes),
                 Move::DropHost { ns, hashes } => self.drop_host_copies(ns, &hashes),
-                Move::Retain { ns, hashes, priority } => {
+                Move::Retain {
+                    ns,
+                    hashes,
+                    priority,
+                    disown,
+                } => {
                     let mut st = self.write();
                     for h in &hashes {
                         if let Some(id) = st.dir.find(ns, h) {
                             st.dir.set_retain(id, priority);
-                            st.dir.set_session(id, 0);
+                            if disown {
+                                st.dir.set_session(id, 0);
+                            }
                         }
                     }
                 }

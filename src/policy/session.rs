@@ -153,11 +153,13 @@ pub enum Move {
     Stage { ns: NamespaceId, hashes: Vec<PageHash> },
     /// The pages are on device now: drop their host copies (exclusive tiers).
     DropHost { ns: NamespaceId, hashes: Vec<PageHash> },
-    /// Set the pages' retain priority; they belong to no single session any more.
+    /// Set the pages' retain priority; with `disown` they belong to no single session
+    /// any more (a prefix two sessions share).
     Retain {
         ns: NamespaceId,
         hashes: Vec<PageHash>,
         priority: i8,
+        disown: bool,
     },
 }
 

@@ -134,6 +134,7 @@ impl SessionPolicy {
                     ns: end.ns,
                     hashes: shared,
                     priority: SHARED_PRIORITY,
+                    disown: true,
                 });
             }
         }
@@ -296,10 +297,13 @@ impl SessionPolicy {
         }
         for (hashes, priority) in [(shared, 0), (private, ENDED_PRIORITY)] {
             if !hashes.is_empty() {
+                // The pages keep their owner: a hint naming the session still finds
+                // them (another rank of the engine may not have heard of the end yet).
                 d.moves.push(Move::Retain {
                     ns: c.ns,
                     hashes,
                     priority,
+                    disown: false,
                 });
             }
         }

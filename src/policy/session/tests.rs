@@ -125,7 +125,8 @@ fn ended_sessions_are_freed_and_their_private_pages_go_first() {
         vec![Move::Retain {
             ns: NS,
             hashes: hashes(0..2),
-            priority: SHARED_PRIORITY
+            priority: SHARED_PRIORITY,
+            disown: true
         }]
     );
     let d = p.phase_changed("b", None, Phase::Ended, usage(0)).unwrap();
@@ -134,7 +135,8 @@ fn ended_sessions_are_freed_and_their_private_pages_go_first() {
         vec![Move::Retain {
             ns: NS,
             hashes: hashes(50..52),
-            priority: ENDED_PRIORITY
+            priority: ENDED_PRIORITY,
+            disown: false
         }]
     );
     assert_eq!(p.sessions().len(), 1, "the ended session is freed");

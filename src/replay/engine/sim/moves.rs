@@ -72,11 +72,18 @@ impl Sim<'_> {
                     }
                 }
             }
-            Move::Retain { hashes, priority, .. } => {
+            Move::Retain {
+                hashes,
+                priority,
+                disown,
+                ..
+            } => {
                 for h in &hashes {
                     if let Some(id) = self.dir.find(self.ns, h) {
                         self.dir.set_retain(id, priority);
-                        self.dir.set_session(id, 0);
+                        if disown {
+                            self.dir.set_session(id, 0);
+                        }
                     }
                 }
             }
