@@ -228,6 +228,10 @@ int32_t kvtier_removed(kvtier_client_t *client, const uint8_t *hashes, size_t ha
 /* ---- Sessions and hints ------------------------------------------------------------ */
 /* parent may be null. phase: KVTIER_PHASE_*. */
 int32_t kvtier_session(kvtier_client_t *client, const char *id, const char *parent, uint32_t phase);
+/* A request of session id ended: its prompt's page hashes and token counts, no content
+ * (session lineage; request traces when the daemon writes them). parent may be null. */
+int32_t kvtier_request_end(kvtier_client_t *client, const char *id, const char *parent, uint64_t input_length,
+                           uint64_t output_length, const uint8_t *hashes, size_t hash_len, size_t count);
 int32_t kvtier_hint(kvtier_client_t *client, const kvtier_hint_t *hint, kvtier_hint_outcome_t *out);
 /* Passes on a Dynamo KvHint envelope (JSON text, as a router attached it to the request:
  * vLLM's Request.kv_hints, SGLang's kv_hints). kv.fetch@1.x becomes a prefetch to host;

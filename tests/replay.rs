@@ -34,7 +34,7 @@ fn run(w: &Workload, cfg: &EngineConfig) -> Report {
     let r = replay(w, cfg, &PolicyKind::ALL, &mut || ticks += 1).expect("replay");
     assert_eq!(
         ticks,
-        3 * w.requests.len(),
+        PolicyKind::ALL.len() * w.requests.len(),
         "progress is told once per request and policy"
     );
     r
@@ -93,9 +93,60 @@ fn generated_agentic_sessions() {
         wt.recomputed_tokens
     );
     assert!(sa.bytes_moved.device_host > 0 && sa.bytes_moved.host_device > 0);
-    assert!(sa.pauses.count > 0, "the device is under pressure, so sessions pause");
+    assert!(sa.pauses.count > 0, "host is under pressure, so sessions pause");
+    // The session signals add to what the exclusive tiers alone give.
+    let ex = &r.policies["exclusive-lru"];
+    assert!(
+        sa.recomputed_tokens < ex.recomputed_tokens,
+        "session-aware {} vs exclusive-lru {}",
+        sa.recomputed_tokens,
+        ex.recomputed_tokens
+    );
+    for signal in ["lineage", "phases", "pressure", "ended"] {
+        let row = &r.policies[format!("session-aware-no-{signal}").as_str()];
+        assert!(
+            row.recomputed_tokens >= ex.recomputed_tokens.min(sa.recomputed_tokens),
+            "{signal}"
+        );
+    }
+    assert_eq!(r.policies["session-aware-no-pressure"].pauses.count, 0);
     let goals = r.goals.expect("both policies ran");
     assert!(goals.met);
+    assert!(goals.recompute_reduction_vs_exclusive_lru.is_some_and(|x| x > 0.0));
+}
+
+/// Tool ends are signalled when they happen: the default policies never see a tool's end
+/// early, so their figures do not move with the lookahead lead; the lookahead oracle is a
+/// separate, named policy that is not run by default.
+#[test]
+fn tool_ends_are_not_known_early_unless_the_lookahead_variant_is_asked_for() {
+    let w = agentic(&AgenticSpec {
+        sessions: 16,
+        concurrency: 16,
+        ..AgenticSpec::default()
+    });
+    assert!(!PolicyKind::ALL.contains(&PolicyKind::SessionAwareLookahead));
+    let mut early = config(&w, 0.05, 2.0);
+    early.tool_end_lead_ms = 60_000;
+    let mut late = early.clone();
+    late.tool_end_lead_ms = 0;
+    let hits = |cfg: &EngineConfig, p| {
+        run_policy(&w, cfg, p, &mut || {})
+            .expect("run")
+            .requests
+            .iter()
+            .map(|o| o.hit_pages)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        hits(&early, PolicyKind::SessionAware),
+        hits(&late, PolicyKind::SessionAware)
+    );
+    assert_eq!(
+        hits(&late, PolicyKind::SessionAwareLookahead),
+        hits(&late, PolicyKind::SessionAware),
+        "a lead of 0 is no lookahead"
+    );
 }
 
 fn mooncake_head(lines: usize) -> Workload {

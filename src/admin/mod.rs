@@ -17,6 +17,7 @@ pub mod request;
 pub mod routes;
 pub mod security;
 pub mod server;
+mod session_routes;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

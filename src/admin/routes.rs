@@ -9,6 +9,8 @@
 //! | GET | `/v1/pages?hash=<hex>` or `?prefix=<hex,hex,…>` | per-tier completeness, missing objects |
 //! | POST | `/v1/pages` with a form body `prefix=<hex,hex,…>` | the same, for prefixes over the head limit |
 //! | POST | `/v1/hints` | a JSON hint → its outcome, as on the engine path |
+//! | POST | `/v1/sessions/phase` | a router reports a session's phase (`{"session_id", "parent_session_id"?, "phase"}`) |
+//! | GET | `/v1/sessions/advice` | pause/resume advice of the pressure controller since the last call, and its counters |
 //! | GET, PUT | `/v1/config` | the tunables; PUT changes only those, validated |
 //! | GET | `/v1/events?from=<seq>&limit=<n>` | page events as JSON lines (chunked) |
 //! | GET | `/metrics` | Prometheus text format |
@@ -57,6 +59,8 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         ("POST", "/v1/hints") => hint(ctx, req),
         ("POST", "/v1/kv-hints") => namespace(req).and_then(|ns| super::kv_hints::post(ctx, req, ns)),
         ("GET", "/v1/kv-hints") => super::kv_hints::list(ctx, req),
+        ("POST", "/v1/sessions/phase") => super::session_routes::phase(ctx, req),
+        ("GET", "/v1/sessions/advice") => Ok(super::session_routes::advice(ctx)),
         ("GET", "/v1/config") => Ok(json!(ctx.manager.tunables())),
         ("PUT", "/v1/config") => put_config(ctx, req),
         ("GET", "/v1/events") => return events(ctx, req).unwrap_or_else(ApiError::reply),
@@ -66,8 +70,17 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         }
         (
             _,
-            "/v1/status" | "/v1/tiers" | "/v1/sessions" | "/v1/pages" | "/v1/hints" | "/v1/kv-hints" | "/v1/config"
-            | "/v1/events" | "/metrics",
+            "/v1/status"
+            | "/v1/tiers"
+            | "/v1/sessions"
+            | "/v1/pages"
+            | "/v1/hints"
+            | "/v1/kv-hints"
+            | "/v1/config"
+            | "/v1/events"
+            | "/metrics"
+            | "/v1/sessions/phase"
+            | "/v1/sessions/advice",
         ) => Err(ApiError::new(
             405,
             "method_not_allowed",
@@ -123,6 +136,7 @@ impl From<ManagerError> for ApiError {
             ManagerError::BatchTooLarge { .. } => (413, "batch_too_large"),
             ManagerError::Busy => (503, "busy"),
             ManagerError::NoNamespace => (404, "no_namespace"),
+            ManagerError::Session(_) | ManagerError::Policy(_) => (400, "bad_session"),
             _ => (500, "internal"),
         };
         ApiError::new(status, code, e.to_string())
@@ -159,14 +173,21 @@ fn sessions(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> {
     let from_daemon = ctx.engines.sessions();
     let (mut page, total) = if from_daemon.is_empty() {
         let (rows, total) = ctx.manager.sessions_page(after, offset, limit + 1);
+        // The policy's phase, parent and chain length, for this page's rows only.
+        let views = ctx.manager.session_views_of(rows.iter().map(|(id, _, _)| id.as_str()));
         let page: Vec<SessionInfo> = rows
             .into_iter()
-            .map(|(session_id, idle, ended)| SessionInfo {
+            .zip(views)
+            .map(|((session_id, idle, ended), v)| SessionInfo {
                 session_id,
-                parent_session_id: None,
-                phase: ended.then(|| "ended".to_owned()),
+                parent_session_id: v.as_ref().and_then(|v| v.parent_session_id.clone()),
+                phase: if ended {
+                    Some("ended".to_owned())
+                } else {
+                    v.as_ref().map(|v| v.phase.name().to_owned())
+                },
                 idle,
-                pages: None,
+                pages: v.map(|v| v.pages as u64),
             })
             .collect();
         (page, total)

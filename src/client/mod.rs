@@ -355,6 +355,26 @@ impl Client {
         })
     }
 
+    /// A request of `session` finished: its prompt's page hashes and token counts (no
+    /// content). The daemon's session policy learns the session's chain from it, and with
+    /// request traces on the daemon appends a line in the Mooncake trace format.
+    pub fn request_end(
+        &self,
+        session: &str,
+        parent: Option<&str>,
+        input_length: u64,
+        output_length: u64,
+        hashes: &[PageHash],
+    ) -> Result<(), ClientError> {
+        self.expect_ok(Request::RequestEnd {
+            session: session.into(),
+            parent: parent.map(str::to_owned),
+            input_length,
+            output_length,
+            hashes: hashes.to_vec(),
+        })
+    }
+
     pub fn hint(&self, hint: Hint) -> Result<HintOutcome, ClientError> {
         match self.call(Request::Hint(hint))? {
             Response::Hint(o) => Ok(o),

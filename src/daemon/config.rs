@@ -144,6 +144,48 @@ pub struct DaemonConfig {
     pub pool_events_endpoint: String,
     /// `tenant_id` of pool object events. Default: `default` (Mooncake's own).
     pub pool_events_tenant: String,
+    /// The session policy: `session-aware` (phases, lineage and pressure move pages) or
+    /// `off` (sessions only order eviction). Default: `session-aware`.
+    pub session_policy: SessionPolicyMode,
+    /// Host utilisation at which the pressure controller pauses acting sessions. Default: 0.95.
+    pub policy_pause_at: f64,
+    /// Host utilisation it reclaims down to; above it, acting sessions' private pages are
+    /// demoted to the pool and reasoning sessions lose priority. Default: 0.80.
+    pub policy_target: f64,
+    /// Paused sessions come back at or below this host utilisation. Default: 0.85.
+    pub policy_resume_at: f64,
+    /// Room kept per resumed session, in pages. Default: 16.
+    pub policy_resume_buffer_pages: u64,
+    /// How long a resumed session is not paused again, in ms. Default: 1000.
+    pub policy_resume_boost_ms: u64,
+    /// Longest pause, in ms, whatever the utilisation. Default: 1,800,000 (30 minutes).
+    pub policy_forced_resume_ms: u64,
+    /// An acting session's private pages are demoted once it has acted this long (ms)
+    /// and host is above `policy_target`. Default: 0.
+    pub policy_demote_after_ms: u64,
+    /// Drop a page's host copy once it is loaded to device (exclusive tiers). Default: false.
+    pub policy_exclusive: bool,
+    /// A session with no activity this long (ms) ends. Default: 300,000.
+    pub policy_idle_timeout_ms: u64,
+    /// Request traces (JSON lines in the Mooncake trace format plus session ids, no
+    /// content) appended here as engines report request ends; empty writes none.
+    /// Default: empty (off).
+    pub request_trace_path: PathBuf,
+    /// Rotate the request traces past this many bytes. Default: 64 MiB.
+    pub request_trace_max_bytes: u64,
+    /// Request trace files kept, the current one included. Default: 4.
+    pub request_trace_files: usize,
+}
+
+/// Whether the daemon runs the session-aware policy (`session_policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SessionPolicyMode {
+    /// Phases, lineage and the pressure controller decide demotions and staging.
+    #[default]
+    SessionAware,
+    /// Session phases only order eviction (idle sessions' pages go first).
+    Off,
 }
 
 /// How the vLLM-format KV events are encoded (`events_encoding`).
@@ -282,6 +324,19 @@ impl Default for DaemonConfig {
             events_replay_per_sec: 2.0,
             pool_events_endpoint: "tcp://127.0.0.1:5572".into(),
             pool_events_tenant: "default".into(),
+            session_policy: SessionPolicyMode::SessionAware,
+            policy_pause_at: 0.95,
+            policy_target: 0.80,
+            policy_resume_at: 0.85,
+            policy_resume_buffer_pages: 16,
+            policy_resume_boost_ms: 1_000,
+            policy_forced_resume_ms: 30 * 60 * 1_000,
+            policy_demote_after_ms: 0,
+            policy_exclusive: false,
+            policy_idle_timeout_ms: 300_000,
+            request_trace_path: PathBuf::new(),
+            request_trace_max_bytes: 64 << 20,
+            request_trace_files: 4,
         }
     }
 }
@@ -402,6 +457,13 @@ impl DaemonConfig {
         if self.frame_body_timeout_ms == 0 || self.connect_timeout_ms == 0 || self.event_ring == 0 {
             return bad("frame_body_timeout_ms, connect_timeout_ms and event_ring must be at least 1");
         }
+        if let Some(p) = self.session_policy()
+            && let Err(e) = p.pressure.validate()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "policy_pause_at, policy_target, policy_resume_at: {e}"
+            )));
+        }
         Ok(())
     }
 
@@ -435,6 +497,33 @@ impl DaemonConfig {
         crate::admin::security::PeerPolicy::owner_and_root(&self.allow_uids, &gids)
     }
 
+    /// The session policy these keys describe, or `None` when it is off.
+    pub fn session_policy(&self) -> Option<crate::policy::SessionPolicyConfig> {
+        use crate::policy::SessionPolicyConfig;
+        use crate::session::pressure::PressureConfig;
+        if self.session_policy == SessionPolicyMode::Off {
+            return None;
+        }
+        let d = SessionPolicyConfig::default();
+        Some(SessionPolicyConfig {
+            pressure: PressureConfig {
+                watermarks: crate::policy::Watermarks {
+                    high: self.policy_pause_at,
+                    target: self.policy_target,
+                    resume: self.policy_resume_at,
+                },
+                resume_buffer_tokens: self.policy_resume_buffer_pages,
+                boost_ms: self.policy_resume_boost_ms,
+                forced_resume_ms: self.policy_forced_resume_ms,
+                ..d.pressure
+            },
+            demote_after_ms: self.policy_demote_after_ms,
+            exclusive: self.policy_exclusive,
+            idle_timeout_ms: self.policy_idle_timeout_ms,
+            ..d
+        })
+    }
+
     pub fn tiers(&self) -> TiersConfig {
         TiersConfig {
             arena_path: self.arena_path.clone(),
@@ -458,6 +547,14 @@ impl DaemonConfig {
                 ..Tunables::default()
             },
             event_ring: self.event_ring,
+            policy: self.session_policy(),
+            request_traces: (!self.request_trace_path.as_os_str().is_empty()).then(|| {
+                crate::session::trace_log::TraceLogConfig {
+                    path: self.request_trace_path.clone(),
+                    max_bytes: self.request_trace_max_bytes.max(1),
+                    files: self.request_trace_files.max(1),
+                }
+            }),
         }
     }
 

@@ -27,6 +27,40 @@ pub unsafe extern "C" fn kvtier_session(
     }
 }
 
+/// A request of session `id` ended: its prompt's `count` page hashes and token counts
+/// (no content), for the daemon's session lineage and request traces.
+///
+/// # Safety
+/// Pointers null or valid as documented in `include/kvtier.h`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kvtier_request_end(
+    client: *mut Handle,
+    id: *const c_char,
+    parent: *const c_char,
+    input_length: u64,
+    output_length: u64,
+    hashes: *const u8,
+    hash_len: usize,
+    count: usize,
+) -> i32 {
+    // SAFETY: caller contract for every pointer.
+    unsafe {
+        on_handle(client, |h| {
+            let id = text(id, "session id")?;
+            let parent = text_or_empty(parent, "parent session id")?;
+            let hashes = hash_batch(hashes, hash_len, count)?;
+            Ok(h.client().request_end(
+                id,
+                (!parent.is_empty()).then_some(parent),
+                input_length,
+                output_length,
+                &hashes,
+            )?)
+        })
+    }
+}
+
 /// The hint struct of `include/kvtier.h`.
 #[repr(C)]
 pub struct HintC {

@@ -134,6 +134,16 @@ mod bridge {
         fn removed(self: &CxxClient, hashes: &[u8], hash_len: usize) -> Result<()>;
         /// `parent` empty for none; phase `KVTIER_PHASE_*`.
         fn session(self: &CxxClient, id: &str, parent: &str, phase: u32) -> Result<()>;
+        /// A request ended: `parent` empty for none; page hashes of `hash_len` bytes each.
+        fn request_end(
+            self: &CxxClient,
+            id: &str,
+            parent: &str,
+            input_length: u64,
+            output_length: u64,
+            hashes: &[u8],
+            hash_len: usize,
+        ) -> Result<()>;
         fn hint(self: &CxxClient, hint: &HintRequest) -> Result<HintResult>;
         /// `store` with each page's token ids for the KV events (see [`PageTokens`]).
         fn store_tokens(
@@ -277,6 +287,25 @@ impl CxxClient {
         guard(|| {
             let parent = (!parent.is_empty()).then_some(parent);
             Ok(self.0.client().session(id, parent, convert::phase(phase)?)?)
+        })
+    }
+
+    fn request_end(
+        &self,
+        id: &str,
+        parent: &str,
+        input_length: u64,
+        output_length: u64,
+        hashes: &[u8],
+        hash_len: usize,
+    ) -> Result<(), FfiError> {
+        guard(|| {
+            let parent = (!parent.is_empty()).then_some(parent);
+            let hashes = batch(hashes, hash_len)?;
+            Ok(self
+                .0
+                .client()
+                .request_end(id, parent, input_length, output_length, &hashes)?)
         })
     }
 

@@ -133,6 +133,9 @@ pub struct ManagerConfig {
     /// Operations that may be outstanding (issued, not yet collected). Default: 65 536.
     pub max_outstanding: usize,
     pub tunables: Tunables,
+    /// The session-aware policy; `None` turns it off (sessions then only order
+    /// eviction). Default: on, with its defaults.
+    pub policy: Option<crate::policy::SessionPolicyConfig>,
 }
 
 impl Default for ManagerConfig {
@@ -150,6 +153,7 @@ impl Default for ManagerConfig {
             event_ring: 1 << 20,
             max_outstanding: 65_536,
             tunables: Tunables::default(),
+            policy: Some(crate::policy::SessionPolicyConfig::default()),
         }
     }
 }

@@ -349,6 +349,8 @@ impl Manager {
         };
         let mut bytes = 0u64;
         let arena_slot = self.arena().map_or(0, |a| a.slot_bytes() as u64);
+        let exclusive = self.inner.cfg.policy.is_some_and(|p| p.exclusive);
+        let mut on_device = Vec::new();
         let mut st = self.write();
         let mut gt = self.grants();
         let mut objs: Vec<usize> = Vec::new();
@@ -359,11 +361,20 @@ impl Manager {
                 objs.extend(p.objects.iter().map(|&(o, _)| o));
                 st.dir.set_objects(p.page, TierKind::Device, &objs, true)?;
                 bytes += arena_slot * objs.len() as u64;
+                if exclusive {
+                    let info = st.dir.info(p.page);
+                    on_device.push((info.ns, info.hash));
+                }
             }
         }
         drop(gt);
         drop(st);
         self.inner.stats.moved(TierKind::Host, TierKind::Device, bytes);
+        // Exclusive tiers: the session policy drops the host copies of what is on device.
+        if let Some(&(ns, _)) = on_device.first() {
+            let hashes: Vec<PageHash> = on_device.iter().filter(|(n, _)| *n == ns).map(|(_, h)| *h).collect();
+            self.policy_page_hit(None, ns, &hashes, hashes.len());
+        }
         Ok(loaded.min(g.pages.len()))
     }
 

@@ -41,6 +41,8 @@ pub(crate) enum Rank {
     Tunables = 6,
     /// Attached device regions and their page counts.
     Devices = 7,
+    /// The session-aware policy (`manager::policy`); taken alone.
+    Policy = 8,
 }
 
 #[cfg(test)]
@@ -153,6 +155,10 @@ impl Manager {
             Rank::Sessions => Box::new(self.sessions_table()),
             Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
             Rank::Devices => Box::new(self.devices()),
+            Rank::Policy => match self.inner.policy.as_ref() {
+                Some(p) => Box::new(Ordered::take(Rank::Policy, || p.lock())),
+                None => Box::new(()),
+            },
         }
     }
 

@@ -19,6 +19,7 @@ mod hints;
 mod host_io;
 mod inproc;
 mod locks;
+mod policy;
 mod queues;
 mod recover;
 mod sessions;
@@ -112,6 +113,8 @@ pub enum ManagerError {
     Busy,
     #[error("no namespace is registered yet")]
     NoNamespace,
+    #[error(transparent)]
+    Policy(#[from] crate::policy::SessionPolicyError),
 }
 
 /// The tier manager. Cheap to clone; all clones share one state.
@@ -152,6 +155,8 @@ pub(crate) struct Inner {
     tun: RwLock<Tunables>,
     /// [Devices] Attached device regions and device pages per namespace.
     devices: Mutex<(DeviceMap, DevicePages)>,
+    /// [Policy] The session-aware policy, when configured; taken alone.
+    policy: Option<Mutex<policy::PolicyState>>,
     /// Watermark crossings and the upkeep waker (lock-free on the hot path).
     upkeep: Upkeep,
     events: EventLog,
@@ -171,6 +176,12 @@ impl std::fmt::Debug for Manager {
 impl Manager {
     pub fn new(cfg: ManagerConfig, clock: Arc<dyn Clock>) -> Result<Self, ManagerError> {
         cfg.validate()?;
+        let session_policy = match cfg.policy {
+            Some(p) => Some(Mutex::new(policy::PolicyState::new(
+                crate::policy::SessionPolicy::new(p, clock.clone()).map_err(|e| ManagerError::Config(e.to_string()))?,
+            ))),
+            None => None,
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 events: EventLog::new(cfg.event_ring),
@@ -187,6 +198,7 @@ impl Manager {
                 sessions: Mutex::new(Sessions::default()),
                 tun: RwLock::new(cfg.tunables),
                 devices: Mutex::new(Default::default()),
+                policy: session_policy,
                 upkeep: Upkeep::default(),
                 clock,
                 cfg,

@@ -129,6 +129,7 @@ impl Manager {
         self.evict_pool_by_watermark();
         // Outcomes are counted in the hint stats and failures logged by the retry itself.
         let _retried = self.retry_deferred();
+        self.policy_tick();
         self.device_advice();
         // Re-arm: the next growth that finds usage above a high watermark wakes upkeep.
         self.refresh_crossings();

@@ -85,6 +85,15 @@ pub enum Request {
     KvHints {
         envelope: String,
     },
+    /// A request finished: its session (and parent), token counts and prompt page
+    /// hashes. No content. Feeds the session policy's lineage and the request traces.
+    RequestEnd {
+        session: String,
+        parent: Option<String>,
+        input_length: u64,
+        output_length: u64,
+        hashes: Vec<PageHash>,
+    },
 }
 
 /// The daemon's answer to one request.
@@ -136,6 +145,7 @@ kinds! {
     ABORT = 0x06, LOAD = 0x07, LOAD_DONE = 0x08, POLL = 0x09, WAIT = 0x0a, REMOVED = 0x0b,
     SESSION = 0x0c, HINT = 0x0d, STATS = 0x0e, PING = 0x0f, TAKE_ADVICE = 0x10, TOKENS = 0x11,
     KV_HINTS = 0x12,
+    REQUEST_END = 0x1c,
     R_CONNECTED = 0x81, R_OK = 0x82, R_LOOKUP = 0x83, R_STORE_GRANT = 0x84, R_COMMITTED = 0x85,
     R_LOAD_GRANT = 0x86, R_TICKET = 0x87, R_HINT = 0x88, R_STATS = 0x89, R_PONG = 0x8a,
     R_ADVICE = 0x8b, R_KV_HINTS = 0x8c, R_ERROR = 0xff,
@@ -194,6 +204,7 @@ impl Request {
             Request::TakeAdvice { .. } => TAKE_ADVICE,
             Request::Tokens { .. } => TOKENS,
             Request::KvHints { .. } => KV_HINTS,
+            Request::RequestEnd { .. } => REQUEST_END,
         }
     }
 
@@ -263,6 +274,20 @@ impl Request {
             }
             // Envelopes outgrow a u16 string length: bytes with a u32 one.
             Request::KvHints { envelope } => w.bytes(envelope.as_bytes()),
+            Request::RequestEnd {
+                session,
+                parent,
+                input_length,
+                output_length,
+                hashes,
+            } => {
+                w.str(session);
+                w.bool(parent.is_some());
+                w.str(parent.as_deref().unwrap_or(""));
+                w.u64(*input_length);
+                w.u64(*output_length);
+                w.hashes(hashes);
+            }
         }
     }
 
@@ -347,6 +372,18 @@ impl Request {
             kind::KV_HINTS => Request::KvHints {
                 envelope: utf8(r.bytes("KvHint envelope", MAX_ENVELOPE)?, "KvHint envelope")?,
             },
+            kind::REQUEST_END => {
+                let session = r.str("session", MAX_STR)?;
+                let has_parent = r.bool()?;
+                let parent = r.str("parent session", MAX_STR)?;
+                Request::RequestEnd {
+                    session,
+                    parent: has_parent.then_some(parent),
+                    input_length: r.u64()?,
+                    output_length: r.u64()?,
+                    hashes: r.hashes(MAX_PAGES)?,
+                }
+            }
             tag => {
                 return Err(DecodeError::BadTag {
                     what: "request kind",

@@ -1,23 +1,28 @@
-//! The engine emulator: drives the real directory, eviction order, session table, lineage
-//! tree and pressure controller with a workload, at page granularity.
+//! The engine emulator: drives the real directory, the eviction order and the daemon's
+//! session-aware policy ([`SessionPolicy`](crate::policy::SessionPolicy)) with a
+//! workload, at page granularity.
 //!
 //! Nothing is copied: a page moving between tiers is a directory change, and the bytes it
 //! would move are counted as pages times the layout's page bytes. Time is simulated
-//! ([`SimClock`](crate::clock::SimClock)): requests arrive at their trace times (open loop) and finish after the
-//! cost model's latency. Each tier evicts when it is over capacity, down to capacity minus
-//! a 1/256 slack, the same way for every policy.
+//! ([`SimClock`](crate::clock::SimClock)): requests arrive at their trace times (open loop)
+//! and finish after the cost model's latency. Each tier evicts when it is over capacity,
+//! down to capacity minus a 1/256 slack, the same way for every policy.
 //!
 //! The policies differ only in what they do with a page:
 //! - `device-lru`: one tier, least recently used first (prefix pages are touched last, so
 //!   a chain is evicted from its tail, as a radix-tree prefix cache does).
 //! - `write-through`: every computed page is also written to host (and to the pool when
 //!   there is one); each tier evicts LRU on its own (HiCache's default).
-//! - `session-aware`: pages are written to host only when the device evicts them
-//!   (demoted, never dropped while host has room), so the tiers hold distinct pages; pages
-//!   on a chain that more than one request used (lineage) are retained longest, pages of
-//!   ended sessions go first, the device evicts idle (acting or paused) sessions' pages
-//!   first, and the pressure controller pauses sessions and prefetches their chains back
-//!   when they resume or their tool call ends.
+//! - `exclusive-lru`: the same tiers held exclusively — a page reaches host when the
+//!   device evicts it, and its host copy goes once it is loaded back — with LRU and no
+//!   session signal. This is what the tiers alone give.
+//! - `session-aware`: `exclusive-lru` plus the daemon's session policy, fed the calls an
+//!   engine makes (store, hit, phase changes, request end, tick) at the moment they
+//!   happen; the moves it returns are carried out here as the manager carries them out.
+//!   A tool's end is signalled when the next turn arrives, never before.
+//! - `session-aware-lookahead`: the same, told of each tool's end `tool_end_lead_ms`
+//!   early (an oracle no engine has; off by default, for comparison only).
+//! - `session-aware-no-<signal>`: the ablations, one signal of [`Signals`] turned off.
 
 mod sim;
 
@@ -25,6 +30,7 @@ use serde::Serialize;
 
 use super::ReplayError;
 use super::workload::Workload;
+use crate::policy::Signals;
 use crate::session::pressure::PressureConfig;
 
 /// The policies compared.
@@ -34,22 +40,61 @@ pub enum PolicyKind {
     DeviceLru,
     #[serde(rename = "write-through")]
     WriteThrough,
+    #[serde(rename = "exclusive-lru")]
+    ExclusiveLru,
     #[serde(rename = "session-aware")]
     SessionAware,
+    #[serde(rename = "session-aware-lookahead")]
+    SessionAwareLookahead,
+    #[serde(rename = "session-aware-no-lineage")]
+    NoLineage,
+    #[serde(rename = "session-aware-no-phases")]
+    NoPhases,
+    #[serde(rename = "session-aware-no-pressure")]
+    NoPressure,
+    #[serde(rename = "session-aware-no-ended")]
+    NoEnded,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 3] = [
+    /// What `kvtier replay` runs by default: everything but the lookahead oracle.
+    pub const ALL: [PolicyKind; 8] = [
         PolicyKind::DeviceLru,
         PolicyKind::WriteThrough,
+        PolicyKind::ExclusiveLru,
         PolicyKind::SessionAware,
+        PolicyKind::NoLineage,
+        PolicyKind::NoPhases,
+        PolicyKind::NoPressure,
+        PolicyKind::NoEnded,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
             PolicyKind::DeviceLru => "device-lru",
             PolicyKind::WriteThrough => "write-through",
+            PolicyKind::ExclusiveLru => "exclusive-lru",
             PolicyKind::SessionAware => "session-aware",
+            PolicyKind::SessionAwareLookahead => "session-aware-lookahead",
+            PolicyKind::NoLineage => "session-aware-no-lineage",
+            PolicyKind::NoPhases => "session-aware-no-phases",
+            PolicyKind::NoPressure => "session-aware-no-pressure",
+            PolicyKind::NoEnded => "session-aware-no-ended",
+        }
+    }
+
+    /// The session signals the policy acts on; `None` for the kinds without tiers held
+    /// exclusively (they run no session policy at all).
+    pub fn signals(self) -> Option<Signals> {
+        let all = Signals::ALL;
+        match self {
+            PolicyKind::DeviceLru | PolicyKind::WriteThrough => None,
+            PolicyKind::ExclusiveLru => Some(Signals::NONE),
+            PolicyKind::SessionAware | PolicyKind::SessionAwareLookahead => Some(all),
+            PolicyKind::NoLineage => Some(Signals { lineage: false, ..all }),
+            PolicyKind::NoPhases => Some(Signals { phases: false, ..all }),
+            PolicyKind::NoPressure => Some(Signals { pressure: false, ..all }),
+            PolicyKind::NoEnded => Some(Signals { ended: false, ..all }),
         }
     }
 }
@@ -128,7 +173,8 @@ pub struct EngineConfig {
     pub pressure: PressureConfig,
     /// Sessions with no activity for this long end. Default: 300 s.
     pub idle_timeout_ms: u64,
-    /// How long before a tool wait ends the engine hears of it (phase change). Default: 500 ms.
+    /// How long before a tool wait ends `session-aware-lookahead` hears of it (the other
+    /// policies hear of it when it ends). Default: 500 ms.
     pub tool_end_lead_ms: u64,
 }
 

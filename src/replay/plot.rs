@@ -21,6 +21,7 @@ fn policy_color(name: &str) -> RGBColor {
         "device-lru" => RGBColor(214, 39, 40),
         "write-through" => RGBColor(31, 119, 180),
         "session-aware" => RGBColor(44, 160, 44),
+        "exclusive-lru" => RGBColor(255, 127, 14),
         _ => RGBColor(90, 90, 90),
     }
 }

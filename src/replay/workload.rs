@@ -63,6 +63,12 @@ struct MooncakeLine {
     input_length: u64,
     output_length: u64,
     hash_ids: Vec<u64>,
+    /// kvtier's own request traces name the session (`session::trace_log`); the
+    /// Mooncake traces do not, and sessions are inferred.
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    parent_session_id: Option<String>,
 }
 
 impl Workload {
@@ -124,20 +130,35 @@ impl Workload {
             ..Workload::default()
         };
         let mut lineage = Lineage::new(MAX_REQUESTS);
+        let mut named: HashMap<String, usize> = HashMap::new();
         for l in lines {
             let blocks: Vec<PageHash> = l.hash_ids.iter().map(|&h| PageHash::from_u64(h)).collect();
             let m = lineage.match_prefix(&blocks);
-            let session = match m.extends {
-                Some((s, _)) => s as usize - 1,
-                None => {
-                    let parent = m.deepest_sharer.map(|s| s as usize - 1);
-                    w.sessions.push(SessionSpec {
-                        id: format!("mooncake-{}", w.sessions.len()),
-                        parent,
-                        ends_explicitly: false,
-                    });
-                    w.sessions.len() - 1
+            let session = match (l.session_id, m.extends) {
+                (Some(id), _) => {
+                    let parent = l.parent_session_id.as_ref().and_then(|p| named.get(p).copied());
+                    let n = w.sessions.len();
+                    *named.entry(id.clone()).or_insert_with(|| {
+                        w.sessions.push(SessionSpec {
+                            id,
+                            parent,
+                            ends_explicitly: false,
+                        });
+                        n
+                    })
                 }
+                (None, extends) => match extends {
+                    Some((s, _)) => s as usize - 1,
+                    None => {
+                        let parent = m.deepest_sharer.map(|s| s as usize - 1);
+                        w.sessions.push(SessionSpec {
+                            id: format!("mooncake-{}", w.sessions.len()),
+                            parent,
+                            ends_explicitly: false,
+                        });
+                        w.sessions.len() - 1
+                    }
+                },
             };
             lineage.insert(session as u32 + 1, &blocks);
             w.requests.push(Request {

@@ -6,11 +6,13 @@
 //! record. Sessions end explicitly or after an idle timeout measured on a [`Clock`], so the
 //! daemon (system time) and `kvtier replay` (simulated time) share the same code.
 //! [`lineage`] keeps the radix tree of page-hash chains, [`pressure`] decides pauses and
-//! resumptions, and [`trace`] writes the per-request records that replay reads back.
+//! resumptions, [`trace`] writes the per-request records that replay reads back, and
+//! [`trace_log`] the daemon's rotated request traces in the Mooncake format.
 
 pub mod lineage;
 pub mod pressure;
 pub mod trace;
+pub mod trace_log;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use crate::clock::Clock;
 use crate::tier::TierKind;
 
 /// Longest accepted `session_id`, in bytes.
-pub const MAX_SESSION_ID_BYTES: usize = 256;
+pub const MAX_SESSION_ID_BYTES: usize = 1024;
 /// Pause durations kept per session for reporting (older ones are folded into the totals).
 const MAX_PAUSES_KEPT: usize = 256;
 

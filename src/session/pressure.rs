@@ -1,25 +1,24 @@
-//! The pressure controller: pauses sessions at tool boundaries when the live working sets
-//! outgrow the device, and lets them back smallest first once there is room.
+//! The pressure controller: pauses sessions at tool boundaries when utilisation reaches
+//! the high watermark, and lets them back smallest first once there is room.
 //!
-//! Utilisation is the device demand of the live, unpaused sessions (each session's context
-//! tokens, from actual token counts) over the device capacity in tokens. At or above the high
-//! watermark, acting sessions (waiting on a tool) are paused, largest first, until the
-//! demand is back at the target; their device pages are demoted to host and host pages to
-//! the pool (see [`demote_session_pages`]). Decode is never preempted: when no acting
-//! session can be paused, the smallest reasoning session is marked to pause at its next tool
-//! boundary. At or below the resume watermark, paused sessions come back smallest first,
-//! each with a buffer, and get a short priority boost; a forced-resume cap ends any pause
-//! that lasted too long, whatever the utilisation. Between the watermarks nothing changes
-//! (hysteresis); lowering priority early in that band is left to the caller
-//! ([`Watermarks::in_early_band`]).
+//! Utilisation is what the caller measures: [`PressureController::step_at`] takes it with
+//! a size per session (the daemon's session policy passes its host tier in pages and each
+//! session's chain); [`PressureController::step`] uses the live, unpaused sessions'
+//! context tokens over a device capacity. At or above the high watermark, acting sessions
+//! (waiting on a tool) are paused, largest first, until what they hold covers the excess
+//! over the target; the session policy (`crate::policy::session`) turns a pause into the
+//! demotion of the session's private pages. Decode is never preempted: when no acting
+//! session can be paused, the smallest reasoning session is marked to pause at its next
+//! tool boundary. At or below the resume watermark, paused sessions come back smallest
+//! first, each with a buffer, and get a short priority boost; a forced-resume cap ends any
+//! pause that lasted too long, whatever the utilisation. Between the watermarks the
+//! controller changes nothing (hysteresis); the session policy uses that early band
+//! ([`Watermarks::in_early_band`]) to demote acting sessions and mark reasoning ones.
 
 use serde::{Deserialize, Serialize};
 
 use super::{Activity, SessionError, SessionTable};
-use crate::directory::{Directory, PageId};
-use crate::page::{NamespaceId, PageHash};
 use crate::policy::{PolicyError, Watermarks};
-use crate::tier::TierKind;
 
 /// Pressure controller settings.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -93,8 +92,23 @@ impl PressureController {
             .sum()
     }
 
-    /// One control step against a device of `capacity_tokens`.
+    /// One control step against a device of `capacity_tokens`, on the live sessions'
+    /// device demand (their context tokens).
     pub fn step(&self, sessions: &mut SessionTable, capacity_tokens: u64) -> Result<Vec<Action>, SessionError> {
+        let used = self.demand(sessions);
+        self.step_at(sessions, used, capacity_tokens, |s| s.context_tokens)
+    }
+
+    /// One control step on a utilisation the caller measured (`used` of `capacity`, in
+    /// the unit `size` gives each session): the daemon passes its host tier's pages and
+    /// each session's pages, so pausing a session is credited with what it frees there.
+    pub fn step_at(
+        &self,
+        sessions: &mut SessionTable,
+        used: u64,
+        capacity_tokens: u64,
+        size: impl Fn(&super::Session) -> u64,
+    ) -> Result<Vec<Action>, SessionError> {
         let now = sessions.now_ms();
         let cap = capacity_tokens as usize;
         let wm = &self.config.watermarks;
@@ -116,13 +130,13 @@ impl PressureController {
                 });
             }
         }
-        let used = self.demand(sessions) as usize;
+        let used = used as usize;
         let reclaim = wm.reclaim(used, cap) as u64;
         if reclaim > 0 {
             let mut acting: Vec<(u64, u32)> = sessions
                 .iter()
                 .filter(|(i, s)| !s.paused && s.activity == Activity::Acting && s.boost_until_ms <= now && *i > 0)
-                .map(|(i, s)| (s.context_tokens, i))
+                .map(|(i, s)| (size(s), i))
                 .collect();
             acting.sort_unstable_by(|a, b| b.cmp(a));
             let mut freed = 0u64;
@@ -138,7 +152,7 @@ impl PressureController {
                 let smallest = sessions
                     .iter()
                     .filter(|(_, s)| !s.paused && !s.pause_pending && s.activity == Activity::Reasoning)
-                    .min_by_key(|(i, s)| (s.context_tokens, *i))
+                    .min_by_key(|(i, s)| (size(s), *i))
                     .map(|(i, _)| i);
                 if let Some(session) = smallest {
                     sessions.mark_pause(session)?;
@@ -146,11 +160,11 @@ impl PressureController {
                 }
             }
         } else if wm.may_resume(used, cap) {
-            let mut budget = (wm.resume * capacity_tokens as f64) as u64 - used as u64;
+            let mut budget = ((wm.resume * capacity_tokens as f64) as u64).saturating_sub(used as u64);
             let mut paused: Vec<(u64, u64, u32)> = sessions
                 .iter()
                 .filter(|(_, s)| s.paused)
-                .map(|(i, s)| (s.context_tokens, s.paused_since_ms.unwrap_or(now), i))
+                .map(|(i, s)| (size(s), s.paused_since_ms.unwrap_or(now), i))
                 .collect();
             paused.sort_unstable();
             for (tokens, _, session) in paused.into_iter().take(self.config.max_changes_per_step) {
@@ -170,65 +184,6 @@ impl PressureController {
         }
         Ok(actions)
     }
-}
-
-/// Pages a demotion touched.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Demoted {
-    /// Every page of the session that was complete in the warmer tier.
-    pub pages: Vec<PageId>,
-    /// How many of them needed a copy in the colder tier (bytes to move).
-    pub copied: usize,
-}
-
-/// Demotes a session's pages from `from` to `to`: every page the session owns that is
-/// complete in `from` gets a complete copy in `to` (demoted, never dropped) and becomes an
-/// eviction candidate in `from` (lowest retain priority, which the caller resets once the
-/// warmer copy is gone, since retain is per page, not per tier).
-pub fn demote_session_pages(dir: &mut Directory, session: u32, from: TierKind, to: TierKind) -> Demoted {
-    let mut out = Demoted::default();
-    for (id, info) in dir.eviction_candidates(from) {
-        if info.session != session {
-            continue;
-        }
-        if !dir.is_complete(id, to) {
-            dir.set_page(id, to, true);
-            out.copied += 1;
-        }
-        dir.set_retain(id, i8::MIN);
-        out.pages.push(id);
-    }
-    out
-}
-
-/// Prefetches the leading pages of `chain` held in a colder tier into `to`, stopping at
-/// the first page held nowhere (a prefix is only useful while contiguous). Returns the
-/// pages copied, with the tier each came from.
-pub fn prefetch_chain(
-    dir: &mut Directory,
-    ns: NamespaceId,
-    chain: &[PageHash],
-    to: TierKind,
-) -> Vec<(PageId, TierKind)> {
-    let mut copied = Vec::new();
-    for hash in chain {
-        let Some(id) = dir.find(ns, hash) else { break };
-        if dir.is_complete(id, to) {
-            dir.set_retain(id, 0);
-            continue;
-        }
-        let Some(src) = TierKind::ALL
-            .into_iter()
-            .filter(|t| *t > to)
-            .find(|t| dir.is_complete(id, *t))
-        else {
-            break;
-        };
-        dir.set_page(id, to, true);
-        dir.set_retain(id, 0);
-        copied.push((id, src));
-    }
-    copied
 }
 
 #[cfg(test)]

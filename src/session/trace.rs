@@ -116,7 +116,7 @@ impl RequestTrace {
             what: what.to_owned(),
         };
         if self.session_id.is_empty() || self.session_id.len() > super::MAX_SESSION_ID_BYTES {
-            return Err(invalid("session_id must have 1 to 256 bytes"));
+            return Err(invalid("session_id must have 1 to 1024 bytes"));
         }
         if self.block_tokens == 0 {
             return Err(invalid("block_tokens must be positive"));

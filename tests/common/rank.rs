@@ -15,7 +15,8 @@ use std::sync::mpsc::{Receiver, sync_channel};
 use std::time::Duration;
 
 use kvtier::client::{Client, ClientConfig};
-use kvtier::protocol::LoadWait;
+use kvtier::page::PageHash;
+use kvtier::protocol::{LoadWait, SessionPhase};
 use kvtier::tier::device::EmulatedDevice;
 
 use super::{hashes, identity, seed, spec};
@@ -111,6 +112,14 @@ impl Drop for RankProc {
     }
 }
 
+/// The pages of `<base> <n>` pairs, one run after another.
+fn chain(w: &[&str]) -> Vec<PageHash> {
+    let n: Vec<u64> = w.iter().filter_map(|v| v.parse().ok()).collect();
+    n.chunks(2)
+        .flat_map(|c| hashes(c[0], c.get(1).copied().unwrap_or(0) as usize))
+        .collect()
+}
+
 /// The rank process: reads commands on stdin, answers `@@ …` lines on stdout.
 fn rank_main() {
     let env = |k: &str| std::env::var(k).unwrap();
@@ -171,6 +180,64 @@ fn rank_main() {
             Some("wait") => client
                 .wait(num(1), Duration::from_millis(num(2)))
                 .map(|t| format!("ticket {} {} {}", t.complete, t.total, t.failed)),
+            // Session commands (tests/sessions.rs): a chain is `<base> <n>` pairs.
+            Some("phase") => {
+                let phase = match w.get(3).copied() {
+                    Some("reasoning") => SessionPhase::Reasoning,
+                    Some("acting") => SessionPhase::Acting,
+                    Some("paused") => SessionPhase::Paused,
+                    _ => SessionPhase::Ended,
+                };
+                let parent = w.get(2).copied().filter(|p| *p != "-");
+                client
+                    .session(w.get(1).copied().unwrap_or(""), parent, phase)
+                    .map(|()| "ok".to_string())
+            }
+            Some("cstore") => {
+                let hs = chain(&w[2..]);
+                for (i, h) in hs.iter().enumerate() {
+                    dev.fill_page(i as u32, seed(h, tp, pp)).unwrap();
+                }
+                let slots: Vec<u32> = (0..hs.len() as u32).collect();
+                client
+                    .store(&hs, &slots, w.get(1).copied().unwrap_or(""))
+                    .and_then(|r| client.wait(r.ticket, Duration::from_secs(10)))
+                    .map(|t| format!("stored {} {}", t.complete, t.total))
+            }
+            Some("cload") => {
+                let hs = chain(&w[1..]);
+                let slots: Vec<u32> = (0..hs.len() as u32).collect();
+                let fresh = Arc::new(EmulatedDevice::new(&built, pp, 256));
+                client.register_device(fresh.clone()).unwrap();
+                let r = client.load(&hs, &slots, LoadWait::BestEffort).map(|n| {
+                    let ok = (0..n)
+                        .filter(|&i| fresh.page_matches(i as u32, seed(&hs[i], tp, pp)).unwrap())
+                        .count();
+                    format!("loaded {n} {ok}")
+                });
+                client.register_device(dev.clone()).unwrap();
+                r
+            }
+            // reqend <session> <parent|-> <input> <output> <chain…>
+            Some("reqend") => client
+                .request_end(
+                    w.get(1).copied().unwrap_or(""),
+                    w.get(2).copied().filter(|p| *p != "-"),
+                    num(3),
+                    num(4),
+                    &chain(&w[5.min(w.len())..]),
+                )
+                .map(|()| "ok".to_string()),
+            Some("cremoved") => client.removed(&chain(&w[1..])).map(|()| "ok".to_string()),
+            Some("advice") => client.take_advice(4096).map(|b| {
+                let ready: usize = b
+                    .advice
+                    .iter()
+                    .filter(|a| a.kind == kvtier::protocol::AdviceKind::ReadyToLoad)
+                    .map(|a| a.hashes.len())
+                    .sum();
+                format!("ready {ready}")
+            }),
             Some("exit") | None => break,
             Some(other) => Ok(format!("unknown {other}")),
         };

@@ -53,6 +53,10 @@ pub struct TiersConfig {
     pub tunables: manager::Tunables,
     /// Page events kept for replay (the ring's bound; its memory grows to it).
     pub event_ring: usize,
+    /// The session-aware policy; `None` turns it off.
+    pub policy: Option<crate::policy::SessionPolicyConfig>,
+    /// Request traces (`request_trace_path`); `None` writes none.
+    pub request_traces: Option<crate::session::trace_log::TraceLogConfig>,
 }
 
 struct StoreInfo {
@@ -72,6 +76,8 @@ pub struct ManagedTiers {
     recovered: Recovered,
     /// Held for the backend's whole life: no second daemon opens this arena meanwhile.
     owner: OwnerLock,
+    traces: Option<Mutex<crate::session::trace_log::TraceLog>>,
+    clock: Arc<dyn Clock>,
 }
 
 impl ManagedTiers {
@@ -100,9 +106,17 @@ impl ManagedTiers {
             max_pages: cfg.max_pages,
             tunables: cfg.tunables,
             event_ring: cfg.event_ring,
+            policy: cfg.policy,
             ..ManagerConfig::default()
         };
-        let mgr = Manager::new(mcfg, clock)?;
+        let mgr = Manager::new(mcfg, clock.clone())?;
+        let traces = match &cfg.request_traces {
+            Some(t) => Some(Mutex::new(
+                crate::session::trace_log::TraceLog::open(t.clone())
+                    .map_err(|e| BackendError::Manager(ManagerError::Config(e.to_string())))?,
+            )),
+            None => None,
+        };
         let mut journal = Journal::new(cfg.arena_path.with_extension("manifest"));
         let recovered = if cfg.recover {
             journal.recover(&mgr, &cfg.arena_path, cfg.slot_bytes)?
@@ -127,6 +141,8 @@ impl ManagedTiers {
             stores: Mutex::new(HashMap::new()),
             tickets: Tickets::default(),
             recovered,
+            traces,
+            clock,
             cfg,
         })
     }
@@ -219,12 +235,19 @@ impl Backend for ManagedTiers {
         session: &str,
         owner: u64,
     ) -> Result<(u64, Vec<GrantPage>), BackendError> {
+        let session_id = session;
         let session = if session.is_empty() {
             0
         } else {
             self.mgr.session_index(session)?
         };
         let g = self.mgr.begin_store(ns, tp, pp, hashes, session, owner)?;
+        if session != 0
+            && let Err(e) = self.mgr.policy_page_stored(session_id, ns, hashes)
+        {
+            // The store stands; only the session's chain misses these pages.
+            tracing::debug!(error = %e, "session policy refused a store's session");
+        }
         let mut out = Vec::new();
         let mut pages = Vec::new();
         let mut no_space = false;
@@ -401,10 +424,39 @@ impl Backend for ManagedTiers {
     }
 
     fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase) -> Result<(), BackendError> {
-        let idle = matches!(phase, SessionPhase::Acting | SessionPhase::Paused);
-        let ended = phase == SessionPhase::Ended;
-        let idx = self.mgr.session_changed(id, idle, ended)?;
-        tracing::debug!(session = idx, has_parent = parent.is_some(), ?phase, "session phase");
+        let policy_phase = match phase {
+            SessionPhase::Reasoning => crate::policy::Phase::Reasoning,
+            SessionPhase::Acting => crate::policy::Phase::Acting,
+            SessionPhase::Paused => crate::policy::Phase::Paused,
+            SessionPhase::Ended => crate::policy::Phase::Ended,
+        };
+        // The policy refuses a parent cycle or an over-long id before the session table or
+        // any page's eviction class changes.
+        self.mgr.session_phase(id, parent.filter(|p| !p.is_empty()), policy_phase)?;
+        tracing::debug!(id_len = id.len(), has_parent = parent.is_some(), ?phase, "session phase");
+        Ok(())
+    }
+
+    fn request_end(&self, end: &crate::policy::RequestEnd) -> Result<(), BackendError> {
+        self.mgr.request_ended(end)?;
+        if let Some(t) = &self.traces {
+            let line = crate::session::trace_log::TraceLine {
+                timestamp: self.clock.now_ms(),
+                input_length: end.input_length,
+                output_length: end.output_length,
+                hash_ids: end
+                    .hashes
+                    .iter()
+                    .map(crate::session::trace_log::TraceLine::hash_id)
+                    .collect(),
+                session_id: end.session_id.clone(),
+                parent_session_id: end.parent_session_id.clone(),
+            };
+            // A full disk loses trace lines, never the request: the engine is not told.
+            if let Err(e) = t.lock().append(&line) {
+                tracing::warn!(error = %e, "request trace not written");
+            }
+        }
         Ok(())
     }
 

@@ -101,6 +101,10 @@ pub trait Backend: Send + Sync + 'static {
     /// A session changed phase (tool-call start/end, pause, end).
     /// Refused with a typed error when the id is over the session id limit.
     fn session(&self, id: &str, parent: Option<&str>, phase: SessionPhase) -> Result<(), BackendError>;
+    /// A request finished (session, lengths, page hashes; no content).
+    fn request_end(&self, _end: &crate::policy::RequestEnd) -> Result<(), BackendError> {
+        Ok(())
+    }
     fn hint(&self, ns: NamespaceId, hint: &Hint) -> Result<HintOutcome, BackendError>;
     /// Takes the namespace's advice for engines, at most `max_pages` page hashes in all.
     fn take_advice(&self, ns: NamespaceId, max_pages: usize) -> AdviceBatch;

@@ -26,6 +26,8 @@ fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
         },
         tunables: Tunables::default(),
         event_ring: 1 << 12,
+        policy: Some(crate::policy::SessionPolicyConfig::default()),
+        request_traces: None,
     }
 }
 

@@ -42,6 +42,7 @@ pub(crate) fn blocks(req: &Request) -> bool {
         | Request::Poll { .. }
         | Request::Removed { .. }
         | Request::Session { .. }
+        | Request::RequestEnd { .. }
         | Request::TakeAdvice { .. }
         | Request::Stats
         | Request::Tokens { .. }
@@ -76,6 +77,24 @@ fn run(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Response, Backe
         Request::Wait { ticket, timeout_ms } => ticket::status(shared, ticket, timeout_ms),
         Request::Removed { hashes } => removed::removed(shared, conn, &hashes),
         Request::Session { id, parent, phase } => session::session(shared, &id, parent.as_deref(), phase),
+        Request::RequestEnd {
+            session,
+            parent,
+            input_length,
+            output_length,
+            hashes,
+        } => session::request_end(
+            shared,
+            rank(conn)?,
+            crate::policy::RequestEnd {
+                session_id: session,
+                parent_session_id: parent,
+                ns: crate::page::NamespaceId(0),
+                input_length,
+                output_length,
+                hashes,
+            },
+        ),
         Request::Hint(h) => hint::hint(shared, rank(conn)?, &h),
         Request::TakeAdvice { max_pages } => Ok(advice::take_advice(shared, rank(conn)?, max_pages)),
         Request::Tokens { parent, hashes, tokens } => tokens::tokens(shared, rank(conn)?, parent, &hashes, &tokens),
@@ -112,7 +131,8 @@ pub(crate) fn error_response(e: &BackendError) -> Response {
             | ManagerError::GrantMismatch { .. }
             | ManagerError::NoDevice { .. }
             | ManagerError::NoNamespace
-            | ManagerError::Session(_) => ErrorCode::BadRequest,
+            | ManagerError::Session(_)
+            | ManagerError::Policy(_) => ErrorCode::BadRequest,
             ManagerError::Arena(_)
             | ManagerError::Device(_)
             | ManagerError::Pool(_)

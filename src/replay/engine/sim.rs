@@ -1,25 +1,26 @@
 //! The event loop of the engine emulator (see the parent module for the policies).
+//!
+//! For the kinds with a session policy, every call the daemon's manager makes is made
+//! here at the same moment of a request's life: `page_stored` and `page_hit` as the
+//! request arrives and its prefix is looked up, `phase_changed` at arrival (the previous
+//! tool call ended), at finish (a tool call starts) and at the session's end,
+//! `request_ended` at finish, `tick` after every event. `moves` carries out the moves.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use super::{EngineConfig, PolicyKind, PolicyRun, RequestOutcome};
-use crate::clock::SimClock;
+use crate::clock::{Clock, SimClock};
 use crate::directory::Directory;
 use crate::layout::LayoutSpec;
 use crate::page::{Namespace, NamespaceId};
+use crate::policy::{Decisions, Phase, RequestEnd, SessionPolicy, SessionPolicyConfig, Usage};
 use crate::replay::ReplayError;
 use crate::replay::workload::Workload;
-use crate::session::lineage::Lineage;
-use crate::session::pressure::{Action, PressureController};
-use crate::session::{Activity, SessionTable};
+use crate::session::pressure::PressureConfig;
 use crate::tier::TierKind;
 
-/// Retain priority of a page on a chain more than one request used.
-const SHARED: i8 = 1;
-/// Retain priority of a page only an ended session used.
-const ENDED: i8 = -1;
 /// Most sessions live at once in the emulator.
 const MAX_SESSIONS: usize = 1 << 20;
 
@@ -38,11 +39,10 @@ pub(super) struct Sim<'a> {
     dir: Directory,
     ns: NamespaceId,
     clock: Arc<SimClock>,
-    table: SessionTable,
-    lineage: Lineage,
-    pressure: PressureController,
-    /// Workload session -> session table index (0: not open).
-    idx: Vec<u32>,
+    /// The daemon's session policy, for the kinds that run one.
+    sessions: Option<SessionPolicy>,
+    /// Session id -> workload session.
+    by_id: HashMap<String, usize>,
     /// Workload session -> its latest request.
     last_req: Vec<Option<usize>>,
     remaining: Vec<usize>,
@@ -60,7 +60,6 @@ impl<'a> Sim<'a> {
         let layout = LayoutSpec::mha(1, 1, 1, 1, w.block_tokens.max(1)).build()?;
         let ns = dir.register(Namespace::model("replay"), layout)?;
         let clock = SimClock::new();
-        let table = SessionTable::new(clock.clone(), MAX_SESSIONS, cfg.idle_timeout_ms);
         let mut remaining = vec![0; w.sessions.len()];
         let mut events = BinaryHeap::with_capacity(w.requests.len() * 2);
         for (i, r) in w.requests.iter().enumerate() {
@@ -71,6 +70,28 @@ impl<'a> Sim<'a> {
             *s += 1;
             events.push(Reverse((r.arrival_ms, Event::Arrive(i))));
         }
+        let sessions = match policy.signals() {
+            None => None,
+            Some(signals) => {
+                let pcfg = SessionPolicyConfig {
+                    // The policy counts in pages; the replay's buffer is in tokens.
+                    pressure: PressureConfig {
+                        resume_buffer_tokens: cfg
+                            .pressure
+                            .resume_buffer_tokens
+                            .div_ceil(u64::from(w.block_tokens.max(1))),
+                        ..cfg.pressure
+                    },
+                    demote_after_ms: 0,
+                    exclusive: true,
+                    max_sessions: MAX_SESSIONS,
+                    idle_timeout_ms: cfg.idle_timeout_ms,
+                    max_lineage_pages: w.requests.iter().map(|r| r.blocks.len()).sum::<usize>() + 1,
+                    signals,
+                };
+                Some(SessionPolicy::new(pcfg, clock.clone())?)
+            }
+        };
         Ok(Self {
             w,
             cfg,
@@ -78,10 +99,8 @@ impl<'a> Sim<'a> {
             dir,
             ns,
             clock,
-            table,
-            lineage: Lineage::new(w.requests.iter().map(|r| r.blocks.len()).sum::<usize>() + 1),
-            pressure: PressureController::new(cfg.pressure)?,
-            idx: vec![0; w.sessions.len()],
+            sessions,
+            by_id: w.sessions.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect(),
             last_req: vec![None; w.sessions.len()],
             remaining,
             pauses: vec![Vec::new(); w.sessions.len()],
@@ -93,8 +112,14 @@ impl<'a> Sim<'a> {
         })
     }
 
-    fn aware(&self) -> bool {
-        self.policy == PolicyKind::SessionAware
+    /// Tiers held exclusively (every kind with a session policy, `exclusive-lru` too).
+    fn exclusive(&self) -> bool {
+        self.sessions.is_some()
+    }
+
+    /// Whether idle (acting or paused) sessions' pages go first on the device.
+    fn idle_first(&self) -> bool {
+        self.sessions.as_ref().is_some_and(|p| p.config().signals.phases)
     }
 
     fn cap(&self, tier: TierKind) -> usize {
@@ -108,6 +133,15 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Host utilisation, what the daemon's policy runs on.
+    fn usage(&self) -> Usage {
+        Usage {
+            used_pages: self.dir.complete_count(TierKind::Host) as u64,
+            capacity_pages: self.cap(TierKind::Host) as u64,
+            pool: self.cap(TierKind::Pool) > 0,
+        }
+    }
+
     pub(super) fn run(mut self, progress: &mut dyn FnMut()) -> Result<PolicyRun, ReplayError> {
         while let Some(Reverse((t, ev))) = self.events.pop() {
             self.clock.set(t);
@@ -118,33 +152,37 @@ impl<'a> Sim<'a> {
                     progress();
                 }
                 Event::Finish(i) => self.finish(i)?,
-                Event::ToolEnd(s) => self.tool_end(s)?,
+                Event::ToolEnd(s) => self.phase(s, Phase::Reasoning)?,
             }
+            let usage = self.usage();
+            if let Some(d) = self.sessions.as_mut().map(|p| p.tick(usage)) {
+                self.apply(d);
+            }
+        }
+        if let Some(p) = &self.sessions {
+            let st = p.stats();
+            self.out.marked_pauses = st.marked_pauses + st.early_band_marks;
+            self.out.forced_resumes = st.forced_resumes;
         }
         Ok(self.out)
     }
 
-    fn session_index(&mut self, s: usize) -> Result<u32, ReplayError> {
-        if self.idx[s] != 0 && self.table.get(self.idx[s]).is_some() {
-            return Ok(self.idx[s]);
-        }
+    /// Tells the policy that workload session `s` changed phase, and carries out what it
+    /// decided.
+    fn phase(&mut self, s: usize, phase: Phase) -> Result<(), ReplayError> {
+        let usage = self.usage();
         let spec = &self.w.sessions[s];
         let parent = spec.parent.map(|p| self.w.sessions[p].id.as_str());
-        let i = self.table.open(&spec.id, parent)?;
-        self.idx[s] = i;
-        Ok(i)
+        let Some(p) = self.sessions.as_mut() else { return Ok(()) };
+        let d = p.phase_changed(&spec.id, parent, phase, usage).map_err(policy_error)?;
+        self.apply(d);
+        Ok(())
     }
 
     fn arrive(&mut self, i: usize) -> Result<(), ReplayError> {
         let r = &self.w.requests[i];
-        for (idx, _) in self.table.expire_idle() {
-            self.on_end(idx);
-        }
-        let idx = self.session_index(r.session)?;
-        self.table.set_activity(idx, Activity::Reasoning)?;
-        if self.aware() && self.table.get(idx).is_some_and(|s| s.paused) {
-            self.resume(idx, r.session)?;
-        }
+        // The request arriving is the previous tool call's end, as the engine sees it.
+        self.phase(r.session, Phase::Reasoning)?;
         let hit = self.dir.lookup_prefix(self.ns, &r.blocks);
         let page_bytes = self.cfg.page_bytes;
         let (d, h) = (hit.device, hit.device + hit.host);
@@ -157,27 +195,26 @@ impl<'a> Sim<'a> {
                 self.out.bytes.host_device += page_bytes;
                 if k >= h {
                     self.out.bytes.pool_host += page_bytes;
-                } else if self.aware() {
-                    // The tiers hold distinct pages: the host copy makes room.
-                    self.dir.set_page(id, TierKind::Host, false);
                 }
             } else if k >= hit.total() {
-                // Recomputed: a stray colder copy behind the missing prefix is redundant now.
-                if self.aware() {
+                // Recomputed: with exclusive tiers a stray colder copy behind the missing
+                // prefix is redundant now.
+                if self.exclusive() {
                     self.dir.set_page(id, TierKind::Host, false);
                 }
                 self.store_new(id);
             }
             ids.push(id);
         }
-        if self.aware() {
-            self.lineage.insert(idx, &r.blocks);
-            let stats = self.lineage.stats(&r.blocks);
-            for (k, &id) in ids.iter().enumerate() {
-                let shared = stats.get(k).is_some_and(|p| p.sessions >= 2);
-                self.dir.set_session(id, if shared { 0 } else { idx });
-                self.dir.set_retain(id, if shared { SHARED } else { 0 });
+        let session_id = self.w.sessions[r.session].id.as_str();
+        if let Some(p) = self.sessions.as_mut() {
+            let hd = p.page_hit(Some(session_id), self.ns, &r.blocks[d..h], h - d);
+            p.page_stored(session_id, self.ns, &r.blocks).map_err(policy_error)?;
+            let idx = p.index_of(session_id).unwrap_or(0);
+            for &id in &ids {
+                self.dir.set_session(id, idx);
             }
+            self.apply(hd);
         }
         for &id in ids.iter().rev() {
             self.dir.touch(id, true);
@@ -216,113 +253,51 @@ impl<'a> Sim<'a> {
         let r = &self.w.requests[i];
         let s = r.session;
         self.remaining[s] -= 1;
-        let idx = self.idx[s];
-        if self.table.get(idx).is_none() {
-            return Ok(());
+        let spec = &self.w.sessions[s];
+        let Some(p) = self.sessions.as_mut() else { return Ok(()) };
+        let d = p
+            .request_ended(&RequestEnd {
+                session_id: spec.id.clone(),
+                parent_session_id: spec.parent.map(|x| self.w.sessions[x].id.clone()),
+                ns: self.ns,
+                input_length: r.input_tokens,
+                output_length: r.output_tokens,
+                hashes: r.blocks.clone(),
+            })
+            .map_err(policy_error)?;
+        self.apply(d);
+        if self.remaining[s] == 0 && spec.ends_explicitly {
+            return self.phase(s, Phase::Ended);
         }
-        self.table.record_tokens(idx, r.input_tokens, r.output_tokens)?;
-        // The session's working set per tier: where its latest chain's pages are now.
-        let mut ws = [0u64; 3];
-        for hash in &r.blocks {
-            if let Some(id) = self.dir.find(self.ns, hash) {
-                for t in TierKind::ALL.into_iter().filter(|&t| self.dir.is_complete(id, t)) {
-                    ws[t.index()] += u64::from(self.w.block_tokens);
-                }
-            }
-        }
-        for t in TierKind::ALL {
-            self.table.set_working_set(idx, t, ws[t.index()].min(r.input_tokens))?;
-        }
-        let paused_now = self.table.set_activity(idx, Activity::Acting)?;
-        if !self.aware() {
-            if self.remaining[s] == 0 {
-                self.table.end(idx)?;
-            }
-            return Ok(());
-        }
-        if paused_now {
-            self.demote(idx);
-        }
-        if self.remaining[s] == 0 && self.w.sessions[s].ends_explicitly {
-            self.table.end(idx)?;
-            self.on_end(idx);
-        } else if let Some(t) = r.tool_end_ms {
-            let at = t.saturating_sub(self.cfg.tool_end_lead_ms).max(self.table.now_ms());
+        self.phase(s, Phase::Acting)?;
+        if self.policy == PolicyKind::SessionAwareLookahead
+            && let Some(t) = r.tool_end_ms
+        {
+            let at = t.saturating_sub(self.cfg.tool_end_lead_ms).max(self.clock.now_ms());
             self.events.push(Reverse((at, Event::ToolEnd(s))));
         }
-        self.control()
-    }
-
-    fn tool_end(&mut self, s: usize) -> Result<(), ReplayError> {
-        let idx = self.idx[s];
-        if self.table.get(idx).is_none() {
-            return Ok(());
-        }
-        self.table.set_activity(idx, Activity::Reasoning)?;
-        if self.table.get(idx).is_some_and(|x| x.paused) {
-            self.resume(idx, s)?;
-        } else {
-            self.prefetch(s);
-        }
         Ok(())
     }
 
-    /// One pressure-controller step on the live sessions' device demand.
-    fn control(&mut self) -> Result<(), ReplayError> {
-        let cap_tokens = self.cfg.capacity.device_pages as u64 * u64::from(self.w.block_tokens);
-        for action in self.pressure.step(&mut self.table, cap_tokens)? {
-            match action {
-                Action::Pause { session } => self.demote(session),
-                Action::MarkPause { .. } => self.out.marked_pauses += 1,
-                Action::Resume {
-                    session,
-                    forced,
-                    paused_ms,
-                } => {
-                    self.out.pauses_ms.push(paused_ms);
-                    self.out.forced_resumes += u64::from(forced);
-                    if let Some(s) = self.idx.iter().position(|&x| x == session) {
-                        self.pauses[s].push(paused_ms);
-                        self.prefetch(s);
-                    }
+    /// Carries out the policy's moves, and books its pause and resume advice.
+    fn apply(&mut self, d: Decisions) {
+        for a in &d.advice {
+            if let crate::policy::Advice::Resume {
+                session_id, paused_ms, ..
+            } = a
+            {
+                self.out.pauses_ms.push(*paused_ms);
+                if let Some(&s) = self.by_id.get(session_id) {
+                    self.pauses[s].push(*paused_ms);
                 }
             }
         }
-        Ok(())
+        for m in d.moves {
+            self.apply_move(m);
+        }
     }
+}
 
-    fn resume(&mut self, idx: u32, s: usize) -> Result<(), ReplayError> {
-        if let Some(d) = self.table.resume(idx, self.pressure.config().boost_ms)? {
-            self.out.pauses_ms.push(d);
-            self.pauses[s].push(d);
-        }
-        self.prefetch(s);
-        Ok(())
-    }
-
-    /// An ended session: of its latest chain, the pages no live session holds go first from
-    /// now on when only this session ever used them, and lose their shared priority (plain
-    /// LRU from now on) when others did. Pages a live session holds keep theirs.
-    fn on_end(&mut self, idx: u32) {
-        let Some(s) = self.idx.iter().position(|&x| x == idx) else {
-            return;
-        };
-        self.idx[s] = 0;
-        if !self.aware() {
-            return;
-        }
-        self.lineage.remove(idx);
-        let Some(i) = self.last_req[s] else { return };
-        let blocks = &self.w.requests[i].blocks;
-        let stats = self.lineage.stats(blocks);
-        for (hash, st) in blocks.iter().zip(&stats) {
-            if st.live > 0 {
-                continue;
-            }
-            if let Some(id) = self.dir.find(self.ns, hash) {
-                self.dir.set_session(id, 0);
-                self.dir.set_retain(id, if st.sessions >= 2 { 0 } else { ENDED });
-            }
-        }
-    }
+fn policy_error(e: crate::policy::SessionPolicyError) -> ReplayError {
+    ReplayError::Config(format!("session policy: {e}"))
 }

@@ -2,9 +2,6 @@ use std::sync::Arc;
 
 use super::*;
 use crate::clock::SimClock;
-use crate::layout::LayoutSpec;
-use crate::page::Namespace;
-use crate::policy::select_victims;
 
 fn setup(cap_sessions: usize) -> (Arc<SimClock>, SessionTable, PressureController) {
     let clock = SimClock::new();
@@ -17,60 +14,6 @@ fn open(t: &mut SessionTable, id: &str, tokens: u64, activity: Activity) -> u32 
     t.record_tokens(i, tokens, 0).unwrap();
     t.set_activity(i, activity).unwrap();
     i
-}
-
-#[test]
-fn paused_pages_are_demoted_not_dropped_and_prefetched_before_the_next_turn() {
-    let (clock, mut t, _) = setup(8);
-    let pc = PressureController::new(PressureConfig {
-        resume_buffer_tokens: 16,
-        ..PressureConfig::default()
-    })
-    .unwrap();
-    let mut dir = Directory::new(1024);
-    let layout = LayoutSpec::mha(2, 2, 64, 2, 16).build().unwrap();
-    let ns = dir.register(Namespace::model("m"), layout).unwrap();
-    // Device of 10 pages x 16 tokens; a (acting) holds 6 pages, b (reasoning) holds 4.
-    let a = open(&mut t, "a", 96, Activity::Acting);
-    let b = open(&mut t, "b", 64, Activity::Reasoning);
-    let chain_a: Vec<PageHash> = (0..6).map(PageHash::from_u64).collect();
-    for (i, h) in (0..10u32).map(|i| PageHash::from_u64(i.into())).enumerate().rev() {
-        let id = dir.find_or_insert(ns, &h).unwrap();
-        dir.set_page(id, TierKind::Device, true);
-        dir.set_session(id, if i < 6 { a } else { b });
-        dir.touch(id, false);
-    }
-    let actions = pc.step(&mut t, 160).unwrap();
-    assert_eq!(actions, vec![Action::Pause { session: a }]);
-    let demoted = demote_session_pages(&mut dir, a, TierKind::Device, TierKind::Host);
-    assert_eq!((demoted.pages.len(), demoted.copied), (6, 6));
-    // The engine evicts six pages from the device: the paused session's go first.
-    let victims = select_victims(dir.eviction_candidates(TierKind::Device), 6, |s| t.is_idle(s));
-    for id in &victims {
-        assert_eq!(dir.info(*id).session, a);
-        dir.set_page(*id, TierKind::Device, false);
-    }
-    let hit = dir.lookup_prefix(ns, &chain_a);
-    assert_eq!((hit.device, hit.host), (0, 6), "demoted, not dropped");
-    // b finishes; demand falls below the resume watermark and a comes back.
-    t.end(b).unwrap();
-    clock.advance(5_000);
-    let actions = pc.step(&mut t, 160).unwrap();
-    assert_eq!(
-        actions,
-        vec![Action::Resume {
-            session: a,
-            forced: false,
-            paused_ms: 5_000
-        }]
-    );
-    let back = prefetch_chain(&mut dir, ns, &chain_a, TierKind::Device);
-    assert_eq!(back.len(), 6);
-    assert!(back.iter().all(|(_, src)| *src == TierKind::Host));
-    // Its next turn finds the whole prefix on the device.
-    t.set_activity(a, Activity::Reasoning).unwrap();
-    assert_eq!(dir.lookup_prefix(ns, &chain_a).device, 6);
-    assert!(t.is_boosted(a));
 }
 
 #[test]

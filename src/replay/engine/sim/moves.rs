@@ -1,11 +1,11 @@
 //! How pages move between tiers in the emulator: eviction with spill to the next tier,
-//! write-through on store, and the pressure controller's demotions and prefetches.
+//! write-through on store, and the session policy's moves, carried out as the manager
+//! carries them out (`manager::policy`).
 
 use super::Sim;
 use crate::directory::PageId;
-use crate::policy::select_victims;
+use crate::policy::{Move, select_victims};
 use crate::replay::engine::PolicyKind;
-use crate::session::pressure::{demote_session_pages, prefetch_chain};
 use crate::tier::TierKind;
 
 /// Each eviction frees this fraction of the tier beyond what is needed, so that eviction
@@ -28,39 +28,66 @@ impl Sim<'_> {
         }
     }
 
-    /// A paused session: its device pages become the first eviction candidates (idle
-    /// sessions go first) and get their host copy on the way out, so the device room goes
-    /// to active sessions only when they need it and nothing is copied twice. With a pool,
-    /// its host pages get a pool copy now, so that host can drop them later for free.
-    pub(super) fn demote(&mut self, idx: u32) {
-        if self.cap(TierKind::Pool) > 0 {
-            let backed = demote_session_pages(&mut self.dir, idx, TierKind::Host, TierKind::Pool);
-            self.out.bytes.host_pool += backed.copied as u64 * self.cfg.page_bytes;
-            for &id in &backed.pages {
-                self.dir.set_retain(id, 0);
+    /// One move of the session policy.
+    pub(super) fn apply_move(&mut self, m: Move) {
+        let page_bytes = self.cfg.page_bytes;
+        match m {
+            // To the pool (write-back), then the host copy goes; without a pool the policy
+            // sends none.
+            Move::Demote { hashes, .. } => {
+                for h in &hashes {
+                    let Some(id) = self.dir.find(self.ns, h) else { continue };
+                    if !self.dir.is_complete(id, TierKind::Host) || self.cap(TierKind::Pool) == 0 {
+                        continue;
+                    }
+                    if !self.dir.is_complete(id, TierKind::Pool) {
+                        self.dir.set_page(id, TierKind::Pool, true);
+                        self.out.bytes.host_pool += page_bytes;
+                    }
+                    self.dir.set_page(id, TierKind::Host, false);
+                }
+                self.evict(TierKind::Pool);
             }
-            self.evict(TierKind::Pool);
-        }
-    }
-
-    /// Brings the session's latest chain back to the device ahead of its next turn.
-    pub(super) fn prefetch(&mut self, s: usize) {
-        let Some(i) = self.last_req[s] else { return };
-        let blocks = &self.w.requests[i].blocks;
-        let copied = prefetch_chain(&mut self.dir, self.ns, blocks, TierKind::Device);
-        for &(id, src) in &copied {
-            self.out.bytes.host_device += self.cfg.page_bytes;
-            if src == TierKind::Pool {
-                self.out.bytes.pool_host += self.cfg.page_bytes;
-            } else {
-                self.dir.set_page(id, TierKind::Host, false);
+            // Pool to host; the engine loads from host when its turn comes.
+            Move::Stage { hashes, .. } => {
+                for h in &hashes {
+                    let Some(id) = self.dir.find(self.ns, h) else { continue };
+                    if self.dir.is_complete(id, TierKind::Pool)
+                        && !self.dir.is_complete(id, TierKind::Host)
+                        && !self.dir.is_complete(id, TierKind::Device)
+                    {
+                        self.dir.set_page(id, TierKind::Host, true);
+                        self.out.bytes.pool_host += page_bytes;
+                        self.dir.touch(id, false);
+                    }
+                }
+                self.evict(TierKind::Host);
+            }
+            Move::DropHost { hashes, .. } => {
+                for h in &hashes {
+                    if let Some(id) = self.dir.find(self.ns, h)
+                        && self.dir.is_complete(id, TierKind::Device)
+                    {
+                        self.dir.set_page(id, TierKind::Host, false);
+                    }
+                }
+            }
+            Move::Retain {
+                hashes,
+                priority,
+                disown,
+                ..
+            } => {
+                for h in &hashes {
+                    if let Some(id) = self.dir.find(self.ns, h) {
+                        self.dir.set_retain(id, priority);
+                        if disown {
+                            self.dir.set_session(id, 0);
+                        }
+                    }
+                }
             }
         }
-        for (id, _) in copied.iter().rev() {
-            self.dir.touch(*id, false);
-        }
-        self.evict(TierKind::Device);
-        self.evict(TierKind::Host);
     }
 
     /// Evicts `tier` down to its capacity minus a small slack.
@@ -72,18 +99,16 @@ impl Sim<'_> {
         }
         let n = used - cap + cap / EVICT_SLACK_DIVISOR;
         let cands = self.dir.eviction_candidates(tier);
-        let victims = if self.aware() && tier == TierKind::Device {
-            let table = &self.table;
-            select_victims(cands, n, |s| table.is_idle(s))
-        } else {
-            select_victims(cands, n, |_| false)
+        let victims = match (&self.sessions, tier) {
+            (Some(p), TierKind::Device) if self.idle_first() => select_victims(cands, n, |s| p.is_idle(s)),
+            _ => select_victims(cands, n, |_| false),
         };
         let mut spilled = false;
         for id in victims {
             let colder = tier.colder().filter(|&c| self.cap(c) > 0);
-            let spill_to = match (self.policy, colder) {
-                (PolicyKind::SessionAware, Some(c)) => Some(c),
-                (PolicyKind::WriteThrough, Some(TierKind::Pool)) => Some(TierKind::Pool),
+            let spill_to = match (self.exclusive(), self.policy, colder) {
+                (true, _, Some(c)) => Some(c),
+                (false, PolicyKind::WriteThrough, Some(TierKind::Pool)) => Some(TierKind::Pool),
                 _ => None,
             };
             if let Some(c) = spill_to {

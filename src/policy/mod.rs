@@ -1,9 +1,17 @@
 //! Capacity policy shared by the manager and `kvtier replay`: watermarks with hysteresis,
-//! write policies between tiers, and the eviction order.
+//! write policies between tiers, the eviction order, and [`session`], the session-aware
+//! tiering policy both of them drive.
 //!
 //! Eviction order within a tier: pinned and in-flight pages are never candidates (the
 //! directory filters them); then pages of paused or acting sessions go first, then low
 //! retain priority, then least recently used.
+
+pub mod session;
+
+pub use session::{
+    Advice, Decisions, Move, Phase, PolicyStats, RequestEnd, SessionPolicy, SessionPolicyConfig, SessionPolicyError,
+    SessionView, Signals, Usage,
+};
 
 use serde::{Deserialize, Serialize};
 

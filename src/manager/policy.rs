@@ -1,0 +1,266 @@
+//! The manager's side of the session-aware policy (`crate::policy::session`): it feeds the
+//! policy what engines and routers report, and carries out the moves it returns on the
+//! real tiers — demotion to the pool, staging back to host with `ReadyToLoad` advice,
+//! dropping host copies, retain priorities. `kvtier replay` carries out the same moves on
+//! its emulated tiers.
+//!
+//! The policy sits behind its own lock ([`Rank::Policy`], the last), taken alone: every
+//! call takes it, gets the decisions and lets it go before any move touches the
+//! directory, so a policy call never holds a lock a lookup needs.
+
+use std::collections::VecDeque;
+
+use super::locks::{Ordered, Rank};
+use super::queues::Advice as EngineAdvice;
+use super::{Manager, ManagerError};
+use crate::directory::PageId;
+use crate::page::{NamespaceId, PageHash};
+use crate::policy::{Advice, Decisions, Move, Phase, PolicyStats, RequestEnd, SessionPolicy, SessionView, Usage};
+use crate::tier::TierKind;
+
+/// Pause and resume advice kept for routers (oldest dropped past this).
+const MAX_ROUTER_ADVICE: usize = 4096;
+
+/// The policy and the advice it gave routers that no router has read yet.
+pub(crate) struct PolicyState {
+    pub(crate) policy: SessionPolicy,
+    advice: VecDeque<Advice>,
+}
+
+impl PolicyState {
+    pub(crate) fn new(policy: SessionPolicy) -> Self {
+        Self {
+            policy,
+            advice: VecDeque::new(),
+        }
+    }
+}
+
+impl Manager {
+    fn policy_lock(&self) -> Option<Ordered<parking_lot::MutexGuard<'_, PolicyState>>> {
+        let p = self.inner.policy.as_ref()?;
+        Some(Ordered::take(Rank::Policy, || p.lock()))
+    }
+
+    /// Host utilisation in pages (slots over the largest page's object count).
+    fn host_usage(&self) -> Usage {
+        let Some(arena) = self.arena() else {
+            return Usage::default();
+        };
+        let objs = self
+            .read()
+            .dir
+            .namespaces()
+            .map(|(_, _, l)| l.object_count())
+            .max()
+            .unwrap_or(1)
+            .max(1) as u64;
+        Usage {
+            used_pages: arena.used() as u64 / objs,
+            capacity_pages: arena.slots() as u64 / objs,
+            pool: self.pool().is_some(),
+        }
+    }
+
+    /// A session changed phase (an engine through its client, or a router through the
+    /// admin socket). Acting and paused sessions' pages are evicted first; the policy
+    /// decides what moves. A refused call (bad id, a parent cycle) changes nothing.
+    pub fn session_phase(&self, id: &str, parent: Option<&str>, phase: Phase) -> Result<(), ManagerError> {
+        let usage = self.host_usage();
+        let decisions = match self.policy_lock() {
+            Some(mut p) => p.policy.phase_changed(id, parent, phase, usage)?,
+            None => Decisions::default(),
+        };
+        // The session table and the eviction classes of the session's pages: acting and
+        // paused sessions' pages go first, an ended session is freed.
+        let idle = matches!(phase, Phase::Acting | Phase::Paused);
+        self.session_changed(id, idle, phase == Phase::Ended)?;
+        self.apply_decisions(decisions);
+        Ok(())
+    }
+
+    /// The engine stored `hashes` for `session`: they join the session's chain.
+    pub fn policy_page_stored(&self, session: &str, ns: NamespaceId, hashes: &[PageHash]) -> Result<(), ManagerError> {
+        if session.is_empty() {
+            return Ok(());
+        }
+        if let Some(mut p) = self.policy_lock() {
+            p.policy.page_stored(session, ns, hashes)?;
+        }
+        Ok(())
+    }
+
+    /// `loaded` leading pages of `hashes` were loaded to device for `session`.
+    pub fn policy_page_hit(&self, session: Option<&str>, ns: NamespaceId, hashes: &[PageHash], loaded: usize) {
+        let d = match self.policy_lock() {
+            Some(mut p) => p.policy.page_hit(session, ns, hashes, loaded),
+            None => return,
+        };
+        self.apply_decisions(d);
+    }
+
+    /// A request ended: its chain becomes its session's (lineage).
+    pub fn request_ended(&self, end: &RequestEnd) -> Result<(), ManagerError> {
+        self.check_batch(end.hashes.len())?;
+        let d = match self.policy_lock() {
+            Some(mut p) => p.policy.request_ended(end)?,
+            None => return Ok(()),
+        };
+        self.apply_decisions(d);
+        Ok(())
+    }
+
+    /// The policy's periodic step on host utilisation (from `tick`).
+    pub(crate) fn policy_tick(&self) {
+        let usage = self.host_usage();
+        let d = match self.policy_lock() {
+            Some(mut p) => p.policy.tick(usage),
+            None => return,
+        };
+        self.apply_decisions(d);
+    }
+
+    /// Sessions the policy keeps, sorted by id (empty with the policy off).
+    pub fn session_views(&self) -> Vec<SessionView> {
+        self.policy_lock().map_or_else(Vec::new, |p| p.policy.sessions())
+    }
+
+    /// The policy's view of some sessions (phase, parent, chain length), in the order
+    /// asked; `None` where the policy does not keep one. One lock take for the lot.
+    pub fn session_views_of<'a>(&self, ids: impl Iterator<Item = &'a str>) -> Vec<Option<SessionView>> {
+        match self.policy_lock() {
+            Some(p) => ids.map(|id| p.policy.session(id)).collect(),
+            None => ids.map(|_| None).collect(),
+        }
+    }
+
+    /// The policy's counters (pauses, paused time, pages demoted and staged).
+    pub fn policy_stats(&self) -> Option<PolicyStats> {
+        self.policy_lock().map(|p| p.policy.stats())
+    }
+
+    /// Takes the pause and resume advice given since the last call (for routers).
+    pub fn take_session_advice(&self) -> Vec<Advice> {
+        self.policy_lock()
+            .map_or_else(Vec::new, |mut p| p.advice.drain(..).collect())
+    }
+
+    /// Carries out the moves, then keeps the advice for routers. No lock is held here.
+    fn apply_decisions(&self, d: Decisions) {
+        for m in d.moves {
+            match m {
+                Move::Demote { ns, hashes } => self.demote_pages(ns, &hashes),
+                Move::Stage { ns, hashes } => self.stage_and_advise(ns, &hashes),
+                Move::DropHost { ns, hashes } => self.drop_host_copies(ns, &hashes),
+                Move::Retain {
+                    ns,
+                    hashes,
+                    priority,
+                    disown,
+                } => {
+                    let mut st = self.write();
+                    for h in &hashes {
+                        if let Some(id) = st.dir.find(ns, h) {
+                            st.dir.set_retain(id, priority);
+                            if disown {
+                                st.dir.set_session(id, 0);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if !d.advice.is_empty()
+            && let Some(mut p) = self.policy_lock()
+        {
+            for a in d.advice {
+                if p.advice.len() >= MAX_ROUTER_ADVICE {
+                    p.advice.pop_front();
+                }
+                p.advice.push_back(a);
+            }
+        }
+    }
+
+    fn page_ids(&self, ns: NamespaceId, hashes: &[PageHash], tier: TierKind) -> Vec<PageId> {
+        let st = self.read();
+        hashes
+            .iter()
+            .filter_map(|h| st.dir.find(ns, h))
+            .filter(|&id| st.dir.is_complete(id, tier))
+            .collect()
+    }
+
+    /// Writes the pages to the pool, then drops the host copies of those the pool now
+    /// holds whole (a failed pool write keeps its host copy: nothing is lost).
+    fn demote_pages(&self, ns: NamespaceId, hashes: &[PageHash]) {
+        for chunk in hashes.chunks(self.inner.cfg.max_batch.max(1)) {
+            let pages = self.page_ids(ns, chunk, TierKind::Host);
+            if pages.is_empty() {
+                continue;
+            }
+            self.copy_to_pool(ns, &pages, false);
+            self.drop_if(&pages, |st, p| st.dir.is_complete(p, TierKind::Pool));
+        }
+    }
+
+    /// Host copies of pages that are on device now (exclusive tiers), when a colder
+    /// copy is not needed: dropped unless leased or pinned.
+    fn drop_host_copies(&self, ns: NamespaceId, hashes: &[PageHash]) {
+        let pages = self.page_ids(ns, hashes, TierKind::Host);
+        self.drop_if(&pages, |st, p| st.dir.is_complete(p, TierKind::Device));
+    }
+
+    fn drop_if(&self, pages: &[PageId], ok: impl Fn(&super::state::DirState, PageId) -> bool) {
+        let mut st = self.write();
+        let gt = self.grants();
+        for &p in pages {
+            if st.dir.is_complete(p, TierKind::Host)
+                && ok(&st, p)
+                && !gt.leased(p)
+                && !st.dir.is_pinned(p, TierKind::Host)
+                && !st.dir.is_inflight(p, TierKind::Host)
+            {
+                self.drop_host_page(&mut st, p);
+            }
+        }
+    }
+
+    /// Brings the pool's copies of the pages back into host, then tells the engine which
+    /// of them are ready to load, in order.
+    fn stage_and_advise(&self, ns: NamespaceId, hashes: &[PageHash]) {
+        for chunk in hashes.chunks(self.inner.cfg.max_batch.max(1)) {
+            let in_pool: Vec<PageHash> = {
+                let st = self.read();
+                chunk
+                    .iter()
+                    .copied()
+                    .filter(|h| {
+                        st.dir.find(ns, h).is_some_and(|id| {
+                            st.dir.is_complete(id, TierKind::Pool) && !st.dir.is_complete(id, TierKind::Host)
+                        })
+                    })
+                    .collect()
+            };
+            if !in_pool.is_empty() {
+                self.stage_pages_from_pool(ns, &in_pool);
+            }
+            let ready: Vec<PageHash> = {
+                let st = self.read();
+                chunk
+                    .iter()
+                    .copied()
+                    .filter(|h| {
+                        st.dir
+                            .find(ns, h)
+                            .is_some_and(|id| st.dir.is_complete(id, TierKind::Host))
+                    })
+                    .collect()
+            };
+            if !ready.is_empty() {
+                self.queues()
+                    .push_advice(EngineAdvice::ReadyToLoad { ns, hashes: ready });
+            }
+        }
+    }
+}

@@ -1,0 +1,191 @@
+use super::*;
+use crate::clock::SimClock;
+
+fn hashes(ids: std::ops::Range<u64>) -> Vec<PageHash> {
+    ids.map(PageHash::from_u64).collect()
+}
+
+fn policy(clock: &Arc<SimClock>) -> SessionPolicy {
+    SessionPolicy::new(SessionPolicyConfig::default(), clock.clone()).unwrap()
+}
+
+const NS: NamespaceId = NamespaceId(0);
+
+fn usage(used: u64) -> Usage {
+    Usage {
+        used_pages: used,
+        capacity_pages: 100,
+        pool: true,
+    }
+}
+
+#[test]
+fn an_acting_child_loses_its_private_pages_under_pressure_and_gets_them_back_on_resume() {
+    let clock = SimClock::new();
+    let mut p = policy(&clock);
+    let prefix = hashes(0..4);
+    let child: Vec<PageHash> = prefix.iter().copied().chain(hashes(100..104)).collect();
+    p.page_stored("parent", NS, &prefix).unwrap();
+    p.phase_changed("child", Some("parent"), Phase::Reasoning, usage(10))
+        .unwrap();
+    p.page_stored("child", NS, &child).unwrap();
+    let d = p.phase_changed("child", None, Phase::Acting, usage(10)).unwrap();
+    assert!(d.is_empty(), "nothing moves without pressure: {d:?}");
+    assert!(p.tick(usage(10)).is_empty());
+    // Host in the early band: the child's private pages go to the pool, the prefix stays.
+    let d = p.tick(usage(90));
+    assert_eq!(
+        d.moves,
+        vec![Move::Demote {
+            ns: NS,
+            hashes: hashes(100..104)
+        }]
+    );
+    assert!(p.tick(usage(90)).moves.is_empty(), "demoted once");
+    let d = p.phase_changed("child", None, Phase::Reasoning, usage(86)).unwrap();
+    assert_eq!(
+        d.moves,
+        vec![Move::Stage {
+            ns: NS,
+            hashes: child.clone()
+        }]
+    );
+    assert_eq!(p.stats().demoted_pages, 4);
+    assert_eq!(p.stats().staged_pages, 8);
+    let v = p.sessions();
+    assert_eq!(v.len(), 2);
+    assert_eq!(v[0].session_id, "child");
+    assert_eq!(v[0].parent_session_id.as_deref(), Some("parent"));
+    assert_eq!((v[0].phase, v[0].pages), (Phase::Reasoning, 8));
+}
+
+#[test]
+fn above_the_high_watermark_acting_sessions_pause_largest_first_and_resume_below() {
+    let clock = SimClock::new();
+    let mut p = policy(&clock);
+    p.page_stored("small", NS, &hashes(0..5)).unwrap();
+    p.page_stored("big", NS, &hashes(10..30)).unwrap();
+    p.phase_changed("small", None, Phase::Acting, usage(0)).unwrap();
+    p.phase_changed("big", None, Phase::Acting, usage(0)).unwrap();
+    let d = p.tick(usage(96));
+    assert_eq!(
+        d.advice,
+        vec![Advice::Pause {
+            session_id: "big".into()
+        }]
+    );
+    assert_eq!(
+        d.moves,
+        vec![Move::Demote {
+            ns: NS,
+            hashes: hashes(10..30)
+        }]
+    );
+    assert_eq!(p.phase("big"), Some(Phase::Paused));
+    clock.advance(700);
+    assert!(
+        p.tick(usage(60)).advice.is_empty(),
+        "20 pages and a 16-page buffer need 36 below 0.85"
+    );
+    let d = p.tick(usage(40));
+    assert_eq!(
+        d.advice,
+        vec![Advice::Resume {
+            session_id: "big".into(),
+            forced: false,
+            paused_ms: 700
+        }]
+    );
+    assert_eq!(
+        d.moves,
+        vec![Move::Stage {
+            ns: NS,
+            hashes: hashes(10..30)
+        }]
+    );
+    assert_eq!(p.stats().paused_ms_total, 700);
+}
+
+#[test]
+fn ended_sessions_are_freed_and_their_private_pages_go_first() {
+    let clock = SimClock::new();
+    let mut p = policy(&clock);
+    p.page_stored("a", NS, &hashes(0..3)).unwrap();
+    let end = RequestEnd {
+        session_id: "b".into(),
+        parent_session_id: Some("a".into()),
+        ns: NS,
+        input_length: 60,
+        output_length: 5,
+        hashes: hashes(0..2).into_iter().chain(hashes(50..52)).collect(),
+    };
+    let d = p.request_ended(&end).unwrap();
+    assert_eq!(
+        d.moves,
+        vec![Move::Retain {
+            ns: NS,
+            hashes: hashes(0..2),
+            priority: SHARED_PRIORITY,
+            disown: true
+        }]
+    );
+    let d = p.phase_changed("b", None, Phase::Ended, usage(0)).unwrap();
+    assert_eq!(
+        d.moves,
+        vec![Move::Retain {
+            ns: NS,
+            hashes: hashes(50..52),
+            priority: ENDED_PRIORITY,
+            disown: false
+        }]
+    );
+    assert_eq!(p.sessions().len(), 1, "the ended session is freed");
+    assert_eq!(p.phase("b"), None);
+}
+
+#[test]
+fn bad_ids_and_parent_cycles_are_refused_and_change_nothing() {
+    let clock = SimClock::new();
+    let mut p = policy(&clock);
+    let long = "x".repeat(MAX_SESSION_ID_BYTES + 1);
+    assert_eq!(
+        p.phase_changed(&long, None, Phase::Acting, usage(0)),
+        Err(SessionPolicyError::BadId(MAX_SESSION_ID_BYTES + 1))
+    );
+    assert!(matches!(p.page_stored("a", NS, &[]), Ok(())));
+    p.phase_changed("b", Some("a"), Phase::Reasoning, usage(0)).unwrap();
+    p.phase_changed("c", Some("b"), Phase::Reasoning, usage(0)).unwrap();
+    assert!(matches!(
+        p.phase_changed("a2", Some("a2"), Phase::Reasoning, usage(0)),
+        Err(SessionPolicyError::ParentCycle { .. })
+    ));
+    // "a" exists without a parent; giving it "c" as parent would close a -> c -> b -> a.
+    assert!(matches!(
+        p.phase_changed("a", Some("c"), Phase::Reasoning, usage(0)),
+        Err(SessionPolicyError::ParentCycle { .. })
+    ));
+    assert_eq!(p.sessions().len(), 3);
+    assert_eq!(p.sessions()[0].parent_session_id, None);
+}
+
+#[test]
+fn exclusive_tiers_drop_the_host_copy_of_what_was_loaded() {
+    let clock = SimClock::new();
+    let mut p = SessionPolicy::new(
+        SessionPolicyConfig {
+            exclusive: true,
+            ..SessionPolicyConfig::default()
+        },
+        clock,
+    )
+    .unwrap();
+    let d = p.page_hit(Some("a"), NS, &hashes(0..4), 3);
+    assert_eq!(
+        d.moves,
+        vec![Move::DropHost {
+            ns: NS,
+            hashes: hashes(0..3)
+        }]
+    );
+    assert!(policy(&SimClock::new()).page_hit(None, NS, &hashes(0..4), 3).is_empty());
+}
