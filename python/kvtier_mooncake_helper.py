@@ -67,6 +67,11 @@ class Store:
         self.reason = "connecting to the Mooncake master"
         host, _, port = args.master.rpartition(":")
         self.master = (host, int(port))
+        from mooncake.store import ReplicateConfig
+
+        # One config for every put: how many segments hold a copy of each object.
+        self.replicate = ReplicateConfig()
+        self.replicate.replica_num = max(1, args.replicas)
 
     def ready(self):
         with self.lock:
@@ -230,7 +235,7 @@ def handle(op, body, state, regions):
     try:
         if op == OP_PUT:
             keys, ptrs, sizes = parse_items(body, regions)
-            return ST_OK, results(store.batch_put_from(keys, ptrs, sizes))
+            return ST_OK, results(store.batch_put_from(keys, ptrs, sizes, state.replicate))
         if op == OP_GET:
             keys, ptrs, sizes = parse_items(body, regions)
             return ST_OK, results(store.batch_get_into(keys, ptrs, sizes))
@@ -259,6 +264,7 @@ def main():
     p.add_argument("--device", default="")
     p.add_argument("--segment-bytes", type=int, default=512 << 20)
     p.add_argument("--local-buffer-bytes", type=int, default=16 << 20)
+    p.add_argument("--replicas", type=int, default=1, help="replicas of each object put")
     p.add_argument("--region", action="append", default=[], help="PATH:LENGTH, in region-id order")
     args = p.parse_args()
 

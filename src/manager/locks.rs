@@ -41,6 +41,8 @@ pub(crate) enum Rank {
     Tunables = 6,
     /// Attached device regions and their page counts.
     Devices = 7,
+    /// Cached pool existence answers and page origins (shared pools only).
+    Remote = 8,
 }
 
 #[cfg(test)]
@@ -153,6 +155,7 @@ impl Manager {
             Rank::Sessions => Box::new(self.sessions_table()),
             Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
             Rank::Devices => Box::new(self.devices()),
+            Rank::Remote => Box::new(self.remote_cache()),
         }
     }
 

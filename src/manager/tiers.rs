@@ -384,6 +384,7 @@ impl Manager {
             let mut st = self.write();
             let count = st.dir.layout(ns).map_or(0, |l| l.object_count());
             let mut bytes = 0u64;
+            let mut vanished: Vec<PageHash> = Vec::new();
             for (m, r) in moves.iter().zip(&results) {
                 let _ = st.dir.set_inflight(m.page, TierKind::Host, m.obj, false);
                 match r {
@@ -394,9 +395,13 @@ impl Manager {
                     }
                     other => {
                         arena.free(m.slot);
-                        // The pool lost the object (or it is the wrong size): not complete there.
+                        // The pool lost the object (or it is the wrong size): the page is not
+                        // complete there any more, and no part of it is loaded.
                         if matches!(other, Err(PoolError::NotFound) | Ok(_)) {
                             let _ = st.dir.set_object(m.page, TierKind::Pool, m.obj, false);
+                            if vanished.last() != Some(&m.hash) {
+                                vanished.push(m.hash);
+                            }
                         }
                     }
                 }
@@ -405,6 +410,9 @@ impl Manager {
             pages.dedup();
             staged += pages.iter().filter(|&&p| st.dir.is_complete(p, TierKind::Host)).count();
             drop(st);
+            for h in &vanished {
+                self.pool_object_vanished(ns, h);
+            }
             self.inner.stats.moved(TierKind::Pool, TierKind::Host, bytes);
             if bytes > 0 {
                 self.usage_grew(TierKind::Host);

@@ -48,6 +48,19 @@ pub struct TiersConfig {
     pub recover: bool,
     pub arena: ArenaOptions,
     pub tunables: manager::Tunables,
+    /// A pool shared with other nodes, built by the daemon (`pool = "mooncake"`); it
+    /// replaces the local pool of `pool_bytes`. `None`: the local pool (or none).
+    pub shared_pool: Option<SharedPool>,
+}
+
+/// A shared pool as the daemon configured it.
+#[derive(Clone, Debug)]
+pub struct SharedPool {
+    pub pool: PoolConfig,
+    /// Pool key tag (`mooncake.key_tag`).
+    pub key_tag: String,
+    /// Discovery of pages other nodes wrote.
+    pub remote: manager::RemoteConfig,
 }
 
 struct StoreInfo {
@@ -86,6 +99,15 @@ impl ManagedTiers {
             max_pages: cfg.max_pages,
             tunables: cfg.tunables,
             ..ManagerConfig::default()
+        };
+        let mcfg = match &cfg.shared_pool {
+            Some(s) => ManagerConfig {
+                pool: s.pool.clone(),
+                pool_key_tag: s.key_tag.clone(),
+                remote: Some(s.remote),
+                ..mcfg
+            },
+            None => mcfg,
         };
         let mgr = Manager::new(mcfg, clock)?;
         let mut journal = Journal::new(cfg.arena_path.with_extension("manifest"));
