@@ -30,6 +30,8 @@ mod timers;
 mod upkeep;
 
 #[cfg(test)]
+mod remote_tests;
+#[cfg(test)]
 mod split_tests;
 #[cfg(test)]
 mod tests;
