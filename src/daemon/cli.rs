@@ -294,7 +294,16 @@ fn start_side_services(
             Err(e) => tracing::warn!(error = %e, endpoint = %cfg.events_endpoint, "KV event publisher not started"),
         }
     }
-    if !cfg.pool_events_endpoint.is_empty() {
+    // Mooncake-style object events describe objects in a shared store; the node-local
+    // pool is none, so they are published only with `pool = "mooncake"` (local pool pages
+    // are in the vLLM events above, with the pool tier's medium).
+    if cfg.pool != PoolKind::Mooncake && !cfg.pool_events_endpoint.is_empty() {
+        println!(
+            "kvtier serve: pool object events off (they describe a shared store; pool is {})",
+            cfg.pool.name()
+        );
+    }
+    if !cfg.pool_events_endpoint.is_empty() && cfg.pool == PoolKind::Mooncake {
         let mcfg = crate::publish::mooncake::MooncakeConfig {
             endpoint: cfg.pool_events_endpoint.clone(),
             ..crate::publish::mooncake::MooncakeConfig::default()
