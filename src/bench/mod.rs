@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod events;
 pub mod index;
 pub mod pool;
+mod pool_remote;
 pub mod transfer;
 #[cfg(feature = "cuda")]
 pub mod transfer_cuda;

@@ -201,6 +201,26 @@ impl MooncakePool {
     }
 }
 
+impl MooncakePool {
+    /// The bench's baseline for existence: the helper times the wheel's own
+    /// `batch_is_exist` over `keys`; `failed` counts keys that do not exist.
+    pub fn raw_exists(&self, keys: &[&str]) -> Result<RawBench, PoolError> {
+        let spec = serde_json::json!({ "op": "exists", "keys": keys });
+        let mut body = Body::default();
+        body.bytes(spec.to_string().as_bytes());
+        let conn = self.conn()?;
+        match conn.call(Op::RawBench, &body, self.cfg.deadline_for(0) * 4) {
+            Ok(Reply::Ok(json)) => serde_json::from_slice(&json).map_err(|e| PoolError::Backend {
+                code: codes::INTERNAL_ERROR,
+                message: e.to_string(),
+            }),
+            other => self
+                .reply(other, 0, true)
+                .and(Err(PoolError::Unavailable("raw exists failed".into()))),
+        }
+    }
+}
+
 impl PoolBackend for MooncakePool {
     fn name(&self) -> &'static str {
         "mooncake"
