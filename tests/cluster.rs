@@ -266,7 +266,7 @@ else:
 /// Shares `hs` from node A until A's directory has every page complete in the store: a
 /// share taken while the store is still coming up (after a master restart, segments are
 /// mounted again within the client TTL) may write nothing, and is simply asked again.
-fn share_until_pooled(a: &Node, ctl: &Client, hs: &[PageHash]) {
+fn share_until_pooled(a: &Node, ctl: &Client, hs: &[PageHash], ns: u16) {
     let prefix: Vec<String> = hs.iter().map(PageHash::to_hex).collect();
     let share = Hint::Share {
         target: HintTarget::Prefix(hs.to_vec()),
@@ -274,7 +274,9 @@ fn share_until_pooled(a: &Node, ctl: &Client, hs: &[PageHash]) {
     let pooled = eventually(Duration::from_secs(60), || {
         let taken = matches!(ctl.hint(share.clone()), Ok(HintOutcome::Accepted { .. }));
         std::thread::sleep(Duration::from_millis(200));
-        taken && a.admin(&["pages", "--prefix", &prefix.join(",")])["complete_prefix"]["pool"] == hs.len()
+        taken
+            && a.admin(&["pages", "--ns", &ns.to_string(), "--prefix", &prefix.join(",")])["complete_prefix"]["pool"]
+                == hs.len()
     });
     assert!(pooled, "A's pages reached the store; log {}", a.log.display());
 }
@@ -305,7 +307,7 @@ fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
         assert_eq!(stored[0], 12, "rank wrote every page");
     }
     let ctl = a.client("a-ctl", 0);
-    share_until_pooled(&a, &ctl, &hs);
+    share_until_pooled(&a, &ctl, &hs, 0);
 
     // Node B: a fresh engine finds the pages in the store, as pool hits.
     let b0 = Rank::new(&b, 0);
@@ -357,7 +359,7 @@ fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
     for r in &mut ranks {
         assert_eq!(r.nums(&format!("store {} 4", fresh[0].prefix_u64()))[0], 4);
     }
-    share_until_pooled(&a, &ctl, &fresh);
+    share_until_pooled(&a, &ctl, &fresh, 0);
     let again = eventually(Duration::from_secs(60), || {
         b0.client.lookup(&fresh).is_ok_and(|h| h.pool == 4)
     });
@@ -374,6 +376,39 @@ fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
         b0.client.lookup(&hs[8..12]).is_ok_and(|h| h.pool == 0)
     });
     assert!(stale, "pages the old master held earn no credit");
+    // Tenants whose namespaces differ only in '_' against '-', or in which field holds a
+    // string, never meet on a key: A's salt "t_1" pages are no hit for salt "t-1" or for
+    // LoRA "t_1" on B, and are for salt "t_1".
+    let ns = |lora: &str, salt: &str| Namespace {
+        model: "test-model".into(),
+        lora: lora.into(),
+        salt: salt.into(),
+    };
+    let tenant = |node: &Node, n: Namespace, tp: u16| {
+        let mut id = identity(&format!("t-{}-{}-{tp}", n.lora, n.salt), tp, 0, 2, 1);
+        id.namespace = n;
+        let c = Client::connect(ClientConfig::new(&node.socket, id, spec(2, 1)).with_timeout(Duration::from_secs(20)))
+            .unwrap();
+        let dev = Arc::new(EmulatedDevice::new(&spec(2, 1).build().unwrap(), 0, 64));
+        c.register_device(dev.clone()).unwrap();
+        (c, dev)
+    };
+    let th = hashes(0x7e_0000_0000, 2);
+    let writers: Vec<_> = (0..2).map(|tp| tenant(&a, ns("", "t_1"), tp)).collect();
+    for (tp, (c, dev)) in writers.iter().enumerate() {
+        for (i, h) in th.iter().enumerate() {
+            dev.fill_page(i as u32, seed(h, tp as u16, 0)).unwrap();
+        }
+        c.store(&th, &[0, 1], "s").unwrap();
+    }
+    // The second namespace A registered: id 1.
+    share_until_pooled(&a, &writers[0].0, &th, 1);
+    for (lora, salt, want) in [("", "t-1", 0), ("t_1", "", 0), ("", "t_1", 2)] {
+        let (c, _) = tenant(&b, ns(lora, salt), 0);
+        let got = eventually(Duration::from_secs(10), || c.lookup(&th).is_ok_and(|h| h.pool == want));
+        assert!(got, "lora {lora:?} salt {salt:?}: {:?}, want {want}", c.lookup(&th));
+    }
+
     let metrics = Command::new("curl")
         .args(["-s", "--unix-socket"])
         .arg(&b.admin)

@@ -144,10 +144,10 @@ impl MooncakePool {
     }
 
     pub(super) fn check(&self, key: &str, len: usize) -> Result<(), PoolError> {
-        if key.is_empty() || key.len() > MAX_KEY {
+        if key.is_empty() || key.len() > MAX_KEY || key.contains('\0') {
             return Err(PoolError::Backend {
                 code: codes::INVALID_KEY,
-                message: "key empty or too long".into(),
+                message: "key empty, too long, or holding a NUL".into(),
             });
         }
         if len > self.max_object_bytes() {
