@@ -67,6 +67,11 @@ class Store:
         self.reason = "connecting to the Mooncake master"
         host, _, port = args.master.rpartition(":")
         self.master = (host, int(port))
+        from mooncake.store import ReplicateConfig
+
+        # One config for every put: how many segments hold a copy of each object.
+        self.replicate = ReplicateConfig()
+        self.replicate.replica_num = max(1, args.replicas)
 
     def ready(self):
         with self.lock:
@@ -158,14 +163,15 @@ def parse_items(body, regions):
 
 
 def parse_keys(body, at):
+    """A key list: u32 count, then the keys joined by NUL (keys never hold one). One decode
+    and one split, where a loop over length-prefixed keys cost most of an existence
+    query's time in the helper (`bench pool`'s remote_lookup row)."""
     (n,) = struct.unpack_from("<I", body, at)
-    at += 4
-    keys = []
-    for _ in range(n):
-        (klen,) = struct.unpack_from("<H", body, at)
-        at += 2
-        keys.append(body[at : at + klen].decode())
-        at += klen
+    if n == 0:
+        return []
+    keys = body[at + 4 :].decode().split("\0")
+    if len(keys) != n:
+        raise ValueError(f"key list says {n} keys, holds {len(keys)}")
     return keys
 
 
@@ -175,6 +181,11 @@ def results(codes):
 
 def raw_bench(store, regions, spec):
     """Times the wheel's own batch calls over registered memory: the bench's baseline."""
+    if spec["op"] == "exists":
+        # One batched existence query over the given keys, as a HiCache client asks it.
+        t = time.perf_counter()
+        codes = store.batch_is_exist(spec["keys"])
+        return {"seconds": time.perf_counter() - t, "failed": sum(1 for c in codes if c != 1)}
     r = regions[spec["region"]]
     items = spec["items"]
     keys = [f"{spec['prefix']}{i}" for i in range(len(items))]
@@ -230,7 +241,7 @@ def handle(op, body, state, regions):
     try:
         if op == OP_PUT:
             keys, ptrs, sizes = parse_items(body, regions)
-            return ST_OK, results(store.batch_put_from(keys, ptrs, sizes))
+            return ST_OK, results(store.batch_put_from(keys, ptrs, sizes, state.replicate))
         if op == OP_GET:
             keys, ptrs, sizes = parse_items(body, regions)
             return ST_OK, results(store.batch_get_into(keys, ptrs, sizes))
@@ -259,6 +270,7 @@ def main():
     p.add_argument("--device", default="")
     p.add_argument("--segment-bytes", type=int, default=512 << 20)
     p.add_argument("--local-buffer-bytes", type=int, default=16 << 20)
+    p.add_argument("--replicas", type=int, default=1, help="replicas of each object put")
     p.add_argument("--region", action="append", default=[], help="PATH:LENGTH, in region-id order")
     args = p.parse_args()
 

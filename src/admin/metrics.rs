@@ -201,6 +201,100 @@ pub fn render(s: &StatsSnapshot, uptime: Duration, engines: usize) -> String {
     o
 }
 
+/// The pool's backend and health, and on a shared pool the discovery counters: existence
+/// queries and their latency, the answer cache, pages found in the pool and credited from
+/// it, pages that vanished, gets that found nothing.
+pub fn render_pool(o: &mut String, p: &crate::manager::PoolReport) {
+    family(
+        o,
+        "kvtier_pool_info",
+        "gauge",
+        "The pool backend in use (1), with whether it is started, healthy and shared.",
+    );
+    let healthy = matches!(p.health, Some(crate::pool::PoolHealth::Ok));
+    let state = match (&p.health, p.started) {
+        (_, false) => "not_started",
+        (Some(crate::pool::PoolHealth::Ok), _) => "ok",
+        _ => "degraded",
+    };
+    sample(
+        o,
+        "kvtier_pool_info",
+        &[
+            ("backend", p.backend),
+            ("state", state),
+            ("shared", if p.shared { "true" } else { "false" }),
+        ],
+        1.0,
+    );
+    family(o, "kvtier_pool_healthy", "gauge", "1 when the pool answers, else 0.");
+    sample(o, "kvtier_pool_healthy", &[], f64::from(u8::from(healthy)));
+    let Some(r) = &p.remote else { return };
+    let counters: [(&str, &str, u64); 10] = [
+        (
+            "kvtier_pool_exists_queries_total",
+            "Batched existence queries sent to the shared pool.",
+            r.exists_queries,
+        ),
+        (
+            "kvtier_pool_exists_keys_total",
+            "Object keys named by existence queries.",
+            r.exists_keys,
+        ),
+        (
+            "kvtier_pool_exists_failed_total",
+            "Existence queries that failed (no pool credit given).",
+            r.exists_failed,
+        ),
+        (
+            "kvtier_pool_exists_cache_hits_total",
+            "Candidate pages answered from the existence cache.",
+            r.cache_hits,
+        ),
+        (
+            "kvtier_pool_exists_cache_misses_total",
+            "Candidate pages that needed the pool.",
+            r.cache_misses,
+        ),
+        (
+            "kvtier_pool_found_pages_total",
+            "Pages other nodes wrote, found in the pool and entered into the directory.",
+            r.found_pages,
+        ),
+        (
+            "kvtier_pool_remote_hit_pages_total",
+            "Pages credited to the pool in lookups that another node wrote.",
+            r.remote_hit_pages,
+        ),
+        (
+            "kvtier_pool_vanished_pages_total",
+            "Pool pages dropped because the store no longer had all their objects.",
+            r.vanished_pages,
+        ),
+        (
+            "kvtier_pool_get_not_found_total",
+            "Pool gets that answered not found (the page is then a miss).",
+            r.get_not_found,
+        ),
+        (
+            "kvtier_pool_unhealthy_lookups_total",
+            "Lookups whose pool credit was withheld because the pool was unhealthy.",
+            r.unhealthy_lookups,
+        ),
+    ];
+    for (name, help, v) in counters {
+        family(o, name, "counter", help);
+        sample(o, name, &[], v as f64);
+    }
+    family(
+        o,
+        "kvtier_pool_exists_seconds_total",
+        "counter",
+        "Time spent in existence queries; divide by the query count for the mean latency.",
+    );
+    sample(o, "kvtier_pool_exists_seconds_total", &[], r.exists_ns as f64 / 1e9);
+}
+
 fn family(o: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }

@@ -65,7 +65,8 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         ("PUT", "/v1/config") => put_config(ctx, req),
         ("GET", "/v1/events") => return events(ctx, req).unwrap_or_else(ApiError::reply),
         ("GET", "/metrics" | "/v1/metrics") => {
-            let text = metrics::render(&ctx.manager.stats(), ctx.started.elapsed(), ctx.engines.engines().len());
+            let mut text = metrics::render(&ctx.manager.stats(), ctx.started.elapsed(), ctx.engines.engines().len());
+            metrics::render_pool(&mut text, &ctx.manager.pool_report());
             return Reply::Text(200, "text/plain; version=0.0.4; charset=utf-8", text);
         }
         (
@@ -156,6 +157,7 @@ fn status(ctx: &AdminState) -> Value {
         "leased_pages": stats.leased_pages,
         "deferred_hints": stats.deferred_hints,
         "event_seq": stats.event_seq,
+        "pool": ctx.manager.pool_report(),
         "engines": ctx.engines.engines(),
     })
 }
@@ -305,7 +307,10 @@ fn pages(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> {
                         })
                     })
                     .collect();
-                json!({ "hash": h, "known": true, "hits": s.hits, "retain": s.retain, "tiers": tiers })
+                json!({
+                    "hash": h, "known": true, "hits": s.hits, "retain": s.retain, "tiers": tiers,
+                    "pool_origin": ctx.manager.pool_origin(ns, h),
+                })
             }
         });
     }

@@ -10,6 +10,7 @@ pub mod events;
 pub mod evict;
 pub mod index;
 pub mod pool;
+mod pool_remote;
 pub mod transfer;
 #[cfg(feature = "cuda")]
 pub mod transfer_cuda;

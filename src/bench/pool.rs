@@ -85,6 +85,13 @@ pub struct Row {
     /// Objects a get returned with bytes different from what was put, over all rounds.
     /// The Mooncake run checks its warm-up round and stops at the first difference.
     pub corrupt: usize,
+    /// Latency rows (`remote_lookup`): kvtier's median in µs; `ratio` is then kvtier over
+    /// the reference, lower is better.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kvtier_p50_us: Option<f64>,
+    /// Latency rows: the reference's median in µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw_p50_us: Option<f64>,
 }
 
 pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
@@ -94,6 +101,9 @@ pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for &size in &args.sizes {
         rows.extend(bench_size(&args, size).with_context(|| format!("objects of {size} bytes"))?);
+    }
+    if args.backend == Backend::Mooncake {
+        rows.push(super::pool_remote::remote_lookup(&args).context("remote lookup")?);
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -122,7 +132,7 @@ pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -188,6 +198,8 @@ impl Shape {
             reference: self.reference,
             failed: 0,
             corrupt: 0,
+            kvtier_p50_us: None,
+            raw_p50_us: None,
         }
     }
 }

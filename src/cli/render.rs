@@ -46,6 +46,33 @@ pub fn status(v: &Value) -> String {
         s(&v["open_grants"]),
     );
     out.push_str(&tiers(&v["tiers"]));
+    let pool = &v["pool"];
+    if pool.is_object() {
+        let health = match (&pool["health"]["state"], pool["started"].as_bool()) {
+            (_, Some(false)) => "not started (starts with the first engine)".to_string(),
+            (Value::String(st), _) if st == "ok" => "ok".to_string(),
+            (_, _) => format!("DEGRADED: {}", s(&pool["health"]["reason"])),
+        };
+        let _ = write!(
+            out,
+            "
+pool {}  {}",
+            s(&pool["backend"]),
+            health
+        );
+        if let Some(r) = pool["remote"].as_object() {
+            let g = |k: &str| r.get(k).and_then(Value::as_u64).unwrap_or(0);
+            let _ = write!(
+                out,
+                "  shared: {} existence queries, {} pages found, {} remote hits, {} not found on get",
+                g("exists_queries"),
+                g("found_pages"),
+                g("remote_hit_pages"),
+                g("get_not_found")
+            );
+        }
+        out.push('\n');
+    }
     let engines = v["engines"].as_array().cloned().unwrap_or_default();
     if engines.is_empty() {
         out.push_str("\nno engines connected\n");
@@ -165,7 +192,20 @@ pub fn pages(v: &Value) -> String {
                 .collect()
         })
         .unwrap_or_default();
-    let mut out = table(&["HASH", "DEVICE", "HOST", "POOL"], &rows);
+    // Where each pool page came from: written here, or found in a shared pool.
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .zip(v["pages"].as_array().into_iter().flatten())
+        .map(|(mut row, p)| {
+            row.push(match p["pool_origin"].as_str() {
+                Some("found_in_pool") => "found in pool".to_string(),
+                Some("written_here") => "written here".to_string(),
+                _ => String::new(),
+            });
+            row
+        })
+        .collect();
+    let mut out = table(&["HASH", "DEVICE", "HOST", "POOL", "POOL ORIGIN"], &rows);
     if let Some(p) = v.get("complete_prefix") {
         let _ = writeln!(
             out,

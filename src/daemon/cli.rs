@@ -15,7 +15,7 @@ use crate::clock::SystemClock;
 use crate::tier::private;
 
 use super::backend::{Backend, ManagedTiers};
-use super::config::{ConfigError, DaemonConfig};
+use super::config::{ConfigError, DaemonConfig, PoolKind};
 use super::connection::Shared;
 use super::server;
 
@@ -34,7 +34,13 @@ pub struct ServeArgs {
     /// Host arena size in bytes.
     #[arg(long, value_name = "BYTES")]
     pub arena_bytes: Option<u64>,
-    /// Any configuration key: `--set max_connections=64` (repeatable).
+    /// Pool backend: none, local or mooncake (key `pool`).
+    #[arg(long, value_name = "KIND")]
+    pub pool: Option<String>,
+    /// Mooncake master, host:port (key `mooncake.master`).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub mooncake_master: Option<String>,
+    /// Any configuration key: `--set max_connections=64`, `--set mooncake.key_tag=""` (repeatable).
     ///
     /// KV event keys (docs/admin.md): `events_encoding` = `vllm` (vLLM 0.24 to 0.33, the
     /// default) | `vllm-legacy` (vLLM 0.23 and earlier); `events_replay_protocol` = `auto` |
@@ -65,6 +71,14 @@ impl ServeArgs {
         }
         if let Some(b) = self.arena_bytes {
             out.push(("arena_bytes".into(), b.to_string()));
+        }
+        // Quoted, so a value that happens to parse as a TOML number stays a string and
+        // serde names the allowed values when it is not one of them.
+        if let Some(p) = &self.pool {
+            out.push(("pool".into(), format!("{p:?}")));
+        }
+        if let Some(m) = &self.mooncake_master {
+            out.push(("mooncake.master".into(), format!("{m:?}")));
         }
         Ok(out)
     }
@@ -190,7 +204,28 @@ fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
         backend.manifest_path().display(),
         backend.lock_path().display()
     )?;
-    writeln!(out, "kvtier serve: local pool {} MiB", cfg.pool_bytes >> 20)?;
+    match cfg.pool {
+        PoolKind::None => writeln!(out, "kvtier serve: pool none")?,
+        PoolKind::Local if cfg.pool_bytes == 0 => writeln!(out, "kvtier serve: pool none (pool_bytes = 0)")?,
+        PoolKind::Local => writeln!(out, "kvtier serve: pool local, {} MiB", cfg.pool_bytes >> 20)?,
+        PoolKind::Mooncake => {
+            let m = &cfg.mooncake;
+            let health = if m.master_reachable(Duration::from_secs(1)) {
+                "master reachable".to_owned()
+            } else {
+                tracing::warn!(master = %m.master, "Mooncake master unreachable; serving degraded: no pool credit until it is back");
+                "DEGRADED: master unreachable; no pool credit until it answers".to_owned()
+            };
+            writeln!(
+                out,
+                "kvtier serve: pool mooncake, master {} ({health}), key tag {:?}, segment {} MiB, {} replica(s)",
+                m.master,
+                m.key_tag,
+                m.global_segment_bytes >> 20,
+                m.replicas
+            )?;
+        }
+    }
     out.flush()?;
     Ok(())
 }
@@ -295,7 +330,16 @@ fn start_side_services(
             Err(e) => tracing::warn!(error = %e, endpoint = %cfg.events_endpoint, "KV event publisher not started"),
         }
     }
-    if !cfg.pool_events_endpoint.is_empty() {
+    // Mooncake-style object events describe objects in a shared store; the node-local
+    // pool is none, so they are published only with `pool = "mooncake"` (local pool pages
+    // are in the vLLM events above, with the pool tier's medium).
+    if cfg.pool != PoolKind::Mooncake && !cfg.pool_events_endpoint.is_empty() {
+        println!(
+            "kvtier serve: pool object events off (they describe a shared store; pool is {})",
+            cfg.pool.name()
+        );
+    }
+    if !cfg.pool_events_endpoint.is_empty() && cfg.pool == PoolKind::Mooncake {
         let mcfg = crate::publish::mooncake::MooncakeConfig {
             endpoint: super::config::event_endpoint(&cfg.pool_events_endpoint, &run_dir, "pool-events.ipc"),
             tenant_id: cfg.pool_events_tenant.clone(),

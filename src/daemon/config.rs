@@ -5,10 +5,10 @@
 //! (`--socket`, `--arena-path`, `--arena-bytes`, and `--set key=value` for any key).
 //! The daemon runs with no configuration at all.
 //!
-//! Keys with a fixed set of values are serde enums ([`EventsEncoding`]): an unknown value
-//! is refused at start, from any of the three sources, with the allowed values in the
-//! message. (The pool backend, `none | local | mooncake`, becomes one such enum beside
-//! `pool_bytes` when the cluster work lands.)
+//! Keys with a fixed set of values are serde enums ([`EventsEncoding`], [`PoolKind`]): an
+//! unknown value is refused at start, from any of the three sources, with the allowed
+//! values in the message. Keys of a section (`[mooncake]`) are `section.key` in `--set`,
+//! `--section-key` as flags where one exists, and `KVTIER_SECTION_KEY` in the environment.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,8 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::manager::Tunables;
 use crate::tier::host::ArenaOptions;
 
-use super::backend::TiersConfig;
+use super::backend::{SharedPool, TiersConfig};
 use super::connection::Limits;
+pub use super::pool_config::{MooncakeSection, PoolKind};
 
 /// Every key the daemon reads.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -63,8 +64,11 @@ pub struct DaemonConfig {
     /// Peer gids the control socket serves (a peer is served when its uid or its gid is
     /// allowed). Default: none.
     pub allow_gids: Vec<u32>,
-    /// Local shared-memory pool size in bytes (G3), beside the arena (`<arena>.pool`);
-    /// 0 runs without a pool. Default: 2 GiB.
+    /// The pool backend (G3): `none`, `local` (a shared-memory pool on this node) or
+    /// `mooncake` (a Mooncake Store shared by a cluster, see `[mooncake]`). Default: `local`.
+    pub pool: PoolKind,
+    /// Local shared-memory pool size in bytes, beside the arena (`<arena>.pool`); 0 runs
+    /// without a pool. Used with `pool = "local"`. Default: 2 GiB.
     pub pool_bytes: u64,
     /// Most client connections at once. Default: 256.
     pub max_connections: usize,
@@ -175,6 +179,8 @@ pub struct DaemonConfig {
     pub request_trace_max_bytes: u64,
     /// Request trace files kept, the current one included. Default: 4.
     pub request_trace_files: usize,
+    /// The Mooncake Store, with `pool = "mooncake"`.
+    pub mooncake: MooncakeSection,
 }
 
 /// Whether the daemon runs the session-aware policy (`session_policy`).
@@ -207,6 +213,23 @@ impl From<EventsEncoding> for crate::publish::vllm::Encoding {
             EventsEncoding::VllmLegacy => Self::Positional,
         }
     }
+}
+
+/// The table of section `name` in `table`, created when absent (a non-table value under
+/// that name is replaced: the section's keys win, and serde then checks them).
+fn section<'a>(table: &'a mut toml::Table, name: &str) -> &'a mut toml::Table {
+    if !table.get(name).is_some_and(toml::Value::is_table) {
+        table.insert(name.to_owned(), toml::Value::Table(toml::Table::new()));
+    }
+    let entry = table
+        .entry(name.to_owned())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if let toml::Value::Table(t) = entry {
+        return t;
+    }
+    // Not reached: the entry was made a table above. A fresh table keeps the types honest.
+    *entry = toml::Value::Table(toml::Table::new());
+    entry.as_table_mut().expect("a table was just stored")
 }
 
 /// An event endpoint as configured, with `ipc` resolved to `ipc://<dir>/<name>` in the
@@ -296,6 +319,7 @@ impl Default for DaemonConfig {
             socket_group: String::new(),
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
+            pool: PoolKind::Local,
             pool_bytes: 2 << 30,
             max_connections: 256,
             max_ranks: 64,
@@ -337,6 +361,7 @@ impl Default for DaemonConfig {
             request_trace_path: PathBuf::new(),
             request_trace_max_bytes: 64 << 20,
             request_trace_files: 4,
+            mooncake: MooncakeSection::default(),
         }
     }
 }
@@ -386,15 +411,34 @@ impl DaemonConfig {
                 .map_err(|e| ConfigError::Parse(e.to_string()))?;
         }
         let keys = Self::keys();
+        let sections = Self::section_keys();
         for (k, v) in env {
-            if let Some(key) = k.strip_prefix("KVTIER_").map(str::to_ascii_lowercase)
-                && keys.contains(&key)
-            {
+            let Some(key) = k.strip_prefix("KVTIER_").map(str::to_ascii_lowercase) else {
+                continue;
+            };
+            if keys.contains(&key) && !sections.iter().any(|(s, _)| *s == key) {
                 table.insert(key, value(&v));
+            } else if let Some((s, f)) = sections.iter().find(|(s, f)| key == format!("{s}_{f}")) {
+                section(&mut table, s).insert(f.clone(), value(&v));
             }
         }
         for (k, v) in flags {
-            table.insert(k.replace('-', "_"), value(v));
+            let key = k.replace('-', "_");
+            let dotted = key.split_once('.').map(|(s, f)| (s.to_owned(), f.to_owned()));
+            let nested = dotted.or_else(|| {
+                sections
+                    .iter()
+                    .find(|(s, f)| key == format!("{s}_{f}"))
+                    .map(|(s, f)| (s.clone(), f.clone()))
+            });
+            match nested {
+                Some((s, f)) => {
+                    section(&mut table, &s).insert(f, value(v));
+                }
+                None => {
+                    table.insert(key, value(v));
+                }
+            }
         }
         let derive_arena = !table.contains_key("arena_path");
         let mut cfg: Self = toml::Value::Table(table)
@@ -407,6 +451,17 @@ impl DaemonConfig {
         }
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// (section, key) of every key inside a section (`[mooncake]`).
+    pub fn section_keys() -> Vec<(String, String)> {
+        let Ok(toml::Value::Table(t)) = toml::Value::try_from(Self::default()) else {
+            return Vec::new();
+        };
+        t.iter()
+            .filter_map(|(s, v)| v.as_table().map(|inner| (s, inner)))
+            .flat_map(|(s, inner)| inner.keys().map(move |k| (s.clone(), k.clone())))
+            .collect()
     }
 
     /// Every key, as written in the file.
@@ -463,6 +518,11 @@ impl DaemonConfig {
             return Err(ConfigError::Invalid(format!(
                 "policy_pause_at, policy_target, policy_resume_at: {e}"
             )));
+        }
+        if self.pool == PoolKind::Mooncake {
+            self.mooncake
+                .validate()
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         }
         Ok(())
     }
@@ -529,7 +589,6 @@ impl DaemonConfig {
             arena_path: self.arena_path.clone(),
             arena_bytes: self.arena_bytes,
             slot_bytes: self.slot_bytes,
-            pool_bytes: self.pool_bytes,
             max_pages: self.max_pages,
             max_wait: Duration::from_millis(self.max_wait_ms),
             recover: self.recover,
@@ -554,6 +613,16 @@ impl DaemonConfig {
                     max_bytes: self.request_trace_max_bytes.max(1),
                     files: self.request_trace_files.max(1),
                 }
+            }),
+            pool_bytes: if self.pool == PoolKind::None {
+                0
+            } else {
+                self.pool_bytes
+            },
+            shared_pool: (self.pool == PoolKind::Mooncake).then(|| SharedPool {
+                pool: super::pool_config::build(self.pool, crate::manager::PoolConfig::None, &self.mooncake),
+                key_tag: self.mooncake.key_tag.clone(),
+                remote: self.mooncake.remote(),
             }),
         }
     }
@@ -680,5 +749,66 @@ mod tests {
             set("slot_bytes", &(2u64 << 30).to_string()).is_err(),
             "larger than the arena"
         );
+    }
+
+    #[test]
+    fn pool_keys_come_from_file_env_and_flags_and_bad_values_fail_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kvtier.toml");
+        std::fs::write(
+            &file,
+            "pool = \"mooncake\"\n[mooncake]\nmaster = \"10.0.0.1:50051\"\nreplicas = 2\n",
+        )
+        .unwrap();
+        let c = DaemonConfig::load(Some(&file), Vec::new(), &[]).unwrap();
+        assert_eq!(
+            (c.pool, c.mooncake.master.as_str(), c.mooncake.replicas),
+            (PoolKind::Mooncake, "10.0.0.1:50051", 2)
+        );
+        let env = vec![
+            ("KVTIER_MOONCAKE_MASTER".to_string(), "10.0.0.2:1".to_string()),
+            ("KVTIER_MOONCAKE_KEY_TAG".to_string(), "".to_string()),
+            ("KVTIER_MOONCAKE_MASTER_BIN".to_string(), "ignored".to_string()),
+        ];
+        let c = DaemonConfig::load(Some(&file), env.clone(), &[]).unwrap();
+        assert_eq!(
+            (c.mooncake.master.as_str(), c.mooncake.key_tag.as_str()),
+            ("10.0.0.2:1", "")
+        );
+        let flags = vec![("mooncake-master".to_string(), "10.0.0.3:2".to_string())];
+        let c = DaemonConfig::load(Some(&file), env.clone(), &flags).unwrap();
+        assert_eq!(c.mooncake.master, "10.0.0.3:2");
+        let flags = vec![("mooncake.lookup_budget_pages".to_string(), "9".to_string())];
+        let c = DaemonConfig::load(Some(&file), env, &flags).unwrap();
+        assert_eq!(c.mooncake.lookup_budget_pages, 9);
+        assert!(c.tiers().shared_pool.is_some());
+        // Refusals name what is wrong.
+        let err = |pairs: &[(&str, &str)]| {
+            let f: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            DaemonConfig::load(None, Vec::new(), &f).unwrap_err().to_string()
+        };
+        let e = err(&[("pool", "redis")]);
+        assert!(
+            e.contains("redis") && e.contains("none") && e.contains("local") && e.contains("mooncake"),
+            "{e}"
+        );
+        assert!(err(&[("pool", "mooncake")]).contains("needs mooncake.master"));
+        assert!(err(&[("pool", "mooncake"), ("mooncake.master", "nohost")]).contains("not host:port"));
+        let e = err(&[
+            ("pool", "mooncake"),
+            ("mooncake.master", "h:1"),
+            ("mooncake.key_tag", "a_b"),
+        ]);
+        assert!(e.contains("key_tag") && e.contains("a_b"), "{e}");
+        assert!(err(&[("mooncake.nope", "1")]).contains("nope"));
+        // The default stays the local pool, with no shared-pool discovery.
+        let d = DaemonConfig::default();
+        assert_eq!(d.pool, PoolKind::Local);
+        assert!(d.tiers().shared_pool.is_none());
+        let none = DaemonConfig {
+            pool: PoolKind::None,
+            ..d
+        };
+        assert_eq!(none.tiers().pool_bytes, 0);
     }
 }

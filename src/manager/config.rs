@@ -9,7 +9,17 @@ use super::ManagerError;
 use crate::policy::{Watermarks, WritePolicy};
 use crate::pool::PoolBackend;
 use crate::pool::mooncake::MooncakeConfig;
-use crate::tier::host::ArenaOptions;
+use crate::tier::host::{ArenaOptions, HostArena};
+
+/// Builds a pool backend once the host arena exists (so a backend that moves arena pages
+/// without copies, such as Mooncake's, can register it). The daemon constructs its
+/// backends this way; `label` names the backend for operators before it is built.
+#[derive(Clone)]
+pub struct PoolFactory {
+    pub label: &'static str,
+    #[allow(clippy::type_complexity)]
+    pub build: Arc<dyn Fn(Arc<HostArena>) -> Result<Arc<dyn PoolBackend>, String> + Send + Sync>,
+}
 
 /// Which shared pool the manager uses.
 #[derive(Clone, Default)]
@@ -23,6 +33,8 @@ pub enum PoolConfig {
     Local { path: PathBuf, bytes: u64 },
     /// A backend built by the caller.
     Backend(Arc<dyn PoolBackend>),
+    /// A backend the caller builds when the host arena exists.
+    Build(PoolFactory),
     /// A Mooncake Store through the wheel's client; started once the host arena exists,
     /// so arena pages move to and from the store without copies.
     Mooncake(Box<MooncakeConfig>),
@@ -35,6 +47,7 @@ impl std::fmt::Debug for PoolConfig {
             PoolConfig::LocalDefault => f.write_str("LocalDefault"),
             PoolConfig::Local { path, bytes } => write!(f, "Local({}, {bytes})", path.display()),
             PoolConfig::Backend(b) => write!(f, "Backend({})", b.name()),
+            PoolConfig::Build(b) => write!(f, "Build({})", b.label),
             PoolConfig::Mooncake(c) => write!(f, "Mooncake({c:?})"),
         }
     }
@@ -136,6 +149,9 @@ pub struct ManagerConfig {
     /// The session-aware policy; `None` turns it off (sessions then only order
     /// eviction). Default: on, with its defaults.
     pub policy: Option<crate::policy::SessionPolicyConfig>,
+    /// Discovery of pages other nodes wrote to a shared pool (see `manager::remote`);
+    /// `None` for a pool only this node writes. Default: `None`.
+    pub remote: Option<super::RemoteConfig>,
 }
 
 impl Default for ManagerConfig {
@@ -154,6 +170,7 @@ impl Default for ManagerConfig {
             max_outstanding: 65_536,
             tunables: Tunables::default(),
             policy: Some(crate::policy::SessionPolicyConfig::default()),
+            remote: None,
         }
     }
 }
@@ -182,6 +199,16 @@ impl ManagerConfig {
             return Err(ManagerError::Config(
                 "max_batch, transfer_threads and transfer_queue must be positive".into(),
             ));
+        }
+        if !self
+            .pool_key_tag
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
+        {
+            return Err(ManagerError::Config(format!(
+                "pool_key_tag {:?} may hold only letters, digits, '.' and '-'",
+                self.pool_key_tag
+            )));
         }
         if self.host_bytes == 0 {
             return Err(ManagerError::Config("host_bytes must be positive".into()));

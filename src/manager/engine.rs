@@ -273,6 +273,11 @@ impl Manager {
         let objs = layout
             .rank_objects(tp_rank, pp_rank)
             .map_err(|e| ManagerError::Config(e.to_string()))?;
+        // Pages past what the directory knows may be in a shared pool (another node's).
+        if self.inner.remote.is_some() {
+            let hit = self.read().dir.lookup_prefix(ns, hashes);
+            self.discover(ns, hashes, hit);
+        }
         if wait != LoadWait::BestEffort {
             let deadline = match wait {
                 LoadWait::Timeout { ms } => Some(Instant::now() + Duration::from_millis(ms)),

@@ -43,6 +43,8 @@ pub(crate) enum Rank {
     Devices = 7,
     /// The session-aware policy (`manager::policy`); taken alone.
     Policy = 8,
+    /// Cached pool existence answers and page origins (shared pools only).
+    Remote = 9,
 }
 
 #[cfg(test)]
@@ -159,6 +161,7 @@ impl Manager {
                 Some(p) => Box::new(Ordered::take(Rank::Policy, || p.lock())),
                 None => Box::new(()),
             },
+            Rank::Remote => Box::new(self.remote_cache()),
         }
     }
 

@@ -22,6 +22,7 @@ mod locks;
 mod policy;
 mod queues;
 mod recover;
+mod remote;
 mod sessions;
 mod state;
 mod stats;
@@ -33,6 +34,8 @@ mod upkeep;
 #[cfg(test)]
 mod evict_tests;
 #[cfg(test)]
+mod remote_tests;
+#[cfg(test)]
 mod split_tests;
 #[cfg(test)]
 mod tests;
@@ -41,10 +44,11 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
 
-pub use config::{ManagerConfig, PoolConfig, Tunables};
+pub use config::{ManagerConfig, PoolConfig, PoolFactory, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
 pub use queues::Advice;
+pub use remote::{PoolOrigin, PoolReport, RemoteConfig, RemoteSnapshot};
 pub use stats::{COPY_BUCKETS_S, CopyLatency, RECOVERY_REASONS, Stats, StatsSnapshot, TierStats};
 
 use crate::clock::Clock;
@@ -165,6 +169,8 @@ pub(crate) struct Inner {
     stats: Stats,
     arena: OnceLock<Arc<HostArena>>,
     pool: OnceLock<Option<Arc<dyn PoolBackend>>>,
+    /// [Remote] Discovery of pages other nodes wrote, on a shared pool.
+    remote: Option<remote::Remote>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -190,6 +196,7 @@ impl Manager {
                 stats: Stats::default(),
                 arena: OnceLock::new(),
                 pool: OnceLock::new(),
+                remote: cfg.remote.map(remote::Remote::new),
                 init: Mutex::new(()),
                 dir: RwLock::new(DirState::new(Directory::new(cfg.max_pages))),
                 grants: Mutex::new(GrantTable::default()),
@@ -268,6 +275,7 @@ impl Manager {
             }
             PoolConfig::Local { path, bytes } => local(path, *bytes)?,
             PoolConfig::Backend(b) => Some(b.clone()),
+            PoolConfig::Build(f) => Some((f.build)(arena.clone()).map_err(ManagerError::Config)?),
             PoolConfig::Mooncake(m) => {
                 let pool: Arc<dyn PoolBackend> = Arc::new(MooncakePool::start((**m).clone(), Some(arena.clone()))?);
                 Some(pool)
@@ -334,6 +342,7 @@ impl Manager {
         st.dir.layout(ns)?;
         let hit = st.dir.lookup_prefix(ns, hashes);
         drop(st);
+        let hit = self.discover(ns, hashes, hit);
         self.inner.stats.record_lookup(hashes.len(), &hit);
         Ok(hit)
     }
@@ -506,18 +515,9 @@ pub struct PageStatus {
     pub retain: i8,
 }
 
-/// The pool key scheme for a namespace: `{tag}_{model}_` (LoRA and salt appended to the
-/// model part), or bare HiCache keys when the tag is empty.
+/// The pool key scheme for a namespace: SGLang's `[{tag}_]{model}_` for a model-only
+/// namespace, separators escaped otherwise, so distinct namespaces never share a key (see
+/// `pool::keys`).
 pub fn pool_key_scheme(tag: &str, ns: &Namespace) -> KeyScheme {
-    if tag.is_empty() {
-        return KeyScheme::default();
-    }
-    let mut model = ns.model.replace('_', "-");
-    for extra in [&ns.lora, &ns.salt] {
-        if !extra.is_empty() {
-            model.push('+');
-            model.push_str(&extra.replace('_', "-"));
-        }
-    }
-    KeyScheme::with_prefix(tag, &model)
+    crate::pool::keys::scheme_for(tag, ns)
 }

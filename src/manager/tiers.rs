@@ -415,6 +415,7 @@ impl Manager {
             let count = st.dir.layout(ns).map_or(0, |l| l.object_count());
             let mut bytes = 0u64;
             let (mut arrived, mut lost, mut all) = (Vec::new(), Vec::new(), Vec::new());
+            let mut vanished: Vec<PageHash> = Vec::new();
             let until_ms = self.inner.clock.now_ms() + protect_ms;
             let cap = arena.slots() as usize / (2 * count.max(1));
             // Per page (its moves are adjacent): one side-table change each for what
@@ -432,10 +433,13 @@ impl Manager {
                         }
                         other => {
                             arena.free(m.slot);
-                            // The pool lost the object (or it is the wrong size): not
-                            // complete there.
+                            // The pool lost the object (or it is the wrong size): the
+                            // page is not complete there any more.
                             if matches!(other, Err(PoolError::NotFound) | Ok(_)) {
                                 lost.push(m.obj);
+                                if vanished.last() != Some(&m.hash) {
+                                    vanished.push(m.hash);
+                                }
                             }
                         }
                     }
@@ -463,6 +467,9 @@ impl Manager {
                 }
             }
             drop(st);
+            for h in &vanished {
+                self.pool_object_vanished(ns, h);
+            }
             self.inner.stats.moved(TierKind::Pool, TierKind::Host, bytes);
             if bytes > 0 {
                 self.usage_grew(TierKind::Host);

@@ -57,6 +57,19 @@ pub struct TiersConfig {
     pub policy: Option<crate::policy::SessionPolicyConfig>,
     /// Request traces (`request_trace_path`); `None` writes none.
     pub request_traces: Option<crate::session::trace_log::TraceLogConfig>,
+    /// A pool shared with other nodes, built by the daemon (`pool = "mooncake"`); it
+    /// replaces the local pool of `pool_bytes`. `None`: the local pool (or none).
+    pub shared_pool: Option<SharedPool>,
+}
+
+/// A shared pool as the daemon configured it.
+#[derive(Clone, Debug)]
+pub struct SharedPool {
+    pub pool: PoolConfig,
+    /// Pool key tag (`mooncake.key_tag`).
+    pub key_tag: String,
+    /// Discovery of pages other nodes wrote.
+    pub remote: manager::RemoteConfig,
 }
 
 struct StoreInfo {
@@ -109,7 +122,16 @@ impl ManagedTiers {
             policy: cfg.policy,
             ..ManagerConfig::default()
         };
-        let mgr = Manager::new(mcfg, clock.clone())?;
+        let mcfg = match &cfg.shared_pool {
+            Some(s) => ManagerConfig {
+                pool: s.pool.clone(),
+                pool_key_tag: s.key_tag.clone(),
+                remote: Some(s.remote),
+                ..mcfg
+            },
+            None => mcfg,
+        };
+                let mgr = Manager::new(mcfg, clock.clone())?;
         let traces = match &cfg.request_traces {
             Some(t) => Some(Mutex::new(
                 crate::session::trace_log::TraceLog::open(t.clone())

@@ -24,7 +24,7 @@ use crate::protocol::{
     AdviceBatch, ArenaInfo, DaemonStats, GrantPage, LoadWait, ObjectSlot, SessionPhase, TicketStatus,
 };
 
-pub use managed::{ManagedTiers, TiersConfig};
+pub use managed::{ManagedTiers, SharedPool, TiersConfig};
 
 /// Why the backend refused an operation.
 #[derive(Debug, thiserror::Error)]

@@ -16,6 +16,7 @@ fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
         arena_bytes: 4096,
         slot_bytes: 0,
         pool_bytes: 0,
+        shared_pool: None,
         max_pages: 1024,
         max_wait: Duration::from_millis(200),
         recover,

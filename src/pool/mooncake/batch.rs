@@ -184,13 +184,18 @@ impl MooncakePool {
                 continue;
             }
             let res = self.conn().and_then(|conn| {
-                let mut body = Body::with_capacity(5 + part.iter().map(|k| k.len() + 2).sum::<usize>());
+                // Keys joined by NUL (`check` refuses keys holding one): the helper splits
+                // them in one call instead of a Python loop per key.
+                let mut body = Body::with_capacity(5 + part.iter().map(|k| k.len() + 1).sum::<usize>());
                 if let Some(p) = prefix {
                     body.u8(p);
                 }
                 body.u32(part.len() as u32);
-                for k in part {
-                    body.key(k);
+                for (i, k) in part.iter().enumerate() {
+                    if i > 0 {
+                        body.u8(0);
+                    }
+                    body.bytes(k.as_bytes());
                 }
                 self.reply(conn.call(op, &body, self.cfg.op_timeout), part.len(), false)
             });

@@ -277,6 +277,7 @@ fn spawn(l: &Launch, n: u64) -> std::io::Result<(Child, Arc<Conn>)> {
         .args(["--device", &l.cfg.device])
         .args(["--segment-bytes", &l.cfg.segment_bytes.to_string()])
         .args(["--local-buffer-bytes", &l.cfg.local_buffer_bytes.to_string()])
+        .args(["--replicas", &l.cfg.replicas.to_string()])
         // Mooncake's INFO lines would grow the log without bound in a long-running daemon.
         .env(
             "GLOG_minloglevel",

@@ -65,6 +65,7 @@ pub struct MooncakeConfig {
     pub(crate) device: String,
     pub(crate) segment_bytes: u64,
     pub(crate) local_buffer_bytes: u64,
+    pub(crate) replicas: u32,
     pub(crate) staging_bytes: u64,
     pub(crate) run_dir: Option<PathBuf>,
     pub(crate) max_batch: usize,
@@ -90,6 +91,7 @@ impl MooncakeConfig {
             device: String::new(),
             segment_bytes: 512 << 20,
             local_buffer_bytes: 16 << 20,
+            replicas: 1,
             staging_bytes: 64 << 20,
             run_dir: None,
             max_batch: 256,
@@ -150,6 +152,23 @@ impl MooncakeConfig {
         self
     }
 
+    /// The client's local transfer buffer (Mooncake's `local_buffer_size`). Default: 16 MiB.
+    pub fn with_local_buffer_bytes(mut self, bytes: u64) -> Self {
+        self.local_buffer_bytes = bytes;
+        self
+    }
+
+    /// Copies of each object the store keeps (Mooncake's `replica_num`). Default: 1.
+    pub fn with_replicas(mut self, n: u32) -> Self {
+        self.replicas = n;
+        self
+    }
+
+    /// The master's address (`host:port`).
+    pub fn master(&self) -> &str {
+        &self.master
+    }
+
     /// Staging region for caller buffers outside the host arena; also the largest such
     /// object. Default: 64 MiB.
     pub fn with_staging_bytes(mut self, bytes: u64) -> Self {
@@ -204,6 +223,9 @@ impl MooncakeConfig {
             .is_none_or(|(_, p)| p.parse::<u16>().is_err())
         {
             return bad("master must be host:port");
+        }
+        if self.replicas == 0 || self.replicas > 16 {
+            return bad("replicas must be 1..=16");
         }
         if self.max_batch == 0 || self.max_batch > 4096 {
             return bad("max_batch must be 1..=4096");

@@ -144,10 +144,10 @@ impl MooncakePool {
     }
 
     pub(super) fn check(&self, key: &str, len: usize) -> Result<(), PoolError> {
-        if key.is_empty() || key.len() > MAX_KEY {
+        if key.is_empty() || key.len() > MAX_KEY || key.contains('\0') {
             return Err(PoolError::Backend {
                 code: codes::INVALID_KEY,
-                message: "key empty or too long".into(),
+                message: "key empty, too long, or holding a NUL".into(),
             });
         }
         if len > self.max_object_bytes() {
@@ -197,6 +197,26 @@ impl MooncakePool {
             other => self
                 .reply(other, 0, true)
                 .and(Err(PoolError::Unavailable("raw bench failed".into()))),
+        }
+    }
+}
+
+impl MooncakePool {
+    /// The bench's baseline for existence: the helper times the wheel's own
+    /// `batch_is_exist` over `keys`; `failed` counts keys that do not exist.
+    pub fn raw_exists(&self, keys: &[&str]) -> Result<RawBench, PoolError> {
+        let spec = serde_json::json!({ "op": "exists", "keys": keys });
+        let mut body = Body::default();
+        body.bytes(spec.to_string().as_bytes());
+        let conn = self.conn()?;
+        match conn.call(Op::RawBench, &body, self.cfg.deadline_for(0) * 4) {
+            Ok(Reply::Ok(json)) => serde_json::from_slice(&json).map_err(|e| PoolError::Backend {
+                code: codes::INTERNAL_ERROR,
+                message: e.to_string(),
+            }),
+            other => self
+                .reply(other, 0, true)
+                .and(Err(PoolError::Unavailable("raw exists failed".into()))),
         }
     }
 }

@@ -1,0 +1,272 @@
+//! The daemon's pool keys: which backend (`pool = "none" | "local" | "mooncake"`) and the
+//! `[mooncake]` section, validated at start, and the backend built from them.
+//!
+//! Every field is a key like any other: in the file (`[mooncake] master = "…"`), in the
+//! environment (`KVTIER_POOL=mooncake`, `KVTIER_MOONCAKE_MASTER=host:port`), and as flags
+//! (`--pool mooncake --mooncake-master host:port`, or `--set mooncake.master=host:port`).
+//! The backend is constructed here, in the daemon, and handed to the manager as a factory
+//! that runs once the host arena exists (Mooncake registers the arena for copy-free moves).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::manager::{PoolConfig, PoolFactory, RemoteConfig};
+use crate::pool::PoolBackend;
+use crate::pool::mooncake::{MooncakeConfig, MooncakePool};
+
+/// Which pool backend the daemon runs (`pool`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    /// No pool: pages leaving host are dropped.
+    None,
+    /// The node-local shared-memory pool beside the arena (`pool_bytes`).
+    #[default]
+    Local,
+    /// A Mooncake Store shared by the nodes of a cluster (`[mooncake]`).
+    Mooncake,
+}
+
+impl PoolKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolKind::None => "none",
+            PoolKind::Local => "local",
+            PoolKind::Mooncake => "mooncake",
+        }
+    }
+}
+
+/// The `[mooncake]` section: used when `pool = "mooncake"`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MooncakeSection {
+    /// The master's RPC address, `host:port`. Required with `pool = "mooncake"`.
+    pub master: String,
+    /// Transfer metadata server; empty means `http://{master host}:8080/metadata`.
+    /// Default: empty.
+    pub metadata: String,
+    /// Transfer protocol: `tcp` or `rdma`. Default: `tcp`.
+    pub protocol: String,
+    /// RDMA device names (empty for tcp). Default: empty.
+    pub device: String,
+    /// Address this node's client advertises to peers. Default: `127.0.0.1`.
+    pub local_hostname: String,
+    /// Memory this node contributes to the store (Mooncake's global segment). Default: 512 MiB.
+    pub global_segment_bytes: u64,
+    /// The client's local transfer buffer. Default: 16 MiB.
+    pub local_buffer_bytes: u64,
+    /// Copies of each object the store keeps. Default: 1.
+    pub replicas: u32,
+    /// Key prefix tag (`{tag}_…`); letters, digits, `.` and `-` only. Empty gives SGLang
+    /// HiCache's keys exactly (for a model-only namespace). Default: `kvtier`.
+    pub key_tag: String,
+    /// Python interpreter with the Mooncake wheel; empty: `.venv/bin/python3`, else
+    /// `python3`. Default: empty.
+    pub python: PathBuf,
+    /// Most pages one lookup or load asks the store about. Default: 256.
+    pub lookup_budget_pages: usize,
+    /// How long a "page complete in the store" answer is cached, in ms. Default: 2000.
+    pub exists_cache_ms: u64,
+    /// How long a "page not in the store" answer is cached, in ms. Default: 500.
+    pub missing_cache_ms: u64,
+}
+
+impl Default for MooncakeSection {
+    fn default() -> Self {
+        let remote = RemoteConfig::default();
+        Self {
+            master: String::new(),
+            metadata: String::new(),
+            protocol: "tcp".into(),
+            device: String::new(),
+            local_hostname: "127.0.0.1".into(),
+            global_segment_bytes: 512 << 20,
+            local_buffer_bytes: 16 << 20,
+            replicas: 1,
+            key_tag: "kvtier".into(),
+            python: PathBuf::new(),
+            lookup_budget_pages: remote.budget_pages,
+            exists_cache_ms: remote.positive_ttl_ms,
+            missing_cache_ms: remote.negative_ttl_ms,
+        }
+    }
+}
+
+/// Why a pool setting was refused (at start, before anything is created).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PoolConfigError {
+    #[error("pool = \"mooncake\" needs mooncake.master (--mooncake-master host:port)")]
+    NoMaster,
+    #[error("mooncake.master {0:?} is not host:port with a port in 1..=65535")]
+    BadMaster(String),
+    #[error("mooncake.key_tag {0:?} may hold only letters, digits, '.' and '-' (no '_', '/', '+', '%')")]
+    BadTag(String),
+    #[error("mooncake.protocol {0:?} is not one of: tcp, rdma")]
+    BadProtocol(String),
+    #[error("mooncake.{0} must be positive")]
+    Zero(&'static str),
+    #[error("mooncake.replicas must be 1..=16, not {0}")]
+    Replicas(u32),
+}
+
+/// A key tag is a single key field: no separator may appear in it.
+pub fn check_key_tag(tag: &str) -> Result<(), PoolConfigError> {
+    if tag.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-') {
+        Ok(())
+    } else {
+        Err(PoolConfigError::BadTag(tag.to_owned()))
+    }
+}
+
+/// `host:port`, with a non-empty host and a port in 1..=65535.
+pub fn check_master(addr: &str) -> Result<(), PoolConfigError> {
+    let bad = || PoolConfigError::BadMaster(addr.chars().take(120).collect());
+    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || host.contains(char::is_whitespace) || host.contains('/') {
+        return Err(bad());
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(bad()),
+    }
+}
+
+impl MooncakeSection {
+    pub fn validate(&self) -> Result<(), PoolConfigError> {
+        if self.master.is_empty() {
+            return Err(PoolConfigError::NoMaster);
+        }
+        check_master(&self.master)?;
+        check_key_tag(&self.key_tag)?;
+        if !matches!(self.protocol.as_str(), "tcp" | "rdma") {
+            return Err(PoolConfigError::BadProtocol(self.protocol.clone()));
+        }
+        for (name, v) in [
+            ("global_segment_bytes", self.global_segment_bytes),
+            ("local_buffer_bytes", self.local_buffer_bytes),
+            ("lookup_budget_pages", self.lookup_budget_pages as u64),
+        ] {
+            if v == 0 {
+                return Err(PoolConfigError::Zero(name));
+            }
+        }
+        if !(1..=16).contains(&self.replicas) {
+            return Err(PoolConfigError::Replicas(self.replicas));
+        }
+        Ok(())
+    }
+
+    /// The backend's own configuration.
+    pub fn client_config(&self) -> MooncakeConfig {
+        let metadata = if self.metadata.is_empty() {
+            let host = self.master.rsplit_once(':').map_or(self.master.as_str(), |(h, _)| h);
+            format!("http://{host}:8080/metadata")
+        } else {
+            self.metadata.clone()
+        };
+        let mut c = MooncakeConfig::new(self.master.clone(), metadata)
+            .with_local_hostname(self.local_hostname.clone())
+            .with_protocol(self.protocol.clone(), self.device.clone())
+            .with_segment_bytes(self.global_segment_bytes)
+            .with_local_buffer_bytes(self.local_buffer_bytes)
+            .with_replicas(self.replicas);
+        if !self.python.as_os_str().is_empty() {
+            c = c.with_python(self.python.clone());
+        }
+        c
+    }
+
+    /// Discovery tunables.
+    pub fn remote(&self) -> RemoteConfig {
+        RemoteConfig {
+            budget_pages: self.lookup_budget_pages,
+            positive_ttl_ms: self.exists_cache_ms,
+            negative_ttl_ms: self.missing_cache_ms,
+            ..RemoteConfig::default()
+        }
+    }
+
+    /// Whether the master accepts a TCP connection within `timeout` (the start-up banner's
+    /// honest answer; the helper keeps retrying on its own either way).
+    pub fn master_reachable(&self, timeout: std::time::Duration) -> bool {
+        use std::net::ToSocketAddrs;
+        let Ok(addrs) = self.master.to_socket_addrs() else {
+            return false;
+        };
+        addrs
+            .into_iter()
+            .any(|a| std::net::TcpStream::connect_timeout(&a, timeout).is_ok())
+    }
+}
+
+/// The manager's pool: built by the daemon, started when the arena exists.
+pub fn build(kind: PoolKind, local: PoolConfig, mooncake: &MooncakeSection) -> PoolConfig {
+    match kind {
+        PoolKind::None => PoolConfig::None,
+        PoolKind::Local => local,
+        PoolKind::Mooncake => {
+            let cfg = mooncake.client_config();
+            PoolConfig::Build(PoolFactory {
+                label: "mooncake",
+                build: Arc::new(move |arena| {
+                    // Returns at once: the pool is degraded until the helper has reached
+                    // the master, and recovers on its own when the master comes back.
+                    let pool = MooncakePool::start(cfg.clone(), Some(arena)).map_err(|e| e.to_string())?;
+                    Ok(Arc::new(pool) as Arc<dyn PoolBackend>)
+                }),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_masters_and_tags_with_separators_are_refused() {
+        for ok in ["127.0.0.1:50051", "master.local:1", "[::1]:50051"] {
+            assert_eq!(check_master(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "127.0.0.1",
+            "127.0.0.1:",
+            ":50051",
+            "h:0",
+            "h:70000",
+            "h:port",
+            "a b:1",
+            "http://h:1",
+        ] {
+            assert_eq!(check_master(bad), Err(PoolConfigError::BadMaster(bad.into())), "{bad}");
+        }
+        for ok in ["", "kvtier", "node-1.a"] {
+            assert_eq!(check_key_tag(ok), Ok(()));
+        }
+        for bad in ["a_b", "a/b", "a+b", "a%b", "a b"] {
+            assert_eq!(check_key_tag(bad), Err(PoolConfigError::BadTag(bad.into())));
+        }
+        let s = MooncakeSection::default();
+        assert_eq!(s.validate(), Err(PoolConfigError::NoMaster));
+        let s = MooncakeSection {
+            master: "127.0.0.1:50051".into(),
+            ..MooncakeSection::default()
+        };
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.client_config().master(), "127.0.0.1:50051");
+        let r = MooncakeSection {
+            replicas: 0,
+            ..s.clone()
+        };
+        assert_eq!(r.validate(), Err(PoolConfigError::Replicas(0)));
+        let p = MooncakeSection {
+            protocol: "udp".into(),
+            ..s
+        };
+        assert_eq!(p.validate(), Err(PoolConfigError::BadProtocol("udp".into())));
+    }
+}

@@ -1,0 +1,410 @@
+//! Pages other nodes wrote: discovery in a shared pool past the end of the directory.
+//!
+//! On a shared pool (Mooncake Store) another node's page is a hit here too, but this
+//! node's directory knows only the pages it wrote or saw. When a lookup or a load runs past
+//! what the directory holds on device or host, [`Manager::discover`] asks the pool, in one
+//! batched existence query, for every object of each candidate page (TP × PP × K/V, or the
+//! MLA latents) and counts a page only when all of them exist. Found pages enter the
+//! directory as pool-complete (one `stored` event each, like any pool page), so Load,
+//! Prefetch, Share and the publishers treat them alike; pages the directory credited to the
+//! pool that the store no longer has are dropped (`removed`), so gone objects earn no credit.
+//!
+//! Bounded: only the part of the prefix that device and host do not cover is asked about, at
+//! most [`RemoteConfig::budget_pages`] pages per lookup, and answers are cached for a short
+//! while ([`RemoteConfig::positive_ttl_ms`], [`RemoteConfig::negative_ttl_ms`]). The query
+//! runs with no manager lock held; the cache has its own lock ([`Rank::Remote`]), always
+//! taken alone. While the pool is not healthy (master unreachable) nothing gets pool credit.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use super::Manager;
+use super::locks::{Ordered, Rank};
+use crate::directory::PrefixHit;
+use crate::page::{NamespaceId, PageHash};
+use crate::pool::PoolHealth;
+use crate::tier::TierKind;
+
+/// Discovery tunables. Every field has a documented default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteConfig {
+    /// Most pages one lookup or load asks the pool about. Default: 256.
+    pub budget_pages: usize,
+    /// How long "all objects exist" is believed without asking again, in ms. Default: 2000.
+    pub positive_ttl_ms: u64,
+    /// How long "not complete in the pool" is believed, in ms. Default: 500.
+    pub negative_ttl_ms: u64,
+    /// Most cached answers; past it the oldest half is dropped. Default: 262,144.
+    pub cache_entries: usize,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        Self {
+            budget_pages: 256,
+            positive_ttl_ms: 2_000,
+            negative_ttl_ms: 500,
+            cache_entries: 1 << 18,
+        }
+    }
+}
+
+/// Where a pool page came from, as `kvtier pages` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolOrigin {
+    /// This node wrote it (or it was recovered here).
+    WrittenHere,
+    /// Another node wrote it; this node found it with an existence query.
+    FoundInPool,
+}
+
+/// Discovery counters, for `/metrics` and `kvtier status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RemoteSnapshot {
+    /// Batched existence queries sent to the pool.
+    pub exists_queries: u64,
+    /// Object keys those queries named.
+    pub exists_keys: u64,
+    /// Time spent in them, in nanoseconds.
+    pub exists_ns: u64,
+    /// Queries that failed (pool unreachable): no credit was given.
+    pub exists_failed: u64,
+    /// Candidate pages answered from the cache / that needed the pool.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Pages found in the pool that this node did not know (entered the directory).
+    pub found_pages: u64,
+    /// Pages credited to the pool in lookups that were found there, not written here.
+    pub remote_hit_pages: u64,
+    /// Pool pages dropped because the store no longer had all their objects.
+    pub vanished_pages: u64,
+    /// Pool gets that answered "not found".
+    pub get_not_found: u64,
+    /// Lookups that got no pool credit because the pool was unhealthy.
+    pub unhealthy_lookups: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    exists_queries: AtomicU64,
+    exists_keys: AtomicU64,
+    exists_ns: AtomicU64,
+    exists_failed: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    found_pages: AtomicU64,
+    remote_hit_pages: AtomicU64,
+    vanished_pages: AtomicU64,
+    get_not_found: AtomicU64,
+    unhealthy_lookups: AtomicU64,
+}
+
+/// Cached answers and the origin of pages found in the pool. Guarded by [`Rank::Remote`].
+#[derive(Default)]
+pub(super) struct Cache {
+    /// (namespace, page) → (complete in the pool, expires at ms).
+    answers: HashMap<(NamespaceId, PageHash), (bool, u64)>,
+    /// Pages this node found in the pool rather than wrote (bounded like `answers`).
+    found: HashMap<(NamespaceId, PageHash), u64>,
+}
+
+impl Cache {
+    fn trim(map: &mut HashMap<(NamespaceId, PageHash), impl Copy>, cap: usize) {
+        if map.len() >= cap {
+            // No order is kept per entry; dropping an arbitrary half keeps the cost O(1)
+            // amortised, and a dropped answer only costs one more query.
+            let drop: Vec<_> = map.keys().take(map.len() / 2 + 1).copied().collect();
+            for k in drop {
+                map.remove(&k);
+            }
+        }
+    }
+}
+
+/// Discovery state: configuration, cache, counters.
+pub(crate) struct Remote {
+    cfg: RemoteConfig,
+    cache: Mutex<Cache>,
+    n: Counters,
+}
+
+impl Remote {
+    pub(crate) fn new(cfg: RemoteConfig) -> Self {
+        Self {
+            cfg,
+            cache: Mutex::new(Cache::default()),
+            n: Counters::default(),
+        }
+    }
+
+    fn snapshot(&self) -> RemoteSnapshot {
+        let n = &self.n;
+        RemoteSnapshot {
+            exists_queries: n.exists_queries.load(Relaxed),
+            exists_keys: n.exists_keys.load(Relaxed),
+            exists_ns: n.exists_ns.load(Relaxed),
+            exists_failed: n.exists_failed.load(Relaxed),
+            cache_hits: n.cache_hits.load(Relaxed),
+            cache_misses: n.cache_misses.load(Relaxed),
+            found_pages: n.found_pages.load(Relaxed),
+            remote_hit_pages: n.remote_hit_pages.load(Relaxed),
+            vanished_pages: n.vanished_pages.load(Relaxed),
+            get_not_found: n.get_not_found.load(Relaxed),
+            unhealthy_lookups: n.unhealthy_lookups.load(Relaxed),
+        }
+    }
+}
+
+/// What the directory says about a candidate page before the pool is asked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// Complete on device or host: counts without the pool.
+    Near,
+    /// Credited to the pool by the directory (to be confirmed).
+    Pool,
+    /// Unknown here, or incomplete everywhere.
+    No,
+}
+
+impl Manager {
+    pub(super) fn remote_cache(&self) -> Option<Ordered<parking_lot::MutexGuard<'_, Cache>>> {
+        let r = self.inner.remote.as_ref()?;
+        Some(Ordered::take(Rank::Remote, || r.cache.lock()))
+    }
+
+    /// Discovery counters, when the pool is shared.
+    pub fn remote_stats(&self) -> Option<RemoteSnapshot> {
+        self.inner.remote.as_ref().map(Remote::snapshot)
+    }
+
+    /// Where a pool-complete page came from (`None` when it is not pool-complete).
+    pub fn pool_origin(&self, ns: NamespaceId, hash: &PageHash) -> Option<PoolOrigin> {
+        let complete = {
+            let st = self.read();
+            st.dir
+                .find(ns, hash)
+                .is_some_and(|id| st.dir.is_complete(id, TierKind::Pool))
+        };
+        if !complete {
+            return None;
+        }
+        let found = self.remote_cache().is_some_and(|c| c.found.contains_key(&(ns, *hash)));
+        Some(if found {
+            PoolOrigin::FoundInPool
+        } else {
+            PoolOrigin::WrittenHere
+        })
+    }
+
+    /// A get of one of the page's objects answered "not found": forget the cached answer
+    /// (the directory record is dropped by the caller, under its own lock).
+    pub(crate) fn pool_object_vanished(&self, ns: NamespaceId, hash: &PageHash) {
+        if let Some(r) = &self.inner.remote {
+            r.n.get_not_found.fetch_add(1, Relaxed);
+        }
+        if let Some(mut c) = self.remote_cache() {
+            c.answers.remove(&(ns, *hash));
+            c.found.remove(&(ns, *hash));
+        }
+    }
+
+    /// Lookup credit on a shared pool: `hit` is the directory's answer for `hashes`. Pages
+    /// past the device/host prefix are confirmed (or found) in the pool, and the directory
+    /// is brought in line before the prefix is counted again. No pool, or a local one:
+    /// `hit` unchanged.
+    pub(crate) fn discover(&self, ns: NamespaceId, hashes: &[PageHash], hit: PrefixHit) -> PrefixHit {
+        let (Some(remote), Some(pool)) = (self.inner.remote.as_ref(), self.pool()) else {
+            return hit;
+        };
+        if pool.health() != PoolHealth::Ok {
+            if hit.pool > 0 {
+                remote.n.unhealthy_lookups.fetch_add(1, Relaxed);
+            }
+            return PrefixHit { pool: 0, ..hit };
+        }
+        let start = hit.device + hit.host;
+        let end = hashes.len().min(start + remote.cfg.budget_pages);
+        if start >= end {
+            return hit;
+        }
+        let window = &hashes[start..end];
+        // What the directory knows, and the layout and keys to ask with (one read lock).
+        let (known, layout, scheme) = {
+            let st = self.read();
+            let Ok(layout) = st.dir.layout(ns).cloned() else {
+                return hit;
+            };
+            let known: Vec<Known> = window
+                .iter()
+                .map(|h| match st.dir.find(ns, h) {
+                    Some(id) if st.dir.is_complete(id, TierKind::Device) || st.dir.is_complete(id, TierKind::Host) => {
+                        Known::Near
+                    }
+                    Some(id) if st.dir.is_complete(id, TierKind::Pool) => Known::Pool,
+                    _ => Known::No,
+                })
+                .collect();
+            (known, layout, st.keys[ns.0 as usize].clone())
+        };
+        // Cached answers; the walk stops at the first cached "no".
+        let now = self.inner.clock.now_ms();
+        let mut answer: Vec<Option<bool>> = known.iter().map(|k| (*k == Known::Near).then_some(true)).collect();
+        {
+            let Some(cache) = self.remote_cache() else { return hit };
+            for (i, h) in window.iter().enumerate() {
+                if answer[i].is_some() {
+                    continue;
+                }
+                match cache.answers.get(&(ns, *h)) {
+                    Some(&(yes, until)) if until > now => {
+                        remote.n.cache_hits.fetch_add(1, Relaxed);
+                        answer[i] = Some(yes);
+                        if !yes {
+                            break;
+                        }
+                    }
+                    _ => {
+                        remote.n.cache_misses.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+        }
+        let cut = answer.iter().position(|a| *a == Some(false)).unwrap_or(window.len());
+        let ask: Vec<usize> = (0..cut).filter(|&i| answer[i].is_none()).collect();
+        if !ask.is_empty() {
+            let per_page = layout.object_count();
+            let keys: Vec<String> = ask
+                .iter()
+                .flat_map(|&i| scheme.page_keys(&layout, &window[i]))
+                .collect();
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let t = Instant::now();
+            let res: Result<Vec<bool>, _> = pool.batch_exists(&refs).into_iter().collect();
+            remote.n.exists_queries.fetch_add(1, Relaxed);
+            remote.n.exists_keys.fetch_add(refs.len() as u64, Relaxed);
+            remote
+                .n
+                .exists_ns
+                .fetch_add(t.elapsed().as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+            let Ok(present) = res else {
+                // Unreachable or failing: nothing in the pool gets credit on this answer.
+                remote.n.exists_failed.fetch_add(1, Relaxed);
+                return PrefixHit { pool: 0, ..hit };
+            };
+            if let Some(mut cache) = self.remote_cache() {
+                Cache::trim(&mut cache.answers, remote.cfg.cache_entries);
+                for (j, &i) in ask.iter().enumerate() {
+                    let yes =
+                        present.len() == refs.len() && present[j * per_page..(j + 1) * per_page].iter().all(|&p| p);
+                    answer[i] = Some(yes);
+                    let ttl = if yes {
+                        remote.cfg.positive_ttl_ms
+                    } else {
+                        remote.cfg.negative_ttl_ms
+                    };
+                    cache.answers.insert((ns, window[i]), (yes, now + ttl));
+                }
+            }
+        }
+        // Bring the directory in line: found pages become pool-complete, vanished ones stop
+        // being so. Only the leading run matters for the prefix.
+        let lead = answer.iter().take_while(|a| **a == Some(true)).count();
+        let mut found = Vec::new();
+        let mut vanished = Vec::new();
+        {
+            let mut st = self.write();
+            for (i, h) in window.iter().enumerate().take(lead) {
+                if known[i] != Known::No {
+                    continue;
+                }
+                let Ok(id) = st.dir.find_or_insert(ns, h) else { break };
+                // Another thread may have settled it meanwhile; set_page emits only on change.
+                if !st.dir.is_complete(id, TierKind::Pool) && st.dir.inflight_objects(id, TierKind::Pool).is_empty() {
+                    st.dir.set_page(id, TierKind::Pool, true);
+                    found.push(*h);
+                }
+            }
+            if let Some(i) = (lead < window.len()).then_some(lead)
+                && known[i] == Known::Pool
+                && answer[i] == Some(false)
+                && let Some(id) = st.dir.find(ns, &window[i])
+                && st.dir.inflight_objects(id, TierKind::Pool).is_empty()
+            {
+                st.dir.set_page(id, TierKind::Pool, false);
+                vanished.push(window[i]);
+            }
+        }
+        remote.n.found_pages.fetch_add(found.len() as u64, Relaxed);
+        remote.n.vanished_pages.fetch_add(vanished.len() as u64, Relaxed);
+        let mut remote_hits = 0;
+        if let Some(mut cache) = self.remote_cache() {
+            Cache::trim(&mut cache.found, remote.cfg.cache_entries);
+            for h in &found {
+                cache.found.insert((ns, *h), now);
+            }
+            for h in &vanished {
+                cache.found.remove(&(ns, *h));
+            }
+            remote_hits = window[..lead]
+                .iter()
+                .zip(&known)
+                .filter(|(h, k)| **k != Known::Near && cache.found.contains_key(&(ns, **h)))
+                .count();
+        }
+        remote.n.remote_hit_pages.fetch_add(remote_hits as u64, Relaxed);
+        let st = self.read();
+        let again = st.dir.lookup_prefix(ns, hashes);
+        drop(st);
+        // Credit stops at the budget: pages past it were not confirmed in this lookup.
+        let cap = start + lead;
+        let total = again.total().min(cap.max(start));
+        PrefixHit {
+            device: again.device.min(total),
+            host: again.host.min(total.saturating_sub(again.device)),
+            pool: total.saturating_sub(again.device + again.host),
+        }
+    }
+}
+
+/// Which pool this manager uses and how it is doing, for `kvtier status` and `/metrics`.
+#[derive(Clone, Debug, Serialize)]
+pub struct PoolReport {
+    /// `none`, `local`, `mooncake`, or a caller-built backend's name.
+    pub backend: &'static str,
+    /// Whether the backend is built yet (it starts with the first namespace).
+    pub started: bool,
+    /// Its health once started.
+    pub health: Option<PoolHealth>,
+    /// Whether other nodes write to it (pages found there are hits here).
+    pub shared: bool,
+    /// Discovery counters on a shared pool.
+    pub remote: Option<RemoteSnapshot>,
+}
+
+impl Manager {
+    /// The pool's name, health and discovery counters.
+    pub fn pool_report(&self) -> PoolReport {
+        use super::PoolConfig;
+        let pool = self.pool();
+        let backend = match (&self.inner.cfg.pool, &pool) {
+            (_, Some(p)) => p.name(),
+            (PoolConfig::None, None) => "none",
+            (PoolConfig::LocalDefault | PoolConfig::Local { .. }, None) => "local",
+            (PoolConfig::Backend(b), None) => b.name(),
+            (PoolConfig::Build(f), None) => f.label,
+            (PoolConfig::Mooncake(_), None) => "mooncake",
+        };
+        PoolReport {
+            backend,
+            started: pool.is_some(),
+            health: pool.map(|p| p.health()),
+            shared: self.inner.remote.is_some(),
+            remote: self.remote_stats(),
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Discovery on a shared pool, with two managers on one real pool backend (the node-local
+//! pool, shared by handing both managers the same backend): pages one wrote are hits on
+//! the other only when every object exists, load with the writer's bytes, are confirmed
+//! through the cache within its TTL, and are misses once their objects are gone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::engine::LoadWait;
+use super::tests::WAIT;
+use super::*;
+use crate::clock::SimClock;
+use crate::events::PageEventKind;
+use crate::hints::{Hint, HintOutcome, HintTarget};
+use crate::layout::LayoutSpec;
+use crate::pool::local::LocalPool;
+use crate::tier::device::EmulatedDevice;
+use crate::tier::host::ArenaOptions;
+
+struct Node {
+    m: Manager,
+    ns: NamespaceId,
+    devs: Vec<Arc<EmulatedDevice>>,
+    clock: Arc<SimClock>,
+}
+
+fn layout() -> Layout {
+    LayoutSpec::mha(4, 4, 32, 2, 16).with_parallel(2, 1).build().unwrap()
+}
+
+fn opts() -> ArenaOptions {
+    ArenaOptions {
+        lock: false,
+        ..ArenaOptions::default()
+    }
+}
+
+/// A TP=2 node on `pool`, with discovery on, in namespace `ns`.
+fn node(dir: &std::path::Path, name: &str, pool: &Arc<LocalPool>, ns: Namespace) -> Node {
+    let l = layout();
+    let mut cfg = ManagerConfig::in_dir(&dir.join(name), 64 * l.page_bytes(), None);
+    std::fs::create_dir_all(dir.join(name)).unwrap();
+    cfg.arena.lock = false;
+    cfg.pool = PoolConfig::Backend(pool.clone());
+    cfg.remote = Some(RemoteConfig::default());
+    let clock = SimClock::new();
+    let m = Manager::new(cfg, clock.clone()).unwrap();
+    let ns = m.register_namespace(ns, l.clone()).unwrap();
+    let devs: Vec<Arc<EmulatedDevice>> = (0..2).map(|_| Arc::new(EmulatedDevice::new(&l, 0, 16))).collect();
+    for (r, d) in devs.iter().enumerate() {
+        m.attach_device(ns, r as u16, 0, d.clone()).unwrap();
+    }
+    Node { m, ns, devs, clock }
+}
+
+fn shared_pool(dir: &std::path::Path) -> Arc<LocalPool> {
+    let slot = layout().max_object_bytes();
+    Arc::new(LocalPool::create(&dir.join("pool"), 256 * slot, slot, &opts()).unwrap())
+}
+
+fn hashes(n: u64) -> Vec<PageHash> {
+    (0..n).map(|i| PageHash::from_u64(0xc1_0000 + i)).collect()
+}
+
+impl Node {
+    /// Both ranks store `hs` from device slots 0.. with bytes seeded by hash and rank, and
+    /// the pages are shared to the pool.
+    fn store_and_share(&self, hs: &[PageHash]) {
+        let slots: Vec<u32> = (0..hs.len() as u32).collect();
+        for (r, d) in self.devs.iter().enumerate() {
+            for (h, &s) in hs.iter().zip(&slots) {
+                d.fill_page(s, h.prefix_u64() ^ r as u64).unwrap();
+            }
+            let t = self.m.store(self.ns, r as u16, 0, hs, &slots, 0).unwrap();
+            assert_eq!(self.m.wait(t, WAIT).unwrap().pages, hs.len());
+        }
+        let share = Hint::Share {
+            target: HintTarget::Prefix(hs.to_vec()),
+        };
+        assert_eq!(
+            self.m.hint(self.ns, share).unwrap(),
+            HintOutcome::Accepted { pages: hs.len() }
+        );
+        assert!(self.m.quiesce(WAIT));
+    }
+
+    /// Loads `hs` on both ranks into slots 8..; returns pages loaded per rank, after
+    /// checking that every loaded page holds the writer's bytes for that rank.
+    fn load(&self, hs: &[PageHash]) -> Vec<usize> {
+        let slots: Vec<u32> = (8..8 + hs.len() as u32).collect();
+        (0..2u16)
+            .map(|r| {
+                let t = self
+                    .m
+                    .load(self.ns, r, 0, hs, &slots, LoadWait::Timeout { ms: 5_000 })
+                    .unwrap();
+                let n = self.m.wait(t, WAIT).unwrap().pages;
+                for (h, &s) in hs.iter().zip(&slots).take(n) {
+                    assert!(
+                        self.devs[r as usize]
+                            .page_matches(s, h.prefix_u64() ^ r as u64)
+                            .unwrap(),
+                        "rank {r} page {h} holds the writer's bytes"
+                    );
+                }
+                n
+            })
+            .collect()
+    }
+
+    fn pool_stored_events(&self) -> Vec<PageHash> {
+        let b = self.m.events().read_from(1, 10_000, Duration::ZERO);
+        b.events
+            .iter()
+            .filter(|e| e.tier == TierKind::Pool && e.kind == PageEventKind::Stored)
+            .map(|e| e.hash)
+            .collect()
+    }
+}
+
+#[test]
+fn pages_another_node_shared_are_pool_hits_here_and_load_the_writers_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = shared_pool(dir.path());
+    let a = node(dir.path(), "a", &pool, Namespace::model("org/m"));
+    let b = node(dir.path(), "b", &pool, Namespace::model("org/m"));
+    let hs = hashes(4);
+    a.store_and_share(&hs);
+    // B never saw these pages; one batched query over all 16 objects finds them.
+    let hit = b.m.lookup(b.ns, &hs).unwrap();
+    assert_eq!((hit.device, hit.host, hit.pool), (0, 0, 4));
+    let r = b.m.remote_stats().unwrap();
+    assert_eq!((r.exists_queries, r.exists_keys, r.found_pages), (1, 16, 4));
+    assert_eq!(
+        b.pool_stored_events(),
+        hs,
+        "each found page is announced once, in order"
+    );
+    assert_eq!(b.m.pool_origin(b.ns, &hs[0]), Some(PoolOrigin::FoundInPool));
+    assert_eq!(a.m.pool_origin(a.ns, &hs[0]), Some(PoolOrigin::WrittenHere));
+    // Again within the TTL: no new query, and no second announcement.
+    assert_eq!(b.m.lookup(b.ns, &hs).unwrap().pool, 4);
+    assert_eq!(b.m.remote_stats().unwrap().exists_queries, 1);
+    assert_eq!(b.pool_stored_events().len(), 4);
+    // Both ranks load every page with A's bytes for that rank.
+    assert_eq!(b.load(&hs), vec![4, 4]);
+    let after = b.m.lookup(b.ns, &hs).unwrap();
+    assert_eq!(
+        (after.device + after.host, after.pool),
+        (4, 0),
+        "now nearer than the pool"
+    );
+}
+
+#[test]
+fn a_page_missing_one_ranks_objects_is_never_a_hit() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = shared_pool(dir.path());
+    let a = node(dir.path(), "a", &pool, Namespace::model("m"));
+    let b = node(dir.path(), "b", &pool, Namespace::model("m"));
+    let hs = hashes(3);
+    a.store_and_share(&hs);
+    // Page 1 loses TP rank 1's objects (as if only rank 0 ever wrote them).
+    let l = layout();
+    let keys = a.m.key_scheme(a.ns).unwrap().page_keys(&l, &hs[1]);
+    for k in &keys[2..] {
+        pool.remove(k, true).unwrap();
+    }
+    let hit = b.m.lookup(b.ns, &hs).unwrap();
+    assert_eq!(hit.pool, 1, "the prefix ends at the incomplete page");
+    assert_eq!(b.m.lookup(b.ns, &hs[1..2]).unwrap().total(), 0);
+    assert_eq!(b.load(&hs), vec![1, 1]);
+}
+
+#[test]
+fn vanished_pages_are_misses_after_the_cache_ttl_and_loads_return_fewer_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = shared_pool(dir.path());
+    let a = node(dir.path(), "a", &pool, Namespace::model("m"));
+    let b = node(dir.path(), "b", &pool, Namespace::model("m"));
+    let hs = hashes(4);
+    a.store_and_share(&hs);
+    assert_eq!(b.m.lookup(b.ns, &hs).unwrap().pool, 4);
+    let l = layout();
+    let scheme = a.m.key_scheme(a.ns).unwrap();
+    for k in scheme.page_keys(&l, &hs[2]) {
+        pool.remove(&k, true).unwrap();
+    }
+    // The load's get finds nothing for page 2: fewer pages, no wrong bytes, and the
+    // directory stops crediting it (the `removed` event).
+    assert_eq!(b.load(&hs), vec![2, 2]);
+    assert!(b.m.remote_stats().unwrap().get_not_found >= 1);
+    let removed = b.m.events().read_from(1, 10_000, Duration::ZERO);
+    assert!(
+        removed
+            .events
+            .iter()
+            .any(|e| e.tier == TierKind::Pool && e.kind == PageEventKind::Removed && e.hash == hs[2])
+    );
+    // A node that learned of page 3 before it vanished confirms it again after the TTL.
+    let c = node(dir.path(), "c", &pool, Namespace::model("m"));
+    assert_eq!(c.m.lookup(c.ns, &hs[3..]).unwrap().pool, 1);
+    for k in scheme.page_keys(&l, &hs[3]) {
+        pool.remove(&k, true).unwrap();
+    }
+    assert_eq!(c.m.lookup(c.ns, &hs[3..]).unwrap().pool, 1, "cached within the TTL");
+    c.clock.advance(RemoteConfig::default().positive_ttl_ms + 1);
+    assert_eq!(c.m.lookup(c.ns, &hs[3..]).unwrap().pool, 0, "gone after the TTL");
+    assert_eq!(c.m.remote_stats().unwrap().vanished_pages, 1);
+    assert_eq!(c.m.pool_origin(c.ns, &hs[3]), None);
+    let _ = b.clock;
+}
+
+#[test]
+fn tenants_whose_namespaces_differ_only_in_separators_never_share_pages_on_the_local_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = shared_pool(dir.path());
+    let salt = |s: &str| Namespace {
+        model: "m".into(),
+        salt: s.into(),
+        ..Namespace::default()
+    };
+    let lora = Namespace {
+        model: "m".into(),
+        lora: "adapterX".into(),
+        ..Namespace::default()
+    };
+    let a = node(dir.path(), "a", &pool, salt("t_1"));
+    let hs = hashes(2);
+    a.store_and_share(&hs);
+    for (name, ns) in [
+        ("b", salt("t-1")),
+        ("c", salt("adapterX")),
+        ("d", Namespace::model("m")),
+    ] {
+        let other = node(dir.path(), name, &pool, ns);
+        assert_eq!(other.m.lookup(other.ns, &hs).unwrap().total(), 0, "{name}");
+        assert_eq!(other.load(&hs), vec![0, 0]);
+    }
+    let a2 = node(dir.path(), "a2", &pool, lora.clone());
+    a2.store_and_share(&hs);
+    let same = node(dir.path(), "e", &pool, lora);
+    assert_eq!(same.m.lookup(same.ns, &hs).unwrap().pool, 2, "the same tenant does hit");
+    let salted = node(dir.path(), "f", &pool, salt("adapterX"));
+    assert_eq!(salted.m.lookup(salted.ns, &hs).unwrap().total(), 0);
+}

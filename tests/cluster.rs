@@ -1,0 +1,425 @@
+//! Cluster mode through the daemons' sockets: one real `mooncake_master` (started here, on
+//! ports of its own, since the test kills it) and two `kvtier serve --pool mooncake`
+//! daemons with their own runtime directories and arenas. Node A's two rank processes store
+//! complete TP=2 pages and share them; a fresh engine on node B finds them in the store,
+//! loads A's bytes on both ranks, never credits a page only one rank wrote, loads fewer
+//! pages once objects vanish, and gives no pool credit while the master is down.
+//!
+//! Needs the Mooncake wheel's `mooncake_master` (`KVTIER_MOONCAKE_MASTER_BIN`, from
+//! `scripts/mooncake-env.sh env`) and its Python (`KVTIER_MOONCAKE_PYTHON`); without them
+//! the test writes a `SKIPPED` line, or fails where `KVTIER_REQUIRE` lists `mooncake`.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::rank::RankProc;
+use common::require::require;
+use common::{hashes, identity, kvtier_bin, seed, spec};
+use kvtier::client::{Client, ClientConfig};
+use kvtier::hints::{Hint, HintOutcome, HintTarget};
+use kvtier::manager::pool_key_scheme;
+use kvtier::page::{Namespace, PageHash};
+use kvtier::protocol::LoadWait;
+use kvtier::tier::device::EmulatedDevice;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// A `mooncake_master` of this test's own, on fresh loopback ports.
+struct Master {
+    bin: PathBuf,
+    rpc: u16,
+    http: u16,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Master {
+    fn start(bin: PathBuf, dir: &Path) -> Self {
+        let mut m = Self {
+            bin,
+            rpc: free_port(),
+            http: free_port(),
+            log: dir.join("master.log"),
+            child: None,
+        };
+        m.restart();
+        m
+    }
+
+    fn restart(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(&self.bin)
+            .args(["--rpc_address=127.0.0.1", &format!("--rpc_port={}", self.rpc)])
+            .args([
+                "--enable_http_metadata_server=true",
+                "--http_metadata_server_host=127.0.0.1",
+            ])
+            .arg(format!("--http_metadata_server_port={}", self.http))
+            .arg(format!("--metrics_port={}", free_port()))
+            .arg("--client_ttl=3")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let up = eventually(Duration::from_secs(20), || {
+            std::net::TcpStream::connect(("127.0.0.1", self.rpc)).is_ok()
+                && std::net::TcpStream::connect(("127.0.0.1", self.http)).is_ok()
+        });
+        assert!(up, "mooncake_master did not come up; log {}", self.log.display());
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.rpc)
+    }
+
+    fn metadata(&self) -> String {
+        format!("http://127.0.0.1:{}/metadata", self.http)
+    }
+}
+
+impl Drop for Master {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `kvtier serve --pool mooncake` with its own runtime directory and arena.
+struct Node {
+    socket: PathBuf,
+    admin: PathBuf,
+    log: PathBuf,
+    child: Child,
+}
+
+impl Node {
+    fn start(dir: &Path, master: &Master, python: &Path) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let log = dir.join("daemon.log");
+        let out = std::fs::File::create(dir.join("stdout.log")).unwrap();
+        let set = |k: &str, v: &str| ["--set".to_string(), format!("{k}={v}")];
+        let child = Command::new(kvtier_bin())
+            .arg("serve")
+            .arg("--socket")
+            .arg(dir.join("kvtier.sock"))
+            .arg("--arena-path")
+            .arg(dir.join("arena"))
+            .args(["--arena-bytes", &(16u64 << 20).to_string()])
+            .args(["--pool", "mooncake", "--mooncake-master", &master.addr()])
+            .args(set("mooncake.metadata", &format!("{:?}", master.metadata())))
+            .args(set("mooncake.python", &format!("{:?}", python.display().to_string())))
+            .args(set("mooncake.global_segment_bytes", "67108864"))
+            .args(set(
+                "admin_socket",
+                &format!("{:?}", dir.join("admin.sock").display().to_string()),
+            ))
+            .args(set("lock_arena", "false"))
+            .args(set("prefault", "false"))
+            .args(set("recover", "false"))
+            .args(set("events_endpoint", "\"\""))
+            .args(set("events_replay_endpoint", "\"\""))
+            .args(set("pool_events_endpoint", "\"\""))
+            .env("RUST_LOG", "info")
+            .stdout(out)
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let socket = dir.join("kvtier.sock");
+        assert!(
+            eventually(Duration::from_secs(20), || std::os::unix::net::UnixStream::connect(
+                &socket
+            )
+            .is_ok()),
+            "daemon did not start; log {}",
+            log.display()
+        );
+        Self {
+            admin: dir.join("admin.sock"),
+            socket,
+            log,
+            child,
+        }
+    }
+
+    fn client(&self, instance: &str, tp: u16) -> Client {
+        let cfg = ClientConfig::new(&self.socket, identity(instance, tp, 0, 2, 1), spec(2, 1));
+        Client::connect(cfg.with_timeout(Duration::from_secs(20))).unwrap()
+    }
+
+    /// `kvtier <args> --socket <admin> --json`, parsed.
+    fn admin(&self, args: &[&str]) -> serde_json::Value {
+        let out = Command::new(kvtier_bin())
+            .args(args)
+            .arg("--socket")
+            .arg(&self.admin)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kvtier {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One engine rank on node B, in this process: a client and an emulated device.
+struct Rank {
+    tp: u16,
+    client: Client,
+    dev: Arc<EmulatedDevice>,
+}
+
+impl Rank {
+    fn new(node: &Node, tp: u16) -> Self {
+        let client = node.client("b-engine", tp);
+        let dev = Arc::new(EmulatedDevice::new(&spec(2, 1).build().unwrap(), 0, 64));
+        client.register_device(dev.clone()).unwrap();
+        Self { tp, client, dev }
+    }
+
+    /// Loads `hs` into slots 0..; returns (pages loaded, of which hold A's bytes for this rank).
+    fn load(&self, hs: &[PageHash]) -> (usize, usize) {
+        let slots: Vec<u32> = (0..hs.len() as u32).collect();
+        let n = self.client.load(hs, &slots, LoadWait::Timeout(10_000)).unwrap();
+        let ok = (0..n)
+            .filter(|&i| self.dev.page_matches(i as u32, seed(&hs[i], self.tp, 0)).unwrap())
+            .count();
+        (n, ok)
+    }
+}
+
+/// The wheel's own client, run as HiCache runs it, on `keys`: `put` writes `len` bytes per
+/// key, `remove` removes them.
+fn store_client(python: &Path, master: &Master, mode: &str, keys: &[String], len: usize) {
+    const SCRIPT: &str = r#"
+import ctypes, json, sys
+from mooncake.store import MooncakeDistributedStore
+cfg = json.loads(sys.argv[1])
+s = MooncakeDistributedStore()
+assert s.setup("127.0.0.1", cfg["metadata"], 16 << 20, 16 << 20, "tcp", "", cfg["master"]) == 0
+if cfg["mode"] == "put":
+    n = cfg["len"]
+    buf = ctypes.create_string_buffer(n * len(cfg["keys"]))
+    base = ctypes.addressof(buf)
+    assert s.register_buffer(base, len(buf)) == 0
+    rc = s.batch_put_from(cfg["keys"], [base + i * n for i in range(len(cfg["keys"]))], [n] * len(cfg["keys"]))
+    assert rc == [0] * len(cfg["keys"]), rc
+else:
+    for k in cfg["keys"]:
+        rc = s.remove(k, True)
+        assert rc == 0, (k, rc)
+    assert s.batch_is_exist(cfg["keys"]) == [0] * len(cfg["keys"])
+"#;
+    let spec = serde_json::json!({
+        "mode": mode, "master": master.addr(), "metadata": master.metadata(), "keys": keys, "len": len,
+    });
+    let out = Command::new(python)
+        .args(["-c", SCRIPT, &spec.to_string()])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "store client {mode}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Shares `hs` from node A until A's directory has every page complete in the store: a
+/// share taken while the store is still coming up (after a master restart, segments are
+/// mounted again within the client TTL) may write nothing, and is simply asked again.
+fn share_until_pooled(a: &Node, ctl: &Client, hs: &[PageHash], ns: u16) {
+    let prefix: Vec<String> = hs.iter().map(PageHash::to_hex).collect();
+    let share = Hint::Share {
+        target: HintTarget::Prefix(hs.to_vec()),
+    };
+    let pooled = eventually(Duration::from_secs(60), || {
+        let taken = matches!(ctl.hint(share.clone()), Ok(HintOutcome::Accepted { .. }));
+        std::thread::sleep(Duration::from_millis(200));
+        taken
+            && a.admin(&["pages", "--ns", &ns.to_string(), "--prefix", &prefix.join(",")])["complete_prefix"]["pool"]
+                == hs.len()
+    });
+    assert!(pooled, "A's pages reached the store; log {}", a.log.display());
+}
+
+#[test]
+fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
+    if !require("mooncake", "cluster mode needs mooncake_master and the wheel's Python") {
+        return;
+    }
+    let bin = std::env::var_os("KVTIER_MOONCAKE_MASTER_BIN").map(PathBuf::from);
+    let python = std::env::var_os("KVTIER_MOONCAKE_PYTHON").map(PathBuf::from);
+    let (Some(bin), Some(python)) = (bin, python) else {
+        panic!("scripts/mooncake-env.sh env sets KVTIER_MOONCAKE_MASTER_BIN and KVTIER_MOONCAKE_PYTHON");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut master = Master::start(bin, dir.path());
+    let a = Node::start(&dir.path().join("a"), &master, &python);
+    let b = Node::start(&dir.path().join("b"), &master, &python);
+
+    // Node A: two rank processes store 12 complete TP=2 pages; an engine shares them.
+    let hs = hashes(0xc1a5_7e00_0000, 12);
+    let mut ranks: Vec<RankProc> = (0..2)
+        .map(|r| RankProc::spawn(&a.socket, "a-engine", r, 0, 2, 1))
+        .collect();
+    for r in &mut ranks {
+        assert_eq!(r.cmd("ready"), "ready");
+        let stored = r.nums(&format!("store {} 12", hs[0].prefix_u64()));
+        assert_eq!(stored[0], 12, "rank wrote every page");
+    }
+    let ctl = a.client("a-ctl", 0);
+    share_until_pooled(&a, &ctl, &hs, 0);
+
+    // Node B: a fresh engine finds the pages in the store, as pool hits.
+    let b0 = Rank::new(&b, 0);
+    let b1 = Rank::new(&b, 1);
+    let found = eventually(Duration::from_secs(60), || {
+        b0.client
+            .lookup(&hs[..4])
+            .is_ok_and(|h| (h.device, h.host, h.pool) == (0, 0, 4))
+    });
+    assert!(found, "B found A's pages; log {}", b.log.display());
+    assert_eq!(b0.load(&hs[..4]), (4, 4), "rank 0 loads A's rank-0 bytes");
+    assert_eq!(b1.load(&hs[..4]), (4, 4), "rank 1 loads A's rank-1 bytes");
+    let page = b.admin(&["pages", &hs[5].to_hex()]);
+    assert_eq!(page["pages"][0]["known"], false, "not looked up yet");
+    assert_eq!(b0.client.lookup(&hs[4..8]).unwrap().pool, 4);
+    let page = b.admin(&["pages", &hs[5].to_hex()]);
+    assert_eq!(page["pages"][0]["pool_origin"], "found_in_pool", "{page}");
+    let page = a.admin(&["pages", &hs[5].to_hex()]);
+    assert_eq!(page["pages"][0]["pool_origin"], "written_here", "{page}");
+
+    // A page for which only TP rank 0's objects exist is never a hit on B.
+    let layout = spec(2, 1).build().unwrap();
+    let keys = pool_key_scheme("kvtier", &Namespace::model("test-model"));
+    let lone = PageHash::from_u64(0x10e_0000_0001);
+    let rank0: Vec<String> = keys.page_keys(&layout, &lone)[..2].to_vec();
+    store_client(&python, &master, "put", &rank0, layout.object_bytes(0) as usize);
+    assert_eq!(b0.client.lookup(&[lone]).unwrap().total(), 0);
+    assert_eq!(b0.load(&[lone]), (0, 0));
+
+    // Objects removed from the store after B learned of them: fewer pages, no wrong bytes.
+    store_client(&python, &master, "remove", &keys.page_keys(&layout, &hs[6]), 0);
+    assert_eq!(b0.load(&hs[4..8]), (2, 2), "the load stops at the vanished page");
+    assert_eq!(b1.load(&hs[4..8]), (2, 2));
+
+    // With the master down, B gives no pool credit; once it is back, it does again.
+    assert_eq!(b0.client.lookup(&hs[8..12]).unwrap().pool, 4);
+    master.kill();
+    let none = eventually(Duration::from_secs(30), || {
+        b0.client.lookup(&hs[8..12]).is_ok_and(|h| h.pool == 0)
+    });
+    assert!(none, "no pool credit while the master is down");
+    let status = b.admin(&["status"]);
+    assert_eq!(status["pool"]["backend"], "mooncake");
+    assert_eq!(status["pool"]["health"]["state"], "degraded", "{}", status["pool"]);
+    master.restart();
+    // The restarted master lost every object: the old pages are gone for good (no stale
+    // credit), and pages A shares now are hits on B again.
+    let fresh = hashes(0xc1a5_7e01_0000, 4);
+    for r in &mut ranks {
+        assert_eq!(r.nums(&format!("store {} 4", fresh[0].prefix_u64()))[0], 4);
+    }
+    share_until_pooled(&a, &ctl, &fresh, 0);
+    let again = eventually(Duration::from_secs(60), || {
+        b0.client.lookup(&fresh).is_ok_and(|h| h.pool == 4)
+    });
+    assert!(
+        again,
+        "pool credit again after the restart; A {} B {}; B lookup {:?}; log {}",
+        a.admin(&["status"])["pool"],
+        b.admin(&["status"])["pool"],
+        b0.client.lookup(&fresh),
+        b.log.display()
+    );
+    assert_eq!(b1.load(&fresh), (4, 4));
+    let stale = eventually(Duration::from_secs(30), || {
+        b0.client.lookup(&hs[8..12]).is_ok_and(|h| h.pool == 0)
+    });
+    assert!(stale, "pages the old master held earn no credit");
+    // Tenants whose namespaces differ only in '_' against '-', or in which field holds a
+    // string, never meet on a key: A's salt "t_1" pages are no hit for salt "t-1" or for
+    // LoRA "t_1" on B, and are for salt "t_1".
+    let ns = |lora: &str, salt: &str| Namespace {
+        model: "test-model".into(),
+        lora: lora.into(),
+        salt: salt.into(),
+    };
+    let tenant = |node: &Node, n: Namespace, tp: u16| {
+        let mut id = identity(&format!("t-{}-{}-{tp}", n.lora, n.salt), tp, 0, 2, 1);
+        id.namespace = n;
+        let c = Client::connect(ClientConfig::new(&node.socket, id, spec(2, 1)).with_timeout(Duration::from_secs(20)))
+            .unwrap();
+        let dev = Arc::new(EmulatedDevice::new(&spec(2, 1).build().unwrap(), 0, 64));
+        c.register_device(dev.clone()).unwrap();
+        (c, dev)
+    };
+    let th = hashes(0x7e_0000_0000, 2);
+    let writers: Vec<_> = (0..2).map(|tp| tenant(&a, ns("", "t_1"), tp)).collect();
+    for (tp, (c, dev)) in writers.iter().enumerate() {
+        for (i, h) in th.iter().enumerate() {
+            dev.fill_page(i as u32, seed(h, tp as u16, 0)).unwrap();
+        }
+        c.store(&th, &[0, 1], "s").unwrap();
+    }
+    // The second namespace A registered: id 1.
+    share_until_pooled(&a, &writers[0].0, &th, 1);
+    for (lora, salt, want) in [("", "t-1", 0), ("t_1", "", 0), ("", "t_1", 2)] {
+        let (c, _) = tenant(&b, ns(lora, salt), 0);
+        let got = eventually(Duration::from_secs(10), || c.lookup(&th).is_ok_and(|h| h.pool == want));
+        assert!(got, "lora {lora:?} salt {salt:?}: {:?}, want {want}", c.lookup(&th));
+    }
+
+    let metrics = Command::new("curl")
+        .args(["-s", "--unix-socket"])
+        .arg(&b.admin)
+        .arg("http://kvtier/metrics")
+        .output();
+    if let Ok(m) = metrics
+        && m.status.success()
+    {
+        let text = String::from_utf8_lossy(&m.stdout);
+        assert!(text.contains("kvtier_pool_info{backend=\"mooncake\""), "{text}");
+        assert!(text.contains("kvtier_pool_found_pages_total"), "{text}");
+    }
+    drop(ranks);
+}
