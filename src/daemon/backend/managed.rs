@@ -131,7 +131,7 @@ impl ManagedTiers {
             },
             None => mcfg,
         };
-                let mgr = Manager::new(mcfg, clock.clone())?;
+        let mgr = Manager::new(mcfg, clock.clone())?;
         let traces = match &cfg.request_traces {
             Some(t) => Some(Mutex::new(
                 crate::session::trace_log::TraceLog::open(t.clone())
@@ -454,8 +454,14 @@ impl Backend for ManagedTiers {
         };
         // The policy refuses a parent cycle or an over-long id before the session table or
         // any page's eviction class changes.
-        self.mgr.session_phase(id, parent.filter(|p| !p.is_empty()), policy_phase)?;
-        tracing::debug!(id_len = id.len(), has_parent = parent.is_some(), ?phase, "session phase");
+        self.mgr
+            .session_phase(id, parent.filter(|p| !p.is_empty()), policy_phase)?;
+        tracing::debug!(
+            id_len = id.len(),
+            has_parent = parent.is_some(),
+            ?phase,
+            "session phase"
+        );
         Ok(())
     }
 
