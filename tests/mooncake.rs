@@ -24,6 +24,20 @@ use parking_lot::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// When a test last restarted the master. A helper whose master was restarted under it
+/// may exit without unmounting its segment; the master keeps placing objects there until
+/// the client TTL (`scripts/mooncake-env.sh`, 3 s) drops it, and those puts fail with
+/// TRANSFER_FAIL. A test that checks exact put results waits that out first.
+static RESTARTED_AT: Mutex<Option<Instant>> = Mutex::new(None);
+
+/// Waits until segments left by an earlier test's helpers have expired in the master.
+fn stale_segments_expired() {
+    const TTL_AND_MARGIN: Duration = Duration::from_secs(4);
+    if let Some(at) = RESTARTED_AT.lock().take() {
+        std::thread::sleep(TTL_AND_MARGIN.saturating_sub(at.elapsed()));
+    }
+}
+
 /// The store's config from the environment, or `None` after a loud skip (a failure where
 /// `KVTIER_REQUIRE` lists `mooncake`).
 fn config() -> Option<MooncakeConfig> {
@@ -125,6 +139,7 @@ else:
 fn tp2_page_round_trips_with_the_hicache_client() {
     let _g = SERIAL.lock();
     let Some(cfg) = config() else { return };
+    stale_segments_expired();
     let dir = tempfile::tempdir().unwrap();
     let arena = arena(dir.path());
     let pool = MooncakePool::start(cfg, Some(arena.clone())).unwrap();
@@ -206,6 +221,7 @@ fn tp2_page_round_trips_with_the_hicache_client() {
 fn partial_page_is_never_complete_and_lease_conflicts_follow_the_policy() {
     let _g = SERIAL.lock();
     let Some(cfg) = config() else { return };
+    stale_segments_expired();
     let pool = MooncakePool::start(cfg.with_remove_policy(RemovePolicy::Fail), None).unwrap();
     healthy(&pool);
     let (l, s) = (layout(), scheme("partial"));
@@ -253,12 +269,14 @@ fn env_script(cmd: &str) {
         .status()
         .unwrap();
     assert!(st.success(), "scripts/mooncake-env.sh {cmd} failed");
+    *RESTARTED_AT.lock() = Some(Instant::now());
 }
 
 #[test]
 fn master_restart_degrades_then_recovers_without_corruption() {
     let _g = SERIAL.lock();
     let Some(cfg) = config() else { return };
+    stale_segments_expired();
     let pool = MooncakePool::start(cfg, None).unwrap();
     healthy(&pool);
     let s = scheme("restart");
@@ -303,6 +321,7 @@ fn master_restart_degrades_then_recovers_without_corruption() {
 fn master_down_at_start_is_degraded_until_it_comes() {
     let _g = SERIAL.lock();
     let Some(cfg) = config() else { return };
+    stale_segments_expired();
     env_script("stop");
     let pool = MooncakePool::start(cfg, None).unwrap();
     std::thread::sleep(Duration::from_millis(500));
@@ -336,6 +355,7 @@ fn master_down_at_start_is_degraded_until_it_comes() {
 fn killed_helper_is_restarted_and_the_pool_comes_back() {
     let _g = SERIAL.lock();
     let Some(cfg) = config() else { return };
+    stale_segments_expired();
     let pool = MooncakePool::start(cfg, None).unwrap();
     healthy(&pool);
     let pid = pool.helper_pid().expect("helper running");
