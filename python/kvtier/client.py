@@ -188,12 +188,16 @@ class Client:
         ``tokens``, when given, are the token ids of the pages, the same count for each
         (page ``i`` holds ``tokens[i * k:(i + 1) * k]``); the daemon's ``BlockStored``
         events then carry them, which token-indexing routers (Dynamo's) need. ``parent``
-        is the hash of the page before ``hashes[0]`` in its chain (same length), if any."""
+        is the hash of the page before ``hashes[0]`` in its chain (same length), if any;
+        the events then chain the batch to it. It goes with ``tokens`` (the daemon keeps
+        a parent only with token ids)."""
         raw, hl, n = pack_hashes(hashes)
         arr = (c_uint32 * len(slots))(*slots)
         r = _capi.StoreReceipt()
         sess = (session or "").encode()
         if tokens is None:
+            if parent is not None:
+                raise InvalidArgumentError(_capi.ERR_INVALID, "a parent hash goes with token ids", "invalid")
             check(self._lib.kvtier_store(self._handle, raw, hl, n, arr, len(slots), sess, byref(r)))
             return StoreReceipt(r.ticket, r.written, r.complete)
         tokens = list(tokens)
@@ -202,15 +206,15 @@ class Client:
                                        f"over {n} pages", "length_mismatch")
         if any(not 0 <= t < 1 << 32 for t in tokens):
             raise InvalidArgumentError(_capi.ERR_INVALID, "token ids must be in 0..2^32", "invalid")
+        toks, per_page = (c_uint32 * len(tokens))(*tokens), len(tokens) // n
         parent_raw = None
         if parent is not None:
             parent_raw = parent.to_bytes(8, "big") if isinstance(parent, int) else bytes(parent)
             if len(parent_raw) != hl:
                 raise InvalidArgumentError(_capi.ERR_INVALID, f"the parent hash has {len(parent_raw)} bytes, the "
                                            f"pages' hashes {hl}", "invalid")
-        toks = (c_uint32 * len(tokens))(*tokens)
         check(self._lib.kvtier_store_tokens(self._handle, raw, hl, n, arr, len(slots), sess, parent_raw, toks,
-                                            len(tokens) // n, byref(r)))
+                                            per_page, byref(r)))
         return StoreReceipt(r.ticket, r.written, r.complete)
 
     def load(self, hashes, slots, wait=_capi.LOAD_WAIT_COMPLETE, wait_ms=0):
