@@ -1,8 +1,8 @@
 """kvtier.vllm.KvtierConnector inside vLLM 0.33's own code, on CPU, against a real daemon.
 
 Run by tests/engines_vllm.rs with the daemon's socket as argv[1] and its KV event replay
-endpoint as argv[2], in the vLLM venv with the source package on PYTHONPATH. vLLM's KVConnectorFactory builds the connector from a
-KVTransferConfig naming ``kvtier.vllm``; vLLM's v1 Scheduler (a ModelConfig on a tiny
+endpoint as argv[2], in the vLLM venv with the source package on PYTHONPATH. vLLM's
+KVConnectorFactory builds the connector from a KVTransferConfig naming ``kvtier.vllm``; vLLM's v1 Scheduler (a ModelConfig on a tiny
 Llama config.json, DeviceConfig("cpu"), one FullAttentionSpec group) schedules real
 Requests. Each "engine" here is a Scheduler with its scheduler-side connector plus a
 worker-side connector whose registered KV caches are CPU tensors; the model forward is
