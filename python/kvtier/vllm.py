@@ -33,9 +33,9 @@ with it, and ``request_finished`` reports the request's end (prompt page hashes 
 token counts) to the session. vLLM's ``Request`` has no parent-session field, so no
 parent is passed. Router hints (``Request.kv_hints``, Dynamo's ``KvHintsEnvelope``) are
 passed to the daemon once per request; ``kv.fetch`` block hashes that are the request's
-own blocks as KV events name them (64-bit integers) are rewritten
-to the full hashes kvtier keys the pages under. The daemon's report per envelope is
-kept in ``kv_hint_reports``.
+own blocks as KV events name them (64-bit integers) are rewritten to the full hashes
+kvtier keys the pages under. The daemon's report per envelope is kept in
+``kv_hint_reports``.
 """
 
 import logging
@@ -331,10 +331,12 @@ class KvtierConnector(KVConnectorBase_V1):
         # free them at once.
         self._tracked.pop(request.request_id, None)
         session = getattr(request, "session_id", None)
-        if session and request.block_hashes:
+        # The prompt's full blocks (block_hashes also covers full blocks of the output).
+        prompt = request.block_hashes[:request.num_prompt_tokens // self._block_size]
+        if session and prompt:
             try:
-                self._client.request_end(session, [bytes(h) for h in request.block_hashes],
-                                         request.num_prompt_tokens, request.num_output_tokens)
+                self._client.request_end(session, [bytes(h) for h in prompt], request.num_prompt_tokens,
+                                         request.num_output_tokens)
             except KvtierError as e:
                 logger.warning("kvtier did not take the end of a request of session %s: %s", session, e)
         return False, None
