@@ -213,7 +213,8 @@ int32_t kvtier_store(kvtier_client_t *client, const uint8_t *hashes, size_t hash
  * (token-indexing routers, e.g. Dynamo's, need them): page i's ids are
  * tokens[i * tokens_per_page .. (i + 1) * tokens_per_page] (1 to 4096 a page). `parent`
  * is null or hash_len bytes: the hash of the page before page 0 in its chain (page i's
- * parent is page i - 1). tokens null stores without ids, as kvtier_store. */
+ * parent is page i - 1). tokens null stores without ids and without the parent, as
+ * kvtier_store. */
 int32_t kvtier_store_tokens(kvtier_client_t *client, const uint8_t *hashes, size_t hash_len, size_t count,
                             const uint32_t *slots, size_t slot_count, const char *session, const uint8_t *parent,
                             const uint32_t *tokens, size_t tokens_per_page, kvtier_store_receipt_t *out);

@@ -2,7 +2,8 @@
 //! daemon: SGLang's `StorageBackendFactory` creates it through the dynamic backend, SGLang's
 //! `MHATokenToKVPoolHost` is registered as the memory kvtier copies into and out of, and a
 //! `batch_set_v1` / `batch_exists` / `batch_get_v1` round trip between two backends checks
-//! every element (`python/tests/sglang_storage.py`).
+//! every element (`python/tests/sglang_storage.py`). A session SGLang names in a batch's
+//! `extra_info` reaches the daemon's session table.
 
 mod common;
 mod pkg_support;
@@ -17,7 +18,8 @@ fn sglang_hicache_round_trips_through_kvtier_storage() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let d = Daemon::start(tmp.path(), 16 << 20);
+    let admin = tmp.path().join("admin.sock");
+    let d = Daemon::start_with(tmp.path(), 16 << 20, &[&format!("admin_socket={}", admin.display())]);
     let mut cmd = script(&py, "sglang_storage.py");
     cmd.arg(&d.socket);
     let out = run_ok(cmd, 600, &|| d.log_text());
@@ -28,7 +30,25 @@ fn sglang_hicache_round_trips_through_kvtier_storage() {
             "OK engine 2 loaded 4 pages into its host pool: 3072 elements equal, other pages untouched",
             "OK misaligned indices and unknown config keys refused; the backend keeps serving",
             "OK legacy set/get round trip",
+            "OK a batch stored with a session id in extra_info",
             "OK done",
         ],
     );
+    // The session SGLang named reached the daemon with the batch's 2 pages, and only it.
+    let r = kvtier::cli::client::request(
+        &admin,
+        "GET",
+        "/v1/sessions",
+        None,
+        Some(std::time::Duration::from_secs(10)),
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&r.body().unwrap()).unwrap();
+    let sessions: Vec<(&str, u64)> = v["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["session_id"].as_str().unwrap(), s["pages"].as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(sessions, vec![("sg-session", 2)], "{v}");
 }

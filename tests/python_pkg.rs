@@ -28,6 +28,7 @@ fn package_client_round_trips_and_refuses_bad_input() {
             "OK unavailable names the socket",
             "OK stored 4 pages from host tensors",
             "OK loaded 4 pages into host tensors byte for byte; wrong layouts refused",
+            "OK token ids, sessions, request ends and KvHint envelopes through the client",
             "OK closed handles are refused, close twice is harmless",
             "OK version 0.1.0",
         ],

@@ -117,6 +117,11 @@ SIGNATURES = {
         [_H, c_char_p, c_size_t, c_size_t, POINTER(c_uint32), c_size_t, c_char_p, POINTER(StoreReceipt)],
         c_int32,
     ),
+    "kvtier_store_tokens": (
+        [_H, c_char_p, c_size_t, c_size_t, POINTER(c_uint32), c_size_t, c_char_p, c_char_p, POINTER(c_uint32),
+         c_size_t, POINTER(StoreReceipt)],
+        c_int32,
+    ),
     "kvtier_load": (
         [_H, c_char_p, c_size_t, c_size_t, POINTER(c_uint32), c_size_t, c_uint32, c_uint32, POINTER(c_size_t)],
         c_int32,
@@ -125,7 +130,9 @@ SIGNATURES = {
     "kvtier_wait": ([_H, c_uint64, c_uint32, POINTER(TicketStatus)], c_int32),
     "kvtier_removed": ([_H, c_char_p, c_size_t, c_size_t], c_int32),
     "kvtier_session": ([_H, c_char_p, c_char_p, c_uint32], c_int32),
+    "kvtier_request_end": ([_H, c_char_p, c_char_p, c_uint64, c_uint64, c_char_p, c_size_t, c_size_t], c_int32),
     "kvtier_hint": ([_H, POINTER(Hint), POINTER(HintOutcome)], c_int32),
+    "kvtier_kv_hints": ([_H, c_char_p, c_void_p, c_size_t, POINTER(c_size_t)], c_int32),
 }
 
 _lock = threading.Lock()

@@ -9,6 +9,7 @@ a context manager. Page hashes are ``bytes`` of 8 to 32 bytes, or ``int`` block 
 """
 
 import ctypes
+import json
 import os
 from collections import namedtuple
 from ctypes import byref, c_int32, c_size_t, c_uint8, c_uint32, c_uint64
@@ -22,6 +23,11 @@ PrefixHit = namedtuple("PrefixHit", "device host pool")
 StoreReceipt = namedtuple("StoreReceipt", "ticket written complete")
 TicketStatus = namedtuple("TicketStatus", "complete total failed")
 HintOutcome = namedtuple("HintOutcome", "outcome applied requested reason")
+
+#: Room for an envelope's report: 64 actions (the daemon's limit) of ids and endpoints of
+#: up to 512 bytes fit many times over. The report cannot be fetched again after the
+#: envelope is applied, so it is sized once, generously.
+_REPORT_CAP = 1 << 20
 
 _PHASES = {"reasoning": 0, "acting": 1, "paused": 2, "ended": 3}
 
@@ -176,11 +182,39 @@ class Client:
         check(self._lib.kvtier_lookup(self._handle, raw, hl, n, byref(hit)))
         return PrefixHit(hit.device, hit.host, hit.pool)
 
-    def store(self, hashes, slots, session=""):
+    def store(self, hashes, slots, session="", tokens=None, parent=None):
+        """Offloads pages: ``slots[i]`` holds page ``hashes[i]`` in the registered region.
+
+        ``tokens``, when given, are the token ids of the pages, the same count for each
+        (page ``i`` holds ``tokens[i * k:(i + 1) * k]``); the daemon's ``BlockStored``
+        events then carry them, which token-indexing routers (Dynamo's) need. ``parent``
+        is the hash of the page before ``hashes[0]`` in its chain (same length), if any;
+        the events then chain the batch to it. It goes with ``tokens`` (the daemon keeps
+        a parent only with token ids)."""
         raw, hl, n = pack_hashes(hashes)
         arr = (c_uint32 * len(slots))(*slots)
         r = _capi.StoreReceipt()
-        check(self._lib.kvtier_store(self._handle, raw, hl, n, arr, len(slots), (session or "").encode(), byref(r)))
+        sess = (session or "").encode()
+        if tokens is None:
+            if parent is not None:
+                raise InvalidArgumentError(_capi.ERR_INVALID, "a parent hash goes with token ids", "invalid")
+            check(self._lib.kvtier_store(self._handle, raw, hl, n, arr, len(slots), sess, byref(r)))
+            return StoreReceipt(r.ticket, r.written, r.complete)
+        tokens = list(tokens)
+        if not tokens or len(tokens) % n:
+            raise InvalidArgumentError(_capi.ERR_LENGTH_MISMATCH, f"{len(tokens)} token ids do not split evenly "
+                                       f"over {n} pages", "length_mismatch")
+        if any(not 0 <= t < 1 << 32 for t in tokens):
+            raise InvalidArgumentError(_capi.ERR_INVALID, "token ids must be in 0..2^32", "invalid")
+        toks, per_page = (c_uint32 * len(tokens))(*tokens), len(tokens) // n
+        parent_raw = None
+        if parent is not None:
+            parent_raw = parent.to_bytes(8, "big") if isinstance(parent, int) else bytes(parent)
+            if len(parent_raw) != hl:
+                raise InvalidArgumentError(_capi.ERR_INVALID, f"the parent hash has {len(parent_raw)} bytes, the "
+                                           f"pages' hashes {hl}", "invalid")
+        check(self._lib.kvtier_store_tokens(self._handle, raw, hl, n, arr, len(slots), sess, parent_raw, toks,
+                                            per_page, byref(r)))
         return StoreReceipt(r.ticket, r.written, r.complete)
 
     def load(self, hashes, slots, wait=_capi.LOAD_WAIT_COMPLETE, wait_ms=0):
@@ -213,6 +247,27 @@ class Client:
         if code is None:
             raise from_code(_capi.ERR_INVALID, f"phase {phase!r} is not one of {sorted(_PHASES)}")
         check(self._lib.kvtier_session(self._handle, session_id.encode(), parent.encode() if parent else None, code))
+
+    def request_end(self, session_id, hashes, input_length=0, output_length=0, parent=None):
+        """A request of session ``session_id`` ended: its prompt's page hashes (at least
+        one) and token counts, never content, for the session's lineage and the daemon's
+        request traces."""
+        raw, hl, n = pack_hashes(hashes)
+        check(self._lib.kvtier_request_end(self._handle, session_id.encode(), parent.encode() if parent else None,
+                                           input_length, output_length, raw, hl, n))
+
+    def kv_hints(self, envelope):
+        """Passes on a Dynamo KvHint envelope (a ``dict`` or JSON text, as a router attached
+        it to a request). ``kv.fetch@1.x`` becomes a prefetch to host; other actions and
+        versions are ignored with a reason. Returns the daemon's report: ``message_id`` and
+        ``actions``, each with ``action_id``, ``pages`` and ``outcome`` (``{"outcome":
+        "accepted", "pages": n}``, ``{"outcome": "ignored", "reason": ...}``, ...) or
+        ``error``. A malformed envelope raises :class:`~kvtier.errors.RemoteError`."""
+        text = envelope if isinstance(envelope, str) else json.dumps(envelope)
+        buf = ctypes.create_string_buffer(_REPORT_CAP)
+        n = c_size_t()
+        check(self._lib.kvtier_kv_hints(self._handle, text.encode(), buf, len(buf), byref(n)))
+        return json.loads(buf.raw[:n.value])
 
     def hint(self, kind, hashes=(), target=_capi.TARGET_PAGES, session=None, tier=_capi.TIER_HOST, priority=0,
              ttl_ms=1000, deadline_ms=0):

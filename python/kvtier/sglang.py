@@ -37,6 +37,15 @@ SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
 EXTRA_KEYS = SGLANG_KEYS + ("socket", "instance", "model", "timeout_ms")
 
 
+def _session(extra_info):
+    """The session SGLang names in ``extra_info.extra_info["session_id"]`` (as its Mooncake
+    linker does), else none. (SGLang's storage API carries no token ids, so pages are
+    stored without them; the daemon's events then hold no tokens and no parent.)"""
+    extra = getattr(extra_info, "extra_info", None)
+    session = extra.get("session_id") if isinstance(extra, dict) else None
+    return session if isinstance(session, str) else ""
+
+
 def page_hash(key):
     """A HiCache key as a kvtier page hash: SGLang's hex digests as their bytes (8 to 32),
     any other key through BLAKE2b-256."""
@@ -122,7 +131,8 @@ class KvtierStorage(HiCacheStorage):
         if not keys:
             return []
         try:
-            self._client.store([page_hash(k) for k in keys], self._slots(keys, host_indices))
+            hashes = [page_hash(k) for k in keys]
+            self._client.store(hashes, self._slots(keys, host_indices), _session(extra_info))
             return [True] * len(keys)
         except KvtierError as e:
             logger.warning("kvtier store of %d pages failed: %s", len(keys), e)

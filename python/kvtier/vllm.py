@@ -24,18 +24,28 @@ nothing left to wait for), in a background thread for asynchronous loads, report
 wrote them (``save_kv_layer`` has no per-layer work). Blocks a load could not fill are
 reported by ``get_block_ids_with_load_errors``.
 
-Sessions: a request's ``session_id`` is announced to kvtier and stored pages are tagged
-with it. Router hints (``Request.kv_hints``, Dynamo's ``KvHintsEnvelope``) go through
-:meth:`KvtierConnector._forward_kv_hints`, a marked hook: this kvtier's C ABI has no
-hint-envelope entry yet, so envelopes are counted and not sent.
+Stored pages carry their token ids (block ``i`` holds ``all_token_ids[i * block_size:
+(i + 1) * block_size]``) and their parent, so the daemon's ``BlockStored`` events can be
+indexed by token-aware routers such as Dynamo's.
+
+Sessions: a request's ``session_id`` is announced to kvtier, stored pages are tagged
+with it, and ``request_finished`` reports the request's end (prompt page hashes and
+token counts) to the session. vLLM's ``Request`` has no parent-session field, so no
+parent is passed. Router hints (``Request.kv_hints``, Dynamo's ``KvHintsEnvelope``) are
+passed to the daemon once per request; ``kv.fetch`` block hashes that are the request's
+own blocks as KV events name them (64-bit integers) are rewritten to the full hashes
+kvtier keys the pages under. The daemon's report per envelope is kept in
+``kv_hint_reports``.
 """
 
 import logging
 import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import torch
 from vllm.distributed.kv_events import BlockStored
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -59,6 +69,10 @@ logger = logging.getLogger(__name__)
 EXTRA_KEYS = ("socket", "instance", "model", "timeout_ms", "load_async")
 #: The ``medium`` of the ``BlockStored`` events: kvtier keeps pages in host memory.
 MEDIUM = "CPU"
+#: Envelope reports kept for inspection (the oldest are dropped).
+HINT_REPORTS = 256
+#: The router action whose block hashes the connector translates.
+KV_FETCH = "kv.fetch"
 
 
 @dataclass
@@ -79,6 +93,10 @@ class KvtierSave:
     hashes: list
     block_ids: list
     session: str
+    #: Token ids of the blocks, ``block_size`` a block.
+    tokens: list = field(default_factory=list)
+    #: Hash of the block before ``hashes[0]``, or None for a chain's first block.
+    parent: Any = None
 
 
 @dataclass
@@ -98,6 +116,7 @@ class _Tracked:
     hit_hashes: list = field(default_factory=list)
     hit_async: bool = False
     pending_load: Any = None
+    hints_sent: bool = False
 
 
 def _extra(vllm_config):
@@ -161,6 +180,25 @@ def _layer_index(name):
         return name
 
 
+def _full_hashes(doc, block_hashes):
+    """``doc`` (an envelope as JSON values) with the ``kv.fetch`` block hashes that are
+    event hashes of ``block_hashes`` replaced by those blocks' full hashes in hex."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("actions"), list):
+        return doc  # malformed: the daemon says how
+    # kvtier's events and vLLM's own both name a block by its hash's last 8 bytes.
+    by_event = {int.from_bytes(bytes(h)[-8:], "big"): bytes(h).hex() for h in block_hashes}
+    actions = []
+    for action in doc["actions"]:
+        payload = action.get("payload") if isinstance(action, dict) else None
+        if isinstance(payload, dict) and action.get("action_type") == KV_FETCH and \
+                isinstance(payload.get("block_hashes"), list):
+            hashes = [by_event.get(h & 0xFFFF_FFFF_FFFF_FFFF, h) if isinstance(h, int) and not isinstance(h, bool)
+                      else h for h in payload["block_hashes"]]
+            action = {**action, "payload": {**payload, "block_hashes": hashes}}
+        actions.append(action)
+    return {**doc, "actions": actions}
+
+
 class KvtierConnector(KVConnectorBase_V1):
     """kvtier behind vLLM's KV connector interface (both roles)."""
 
@@ -180,7 +218,8 @@ class KvtierConnector(KVConnectorBase_V1):
         self._layout = (layout_of(kv_cache_config, self._tp_size, vllm_config)
                         if kv_cache_config is not None else None)
         self._client = None
-        self.hint_envelopes_unsent = 0
+        #: ``(request_id, report)`` of the envelopes passed to the daemon, newest last.
+        self.kv_hint_reports = deque(maxlen=HINT_REPORTS)
         if role == KVConnectorRole.SCHEDULER:
             # The scheduler only looks pages up; it registers no memory.
             self._client = self._connect(self._layout, f"{self._instance}-scheduler", 0)
@@ -203,8 +242,10 @@ class KvtierConnector(KVConnectorBase_V1):
     # ==============================
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         self._note_session(request)
-        self._forward_kv_hints(request)
         tracked = self._tracked.setdefault(request.request_id, _Tracked(request))
+        if not tracked.hints_sent:
+            tracked.hints_sent = True
+            self._forward_kv_hints(request)
         # The last prompt token is always computed, so vLLM can sample the next one.
         usable = min(len(request.block_hashes), (request.num_tokens - 1) // self._block_size)
         start = num_computed_tokens // self._block_size
@@ -268,14 +309,16 @@ class KvtierConnector(KVConnectorBase_V1):
             return
         lo, hi = tracked.saved_upto, full
         hashes = [bytes(h) for h in request.block_hashes[lo:hi]]
+        tokens = list(request.all_token_ids[lo * self._block_size:hi * self._block_size])
         meta.saves.append(KvtierSave(request.request_id, hashes, tracked.block_ids[lo:hi],
-                                     getattr(request, "session_id", None) or ""))
+                                     getattr(request, "session_id", None) or "", tokens,
+                                     bytes(request.block_hashes[lo - 1]) if lo > 0 else None))
         tracked.saved_upto = full
         parent = maybe_convert_block_hash(request.block_hashes[lo - 1]) if lo > 0 else None
         self._events.append(BlockStored(
             block_hashes=[maybe_convert_block_hash(h) for h in request.block_hashes[lo:hi]],
             parent_block_hash=parent,
-            token_ids=list(request.all_token_ids[lo * self._block_size:hi * self._block_size]),
+            token_ids=tokens,
             block_size=self._block_size,
             lora_id=None,
             medium=MEDIUM,
@@ -287,6 +330,15 @@ class KvtierConnector(KVConnectorBase_V1):
         # Saves run inside the step (wait_for_save) before blocks can be freed, so vLLM may
         # free them at once.
         self._tracked.pop(request.request_id, None)
+        session = getattr(request, "session_id", None)
+        # The prompt's full blocks (block_hashes also covers full blocks of the output).
+        prompt = request.block_hashes[:request.num_prompt_tokens // self._block_size]
+        if session and prompt:
+            try:
+                self._client.request_end(session, [bytes(h) for h in prompt], request.num_prompt_tokens,
+                                         request.num_output_tokens)
+            except KvtierError as e:
+                logger.warning("kvtier did not take the end of a request of session %s: %s", session, e)
         return False, None
 
     def take_events(self):
@@ -303,12 +355,24 @@ class KvtierConnector(KVConnectorBase_V1):
                 logger.warning("kvtier did not take session %s: %s", session, e)
 
     def _forward_kv_hints(self, request):
-        """HOOK (router hints): ``request.kv_hints`` is Dynamo's ``KvHintsEnvelope``. This
-        libkvtier has no C ABI entry for hint envelopes yet (``kvtier_hint_envelope``, being
-        added separately); once it has, encode the envelope here (msgspec JSON) and send it
-        with the request's block hashes. Until then envelopes are only counted."""
-        if getattr(request, "kv_hints", None) is not None:
-            self.hint_envelopes_unsent += 1
+        """Passes ``request.kv_hints`` (Dynamo's ``KvHintsEnvelope``) to the daemon and keeps
+        its report. A router names blocks by their KV-event hash, a 64-bit integer (the
+        last 8 bytes of the block hash, in kvtier's events as in vLLM's own), while
+        kvtier keys vLLM's pages by the full hash: integers that are this request's
+        own blocks become the full hashes (hex); others pass unchanged (the daemon reports
+        pages it does not hold)."""
+        envelope = getattr(request, "kv_hints", None)
+        if envelope is None:
+            return
+        try:
+            doc = envelope if isinstance(envelope, dict) else msgspec.to_builtins(envelope)
+            doc = _full_hashes(doc, request.block_hashes)
+            report = self._client.kv_hints(doc)
+        except (KvtierError, TypeError, ValueError) as e:
+            # A hint is advice: a bad one costs the prefetch, never the request.
+            logger.warning("kvtier did not take the KV hints of a request: %s", e)
+            report = {"error": str(e)}
+        self.kv_hint_reports.append((request.request_id, report))
 
     # ==============================
     # Worker side
@@ -375,7 +439,8 @@ class KvtierConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         for save in meta.saves:
             try:
-                self._client.store(save.hashes, save.block_ids, save.session)
+                self._client.store(save.hashes, save.block_ids, save.session, tokens=save.tokens or None,
+                                   parent=save.parent)
             except KvtierError as e:
                 # A dropped save is a future cache miss, never a wrong answer.
                 logger.warning("kvtier store of %d pages failed: %s", len(save.hashes), e)

@@ -84,6 +84,50 @@ with kvtier.Client(layout, socket=socket, instance="py-reader", model="pkg") as 
     assert page_bytes(reader_bufs, 1, 1) == page_bytes(writer_bufs, 1, 2)
 print("OK loaded 4 pages into host tensors byte for byte; wrong layouts refused")
 
+# Sessions, token ids, request ends and router hints through the same client.
+with kvtier.Client(layout, socket=socket, instance="py-routing", model="pkg") as h:
+    h.register_host_tensors(writer_ptrs, run, pages)
+    tokens = list(range(100, 100 + 2 * layout.page_tokens))
+    assert h.store(hashes[4:6], [3, 4], "pkg-session", tokens=tokens, parent=hashes[3]).written == 2
+    for bad, code in [({"tokens": tokens[:-1]}, _capi.ERR_LENGTH_MISMATCH), ({"parent": hashes[3]}, _capi.ERR_INVALID),
+                      ({"tokens": tokens, "parent": b"\1" * 16}, _capi.ERR_INVALID)]:
+        try:
+            h.store(hashes[4:6], [3, 4], **bad)
+            raise SystemExit(f"store with {sorted(bad)} was accepted")
+        except kvtier.InvalidArgumentError as e:
+            assert e.code == code, (bad, e)
+    h.session("pkg-session", None, "acting")
+    try:
+        h.session("pkg-session", None, "napping")
+        raise SystemExit("an unknown phase was accepted")
+    except kvtier.InvalidArgumentError as e:
+        assert "napping" in str(e), e
+    h.request_end("pkg-session", hashes[:6], input_length=24, output_length=3)
+    try:
+        h.request_end("pkg-session", [])
+        raise SystemExit("a request end naming no pages was accepted")
+    except kvtier.InvalidArgumentError as e:
+        assert e.code == _capi.ERR_EMPTY_BATCH, e
+    fetch = {"source_control_endpoint": "tcp://10.1.2.3:25000", "block_hashes": hashes[:6] + [0xBEEF]}
+    report = h.kv_hints({"protocol_version": "0.1", "message_id": "pkg-m", "actions": [
+        {"action_id": "f1", "action_type": "kv.fetch", "action_version": "1.0", "payload": fetch},
+        {"action_id": "f2", "action_type": "kv.fetch", "action_version": "2.0", "payload": fetch}]})
+    assert report["message_id"] == "pkg-m", report
+    got = [(a["action_id"], a["pages"], a.get("outcome")) for a in report["actions"]]
+    assert got == [("f1", 7, {"outcome": "clipped", "applied": 6, "requested": 7, "reason": "not_complete"}),
+                   ("f2", 0, {"outcome": "ignored", "reason": "unsupported_version"})], got
+    # JSON text works too; a malformed envelope is the daemon's bad_hint, and the client
+    # keeps serving.
+    text = '{"protocol_version": "0.1", "message_id": "pkg-t", "actions": []}'
+    assert h.kv_hints(text) == {"protocol_version": "0.1", "message_id": "pkg-t", "actions": []}
+    try:
+        h.kv_hints('{"protocol_version": "0.1", "actions": [{"action_type": "kv.fetch"}]}')
+        raise SystemExit("a malformed envelope was accepted")
+    except kvtier.RemoteError as e:
+        assert e.code == _capi.ERR_REMOTE_BASE - 10, e
+    assert sum(h.lookup(hashes)) == 6
+print("OK token ids, sessions, request ends and KvHint envelopes through the client")
+
 try:
     import torch
 except ImportError:

@@ -6,14 +6,16 @@ its dynamic backend from the extra config; SGLang's own MHATokenToKVPoolHost (ov
 MHATokenToKVPool, as SGLang's storage unit tests build it) is registered as the memory
 kvtier copies into and out of. Engine 1 stores pages with batch_set_v1; engine 2, another
 backend with its own host pool on the same daemon, finds them with batch_exists and loads
-them with batch_get_v1 into other host slots; every element is compared.
+them with batch_get_v1 into other host slots; every element is compared. A batch stored
+with a session id in HiCacheStorageExtraInfo.extra_info (as SGLang's Mooncake linker passes
+it) is tagged with that session; the test reads the daemon's session table.
 """
 
 import hashlib
 import sys
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, HiCacheStorageExtraInfo
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
@@ -99,6 +101,12 @@ assert s2.get(keys[4], flat) is flat
 assert torch.equal(flat, h1.get_data_page(8 * PAGE)), "legacy get"
 assert s2.batch_get([missing], [h2.get_dummy_flat_data_page()]) == [None]
 print("OK legacy set/get round trip")
+
+session_keys = [hashlib.sha256(f"session-{i}".encode()).hexdigest() for i in range(2)]
+info = HiCacheStorageExtraInfo(prefix_keys=keys[:4], extra_info={"session_id": "sg-session"})
+assert s1.batch_set_v1(session_keys, indices([12, 13]), info) == [True, True]
+assert s2.batch_exists(session_keys) == 2
+print("OK a batch stored with a session id in extra_info")
 s1.close()
 s2.close()
 s1.close()

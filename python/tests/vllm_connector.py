@@ -1,18 +1,23 @@
 """kvtier.vllm.KvtierConnector inside vLLM 0.33's own code, on CPU, against a real daemon.
 
-Run by tests/engines_vllm.rs with the daemon's socket as argv[1], in the vLLM venv with the
-source package on PYTHONPATH. vLLM's KVConnectorFactory builds the connector from a
-KVTransferConfig naming ``kvtier.vllm``; vLLM's v1 Scheduler (a ModelConfig on a tiny
+Run by tests/engines_vllm.rs with the daemon's socket as argv[1] and its KV event replay
+endpoint as argv[2], in the vLLM venv with the source package on PYTHONPATH. vLLM's
+KVConnectorFactory builds the connector from a KVTransferConfig naming ``kvtier.vllm``; vLLM's v1 Scheduler (a ModelConfig on a tiny
 Llama config.json, DeviceConfig("cpu"), one FullAttentionSpec group) schedules real
 Requests. Each "engine" here is a Scheduler with its scheduler-side connector plus a
 worker-side connector whose registered KV caches are CPU tensors; the model forward is
 stood in for only by writing each scheduled token's K/V (a function of its token id and
 position, so a shared prefix has the same KV in any engine) into its slot.
 
-Engine 1 runs request A and stores its full blocks; engines 2 (asynchronous load) and 3
+Engine 1 runs request A (session agent-7) and stores its full blocks with their token
+ids: the daemon's own KV events, replayed and decoded with vLLM's KVEventBatch decoder,
+carry each block's 16 token ids and its parent. Engines 2 (asynchronous load) and 3
 (synchronous load), fresh vLLM instances on the same daemon, run request B sharing A's
 first 3 blocks: each gets num_computed_tokens = 48 from kvtier's hit, and the loaded
-blocks are checked element for element.
+blocks are checked element for element. B carries a Dynamo KvHint envelope as vLLM's
+Request.kv_hints, naming its blocks by vLLM's integer event hashes: kv.fetch@1.0 is
+accepted for 3 pages, kv.fetch@2.0 is ignored (unsupported_version), and a hash kvtier
+does not hold is ignored (unknown_pages).
 """
 
 import json
@@ -21,10 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 import torch
+import zmq
 from vllm import SamplingParams
 from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
-from vllm.distributed.kv_events import BlockStored
+from vllm.distributed.kv_events import BlockStored, KVEventBatch
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.forward_context import ForwardContext
@@ -40,7 +47,8 @@ from vllm.v1.structured_output import StructuredOutputManager
 import kvtier
 import kvtier.vllm
 
-SOCKET = sys.argv[1]
+SOCKET, REPLAY = sys.argv[1], sys.argv[2]
+END = (-1).to_bytes(8, "big", signed=True)
 BS, HEADS, DIM, BLOCKS = 16, 2, 16, 24
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 
@@ -157,6 +165,26 @@ def check_blocks(eng, req, block_ids, n_blocks):
     return checked
 
 
+def daemon_stored_events():
+    """Every BlockStored event the daemon published so far, through vLLM's replay protocol
+    (a DEALER sends ``[b"", start seq]``; ``[b"", topic, seq, payload]`` frames come back,
+    ended by seq -1), each payload decoded with vLLM's own KVEventBatch decoder."""
+    dec = msgspec.msgpack.Decoder(KVEventBatch)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10000)
+    sock.connect(REPLAY)
+    sock.send_multipart([b"", (0).to_bytes(8, "big")])
+    stored = []
+    while True:
+        _, _topic, seq, payload = sock.recv_multipart()
+        if seq == END:
+            break
+        stored += [e for e in dec.decode(payload).events if isinstance(e, BlockStored)]
+    sock.close()
+    return stored
+
+
 prefix = [(i * 37 + 11) % 1000 for i in range(48)]
 a_tokens = prefix + [901, 902]                          # 50 tokens: 3 full blocks
 b_tokens = prefix + [(i * 53 + 5) % 1000 for i in range(12)]  # 60 tokens: shares 3 blocks
@@ -179,12 +207,38 @@ layout = kvtier.vllm.layout_of(kv_cache_config())
 with kvtier.Client(layout, socket=SOCKET, instance="probe", model="tiny-llama") as probe:
     assert sum(probe.lookup([bytes(h) for h in req_a.block_hashes])) == 3
 print("OK engine 1 stored 3 blocks; BlockStored event with the request's hashes and session")
+# request_finished told the daemon that A of session agent-7 ended; the test reads the
+# daemon's request trace line against these page ids (its traces use a hash's first 8 bytes).
+print("A-TRACE " + json.dumps({"session_id": "agent-7", "input_length": 50, "output_length": 1,
+                               "hash_ids": [int.from_bytes(bytes(h)[:8], "big") for h in req_a.block_hashes]}))
+
+# The daemon's own events for the host copies of those pages: the blocks' token ids,
+# chained by parent, the blocks named as vLLM names them.
+ev_hash = [maybe_convert_block_hash(h) for h in req_a.block_hashes[:3]]
+for _ in range(250):
+    stored = [e for e in daemon_stored_events() if e.medium == "CPU_PINNED"]
+    if len(stored) >= 3:
+        break
+    time.sleep(0.02)
+got = [(e.block_hashes, e.parent_block_hash, list(e.token_ids), e.block_size, e.medium) for e in stored]
+want = [([ev_hash[0]], None, a_tokens[0:16], 16, "CPU_PINNED"),
+        ([ev_hash[1]], ev_hash[0], a_tokens[16:32], 16, "CPU_PINNED"),
+        ([ev_hash[2]], ev_hash[1], a_tokens[32:48], 16, "CPU_PINNED")]
+assert got == want, (got, want)
+print(f"OK daemon events: {sum(len(e.token_ids) for e in stored)} token ids of 3 blocks, decoded by vLLM")
 
 # -- Engine 2 loads asynchronously. -------------------------------------------------------------
 e2 = Engine("vllm-2", load_async=True)
-envelope = KvHintsEnvelope(protocol_version="1", message_id="m1",
-                           actions=[KvHintAction(action_id="a", action_type="prefetch", action_version="1",
-                                                 payload={})])
+# As Dynamo's router writes it: blocks named by the integer hashes of vLLM's KV events.
+b_event_hashes = [maybe_convert_block_hash(h) for h in request("probe", b_tokens).block_hashes[:3]]
+assert all(isinstance(h, int) for h in b_event_hashes), b_event_hashes
+fetch = {"source_control_endpoint": "tcp://10.1.2.3:25000", "block_hashes": b_event_hashes, "mode": "copy"}
+envelope = KvHintsEnvelope(protocol_version="0.1", message_id="m-b", actions=[
+    KvHintAction(action_id="b-fetch", action_type="kv.fetch", action_version="1.0", payload=fetch),
+    KvHintAction(action_id="b-v2", action_type="kv.fetch", action_version="2.0", payload=fetch),
+    KvHintAction(action_id="b-unknown", action_type="kv.fetch", action_version="1.0",
+                 payload={**fetch, "block_hashes": [0x0123_4567_89AB_CDEF]}),
+])
 req_b = request("B", b_tokens, kv_hints=envelope)
 e2.add(req_b)
 out, errors = e2.step()
@@ -193,7 +247,17 @@ assert req_b.status == RequestStatus.WAITING_FOR_REMOTE_KVS, req_b.status
 loads = out.kv_connector_metadata.loads
 assert [(l.req_id, len(l.block_ids), l.is_async) for l in loads] == [("B", 3, True)], loads
 load_blocks = loads[0].block_ids
-assert e2.sched.connector.hint_envelopes_unsent == 1
+reports = list(e2.sched.connector.kv_hint_reports)
+assert [r for r, _ in reports] == ["B"], reports
+report = reports[0][1]
+assert report["message_id"] == "m-b", report
+outcomes = [(a["action_id"], a["pages"], a.get("outcome")) for a in report["actions"]]
+assert outcomes == [
+    ("b-fetch", 3, {"outcome": "accepted", "pages": 3}),
+    ("b-v2", 0, {"outcome": "ignored", "reason": "unsupported_version"}),
+    ("b-unknown", 1, {"outcome": "ignored", "reason": "unknown_pages"}),
+], outcomes
+print("OK kv_hints: kv.fetch@1.0 accepted for 3 pages, kv.fetch@2.0 ignored, unknown page ignored")
 scheduled = None
 for _ in range(200):
     out, errors = e2.step()
