@@ -260,7 +260,14 @@ fn sglang_to_kvtier(py: &Path, mc: &MooncakeConfig, case: &Case) {
     assert_eq!(m.lookup(ns, &hs).unwrap().pool, PAGES, "SGLang's pages are pool hits");
     let slots: Vec<u32> = (0..PAGES as u32).rev().collect();
     let mut elements = 0;
-    for (tp, pp) in ranks(&l) {
+    // MLA: kvtier moves the shared latent through TP rank 0 of each stage only (the other
+    // ranks own no objects, `Layout::rank_objects`), as SGLang reads it through tp=0 here.
+    let movers: Vec<(u16, u16)> = ranks(&l)
+        .into_iter()
+        .filter(|&(tp, pp)| !l.rank_objects(tp, pp).unwrap().is_empty())
+        .collect();
+    assert_eq!(movers.len(), want_ranks);
+    for &(tp, pp) in &movers {
         let dev = Arc::new(EmulatedDevice::new(&l, pp, PAGES as u32));
         m.attach_device(ns, tp, pp, dev.clone()).unwrap();
         let t = m.load(ns, tp, pp, &hs, &slots, LoadWait::WaitComplete).unwrap();
@@ -278,7 +285,7 @@ fn sglang_to_kvtier(py: &Path, mc: &MooncakeConfig, case: &Case) {
         }
     }
     let per_rank = if case.mla { LATENT } else { HEADS * DIM } * PAGE * LAYERS / l.pp_size() as u32;
-    assert_eq!(elements, per_rank as usize * PAGES * ranks(&l).len());
+    assert_eq!(elements, per_rank as usize * PAGES * movers.len());
     let _ = child.stdin.take().map(|mut s| s.write_all(b"done\n"));
     assert!(child.wait().unwrap().success());
 }
