@@ -25,11 +25,11 @@ use kvtier::TierKind;
 use kvtier::clock::SystemClock;
 use kvtier::hints::{Hint, HintOutcome, HintTarget};
 use kvtier::layout::{ByteOrder, Layout, LayoutSpec, Part};
+use kvtier::manager::LoadWait;
 use kvtier::manager::{Manager, ManagerConfig, PoolConfig, RemoteConfig, pool_key_scheme};
 use kvtier::page::{Namespace, PageHash};
 use kvtier::pool::PoolHealth;
 use kvtier::pool::mooncake::MooncakeConfig;
-use kvtier::manager::LoadWait;
 use kvtier::tier::device::{EmulatedDevice, pattern};
 
 const LAYERS: u32 = 4;
@@ -53,7 +53,10 @@ impl Case {
         } else {
             LayoutSpec::mha(LAYERS, HEADS, DIM, 2, PAGE)
         };
-        spec.with_parallel(2, self.pp).with_byte_order(self.order).build().unwrap()
+        spec.with_parallel(2, self.pp)
+            .with_byte_order(self.order)
+            .build()
+            .unwrap()
     }
 
     /// SGLang's view of the case (argv[2] of the script).
@@ -86,7 +89,11 @@ fn layer_bytes(l: &Layout, page: usize, part: usize, tp: u16, pp: u16, local_lay
         Part::Latent => (1, LATENT),
         _ => (l.heads_per_rank(), DIM),
     };
-    let head0 = if l.rank_parts()[part] == Part::Latent { 0 } else { tp as u32 * heads };
+    let head0 = if l.rank_parts()[part] == Part::Latent {
+        0
+    } else {
+        tp as u32 * heads
+    };
     let layer = pp as u32 * (LAYERS / l.pp_size() as u32) + local_layer;
     let mut out = Vec::with_capacity((PAGE * heads * dim * 2) as usize);
     for t in 0..PAGE {
@@ -100,7 +107,9 @@ fn layer_bytes(l: &Layout, page: usize, part: usize, tp: u16, pp: u16, local_lay
 }
 
 fn ranks(l: &Layout) -> Vec<(u16, u16)> {
-    (0..l.pp_size()).flat_map(|pp| (0..l.tp_size()).map(move |tp| (tp, pp))).collect()
+    (0..l.pp_size())
+        .flat_map(|pp| (0..l.tp_size()).map(move |tp| (tp, pp)))
+        .collect()
 }
 
 fn unique(tag: &str) -> String {
@@ -137,7 +146,11 @@ fn healthy(m: &Manager) {
     let pool = m.pool().expect("a pool");
     let end = Instant::now() + Duration::from_secs(120);
     while pool.health() != PoolHealth::Ok {
-        assert!(Instant::now() < end, "the Mooncake pool never became healthy: {:?}", pool.health());
+        assert!(
+            Instant::now() < end,
+            "the Mooncake pool never became healthy: {:?}",
+            pool.health()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -147,7 +160,11 @@ fn kvtier_keys(m: &Manager, ns: &Namespace, l: &Layout, hs: &[PageHash], tp: u16
     let scheme = pool_key_scheme(&m.config().pool_key_tag, ns);
     let objs = l.rank_objects(tp, pp).unwrap();
     hs.iter()
-        .flat_map(|h| objs.iter().map(|&i| scheme.object_key(l, h, l.objects()[i])).collect::<Vec<_>>())
+        .flat_map(|h| {
+            objs.iter()
+                .map(|&i| scheme.object_key(l, h, l.objects()[i]))
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 
@@ -191,7 +208,8 @@ fn kvtier_to_sglang(py: &Path, mc: &MooncakeConfig, case: &Case) {
         for p in 0..PAGES {
             for (pi, &part) in l.rank_parts().iter().enumerate() {
                 for layer in 0..l.stage_layers(pp) {
-                    dev.write_layer(p as u32, part, layer, &layer_bytes(&l, p, pi, tp, pp, layer)).unwrap();
+                    dev.write_layer(p as u32, part, layer, &layer_bytes(&l, p, pi, tp, pp, layer))
+                        .unwrap();
                 }
             }
         }
@@ -212,11 +230,22 @@ fn kvtier_to_sglang(py: &Path, mc: &MooncakeConfig, case: &Case) {
     assert!(hs.iter().all(in_pool), "every shared page is pool-complete");
     let out = pkg_support::run_ok(sglang(py, "read", &case.json(&name.model, &hs)), 300, &|| String::new());
     let lines: Vec<String> = out.lines().map(str::to_owned).collect();
-    let want_ranks = if case.mla { l.pp_size() as usize } else { ranks(&l).len() };
+    let want_ranks = if case.mla {
+        l.pp_size() as usize
+    } else {
+        ranks(&l).len()
+    };
     assert_eq!(check_keys(&lines, &m, &name, &l, &hs), want_ranks, "{out}");
     let per_rank = if case.mla { LATENT } else { HEADS * DIM } * PAGE * LAYERS / l.pp_size() as u32;
-    let want = format!("OK read done, {} elements compared", per_rank as usize * PAGES * want_ranks);
-    assert!(lines.contains(&want), "{case:?}: want {want:?} in\n{out}", case = case.name);
+    let want = format!(
+        "OK read done, {} elements compared",
+        per_rank as usize * PAGES * want_ranks
+    );
+    assert!(
+        lines.contains(&want),
+        "{case:?}: want {want:?} in\n{out}",
+        case = case.name
+    );
 }
 
 /// SGLang writes (every rank, `batch_set_v1`); a fresh kvtier finds the pages in the store
@@ -255,7 +284,11 @@ fn sglang_to_kvtier(py: &Path, mc: &MooncakeConfig, case: &Case) {
     let m = manager(dir.path(), mc, &l);
     let ns = m.register_namespace(name.clone(), l.clone()).unwrap();
     healthy(&m);
-    let want_ranks = if case.mla { l.pp_size() as usize } else { ranks(&l).len() };
+    let want_ranks = if case.mla {
+        l.pp_size() as usize
+    } else {
+        ranks(&l).len()
+    };
     assert_eq!(check_keys(&lines, &m, &name, &l, &hs), want_ranks, "{lines:?}");
     assert_eq!(m.lookup(ns, &hs).unwrap().pool, PAGES, "SGLang's pages are pool hits");
     let slots: Vec<u32> = (0..PAGES as u32).rev().collect();
@@ -271,14 +304,22 @@ fn sglang_to_kvtier(py: &Path, mc: &MooncakeConfig, case: &Case) {
         let dev = Arc::new(EmulatedDevice::new(&l, pp, PAGES as u32));
         m.attach_device(ns, tp, pp, dev.clone()).unwrap();
         let t = m.load(ns, tp, pp, &hs, &slots, LoadWait::WaitComplete).unwrap();
-        assert_eq!(m.wait(t, Duration::from_secs(30)).unwrap().pages, PAGES, "rank tp={tp} pp={pp}");
+        assert_eq!(
+            m.wait(t, Duration::from_secs(30)).unwrap().pages,
+            PAGES,
+            "rank tp={tp} pp={pp}"
+        );
         for (p, &slot) in slots.iter().enumerate() {
             for (pi, &part) in l.rank_parts().iter().enumerate() {
                 for layer in 0..l.stage_layers(pp) {
                     let got = dev.read_layer(slot, part, layer).unwrap();
                     let want = layer_bytes(&l, p, pi, tp, pp, layer);
                     let bad = got.chunks(2).zip(want.chunks(2)).filter(|(a, b)| a != b).count();
-                    assert_eq!(bad, 0, "{} rank tp={tp} pp={pp} page {p} part {pi} layer {layer}", case.name);
+                    assert_eq!(
+                        bad, 0,
+                        "{} rank tp={tp} pp={pp} page {p} part {pi} layer {layer}",
+                        case.name
+                    );
                     elements += got.len() / 2;
                 }
             }
@@ -340,5 +381,27 @@ fn mla_page_first_round_trips_with_sglang() {
         pp: 1,
         mla: true,
         order: ByteOrder::PageFirst,
+    });
+}
+
+/// A layer-first engine (the GPU's own order) still gives SGLang page-first bytes: kvtier
+/// transposes on the way to and from the pool.
+#[test]
+fn mha_tp2_pp2_layer_first_round_trips_with_sglang() {
+    both_ways(Case {
+        name: "mha-tp2-pp2-lf",
+        pp: 2,
+        mla: false,
+        order: ByteOrder::LayerFirst,
+    });
+}
+
+#[test]
+fn mla_layer_first_round_trips_with_sglang() {
+    both_ways(Case {
+        name: "mla-lf",
+        pp: 1,
+        mla: true,
+        order: ByteOrder::LayerFirst,
     });
 }
