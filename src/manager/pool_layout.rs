@@ -29,7 +29,7 @@ pub(crate) fn transpose_rows(layout: &Layout, obj: usize) -> Option<Rows> {
     let layers = layout.stage_layers(id.pp_rank) as usize;
     let tokens = layout.page_tokens() as usize;
     let bytes = layout.object_bytes(obj) as usize;
-    if layers <= 1 || tokens <= 1 || bytes % (layers * tokens) != 0 {
+    if layers <= 1 || tokens <= 1 || !bytes.is_multiple_of(layers * tokens) {
         return None;
     }
     Some(Rows {
