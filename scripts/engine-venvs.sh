@@ -19,7 +19,7 @@ dir="${KVTIER_VENV_DIR:-$HOME/.cache/kvtier/venvs}"
 # name|pip requirements|environment variable naming its interpreter
 engines=(
     "vllm-0.33.0|vllm==0.33.0|KVTIER_VLLM_PYTHON"
-    "sglang-0.5.23|sglang==0.5.23|KVTIER_SGLANG_PYTHON"
+    "sglang-0.5.23|sglang==0.5.23 mooncake-transfer-engine-non-cuda==0.3.13.post1|KVTIER_SGLANG_PYTHON"
     "dynamo-1.6.1|ai-dynamo-runtime==1.6.1 pyzmq msgpack|KVTIER_DYNAMO_PYTHON"
 )
 

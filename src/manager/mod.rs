@@ -20,6 +20,7 @@ mod host_io;
 mod inproc;
 mod locks;
 mod policy;
+mod pool_layout;
 mod queues;
 mod recover;
 mod remote;

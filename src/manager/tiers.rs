@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Manager;
+use super::pool_layout;
 use super::state::{DirState, NO_SLOT};
 use crate::directory::{EvictClass, PageId};
 use crate::page::{NamespaceId, PageHash};
@@ -201,17 +202,33 @@ impl Manager {
         // Copy, straight from the arena slots.
         let mut results: Vec<Result<(), PoolError>> = Vec::new();
         if let Some(pool) = pool.as_ref().filter(|_| !moves.is_empty()) {
-            let mut items = Vec::with_capacity(moves.len());
+            let mut srcs = Vec::with_capacity(moves.len());
             let mut at = Vec::with_capacity(moves.len());
             results = vec![Err(PoolError::Unavailable("arena slot".into())); moves.len()];
             for (i, m) in moves.iter().enumerate() {
                 // SAFETY: the page is leased: its host slots are neither freed nor
                 // rewritten until we unlease it below.
                 if let Ok(s) = unsafe { arena.slot(m.slot, m.len) } {
-                    items.push((m.key.as_str(), s));
+                    srcs.push(s);
                     at.push(i);
                 }
             }
+            // Layer-first host objects go to the pool page-first (SGLang's bytes).
+            let staged: Vec<Option<Vec<u8>>> = srcs
+                .iter()
+                .zip(&at)
+                .map(|(s, &i)| {
+                    let r = pool_layout::transpose_rows(&layout, moves[i].obj)?;
+                    let mut out = vec![0u8; s.len()];
+                    pool_layout::to_pool(r, s, &mut out).then_some(out)
+                })
+                .collect();
+            let items: Vec<(&str, &[u8])> = srcs
+                .iter()
+                .zip(&at)
+                .zip(&staged)
+                .map(|((s, &i), t)| (moves[i].key.as_str(), t.as_deref().unwrap_or(s)))
+                .collect();
             let t = std::time::Instant::now();
             for (r, i) in pool.batch_put_from(&items).into_iter().zip(at) {
                 results[i] = r;
@@ -396,18 +413,53 @@ impl Manager {
             let mut results: Vec<Result<usize, PoolError>> =
                 vec![Err(PoolError::Unavailable("arena slot".into())); moves.len()];
             {
-                let mut items = Vec::with_capacity(moves.len());
+                let mut slots = Vec::with_capacity(moves.len());
                 let mut at = Vec::with_capacity(moves.len());
                 for (i, m) in moves.iter().enumerate() {
                     // SAFETY: freshly allocated slots, in flight, owned by this move.
                     if let Ok(s) = unsafe { arena.slot_mut(m.slot, m.len) } {
-                        items.push((m.key.as_str(), s));
+                        slots.push(s);
                         at.push(i);
                     }
                 }
+                // Pool objects are page-first; a layer-first namespace gets them through
+                // a staging buffer, transposed into its slot below.
+                let rows: Vec<_> = at
+                    .iter()
+                    .map(|&i| pool_layout::transpose_rows(&layout, moves[i].obj))
+                    .collect();
+                let mut staged: Vec<Vec<u8>> = rows
+                    .iter()
+                    .zip(&at)
+                    .map(|(r, &i)| {
+                        if r.is_some() {
+                            vec![0u8; moves[i].len]
+                        } else {
+                            Vec::new()
+                        }
+                    })
+                    .collect();
                 let t = std::time::Instant::now();
-                for (r, i) in pool.batch_get_into(&mut items).into_iter().zip(at) {
-                    results[i] = r;
+                let got = {
+                    let mut items: Vec<(&str, &mut [u8])> = slots
+                        .iter_mut()
+                        .zip(staged.iter_mut())
+                        .zip(&at)
+                        .map(|((s, b), &i)| {
+                            let dst: &mut [u8] = if b.is_empty() { s } else { b.as_mut_slice() };
+                            (moves[i].key.as_str(), dst)
+                        })
+                        .collect();
+                    pool.batch_get_into(&mut items)
+                };
+                for ((((r, i), row), b), s) in got.into_iter().zip(at).zip(&rows).zip(&staged).zip(slots.iter_mut()) {
+                    results[i] = match (r, row) {
+                        // A transpose that cannot run (wrong length) counts as a short read.
+                        (Ok(n), Some(row)) if !pool_layout::from_pool(*row, b, s) => {
+                            Ok(n.min(moves[i].len.saturating_sub(1)))
+                        }
+                        (r, _) => r,
+                    };
                 }
                 self.inner.stats.copied(TierKind::Pool, TierKind::Host, t.elapsed());
             }
