@@ -250,6 +250,11 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     let mut cfg = ManagerConfig::in_dir(dir, (pages as u64 + 8) * page, Some((pages as u64 + 8) * page));
     cfg.max_batch = args.batch.max(pages);
     cfg.transfer_queue = pages.div_ceil(args.batch) + 8;
+    // Each round starts from an empty host: pages the last round prefetched must not stay
+    // protected from eviction (a load would hold them), and no session policy moves pages
+    // behind the bench's back. The bench measures the copy paths alone.
+    cfg.tunables.stage_protect_ms = 0;
+    cfg.policy = None;
     let workers = cfg.transfer_threads;
     let m = Manager::new(cfg, SystemClock::new())?;
     let ns = m.register_namespace(Namespace::model(format!("bench-{object_kib}k")), layout.clone())?;
