@@ -88,19 +88,26 @@ pub struct HostArena {
     report: MapReport,
 }
 
+/// How many `slot_bytes` slots fit in `capacity`: slots are a non-zero multiple of 64
+/// bytes, and at least one must fit.
+fn slot_count(capacity: u64, slot_bytes: u64) -> Result<u64, ArenaError> {
+    if slot_bytes == 0 || !slot_bytes.is_multiple_of(64) {
+        return Err(ArenaError::SlotSize(slot_bytes));
+    }
+    let slots = (capacity / slot_bytes).min(u32::MAX as u64 - 1);
+    if slots == 0 {
+        return Err(ArenaError::TooSmall { capacity, slot_bytes });
+    }
+    Ok(slots)
+}
+
 impl HostArena {
     /// Creates the file at `path` afresh (private: `0600`, `O_EXCL`; whatever was at the
     /// path, a symlink included, is removed first and never followed) with room for as
     /// many `slot_bytes` slots as fit in `capacity` bytes, and maps it. A process that
     /// still maps an old file at the path keeps its own, untouched.
     pub fn create(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Self, ArenaError> {
-        if slot_bytes == 0 || !slot_bytes.is_multiple_of(64) {
-            return Err(ArenaError::SlotSize(slot_bytes));
-        }
-        let slots = (capacity / slot_bytes).min(u32::MAX as u64 - 1);
-        if slots == 0 {
-            return Err(ArenaError::TooSmall { capacity, slot_bytes });
-        }
+        let slots = slot_count(capacity, slot_bytes)?;
         let io = |source| ArenaError::Io {
             path: path.to_owned(),
             source,
@@ -118,13 +125,7 @@ impl HostArena {
     /// slots past the new end are gone. `found_bytes` says what the file held, so the
     /// caller can tell what did not fit.
     pub fn reopen(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Reopened, ArenaError> {
-        if slot_bytes == 0 || !slot_bytes.is_multiple_of(64) {
-            return Err(ArenaError::SlotSize(slot_bytes));
-        }
-        let slots = (capacity / slot_bytes).min(u32::MAX as u64 - 1);
-        if slots == 0 {
-            return Err(ArenaError::TooSmall { capacity, slot_bytes });
-        }
+        let slots = slot_count(capacity, slot_bytes)?;
         let io = |source| ArenaError::Io {
             path: path.to_owned(),
             source,
