@@ -288,7 +288,8 @@ fn thirty_two_clients_times_ten_thousand_ops_lose_nothing() {
     const CLIENTS: u64 = 32;
     const OPS: u64 = 10_000;
     let dir = tempfile::tempdir().unwrap();
-    let d = Daemon::start(dir.path(), 64 << 20);
+    // 160,000 objects of 128 bytes: slots of that size, so all of them fit.
+    let d = Daemon::start_with(dir.path(), 64 << 20, &["slot_bytes=128"]);
     let layout = small_spec().build().unwrap();
     let failures = AtomicU64::new(0);
     let t = Instant::now();

@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::require::require;
-use common::{hashes, kvtier_bin, small_spec};
+use common::{hashes, small_spec};
 use kvtier::client::Client;
 use kvtier::protocol::{Request, Response, read_frame};
 use serve::*;
@@ -240,46 +240,16 @@ fn a_shared_sticky_cwd_with_another_users_kvtier_dir_is_refused() {
     let arena = dir.path().join("own/arena");
     let socket = shared.join(".kvtier/kvtier.sock");
     // No XDG_RUNTIME_DIR, and the shared directory as the working directory.
+    let args = ["--arena-path", arena.to_str().unwrap(), "--arena-bytes", "4194304"];
     let start = |name: &str| {
-        let out = dir.path().join(format!("{name}.out"));
-        let err = dir.path().join(format!("{name}.err"));
-        let child = Command::new(kvtier_bin())
-            .args([
-                "serve",
-                "--arena-path",
-                arena.to_str().unwrap(),
-                "--arena-bytes",
-                "4194304",
-            ])
-            .args([
-                "--set",
-                "lock_arena=false",
-                "--set",
-                "prefault=false",
-                "--set",
-                "pool_bytes=0",
-            ])
-            .args([
-                "--set",
-                "events_endpoint=",
-                "--set",
-                "events_replay_endpoint=",
-                "--set",
-                "pool_events_endpoint=",
-            ])
-            .env_remove("XDG_RUNTIME_DIR")
-            .env("RUST_LOG", "info")
-            .current_dir(&shared)
-            .stdout(std::fs::File::create(&out).unwrap())
-            .stderr(std::fs::File::create(&err).unwrap())
-            .spawn()
-            .unwrap();
-        Serve {
-            child: Some(child),
-            socket: socket.clone(),
-            out,
-            err,
-        }
+        spawn_in(
+            dir.path(),
+            name,
+            &socket,
+            &args,
+            &[("XDG_RUNTIME_DIR", None)],
+            Some(&shared),
+        )
     };
     let (failed, log) = start("s1").refused();
     assert!(failed, "{log}");
@@ -324,11 +294,12 @@ fn peer_helper_process() {
     println!("PEER-ANSWER: {answer}");
 }
 
-/// What uid 65534 gets from the control socket at `socket`.
-fn ping_as_nobody(socket: &Path) -> String {
+/// Runs this test binary's `helper` test as uid 65534 (primary group 65534) with `env`,
+/// and returns what it printed after `PEER-ANSWER: `.
+fn as_nobody(helper: &str, env: &[(&str, &std::ffi::OsStr)]) -> String {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["peer_helper_process", "--exact", "--nocapture", "--test-threads=1"])
-        .env("KVTIER_TEST_PEER_SOCKET", socket)
+        .args([helper, "--exact", "--nocapture", "--test-threads=1"])
+        .envs(env.iter().copied())
         .uid(NOBODY)
         .gid(NOBODY)
         .output()
@@ -338,6 +309,14 @@ fn ping_as_nobody(socket: &Path) -> String {
         .find_map(|l| l.split_once("PEER-ANSWER: "))
         .map(|(_, a)| a.to_owned())
         .unwrap_or_else(|| format!("no answer: {text} {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// What uid 65534 gets from the control socket at `socket`.
+fn ping_as_nobody(socket: &Path) -> String {
+    as_nobody(
+        "peer_helper_process",
+        &[("KVTIER_TEST_PEER_SOCKET", socket.as_os_str())],
+    )
 }
 
 #[test]
@@ -420,33 +399,28 @@ fn engine_helper_process() {
     let cfg =
         kvtier::client::ClientConfig::new(Path::new(&socket), id, small_spec()).with_timeout(Duration::from_secs(10));
     match Client::connect(cfg) {
-        Err(e) => println!("ENGINE-ANSWER: refused {e}"),
+        Err(e) => println!("PEER-ANSWER: refused {e}"),
         Ok(c) => {
             let hs = hashes(4200, 16);
             store(&c, &small_spec(), &hs, salt);
             let n = load_verified(&c, &small_spec(), &hs, salt);
             // SAFETY: geteuid has no preconditions and cannot fail.
             let uid = unsafe { libc::geteuid() };
-            println!("ENGINE-ANSWER: stored 16, loaded {n} intact as uid {uid}");
+            println!("PEER-ANSWER: stored 16, loaded {n} intact as uid {uid}");
         }
     }
 }
 
 /// What an engine running as uid 65534 (primary group 65534) reports against `socket`.
 fn engine_as_nobody(socket: &Path, salt: u64) -> String {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["engine_helper_process", "--exact", "--nocapture", "--test-threads=1"])
-        .env("KVTIER_TEST_ENGINE_SOCKET", socket)
-        .env("KVTIER_TEST_ENGINE_SALT", salt.to_string())
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.lines()
-        .find_map(|l| l.split_once("ENGINE-ANSWER: "))
-        .map(|(_, a)| a.to_owned())
-        .unwrap_or_else(|| format!("no answer: {text} {}", String::from_utf8_lossy(&out.stderr)))
+    let salt = salt.to_string();
+    as_nobody(
+        "engine_helper_process",
+        &[
+            ("KVTIER_TEST_ENGINE_SOCKET", socket.as_os_str()),
+            ("KVTIER_TEST_ENGINE_SALT", salt.as_ref()),
+        ],
+    )
 }
 
 #[test]

@@ -695,7 +695,11 @@ mod tests {
     fn file_env_and_flags_layer_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("kvtier.toml");
-        std::fs::write(&file, "arena_bytes = 8192\nmax_connections = 7\nsocket = \"/a.sock\"\n").unwrap();
+        std::fs::write(
+            &file,
+            "arena_bytes = 8192\nslot_bytes = 4096\nmax_connections = 7\nsocket = \"/a.sock\"\n",
+        )
+        .unwrap();
         let env = vec![
             ("KVTIER_MAX_CONNECTIONS".to_string(), "9".to_string()),
             ("KVTIER_RECOVER".to_string(), "false".to_string()),

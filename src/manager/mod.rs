@@ -221,8 +221,10 @@ impl Manager {
         &self.inner.cfg
     }
 
-    /// Registers a namespace and its layout. The first registration creates the host
-    /// arena (slot size: the layout's largest object) and the pool.
+    /// Registers a namespace and its layout. The first registration creates the pool, and
+    /// the host arena unless [`Manager::create_arena`] or [`Manager::open_existing_arena`]
+    /// made it (as the daemon always does, with its configured slot size); an arena made
+    /// here has slots of this layout's largest object, for in-process callers.
     pub fn register_namespace(&self, ns: Namespace, layout: Layout) -> Result<NamespaceId, ManagerError> {
         let need = layout.max_object_bytes();
         let arena = self.ensure_arena(need)?;

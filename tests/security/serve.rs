@@ -31,18 +31,32 @@ pub struct Serve {
 /// args say otherwise, slots of 2 KiB for the small layouts these tests store (a test's
 /// own `--set slot_bytes` wins), and `env` on top of the test's environment.
 pub fn spawn(dir: &Path, name: &str, socket: &Path, args: &[&str], env: &[(&str, Option<&str>)]) -> Serve {
-    let mut all = vec!["--set", "slot_bytes=2048"];
-    all.extend_from_slice(args);
-    spawn_default_slots(dir, name, socket, &all, env)
+    spawn_in(dir, name, socket, args, env, None)
 }
 
-/// [`spawn`] with the daemon's default slot size.
+/// [`spawn`] with `cwd` as the daemon's working directory (where a default `.kvtier`
+/// goes without `XDG_RUNTIME_DIR`).
+pub fn spawn_in(
+    dir: &Path,
+    name: &str,
+    socket: &Path,
+    args: &[&str],
+    env: &[(&str, Option<&str>)],
+    cwd: Option<&Path>,
+) -> Serve {
+    let mut all = vec!["--set", "slot_bytes=2048"];
+    all.extend_from_slice(args);
+    spawn_default_slots(dir, name, socket, &all, env, cwd)
+}
+
+/// [`spawn_in`] with the daemon's default slot size.
 pub fn spawn_default_slots(
     dir: &Path,
     name: &str,
     socket: &Path,
     args: &[&str],
     env: &[(&str, Option<&str>)],
+    cwd: Option<&Path>,
 ) -> Serve {
     let out = dir.join(format!("{name}.out"));
     let err = dir.join(format!("{name}.err"));
@@ -69,6 +83,9 @@ pub fn spawn_default_slots(
             None => cmd.env_remove(k),
         };
     }
+    if let Some(cwd) = cwd {
+        cmd.current_dir(cwd);
+    }
     Serve {
         child: Some(cmd.spawn().unwrap()),
         socket: socket.to_owned(),
@@ -91,7 +108,7 @@ pub fn serve_default_slots(dir: &Path, name: &str, args: &[&str]) -> Serve {
     let admin = format!("admin_socket={}", dir.join(format!("{name}.admin.sock")).display());
     let mut all = vec!["--socket", socket.to_str().unwrap(), "--set", &admin];
     all.extend_from_slice(args);
-    spawn_default_slots(dir, name, &socket, &all, &[])
+    spawn_default_slots(dir, name, &socket, &all, &[], None)
 }
 
 impl Serve {

@@ -40,7 +40,9 @@ pub struct TiersConfig {
     /// (`.pool`).
     pub arena_path: PathBuf,
     pub arena_bytes: u64,
-    /// Slot size of the host arena; 0 sizes slots by the first layout registered.
+    /// Slot size of the host arena, which is created with it at open. `kvtier serve`
+    /// always sets it (`slot_bytes`, never 0); 0, for in-process callers only, sizes the
+    /// slots by the first layout registered.
     pub slot_bytes: u64,
     /// Local pool size; 0 runs without a pool.
     pub pool_bytes: u64,
