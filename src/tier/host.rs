@@ -114,8 +114,8 @@ impl HostArena {
     /// Creates the file at `path` afresh (private: `0600`, or `0660` with
     /// [`ArenaOptions::group`]; `O_EXCL`; whatever was at the path, a symlink included, is
     /// removed first and never followed) with room for as many `slot_bytes` slots as fit
-    /// in `capacity` bytes, and maps it. A process that
-    /// still maps an old file at the path keeps its own, untouched.
+    /// in `capacity` bytes, and maps it. A process that still maps an old file at the path
+    /// keeps its own, untouched.
     pub fn create(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Self, ArenaError> {
         let slots = slot_count(capacity, slot_bytes)?;
         let io = |source| ArenaError::Io {
@@ -133,8 +133,8 @@ impl HostArena {
     /// the configured `capacity`: the file must be a private file of the daemon's uid
     /// (never followed through a symlink; `0660` is accepted too when its group is
     /// [`ArenaOptions::group`], and the file leaves with the mode and group the options
-    /// say), and is cut or extended to as many `slot_bytes`
-    /// slots as fit in `capacity`. Slots past the old end read as zeros (a truncated file);
+    /// say), and is cut or extended to as many `slot_bytes` slots as fit in `capacity`.
+    /// Slots past the old end read as zeros (a truncated file);
     /// slots past the new end are gone. `found_bytes` says what the file held, so the
     /// caller can tell what did not fit.
     pub fn reopen(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Reopened, ArenaError> {

@@ -98,9 +98,10 @@ pub struct ManagedTiers {
 impl ManagedTiers {
     /// Opens the tiers: checks the arena's directory ([`private::trusted_dir`]: created
     /// `0700`, or `0750` with the engines' group where one is configured; never writable
-    /// by others; the daemon makes its default one strictly private before this), takes the arena's owner lock
-    /// (refusing, with the holder's pid, when another daemon has it), recovers the arena
-    /// from its manifest when asked, and creates it with the configured slot size.
+    /// by others; the daemon makes its default one strictly private before this), takes
+    /// the arena's owner lock (refusing, with the holder's pid, when another daemon has
+    /// it), recovers the arena from its manifest when asked, and creates it with the
+    /// configured slot size.
     pub fn open(cfg: TiersConfig, clock: Arc<dyn Clock>) -> Result<Self, BackendError> {
         let dir = private::parent_of(&cfg.arena_path);
         match cfg.arena.group {
