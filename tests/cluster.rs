@@ -134,6 +134,7 @@ impl Node {
             .arg("--arena-path")
             .arg(dir.join("arena"))
             .args(["--arena-bytes", &(16u64 << 20).to_string()])
+            .args(set("slot_bytes", "1024"))
             .args(["--pool", "mooncake", "--mooncake-master", &master.addr()])
             .args(set("mooncake.metadata", &format!("{:?}", master.metadata())))
             .args(set("mooncake.python", &format!("{:?}", python.display().to_string())))

@@ -288,7 +288,8 @@ fn thirty_two_clients_times_ten_thousand_ops_lose_nothing() {
     const CLIENTS: u64 = 32;
     const OPS: u64 = 10_000;
     let dir = tempfile::tempdir().unwrap();
-    let d = Daemon::start(dir.path(), 64 << 20);
+    // 160,000 objects of 128 bytes: slots of that size, so all of them fit.
+    let d = Daemon::start_with(dir.path(), 64 << 20, &["slot_bytes=128"]);
     let layout = small_spec().build().unwrap();
     let failures = AtomicU64::new(0);
     let t = Instant::now();
@@ -449,6 +450,9 @@ fn serve_without_configuration_prints_where_things_are() {
         .current_dir(dir.path())
         .env_remove("XDG_RUNTIME_DIR")
         .env("KVTIER_ARENA_PATH", dir.path().join("arena"))
+        // The arena exists from the start now: not 1 GiB of a disk file written and locked.
+        .env("KVTIER_PREFAULT", "false")
+        .env("KVTIER_LOCK_ARENA", "false")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -469,6 +473,10 @@ fn serve_without_configuration_prints_where_things_are() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("control socket .kvtier/kvtier.sock"), "{text}");
     assert!(text.contains("host arena") && text.contains("1024 MiB"), "{text}");
+    assert!(
+        text.contains("512 slots of 2097152 bytes (slot_bytes)"),
+        "the default slot size, whatever connects first: {text}"
+    );
 }
 
 #[test]

@@ -82,6 +82,7 @@ fn dynamos_indexer_matches_the_prefix_kvtier_stored_and_forgets_it_after_removal
     for s in [
         "lock_arena=false",
         "prefault=false",
+        "slot_bytes=1024",
         "pool_bytes=0",
         "events_endpoint=ipc",
         "events_replay_endpoint=",

@@ -405,7 +405,8 @@ fn client_stores_and_loads_gpu_pages_through_the_daemon() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let d = Daemon::start(tmp.path(), 64 << 20);
+    // Slots for this layout's 32 KiB objects.
+    let d = Daemon::start_with(tmp.path(), 64 << 20, &["slot_bytes=32768"]);
     let spec = LayoutSpec::mha(4, 4, 64, 2, 16);
     let layout = spec.clone().build().unwrap();
     let c = d.client(common::identity("gpu", 0, 0, 1, 1), spec);

@@ -55,6 +55,7 @@ impl Serve {
         for s in [
             "lock_arena=false",
             "prefault=false",
+            "slot_bytes=128",
             "pool_bytes=8388608",
             "events_endpoint=",
             "pool_events_endpoint=",

@@ -55,6 +55,65 @@ fn slot_size_is_configuration_not_the_first_layouts() {
     assert!(d.log().contains("differs from the arena's"), "{}", d.log());
 }
 
+/// Issue 15 item 4: a tiny layout that connects first (a test, a draft model) used to
+/// size every slot (128 bytes here), and a real model was refused with `bad_layout`, even
+/// after a clean restart. With the default configuration, a 512 KiB-object layout stores
+/// and loads its exact bytes after the tiny one, and again after a restart.
+#[test]
+fn a_tiny_first_layout_does_not_lock_out_a_real_model_even_after_a_restart() {
+    let dir = tempdir();
+    let arena = dir.path().join("state/arena");
+    // 32 MiB: 16 slots of the default 2 MiB; nothing else about slots is configured.
+    let args = ["--arena-path", arena.to_str().unwrap(), "--arena-bytes", "33554432"];
+    let tiny = small_spec();
+    let real = LayoutSpec::mha(32, 8, 128, 2, 8);
+    let size = |l: &LayoutSpec| l.clone().build().unwrap().max_object_bytes();
+    assert_eq!((size(&tiny), size(&real)), (128, 512 << 10));
+
+    let mut d = serve_default_slots(dir.path(), "t", &args).ready();
+    assert!(
+        d.banner().contains("32 MiB in 16 slots of 2097152 bytes (slot_bytes)"),
+        "the banner says the slot size before anyone connects: {}",
+        d.banner()
+    );
+    let t = d.client("tiny", tiny.clone()).unwrap();
+    assert_eq!(
+        t.arena().unwrap().slot_bytes,
+        2 << 20,
+        "the first connector sized nothing"
+    );
+    let ths = hashes(7000, 2);
+    store(&t, &tiny, &ths, 1);
+    let r = d.client("real", real.clone()).unwrap();
+    let rhs = hashes(8000, 4);
+    store(&r, &real, &rhs, 2);
+    assert_eq!(load_verified(&r, &real, &rhs, 2), 4, "every real page, byte for byte");
+    assert_eq!(load_verified(&t, &tiny, &ths, 1), 2);
+    let status = d.admin_get("/v1/status");
+    assert!(
+        status.contains("\"slot_bytes\":2097152") && status.contains("\"used_slots\":12"),
+        "status says the slot size and the 12 slots taken (2 + 4 pages of K and V): {status}"
+    );
+    drop((t, r));
+    d.stop(libc::SIGTERM);
+
+    // A clean restart keeps the configured size: the tiny layout connects first again,
+    // the real pages come back intact, and the real layout stores more.
+    let d = serve_default_slots(dir.path(), "t", &args).ready();
+    let t = d.client("tiny", tiny.clone()).unwrap();
+    assert_eq!(load_verified(&t, &tiny, &ths, 1), 2);
+    let r = d.client("real", real.clone()).unwrap();
+    assert_eq!(r.stats().unwrap().recovered_pages, 6);
+    assert_eq!(
+        load_verified(&r, &real, &rhs, 2),
+        4,
+        "recovered real pages, byte for byte"
+    );
+    let more = hashes(9000, 2);
+    store(&r, &real, &more, 3);
+    assert_eq!(load_verified(&r, &real, &more, 3), 2);
+}
+
 #[test]
 fn arena_bytes_is_honoured_on_recovery_and_a_truncated_arena_is_detected() {
     let dir = tempdir();

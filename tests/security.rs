@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::require::require;
-use common::{hashes, kvtier_bin, small_spec};
+use common::{hashes, small_spec};
 use kvtier::client::Client;
 use kvtier::protocol::{Request, Response, read_frame};
 use serve::*;
@@ -240,46 +240,16 @@ fn a_shared_sticky_cwd_with_another_users_kvtier_dir_is_refused() {
     let arena = dir.path().join("own/arena");
     let socket = shared.join(".kvtier/kvtier.sock");
     // No XDG_RUNTIME_DIR, and the shared directory as the working directory.
+    let args = ["--arena-path", arena.to_str().unwrap(), "--arena-bytes", "4194304"];
     let start = |name: &str| {
-        let out = dir.path().join(format!("{name}.out"));
-        let err = dir.path().join(format!("{name}.err"));
-        let child = Command::new(kvtier_bin())
-            .args([
-                "serve",
-                "--arena-path",
-                arena.to_str().unwrap(),
-                "--arena-bytes",
-                "4194304",
-            ])
-            .args([
-                "--set",
-                "lock_arena=false",
-                "--set",
-                "prefault=false",
-                "--set",
-                "pool_bytes=0",
-            ])
-            .args([
-                "--set",
-                "events_endpoint=",
-                "--set",
-                "events_replay_endpoint=",
-                "--set",
-                "pool_events_endpoint=",
-            ])
-            .env_remove("XDG_RUNTIME_DIR")
-            .env("RUST_LOG", "info")
-            .current_dir(&shared)
-            .stdout(std::fs::File::create(&out).unwrap())
-            .stderr(std::fs::File::create(&err).unwrap())
-            .spawn()
-            .unwrap();
-        Serve {
-            child: Some(child),
-            socket: socket.clone(),
-            out,
-            err,
-        }
+        spawn_in(
+            dir.path(),
+            name,
+            &socket,
+            &args,
+            &[("XDG_RUNTIME_DIR", None)],
+            Some(&shared),
+        )
     };
     let (failed, log) = start("s1").refused();
     assert!(failed, "{log}");
@@ -324,11 +294,12 @@ fn peer_helper_process() {
     println!("PEER-ANSWER: {answer}");
 }
 
-/// What uid 65534 gets from the control socket at `socket`.
-fn ping_as_nobody(socket: &Path) -> String {
+/// Runs this test binary's `helper` test as uid 65534 (primary group 65534) with `env`,
+/// and returns what it printed after `PEER-ANSWER: `.
+fn as_nobody(helper: &str, env: &[(&str, &std::ffi::OsStr)]) -> String {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["peer_helper_process", "--exact", "--nocapture", "--test-threads=1"])
-        .env("KVTIER_TEST_PEER_SOCKET", socket)
+        .args([helper, "--exact", "--nocapture", "--test-threads=1"])
+        .envs(env.iter().copied())
         .uid(NOBODY)
         .gid(NOBODY)
         .output()
@@ -338,6 +309,14 @@ fn ping_as_nobody(socket: &Path) -> String {
         .find_map(|l| l.split_once("PEER-ANSWER: "))
         .map(|(_, a)| a.to_owned())
         .unwrap_or_else(|| format!("no answer: {text} {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// What uid 65534 gets from the control socket at `socket`.
+fn ping_as_nobody(socket: &Path) -> String {
+    as_nobody(
+        "peer_helper_process",
+        &[("KVTIER_TEST_PEER_SOCKET", socket.as_os_str())],
+    )
 }
 
 #[test]
@@ -403,4 +382,119 @@ fn the_control_socket_serves_only_allowed_peers() {
     )
     .refused();
     assert!(failed && log.contains("no-such-group-kvtier"), "{log}");
+}
+
+/// Run as uid 65534 by [`an_engine_of_another_uid_maps_the_arena_only_with_engine_group`]:
+/// connects to `KVTIER_TEST_ENGINE_SOCKET` as a one-rank engine, stores 16 pages with
+/// bytes from `KVTIER_TEST_ENGINE_SALT`, loads them back into a fresh device and checks
+/// every byte, and prints what happened. Does nothing otherwise.
+#[test]
+fn engine_helper_process() {
+    let Some(socket) = std::env::var_os("KVTIER_TEST_ENGINE_SOCKET") else {
+        return;
+    };
+    let salt: u64 = std::env::var("KVTIER_TEST_ENGINE_SALT").unwrap().parse().unwrap();
+    let mut id = common::identity("other-uid", 0, 0, 1, 1);
+    id.namespace = kvtier::page::Namespace::model("other-uid");
+    let cfg =
+        kvtier::client::ClientConfig::new(Path::new(&socket), id, small_spec()).with_timeout(Duration::from_secs(10));
+    match Client::connect(cfg) {
+        Err(e) => println!("PEER-ANSWER: refused {e}"),
+        Ok(c) => {
+            let hs = hashes(4200, 16);
+            store(&c, &small_spec(), &hs, salt);
+            let n = load_verified(&c, &small_spec(), &hs, salt);
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::geteuid() };
+            println!("PEER-ANSWER: stored 16, loaded {n} intact as uid {uid}");
+        }
+    }
+}
+
+/// What an engine running as uid 65534 (primary group 65534) reports against `socket`.
+fn engine_as_nobody(socket: &Path, salt: u64) -> String {
+    let salt = salt.to_string();
+    as_nobody(
+        "engine_helper_process",
+        &[
+            ("KVTIER_TEST_ENGINE_SOCKET", socket.as_os_str()),
+            ("KVTIER_TEST_ENGINE_SALT", salt.as_ref()),
+        ],
+    )
+}
+
+#[test]
+fn an_engine_of_another_uid_maps_the_arena_only_with_engine_group() {
+    if !require("root", "runs an engine as uid 65534") {
+        return;
+    }
+    let dir = tempdir();
+    let arena = dir.path().join("shared/arena");
+    let args = [
+        "--arena-path",
+        arena.to_str().unwrap(),
+        "--arena-bytes",
+        "4194304",
+        "--set",
+        "engine_group=65534",
+    ];
+    let d = serve(dir.path(), "eg", &args).ready();
+    // The arena and its directory open to the group; the socket too; the rest stays private.
+    let md = |p: &Path| std::fs::metadata(p).unwrap();
+    assert_eq!((mode(&arena), md(&arena).gid()), (0o660, NOBODY), "arena");
+    let shared = dir.path().join("shared");
+    assert_eq!((mode(&shared), md(&shared).gid()), (0o750, NOBODY), "arena directory");
+    assert_eq!(
+        (mode(&d.socket), md(&d.socket).gid()),
+        (0o660, NOBODY),
+        "control socket"
+    );
+    assert!(
+        d.banner().contains("mode 0660 for engine_group 65534"),
+        "{}",
+        d.banner()
+    );
+    let answer = engine_as_nobody(&d.socket, 11);
+    assert_eq!(answer, "stored 16, loaded 16 intact as uid 65534");
+    for f in ["arena.manifest", "arena.lock"] {
+        assert_eq!(mode(&shared.join(f)), 0o600, "{f}");
+    }
+    // The bytes uid 65534 wrote are in the daemon's arena: a rank of the daemon's own uid
+    // of the same model loads them, every byte as written.
+    let root = d.client("other-uid", small_spec()).unwrap();
+    assert_eq!(load_verified(&root, &small_spec(), &hashes(4200, 16), 11), 16);
+    drop(root);
+    drop(d);
+
+    // Without engine_group, an engine of another uid that the socket lets in still cannot
+    // map the arena: a clear refusal naming the key, and the daemon serves others on.
+    let arena = dir.path().join("private/arena");
+    let d = serve(
+        dir.path(),
+        "np",
+        &[
+            "--arena-path",
+            arena.to_str().unwrap(),
+            "--arena-bytes",
+            "4194304",
+            "--set",
+            "socket_mode=0o666",
+            "--set",
+            "allow_uids=[65534]",
+        ],
+    )
+    .ready();
+    assert_eq!(mode(&arena), 0o600);
+    assert_eq!(mode(&dir.path().join("private")), 0o700);
+    let answer = engine_as_nobody(&d.socket, 12);
+    assert!(
+        answer.starts_with("refused")
+            && answer.contains(&arena.display().to_string())
+            && answer.contains("permission denied for uid 65534")
+            && answer.contains("engine_group"),
+        "{answer}"
+    );
+    let own = d.client("own", small_spec()).unwrap();
+    store(&own, &small_spec(), &hashes(4300, 8), 13);
+    assert_eq!(load_verified(&own, &small_spec(), &hashes(4300, 8), 13), 8);
 }

@@ -34,7 +34,14 @@ impl Serve {
             .arg("--arena-path")
             .arg(dir.join("arena"))
             .args(["--arena-bytes", "16777216"])
-            .args(["--set", "pool_bytes=0", "--set", "recover=false"])
+            .args([
+                "--set",
+                "pool_bytes=0",
+                "--set",
+                "recover=false",
+                "--set",
+                "slot_bytes=128",
+            ])
             .args(["--set", "lock_arena=false", "--set", "prefault=false"])
             .args(["--set", "events_endpoint=\"\"", "--set", "events_replay_endpoint=\"\""])
             .args(["--set", "pool_events_endpoint=\"\""])

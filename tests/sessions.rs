@@ -49,6 +49,8 @@ fn serve(dir: &Path, extra: &[String]) -> Serve {
             "prefault=false",
             "--set",
             "pool_bytes=8388608",
+            "--set",
+            "slot_bytes=2048",
         ])
         .args(["--set", "tick_ms=50", "--set", "recover=false"])
         .args([

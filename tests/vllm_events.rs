@@ -40,6 +40,7 @@ impl Serve {
         for s in [
             "lock_arena=false",
             "prefault=false",
+            "slot_bytes=1024",
             "pool_bytes=0",
             "events_endpoint=ipc",
             "events_replay_endpoint=ipc",

@@ -152,6 +152,9 @@ fn status(ctx: &AdminState) -> Value {
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": ctx.started.elapsed().as_secs_f64(),
         "tiers": stats.tiers,
+        "host_arena": ctx.manager.arena().map(|a| json!({
+            "slot_bytes": a.slot_bytes(), "slots": a.slots(), "used_slots": a.used(),
+        })),
         "pages": stats.pages,
         "open_grants": stats.open_grants,
         "leased_pages": stats.leased_pages,

@@ -213,7 +213,7 @@ fn measure(args: &ControlArgs, exe: &Path) -> anyhow::Result<(Rounds, f64, Admin
     let layout = spec.clone().build()?;
     let pages = args.pages + args.admin_pages;
     let arena = ((pages as u64 + 1024) * layout.page_bytes()).max(64 << 20);
-    let daemon = DaemonChild::start(exe, arena)?;
+    let daemon = DaemonChild::start(exe, arena, layout.max_object_bytes())?;
     let echo_path = daemon.scratch("echo.sock");
     let echo_listener = UnixListener::bind(&echo_path)?;
     std::thread::spawn(move || echo_server(echo_listener));

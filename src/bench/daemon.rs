@@ -24,9 +24,9 @@ pub struct DaemonChild {
 }
 
 impl DaemonChild {
-    /// Starts `exe serve` with a host arena of `arena_bytes` and no pool, and waits until
-    /// both sockets accept connections.
-    pub fn start(exe: &Path, arena_bytes: u64) -> anyhow::Result<Self> {
+    /// Starts `exe serve` with a host arena of `arena_bytes` in slots of `slot_bytes` and
+    /// no pool, and waits until both sockets accept connections.
+    pub fn start(exe: &Path, arena_bytes: u64, slot_bytes: u64) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("kvtier-bench-")
             .tempdir()
@@ -41,6 +41,8 @@ impl DaemonChild {
             .arg(dir.path().join("arena"))
             .arg("--arena-bytes")
             .arg(arena_bytes.to_string())
+            .arg("--set")
+            .arg(format!("slot_bytes={slot_bytes}"))
             .args(["--set", "pool_bytes=0", "--set", "recover=false"])
             .args(["--set", "lock_arena=false", "--set", "events_endpoint=\"\""])
             .args([

@@ -71,6 +71,7 @@ impl Conn {
             lock: false,
             prefault: false,
             touch_threads: 1,
+            group: None,
         };
         let arena = HostArena::open(std::path::Path::new(&arena_info.path), arena_info.slot_bytes, &opts)?;
         Ok(Self {

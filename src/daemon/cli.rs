@@ -115,8 +115,8 @@ fn bind(cfg: &DaemonConfig) -> anyhow::Result<UnixListener> {
         private::trusted_dir(dir)
     }
     .context("the control socket's directory")?;
-    let gid = cfg.socket_gid()?;
-    match crate::admin::security::bind_socket(path, cfg.socket_mode, gid) {
+    let (mode, gid) = cfg.socket_access()?;
+    match crate::admin::security::bind_socket(path, mode, gid) {
         Ok(l) => Ok(l),
         Err(crate::admin::AdminError::InUse(_)) => bail!("another daemon is serving {}", path.display()),
         Err(e) => Err(anyhow::anyhow!("control socket: {e}")),
@@ -135,14 +135,16 @@ pub fn serve(cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<(
     // The tiers first: the arena's owner lock decides whether this daemon may run at all,
     // and a refused start must not leave a socket behind.
     if cfg.arena_is_default() {
-        // kvtier's own directories under /dev/shm: strictly private, whoever made them.
+        // kvtier's own directories under /dev/shm: strictly private, whoever made them, or
+        // open to the engines' group (enter and read, never write) where one is set.
+        let engines = cfg.engine_gid()?;
         if let Some(kvtier_uid) = cfg.arena_path.parent().and_then(Path::parent)
             && kvtier_uid.starts_with("/dev/shm")
             && kvtier_uid != Path::new("/dev/shm")
         {
-            private::private_dir(kvtier_uid).context("the arena's directory")?;
+            private::shared_dir(kvtier_uid, engines).context("the arena's directory")?;
         }
-        private::private_dir(private::parent_of(&cfg.arena_path)).context("the arena's directory")?;
+        private::shared_dir(private::parent_of(&cfg.arena_path), engines).context("the arena's directory")?;
     }
     let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).context("opening the tiers")?);
     let listener = bind(&cfg)?;
@@ -178,14 +180,23 @@ fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
     let (recovered, discarded, bad_records, garbage) = backend.recovery();
     let mut out = std::io::stdout().lock();
     writeln!(out, "kvtier serve: control socket {}", cfg.socket.display())?;
+    // The arena exists from the start: its slot size is configuration (`slot_bytes`).
     let size = match backend.manager().arena() {
         Some(a) => format!(
-            "{} MiB in {} slots of {} bytes",
+            "{} MiB in {} slots of {} bytes (slot_bytes)",
             a.len_bytes() >> 20,
             a.slots(),
             a.slot_bytes()
         ),
-        None => format!("{} MiB, slots sized by the first layout", cfg.arena_bytes >> 20),
+        None => format!(
+            "{} MiB, slots of {} bytes (slot_bytes)",
+            cfg.arena_bytes >> 20,
+            cfg.slot_bytes
+        ),
+    };
+    let size = match cfg.engine_gid()? {
+        Some(g) => format!("{size}, mode 0660 for engine_group {g}"),
+        None => size,
     };
     let mut notes = String::new();
     if recovered + discarded > 0 {

@@ -22,6 +22,13 @@ use super::backend::{SharedPool, TiersConfig};
 use super::connection::Limits;
 pub use super::pool_config::{MooncakeSection, PoolKind};
 
+/// The default slot size: 2 MiB holds one object (K or V of a rank, or an MLA latent) of
+/// a 16-token page for Llama 3.1 8B and Mistral 7B (1 MiB), Qwen2.5 7B (448 KiB), Qwen3
+/// 32B (2 MiB), Llama 3.1 70B at TP 2 or more (1.25 MiB at TP 2) and DeepSeek V3's
+/// latent (1.07 MiB), all in bf16. Larger pages (SGLang's 64 tokens, Mooncake's 512)
+/// need `slot_bytes` set.
+pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
+
 /// Every key the daemon reads.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -45,11 +52,12 @@ pub struct DaemonConfig {
     /// is cut or extended to it, and pages in slots that no longer exist (or read as
     /// zeros) are discarded and counted. Default: 1 GiB.
     pub arena_bytes: u64,
-    /// Size of each host arena slot in bytes (one object of a page per slot), rounded up
-    /// to 64. A layout whose objects are larger is refused at `Connect` with both sizes
-    /// in the message; a restart with another size starts a fresh arena (the old pages
-    /// are discarded and counted). 0 sizes the slots by the largest object of the first
-    /// layout registered (tests, one-model nodes). Default: 0.
+    /// Size of each host arena slot in bytes (one object of a page per slot: K or V of one
+    /// TP/PP rank, or an MLA latent), rounded up to 64, and of the local pool's slots. The
+    /// arena is created at start with it, whichever engine connects first; a layout whose
+    /// objects are larger is refused at `Connect` (`bad_layout`, naming both sizes and
+    /// this key); a restart with another size starts a fresh arena (the old pages are
+    /// discarded and counted). Default: 2 MiB ([`DEFAULT_SLOT_BYTES`]).
     pub slot_bytes: u64,
     /// Permission bits of the control socket, e.g. `0o660` with `socket_group` for
     /// engines that run as another uid. Default: `0o600`.
@@ -58,6 +66,14 @@ pub struct DaemonConfig {
     /// through the peer check. Empty: the daemon's own group. Default: empty.
     #[serde(deserialize_with = "name_or_number")]
     pub socket_group: String,
+    /// Group (a name or a numeric gid) of engines that run as another uid than the
+    /// daemon's: its members pass the control socket's peer check, the control socket
+    /// gets this group and group read/write (unless `socket_group` names another), and
+    /// the host arena is `0660` with this group, its directories under `/dev/shm` `0750`
+    /// with it, so they can map it. The local pool, manifest and owner lock stay `0600`.
+    /// Empty: engines run as the daemon's uid (or root). Default: empty.
+    #[serde(deserialize_with = "name_or_number")]
+    pub engine_group: String,
     /// Peer uids the control socket serves besides the daemon's own uid and root
     /// (checked with `SO_PEERCRED` at accept). Default: none.
     pub allow_uids: Vec<u32>,
@@ -278,11 +294,11 @@ fn name_or_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::E
 }
 
 /// A group name or numeric gid, as the system knows it.
-pub fn resolve_group(group: &str) -> Result<u32, ConfigError> {
+pub fn resolve_group(key: &str, group: &str) -> Result<u32, ConfigError> {
     if let Ok(gid) = group.parse::<u32>() {
         return Ok(gid);
     }
-    let name = std::ffi::CString::new(group).map_err(|_| ConfigError::Invalid(format!("socket_group {group:?}")))?;
+    let name = std::ffi::CString::new(group).map_err(|_| ConfigError::Invalid(format!("{key} {group:?}")))?;
     // SAFETY: `group` is plain C data; all-zero is a valid (empty) value.
     let mut grp: libc::group = unsafe { std::mem::zeroed() };
     let mut buf = vec![0 as libc::c_char; 16 << 10];
@@ -291,7 +307,7 @@ pub fn resolve_group(group: &str) -> Result<u32, ConfigError> {
     let rc = unsafe { libc::getgrnam_r(name.as_ptr(), &mut grp, buf.as_mut_ptr(), buf.len(), &mut out) };
     if rc != 0 || out.is_null() {
         return Err(ConfigError::Invalid(format!(
-            "socket_group {group:?} is not a known group name or a numeric gid"
+            "{key} {group:?} is not a known group name or a numeric gid"
         )));
     }
     Ok(grp.gr_gid)
@@ -314,9 +330,10 @@ impl Default for DaemonConfig {
             socket,
             instance: String::new(),
             arena_bytes: 1 << 30,
-            slot_bytes: 0,
+            slot_bytes: DEFAULT_SLOT_BYTES,
             socket_mode: 0o600,
             socket_group: String::new(),
+            engine_group: String::new(),
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
             pool: PoolKind::Local,
@@ -505,10 +522,21 @@ impl DaemonConfig {
         if self.socket_mode > 0o777 {
             return bad("socket_mode must be permission bits (at most 0o777), e.g. 0o660");
         }
-        if self.slot_bytes > self.arena_bytes {
-            return bad("slot_bytes must not exceed arena_bytes");
+        if self.slot_bytes == 0 || self.slot_bytes > self.arena_bytes {
+            return Err(ConfigError::Invalid(format!(
+                "slot_bytes must be between 1 and arena_bytes ({}), got {}; the default, {}, holds an object \
+                 of most models at 16-token pages",
+                self.arena_bytes, self.slot_bytes, DEFAULT_SLOT_BYTES
+            )));
+        }
+        if self.pool == PoolKind::Local && self.pool_bytes != 0 && self.pool_bytes < self.slot_bytes {
+            return Err(ConfigError::Invalid(format!(
+                "pool_bytes ({}) holds no slot of slot_bytes ({}); raise it, or set it to 0 for no pool",
+                self.pool_bytes, self.slot_bytes
+            )));
         }
         self.socket_gid()?;
+        self.engine_gid()?;
         if self.frame_body_timeout_ms == 0 || self.connect_timeout_ms == 0 || self.event_ring == 0 {
             return bad("frame_body_timeout_ms, connect_timeout_ms and event_ring must be at least 1");
         }
@@ -544,16 +572,34 @@ impl DaemonConfig {
         if self.socket_group.is_empty() {
             return Ok(None);
         }
-        resolve_group(&self.socket_group).map(Some)
+        resolve_group("socket_group", &self.socket_group).map(Some)
+    }
+
+    /// The group of engines that run as another uid, when one is configured.
+    pub fn engine_gid(&self) -> Result<Option<u32>, ConfigError> {
+        if self.engine_group.is_empty() {
+            return Ok(None);
+        }
+        resolve_group("engine_group", &self.engine_group).map(Some)
+    }
+
+    /// The control socket's mode and group: `socket_mode` and `socket_group`, opened to
+    /// `engine_group` (its group and group read/write) when that is set and
+    /// `socket_group` is not.
+    pub fn socket_access(&self) -> Result<(u32, Option<u32>), ConfigError> {
+        match (self.socket_gid()?, self.engine_gid()?) {
+            (None, Some(g)) => Ok((self.socket_mode | 0o060, Some(g))),
+            (g, _) => Ok((self.socket_mode, g)),
+        }
     }
 
     /// Who the control socket serves: the daemon's uid, root, `allow_uids`, and members of
-    /// `allow_gids` and `socket_group`.
+    /// `allow_gids`, `socket_group` and `engine_group`.
     pub fn peers(&self) -> crate::admin::security::PeerPolicy {
         let mut gids = self.allow_gids.clone();
-        if let Ok(Some(g)) = self.socket_gid() {
-            gids.push(g);
-        }
+        // Both resolved at validation; a name that stopped resolving since lets no one in.
+        gids.extend(self.socket_gid().ok().flatten());
+        gids.extend(self.engine_gid().ok().flatten());
         crate::admin::security::PeerPolicy::owner_and_root(&self.allow_uids, &gids)
     }
 
@@ -595,6 +641,7 @@ impl DaemonConfig {
             arena: ArenaOptions {
                 lock: self.lock_arena,
                 prefault: self.prefault,
+                group: self.engine_gid().ok().flatten(),
                 ..ArenaOptions::default()
             },
             tunables: Tunables {
@@ -648,7 +695,11 @@ mod tests {
     fn file_env_and_flags_layer_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("kvtier.toml");
-        std::fs::write(&file, "arena_bytes = 8192\nmax_connections = 7\nsocket = \"/a.sock\"\n").unwrap();
+        std::fs::write(
+            &file,
+            "arena_bytes = 8192\nslot_bytes = 4096\nmax_connections = 7\nsocket = \"/a.sock\"\n",
+        )
+        .unwrap();
         let env = vec![
             ("KVTIER_MAX_CONNECTIONS".to_string(), "9".to_string()),
             ("KVTIER_RECOVER".to_string(), "false".to_string()),
@@ -749,6 +800,30 @@ mod tests {
             set("slot_bytes", &(2u64 << 30).to_string()).is_err(),
             "larger than the arena"
         );
+        // The slot size is configuration with a default, never 0 (the first layout's).
+        assert_eq!(DaemonConfig::default().tiers().slot_bytes, DEFAULT_SLOT_BYTES);
+        let e = set("slot_bytes", "0").unwrap_err().to_string();
+        assert!(e.contains("slot_bytes") && e.contains("got 0"), "{e}");
+        let e = DaemonConfig::load(
+            None,
+            Vec::new(),
+            &[
+                ("arena_bytes".into(), "8388608".into()),
+                ("pool_bytes".into(), "1048576".into()),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("pool_bytes") && e.contains("slot_bytes"), "{e}");
+        // The engines' group opens the socket and the arena to it, and lets it through.
+        let c = set("engine_group", "0").unwrap();
+        assert_eq!(c.socket_access().unwrap(), (0o660, Some(0)));
+        assert_eq!(c.tiers().arena.group, Some(0));
+        assert!(c.peers().gids.contains(&0));
+        assert_eq!(DaemonConfig::default().socket_access().unwrap(), (0o600, None));
+        assert_eq!(DaemonConfig::default().tiers().arena.group, None);
+        let e = set("engine_group", "no-such-group-kvtier").unwrap_err().to_string();
+        assert!(e.contains("engine_group") && e.contains("no-such-group-kvtier"), "{e}");
     }
 
     #[test]

@@ -33,6 +33,8 @@ fn serve_with(max_connections: usize, arena_bytes: u64, tick: Duration, waker: b
         socket: dir.path().join("s.sock"),
         arena_path: dir.path().join("arena"),
         arena_bytes,
+        // The largest object of the layouts these tests connect (128 bytes).
+        slot_bytes: 128,
         pool_bytes: 0,
         max_connections,
         max_frame_bytes: 4096,

@@ -104,7 +104,10 @@ pub enum ManagerError {
     LengthMismatch { hashes: usize, slots: usize },
     #[error("object of {got} bytes where the layout says {want}")]
     ObjectSize { got: usize, want: u64 },
-    #[error("objects of {need} bytes do not fit the host arena's {slot} byte slots")]
+    #[error(
+        "objects of {need} bytes do not fit the host arena's {slot} byte slots; the daemon's slot_bytes \
+         must be at least {need}"
+    )]
     SlotTooSmall { need: u64, slot: usize },
     #[error("no device region is attached for namespace {ns} rank tp={tp} pp={pp}")]
     NoDevice { ns: u16, tp: u16, pp: u16 },
@@ -218,8 +221,10 @@ impl Manager {
         &self.inner.cfg
     }
 
-    /// Registers a namespace and its layout. The first registration creates the host
-    /// arena (slot size: the layout's largest object) and the pool.
+    /// Registers a namespace and its layout. The first registration creates the pool, and
+    /// the host arena unless [`Manager::create_arena`] or [`Manager::open_existing_arena`]
+    /// made it (as the daemon always does, with its configured slot size); an arena made
+    /// here has slots of this layout's largest object, for in-process callers.
     pub fn register_namespace(&self, ns: Namespace, layout: Layout) -> Result<NamespaceId, ManagerError> {
         let need = layout.max_object_bytes();
         let arena = self.ensure_arena(need)?;
@@ -264,8 +269,14 @@ impl Manager {
             return Ok(());
         }
         let cfg = &self.inner.cfg;
+        // Only the daemon maps the local pool: it stays private even where engines of
+        // another uid may map the arena.
+        let pool_opts = crate::tier::host::ArenaOptions {
+            group: None,
+            ..cfg.arena.clone()
+        };
         let local = |path: &std::path::Path, bytes| -> Result<Option<Arc<dyn PoolBackend>>, ManagerError> {
-            Ok(Some(Arc::new(LocalPool::create(path, bytes, slot_bytes, &cfg.arena)?)))
+            Ok(Some(Arc::new(LocalPool::create(path, bytes, slot_bytes, &pool_opts)?)))
         };
         let pool = match &cfg.pool {
             PoolConfig::None => None,

@@ -34,6 +34,11 @@ pub enum ArenaError {
     BadSlot(u32),
     #[error("{len} bytes do not fit a slot of {slot_bytes} bytes")]
     WrongSize { len: usize, slot_bytes: usize },
+    #[error(
+        "arena file {path}: permission denied for uid {uid}; an engine that runs as another uid than \
+         the daemon's needs the daemon's `engine_group` to be one of its groups"
+    )]
+    NoAccess { path: PathBuf, uid: u32 },
     #[error(transparent)]
     Private(#[from] super::private::PrivateError),
 }
@@ -65,6 +70,9 @@ pub struct ArenaOptions {
     pub prefault: bool,
     /// Threads for the first touch. Default: the machine's parallelism, at most 8.
     pub touch_threads: usize,
+    /// The group of engines that run as another uid: the arena file is `0660` with this
+    /// group instead of `0600`, so they can map it. Default: none.
+    pub group: Option<u32>,
 }
 
 impl Default for ArenaOptions {
@@ -73,6 +81,7 @@ impl Default for ArenaOptions {
             lock: true,
             prefault: true,
             touch_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
+            group: None,
         }
     }
 }
@@ -102,10 +111,11 @@ fn slot_count(capacity: u64, slot_bytes: u64) -> Result<u64, ArenaError> {
 }
 
 impl HostArena {
-    /// Creates the file at `path` afresh (private: `0600`, `O_EXCL`; whatever was at the
-    /// path, a symlink included, is removed first and never followed) with room for as
-    /// many `slot_bytes` slots as fit in `capacity` bytes, and maps it. A process that
-    /// still maps an old file at the path keeps its own, untouched.
+    /// Creates the file at `path` afresh (private: `0600`, or `0660` with
+    /// [`ArenaOptions::group`]; `O_EXCL`; whatever was at the path, a symlink included, is
+    /// removed first and never followed) with room for as many `slot_bytes` slots as fit
+    /// in `capacity` bytes, and maps it. A process that still maps an old file at the path
+    /// keeps its own, untouched.
     pub fn create(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Self, ArenaError> {
         let slots = slot_count(capacity, slot_bytes)?;
         let io = |source| ArenaError::Io {
@@ -114,14 +124,17 @@ impl HostArena {
         };
         let start = Instant::now();
         let file = super::private::replace(path)?;
+        super::private::share_file(path, &file, opts.group)?;
         file.set_len(slots * slot_bytes).map_err(io)?;
         Self::map(path, file, slot_bytes as usize, slots as u32, opts, start)
     }
 
     /// Reopens the daemon's own arena file after a restart, keeping its bytes, fitted to
     /// the configured `capacity`: the file must be a private file of the daemon's uid
-    /// (never followed through a symlink), and is cut or extended to as many `slot_bytes`
-    /// slots as fit in `capacity`. Slots past the old end read as zeros (a truncated file);
+    /// (never followed through a symlink; `0660` is accepted too when its group is
+    /// [`ArenaOptions::group`], and the file leaves with the mode and group the options
+    /// say), and is cut or extended to as many `slot_bytes` slots as fit in `capacity`.
+    /// Slots past the old end read as zeros (a truncated file);
     /// slots past the new end are gone. `found_bytes` says what the file held, so the
     /// caller can tell what did not fit.
     pub fn reopen(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Reopened, ArenaError> {
@@ -131,8 +144,9 @@ impl HostArena {
             source,
         };
         let start = Instant::now();
-        let file = super::private::open_existing(path, true)?
+        let file = super::private::open_existing_shared(path, true, opts.group)?
             .ok_or_else(|| io(std::io::Error::from(std::io::ErrorKind::NotFound)))?;
+        super::private::share_file(path, &file, opts.group)?;
         let found_bytes = file.metadata().map_err(io)?.len();
         if found_bytes != slots * slot_bytes {
             file.set_len(slots * slot_bytes).map_err(io)?;
@@ -157,7 +171,13 @@ impl HostArena {
             .write(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
-            .map_err(io)?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::PermissionDenied => ArenaError::NoAccess {
+                    path: path.to_owned(),
+                    uid: super::private::euid(),
+                },
+                _ => io(e),
+            })?;
         let len = file.metadata().map_err(io)?.len();
         let slots = len / slot_bytes;
         if slots == 0 {

@@ -13,10 +13,16 @@
 //! an existing one is accepted only when it is a regular file owned by the daemon's uid
 //! with no group or other permission bits. [`OwnerLock`] makes one daemon the only owner
 //! of an arena for its whole life.
+//!
+//! Engines that run as another uid must map the host arena, so where an operator names a
+//! group for them (`engine_group`), the arena file is `0660` with that group and the
+//! directories kvtier names itself above it are `0750` with it ([`shared_dir`],
+//! [`open_existing_shared`], [`share_file`]); a group's bits are accepted on an existing
+//! directory or file only when its group is that one. Nothing else is ever shared.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -85,6 +91,27 @@ pub fn euid() -> u32 {
 /// means the working directory.
 pub fn private_dir(dir: &Path) -> Result<(), PrivateError> {
     checked_dir(dir, 0o077)
+}
+
+/// Like [`private_dir`] for a directory engines of `group` must reach: created `0700`,
+/// then given `group` and mode `0750` (its members may enter and list it, never create,
+/// rename or remove an entry). An existing one is accepted when it is private, or owned
+/// by the daemon's uid with group bits (never group write) and its group is `group`;
+/// either way it leaves with `group` and `0750`. Without a group this is [`private_dir`].
+pub fn shared_dir(dir: &Path, group: Option<u32>) -> Result<(), PrivateError> {
+    let Some(gid) = group else {
+        return private_dir(dir);
+    };
+    let ours = std::fs::metadata(if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    })
+    .is_ok_and(|md| md.gid() == gid);
+    checked_dir(dir, if ours { 0o027 } else { 0o077 })?;
+    // Group first, then the bits: no moment where another group may enter.
+    std::os::unix::fs::chown(dir, None, Some(gid)).map_err(io(dir))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).map_err(io(dir))
 }
 
 /// Like [`private_dir`] for a directory an operator named explicitly: an existing one
@@ -162,14 +189,19 @@ fn options(write: bool) -> OpenOptions {
 }
 
 /// Checks an open file: a regular file owned by the daemon's uid with no group or other
-/// permission bits.
-fn check_owned(path: &Path, file: &File) -> Result<(), PrivateError> {
+/// permission bits; group bits too when its group is `group`.
+fn check_owned(path: &Path, file: &File, group: Option<u32>) -> Result<(), PrivateError> {
     let md = file.metadata().map_err(io(path))?;
     let uid = euid();
     if !md.file_type().is_file() {
         return Err(PrivateError::NotAFile { path: path.to_owned() });
     }
-    if md.uid() != uid || md.mode() & 0o077 != 0 {
+    let refused = if group.is_some_and(|g| g == md.gid()) {
+        0o007
+    } else {
+        0o077
+    };
+    if md.uid() != uid || md.mode() & refused != 0 {
         return Err(PrivateError::UnsafeFile {
             path: path.to_owned(),
             owner: md.uid(),
@@ -192,9 +224,15 @@ fn nofollow(path: &Path) -> impl Fn(std::io::Error) -> PrivateError + '_ {
 /// and only when the daemon's uid owns it with no group or other permission bits.
 /// `Ok(None)` when there is no file.
 pub fn open_existing(path: &Path, write: bool) -> Result<Option<File>, PrivateError> {
+    open_existing_shared(path, write, None)
+}
+
+/// [`open_existing`] for a file shared with `group` ([`share_file`]): group bits are
+/// accepted too when the file's group is `group`.
+pub fn open_existing_shared(path: &Path, write: bool, group: Option<u32>) -> Result<Option<File>, PrivateError> {
     match options(write).open(path) {
         Ok(f) => {
-            check_owned(path, &f)?;
+            check_owned(path, &f, group)?;
             Ok(Some(f))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -205,6 +243,17 @@ pub fn open_existing(path: &Path, write: bool) -> Result<Option<File>, PrivateEr
 /// Creates a new private file (`0600`, `O_EXCL`, `O_NOFOLLOW`) for reading and writing.
 pub fn create_new(path: &Path) -> Result<File, PrivateError> {
     options(true).create_new(true).open(path).map_err(nofollow(path))
+}
+
+/// Gives an open file of the daemon's to `group` (`0660` with that group), or makes it
+/// private again (`0600`) without one. The group is set before the mode opens to it.
+pub fn share_file(path: &Path, file: &File, group: Option<u32>) -> Result<(), PrivateError> {
+    if let Some(g) = group {
+        std::os::unix::fs::fchown(file, None, Some(g)).map_err(io(path))?;
+    }
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(io(path))
 }
 
 /// Replaces whatever is at `path` with a new, empty private file. A symlink is removed,
@@ -280,7 +329,6 @@ impl OwnerLock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn dirs_are_created_private_and_loose_ones_refused() {
@@ -323,6 +371,58 @@ mod tests {
         replace(&link).unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
         assert!(!std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    }
+
+    #[test]
+    fn a_configured_group_may_reach_shared_dirs_and_files_and_no_other_group() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("shm/arena-dir");
+        // The daemon's own primary group stands for the engines' group here.
+        // SAFETY: getegid has no preconditions and cannot fail.
+        let gid = unsafe { libc::getegid() };
+        shared_dir(&d, Some(gid)).unwrap();
+        let md = std::fs::metadata(&d).unwrap();
+        assert_eq!((md.mode() & 0o777, md.gid()), (0o750, gid));
+        // Accepted again as it is; without the group it is refused as not private.
+        shared_dir(&d, Some(gid)).unwrap();
+        assert!(matches!(
+            private_dir(&d),
+            Err(PrivateError::UnsafeDir { mode: 0o750, .. })
+        ));
+        assert!(matches!(shared_dir(&d, None), Err(PrivateError::UnsafeDir { .. })));
+        // Group bits of another group, or group write, are refused.
+        assert!(matches!(
+            shared_dir(&d, Some(gid.wrapping_add(1))),
+            Err(PrivateError::UnsafeDir { .. })
+        ));
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o770)).unwrap();
+        assert!(matches!(shared_dir(&d, Some(gid)), Err(PrivateError::UnsafeDir { .. })));
+        // A private directory is given the group.
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        shared_dir(&d, Some(gid)).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o750);
+
+        let f = d.join("arena");
+        let file = create_new(&f).unwrap();
+        share_file(&f, &file, Some(gid)).unwrap();
+        let md = std::fs::metadata(&f).unwrap();
+        assert_eq!((md.mode() & 0o777, md.gid()), (0o660, gid));
+        assert!(open_existing_shared(&f, true, Some(gid)).unwrap().is_some());
+        assert!(matches!(open_existing(&f, true), Err(PrivateError::UnsafeFile { .. })));
+        assert!(matches!(
+            open_existing_shared(&f, true, Some(gid.wrapping_add(1))),
+            Err(PrivateError::UnsafeFile { .. })
+        ));
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o664)).unwrap();
+        assert!(
+            matches!(
+                open_existing_shared(&f, true, Some(gid)),
+                Err(PrivateError::UnsafeFile { .. })
+            ),
+            "others' bits are never accepted"
+        );
+        share_file(&f, &file, None).unwrap();
+        assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o777, 0o600);
     }
 
     #[test]

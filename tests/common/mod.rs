@@ -108,6 +108,10 @@ impl Daemon {
                 "prefault=false",
                 "--set",
                 "pool_bytes=8388608",
+                // The largest object of `spec(1, 1)` (most tests' layout, and more than
+                // any other layout they use needs); a test may set its own.
+                "--set",
+                "slot_bytes=2048",
             ])
             .args(self.sets.iter().flat_map(|s| ["--set", s.as_str()]))
             .env("RUST_LOG", "info")

@@ -28,8 +28,36 @@ pub struct Serve {
 }
 
 /// Starts `kvtier serve` with `args` (flags), no event publishers and no pool unless the
-/// args say otherwise, and `env` on top of the test's environment.
+/// args say otherwise, slots of 2 KiB for the small layouts these tests store (a test's
+/// own `--set slot_bytes` wins), and `env` on top of the test's environment.
 pub fn spawn(dir: &Path, name: &str, socket: &Path, args: &[&str], env: &[(&str, Option<&str>)]) -> Serve {
+    spawn_in(dir, name, socket, args, env, None)
+}
+
+/// [`spawn`] with `cwd` as the daemon's working directory (where a default `.kvtier`
+/// goes without `XDG_RUNTIME_DIR`).
+pub fn spawn_in(
+    dir: &Path,
+    name: &str,
+    socket: &Path,
+    args: &[&str],
+    env: &[(&str, Option<&str>)],
+    cwd: Option<&Path>,
+) -> Serve {
+    let mut all = vec!["--set", "slot_bytes=2048"];
+    all.extend_from_slice(args);
+    spawn_default_slots(dir, name, socket, &all, env, cwd)
+}
+
+/// [`spawn_in`] with the daemon's default slot size.
+pub fn spawn_default_slots(
+    dir: &Path,
+    name: &str,
+    socket: &Path,
+    args: &[&str],
+    env: &[(&str, Option<&str>)],
+    cwd: Option<&Path>,
+) -> Serve {
     let out = dir.join(format!("{name}.out"));
     let err = dir.join(format!("{name}.err"));
     let mut cmd = Command::new(kvtier_bin());
@@ -55,6 +83,9 @@ pub fn spawn(dir: &Path, name: &str, socket: &Path, args: &[&str], env: &[(&str,
             None => cmd.env_remove(k),
         };
     }
+    if let Some(cwd) = cwd {
+        cmd.current_dir(cwd);
+    }
     Serve {
         child: Some(cmd.spawn().unwrap()),
         socket: socket.to_owned(),
@@ -66,11 +97,18 @@ pub fn spawn(dir: &Path, name: &str, socket: &Path, args: &[&str], env: &[(&str,
 /// A daemon with its control socket at `<dir>/<name>.sock`, its admin socket beside it,
 /// and `args` added.
 pub fn serve(dir: &Path, name: &str, args: &[&str]) -> Serve {
+    let mut all = vec!["--set", "slot_bytes=2048"];
+    all.extend_from_slice(args);
+    serve_default_slots(dir, name, &all)
+}
+
+/// [`serve`] with the daemon's default slot size.
+pub fn serve_default_slots(dir: &Path, name: &str, args: &[&str]) -> Serve {
     let socket = dir.join(format!("{name}.sock"));
     let admin = format!("admin_socket={}", dir.join(format!("{name}.admin.sock")).display());
     let mut all = vec!["--socket", socket.to_str().unwrap(), "--set", &admin];
     all.extend_from_slice(args);
-    spawn(dir, name, &socket, &all, &[])
+    spawn_default_slots(dir, name, &socket, &all, &[], None)
 }
 
 impl Serve {

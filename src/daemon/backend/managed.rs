@@ -40,7 +40,9 @@ pub struct TiersConfig {
     /// (`.pool`).
     pub arena_path: PathBuf,
     pub arena_bytes: u64,
-    /// Slot size of the host arena; 0 sizes slots by the first layout registered.
+    /// Slot size of the host arena, which is created with it at open. `kvtier serve`
+    /// always sets it (`slot_bytes`, never 0); 0, for in-process callers only, sizes the
+    /// slots by the first layout registered.
     pub slot_bytes: u64,
     /// Local pool size; 0 runs without a pool.
     pub pool_bytes: u64,
@@ -95,12 +97,19 @@ pub struct ManagedTiers {
 
 impl ManagedTiers {
     /// Opens the tiers: checks the arena's directory ([`private::trusted_dir`]: created
-    /// `0700`, never writable by others; the daemon makes its default one strictly
-    /// private before this), takes the arena's owner lock
-    /// (refusing, with the holder's pid, when another daemon has it), recovers the arena
-    /// from its manifest when asked, and creates it with the configured slot size.
+    /// `0700`, or `0750` with the engines' group where one is configured; never writable
+    /// by others; the daemon makes its default one strictly private before this), takes
+    /// the arena's owner lock (refusing, with the holder's pid, when another daemon has
+    /// it), recovers the arena from its manifest when asked, and creates it with the
+    /// configured slot size.
     pub fn open(cfg: TiersConfig, clock: Arc<dyn Clock>) -> Result<Self, BackendError> {
-        private::trusted_dir(private::parent_of(&cfg.arena_path))?;
+        let dir = private::parent_of(&cfg.arena_path);
+        match cfg.arena.group {
+            // One the daemon creates is for the engines' group to enter; one that exists
+            // is the operator's, as they made it.
+            Some(g) if !dir.exists() => private::shared_dir(dir, Some(g))?,
+            _ => private::trusted_dir(dir)?,
+        }
         let owner = OwnerLock::acquire(&cfg.arena_path)?;
         let mut pool_path = cfg.arena_path.clone().into_os_string();
         pool_path.push(".pool");

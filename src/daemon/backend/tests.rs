@@ -24,6 +24,7 @@ fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
             lock: false,
             prefault: false,
             touch_threads: 1,
+            group: None,
         },
         tunables: Tunables::default(),
         event_ring: 1 << 12,

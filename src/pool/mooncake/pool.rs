@@ -67,6 +67,7 @@ impl MooncakePool {
             lock: false,
             prefault: true,
             touch_threads: 1,
+            group: None,
         };
         let staging = HostArena::create(&staging_path, cfg.staging_bytes, cfg.staging_bytes, &opts)?;
         let script = match &cfg.helper_script {
