@@ -352,3 +352,84 @@ fn exclusive_tiers_drop_the_host_copy_once_a_page_is_loaded() {
         "on device now: the host copy went"
     );
 }
+
+/// Advice taken from one engine connection until `want` entries came, in order.
+fn advice_until(e: &mut RankProc, want: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    wait_until(&format!("{want} advice entries"), || {
+        let line = e.cmd("alladvice");
+        got.extend(line.split_whitespace().skip(1).map(str::to_owned));
+        got.len() >= want
+    });
+    got
+}
+
+#[test]
+fn the_pressure_controller_pauses_and_resumes_sessions_through_the_engines_advice_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    // Exclusive tiers: loading a page to device drops its host copy, so the test lowers
+    // host utilisation by loading, as an engine would.
+    let d = serve(dir.path(), &["policy_exclusive=true".to_string()]);
+    let mut e = RankProc::spawn(&d.socket, "engine", 0, 0, 1, 1);
+    assert_eq!(e.cmd("phase tool-user - reasoning"), "ok");
+    assert_eq!(e.cmd("cstore tool-user 1000 10"), "stored 10 10");
+    assert_eq!(e.cmd("phase tool-user - acting"), "ok");
+    assert_eq!(e.cmd("alladvice"), "advice", "no pressure, no advice");
+
+    // Another session takes host to 96 of 100 pages, over the pause threshold (0.95):
+    // the acting session is paused, and its engine hears it.
+    assert_eq!(e.cmd("cstore filler 5000 86"), "stored 86 86");
+    assert_eq!(advice_until(&mut e, 1), ["pause:tool-user"]);
+    let (_, v) = http(&d.admin, "GET", "/v1/sessions", "");
+    let phase = |v: &Value, id: &str| {
+        v["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["session_id"] == id)
+            .map(|s| s["phase"].clone())
+    };
+    assert_eq!(phase(&v, "tool-user"), Some(json!("paused")), "{v}");
+    // Its pages went to the pool: they are what the pause frees.
+    wait_until("the paused session's pages are only in the pool", || {
+        where_are(&d.admin, 1000, 10) == vec![(false, true); 10]
+    });
+
+    // The filler's pages are loaded to device and leave host: utilisation falls to the
+    // resume threshold (0.85, less the paused session's size and its buffer). The engine
+    // hears Resume, and the session's pages are staged back and ready to load.
+    assert_eq!(e.cmd("cload 5000 86"), "loaded 86 86");
+    let got = advice_until(&mut e, 2);
+    assert_eq!(got, ["readytoload:10", "resume:tool-user"], "staged, then resumed");
+    assert_eq!(where_are(&d.admin, 1000, 10), vec![(true, true); 10]);
+    let (_, v) = http(&d.admin, "GET", "/v1/sessions", "");
+    // No longer paused; still waiting on its tool until its engine says otherwise.
+    assert_eq!(phase(&v, "tool-user"), Some(json!("acting")), "{v}");
+    assert_eq!(e.cmd("cload 1000 10"), "loaded 10 10");
+
+    // Routers saw the same two decisions at the admin socket.
+    let (_, a) = http(&d.admin, "GET", "/v1/sessions/advice", "");
+    let kinds: Vec<(String, String)> = a["advice"]
+        .as_array()
+        .unwrap_or_else(|| panic!("advice in {a}"))
+        .iter()
+        .map(|x| {
+            (
+                x["advice"].as_str().unwrap().to_owned(),
+                x["session_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("pause".to_owned(), "tool-user".to_owned()),
+            ("resume".to_owned(), "tool-user".to_owned())
+        ]
+    );
+    assert_eq!(
+        (a["stats"]["pauses"].clone(), a["stats"]["resumes"].clone()),
+        (json!(1), json!(1)),
+        "{a}"
+    );
+}
