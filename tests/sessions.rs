@@ -2,124 +2,20 @@
 //! child that forks its prefix) report phases through their clients; under host pressure
 //! the acting child's private pages go to the pool while the shared prefix stays, and on
 //! resume they are back in host, with ReadyToLoad advice, before the engine looks again —
-//! with no hint sent. Bad session input gets typed errors and loses nothing.
+//! with no hint sent. The pressure controller's pause and resume reach the engine's
+//! advice stream. Bad session input gets typed errors and loses nothing. The same
+//! scenario through `kvtier replay` is tests/session_moves.rs.
 
 mod common;
+mod session_support;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use common::kvtier_bin;
 use common::rank::RankProc;
-use common::{hashes, kvtier_bin};
 use serde_json::{Value, json};
-
-/// One page is 2 objects of 2048 bytes (`common::spec(1, 1)`): 100 pages of host.
-const ARENA_BYTES: u64 = 100 * 2 * 2048;
-
-struct Serve {
-    child: Child,
-    socket: PathBuf,
-    admin: PathBuf,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(dir: &Path, extra: &[String]) -> Serve {
-    let socket = dir.join("kvtier.sock");
-    let admin = dir.join("admin.sock");
-    let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
-    let child = Command::new(kvtier_bin())
-        .args(["serve", "--socket"])
-        .arg(&socket)
-        .arg("--arena-path")
-        .arg(dir.join("arena"))
-        .args(["--arena-bytes", &ARENA_BYTES.to_string()])
-        .args([
-            "--set",
-            "lock_arena=false",
-            "--set",
-            "prefault=false",
-            "--set",
-            "pool_bytes=8388608",
-        ])
-        .args(["--set", "tick_ms=50", "--set", "recover=false"])
-        .args([
-            "--set",
-            "events_endpoint=",
-            "--set",
-            "events_replay_endpoint=",
-            "--set",
-            "pool_events_endpoint=",
-        ])
-        .arg("--set")
-        .arg(format!("admin_socket={}", admin.display()))
-        .args(extra.iter().flat_map(|e| ["--set", e.as_str()]))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while UnixStream::connect(&socket).is_err() || UnixStream::connect(&admin).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(10), "daemon did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Serve { child, socket, admin }
-}
-
-/// One HTTP/1.1 request on the admin socket: (status, JSON body).
-fn http(sock: &Path, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let mut s = UnixStream::connect(sock).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: kvtier\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
-}
-
-/// Whether each page of `base..base+n` is complete in host and in the pool.
-fn where_are(sock: &Path, base: u64, n: usize) -> Vec<(bool, bool)> {
-    let list: Vec<String> = hashes(base, n).iter().map(|h| h.to_hex()).collect();
-    let (status, v) = http(sock, "GET", &format!("/v1/pages?prefix={}", list.join(",")), "");
-    assert_eq!(status, 200, "{v}");
-    v["pages"]
-        .as_array()
-        .unwrap_or_else(|| panic!("pages in {v}"))
-        .iter()
-        .map(|p| {
-            let tier = |name: &str| {
-                p["tiers"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|t| t["tier"] == name && t["complete"] == true)
-            };
-            (tier("host"), tier("pool"))
-        })
-        .collect()
-}
-
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !ok() {
-        assert!(t.elapsed() < Duration::from_secs(15), "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use session_support::{advice_until, http, serve, wait_until, where_are};
 
 #[test]
 fn an_acting_child_goes_to_the_pool_under_pressure_and_comes_back_on_resume() {
@@ -224,41 +120,6 @@ fn an_acting_child_goes_to_the_pool_under_pressure_and_comes_back_on_resume() {
     assert_eq!(r["bounds"]["infinite_hit_tokens"], json!(32), "{r}");
 }
 
-/// The same calls, made on the policy the replay runs, decide the same moves as the
-/// daemon made above: the child's 16 private pages demoted, its 24-page chain staged.
-#[test]
-fn the_policy_the_replay_runs_decides_the_same_moves() {
-    use kvtier::clock::SimClock;
-    use kvtier::page::NamespaceId;
-    use kvtier::policy::{Move, Phase, SessionPolicy, SessionPolicyConfig, Usage};
-    let ns = NamespaceId(0);
-    let usage = |used| Usage {
-        used_pages: used,
-        capacity_pages: 100,
-        pool: true,
-    };
-    let mut p = SessionPolicy::new(SessionPolicyConfig::default(), SimClock::new()).unwrap();
-    let prefix = hashes(1000, 8);
-    let chain: Vec<_> = prefix.iter().copied().chain(hashes(2000, 16)).collect();
-    p.phase_changed("parent", None, Phase::Reasoning, usage(0)).unwrap();
-    p.page_stored("parent", ns, &prefix).unwrap();
-    p.phase_changed("child", Some("parent"), Phase::Reasoning, usage(8))
-        .unwrap();
-    p.page_stored("child", ns, &chain).unwrap();
-    p.phase_changed("child", None, Phase::Acting, usage(24)).unwrap();
-    assert!(p.tick(usage(24)).moves.is_empty());
-    p.page_stored("filler", ns, &hashes(5000, 64)).unwrap();
-    assert_eq!(
-        p.tick(usage(88)).moves,
-        vec![Move::Demote {
-            ns,
-            hashes: hashes(2000, 16)
-        }]
-    );
-    let d = p.phase_changed("child", None, Phase::Reasoning, usage(72)).unwrap();
-    assert_eq!(d.moves, vec![Move::Stage { ns, hashes: chain }]);
-}
-
 #[test]
 fn a_trace_line_with_missing_fields_is_refused_with_its_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -351,17 +212,6 @@ fn exclusive_tiers_drop_the_host_copy_once_a_page_is_loaded() {
         vec![(false, false); 4],
         "on device now: the host copy went"
     );
-}
-
-/// Advice taken from one engine connection until `want` entries came, in order.
-fn advice_until(e: &mut RankProc, want: usize) -> Vec<String> {
-    let mut got = Vec::new();
-    wait_until(&format!("{want} advice entries"), || {
-        let line = e.cmd("alladvice");
-        got.extend(line.split_whitespace().skip(1).map(str::to_owned));
-        got.len() >= want
-    });
-    got
 }
 
 #[test]
