@@ -153,6 +153,13 @@ int run(int argc, char **argv) {
     expect_code(KVTIER_ERR_INVALID, "bad hint kind", [&] { send_hint(*c, 99, KVTIER_TARGET_PAGES, hashes, "", 0); });
     expect_code(KVTIER_ERR_DEVICE, "slot out of range", [&] { c->fill_page(2 * n, 1); });
 
+    // The advice stream, as the JSON of kvtier_take_advice; page advice may have gone
+    // to the other rank (whichever asks first takes it), so only its shape is checked.
+    const std::string advice(c->take_advice(4096));
+    check(advice.rfind("{\"more\":", 0) == 0 && advice.find("\"advice\":[") != std::string::npos,
+          "advice is not the documented JSON: " + advice);
+    std::cout << "advice ok" << std::endl;
+
     c->session(session, "", KVTIER_PHASE_ENDED);
     std::cout << "OK rank=" << o.tp_rank << " loaded=" << loaded << std::endl;
     return 0;

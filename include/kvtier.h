@@ -73,6 +73,14 @@ extern "C" {
 #define KVTIER_PHASE_PAUSED 2u
 #define KVTIER_PHASE_ENDED 3u
 
+/* Advice kinds (kvtier_take_advice's "kind"). Page advice names page hashes; session
+ * advice names a session the daemon's pressure controller paused or let resume. */
+#define KVTIER_ADVICE_EVICT_FIRST 0u   /* evict these device pages first (colder copy exists) */
+#define KVTIER_ADVICE_OFFLOAD 1u       /* store these device pages to host */
+#define KVTIER_ADVICE_READY_TO_LOAD 2u /* staged in host: load them now */
+#define KVTIER_ADVICE_PAUSE 3u         /* stop admitting this session's turns */
+#define KVTIER_ADVICE_RESUME 4u        /* the session may run again */
+
 #define KVTIER_HINT_SHARE 1u
 #define KVTIER_HINT_PREFETCH 2u
 #define KVTIER_HINT_DEMOTE 3u
@@ -244,6 +252,13 @@ int32_t kvtier_hint(kvtier_client_t *client, const kvtier_hint_t *hint, kvtier_h
  * was applied but the report did not fit (*report_len says how much is needed). */
 int32_t kvtier_kv_hints(kvtier_client_t *client, const char *envelope, char *report, size_t report_cap,
                         size_t *report_len);
+/* Takes the advice waiting for this rank's namespace (at most max_pages page hashes),
+ * oldest first, as NUL-terminated JSON in buf (cap bytes); *len = its length without the
+ * NUL: {"more": bool, "advice": [{"kind": KVTIER_ADVICE_*, "name": "pause",
+ * "session_id": "..."}, {"kind": 2, "name": "ready_to_load", "hashes": ["<hex>", ...]}]}.
+ * Advice is taken once: ask from one rank. KVTIER_ERR_BUFFER_TOO_SMALL keeps the advice
+ * for the next call and sets *len to what it needs; "more" true means ask again. */
+int32_t kvtier_take_advice(kvtier_client_t *client, uint32_t max_pages, char *buf, size_t cap, size_t *len);
 
 #ifdef __cplusplus
 }

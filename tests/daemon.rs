@@ -248,10 +248,7 @@ fn engine_advice_travels_from_the_daemon_to_the_rank_that_asks() {
     assert_eq!(other.take_advice(1024).unwrap(), AdviceBatch::default());
 
     // A budget of three pages splits the first entry and says more is waiting.
-    let advice = |kind, hashes: &[kvtier::PageHash]| EngineAdvice {
-        kind,
-        hashes: hashes.to_vec(),
-    };
+    let advice = |kind, hashes: &[kvtier::PageHash]| EngineAdvice::pages(kind, hashes.to_vec());
     assert_eq!(
         c.take_advice(3).unwrap(),
         AdviceBatch {

@@ -76,6 +76,7 @@ fn cpp_engine_runs_as_two_tp_ranks() {
         );
         assert!(out.contains(&format!("OK rank={tp} loaded={pages}")), "{out}");
         assert_eq!(out.matches("hint kind=").count(), 5, "{out}");
+        assert!(out.contains("advice ok"), "the advice stream through the bridge: {out}");
     }
     let ids: Vec<u64> = (first..first + pages as u64).collect();
     let spec = LayoutSpec::mha(4, 4, 16, 2, 4).with_parallel(2, 1);

@@ -1,7 +1,8 @@
 //! The `kvtier` Python package against a real daemon: its low-level client over the C ABI
 //! (host tensors registered and filled byte for byte, a missing daemon named by its
 //! socket, wrong layouts, closed handles used again and closed twice, none of them a
-//! crash), and `pip install ./python` into a fresh venv giving `kvtier.__version__`.
+//! crash), the advice stream's pause and resume of a session, and `pip install ./python`
+//! into a fresh venv giving `kvtier.__version__`.
 
 mod common;
 mod pkg_support;
@@ -31,6 +32,31 @@ fn package_client_round_trips_and_refuses_bad_input() {
             "OK token ids, sessions, request ends and KvHint envelopes through the client",
             "OK closed handles are refused, close twice is harmless",
             "OK version 0.1.0",
+        ],
+    );
+}
+
+#[test]
+fn package_client_hears_pause_and_resume_in_its_advice_stream() {
+    let Some(py) = python(&[], "runs python/tests/pkg_advice.py") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    // 100 pages of host (2 objects of 2,048 bytes a page); exclusive tiers, so the
+    // script's loads lower host utilisation.
+    let d = Daemon::start_with(
+        tmp.path(),
+        100 * 2 * 2048,
+        &["policy_exclusive=true", "tick_ms=50", "recover=false"],
+    );
+    let mut cmd = script(&py, "pkg_advice.py");
+    cmd.arg(&d.socket);
+    let out = run_ok(cmd, 120, &|| d.log_text());
+    assert_lines(
+        &out,
+        &[
+            "OK pause advice for the acting session at the pause threshold",
+            "OK resume advice and its pages ready to load at the resume threshold",
         ],
     );
 }

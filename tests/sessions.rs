@@ -2,126 +2,20 @@
 //! child that forks its prefix) report phases through their clients; under host pressure
 //! the acting child's private pages go to the pool while the shared prefix stays, and on
 //! resume they are back in host, with ReadyToLoad advice, before the engine looks again —
-//! with no hint sent. Bad session input gets typed errors and loses nothing.
+//! with no hint sent. The pressure controller's pause and resume reach the engine's
+//! advice stream. Bad session input gets typed errors and loses nothing. The same
+//! scenario through `kvtier replay` is tests/session_moves.rs.
 
 mod common;
+mod session_support;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use common::kvtier_bin;
 use common::rank::RankProc;
-use common::{hashes, kvtier_bin};
 use serde_json::{Value, json};
-
-/// One page is 2 objects of 2048 bytes (`common::spec(1, 1)`): 100 pages of host.
-const ARENA_BYTES: u64 = 100 * 2 * 2048;
-
-struct Serve {
-    child: Child,
-    socket: PathBuf,
-    admin: PathBuf,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(dir: &Path, extra: &[String]) -> Serve {
-    let socket = dir.join("kvtier.sock");
-    let admin = dir.join("admin.sock");
-    let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
-    let child = Command::new(kvtier_bin())
-        .args(["serve", "--socket"])
-        .arg(&socket)
-        .arg("--arena-path")
-        .arg(dir.join("arena"))
-        .args(["--arena-bytes", &ARENA_BYTES.to_string()])
-        .args([
-            "--set",
-            "lock_arena=false",
-            "--set",
-            "prefault=false",
-            "--set",
-            "pool_bytes=8388608",
-            "--set",
-            "slot_bytes=2048",
-        ])
-        .args(["--set", "tick_ms=50", "--set", "recover=false"])
-        .args([
-            "--set",
-            "events_endpoint=",
-            "--set",
-            "events_replay_endpoint=",
-            "--set",
-            "pool_events_endpoint=",
-        ])
-        .arg("--set")
-        .arg(format!("admin_socket={}", admin.display()))
-        .args(extra.iter().flat_map(|e| ["--set", e.as_str()]))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while UnixStream::connect(&socket).is_err() || UnixStream::connect(&admin).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(10), "daemon did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Serve { child, socket, admin }
-}
-
-/// One HTTP/1.1 request on the admin socket: (status, JSON body).
-fn http(sock: &Path, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let mut s = UnixStream::connect(sock).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: kvtier\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
-}
-
-/// Whether each page of `base..base+n` is complete in host and in the pool.
-fn where_are(sock: &Path, base: u64, n: usize) -> Vec<(bool, bool)> {
-    let list: Vec<String> = hashes(base, n).iter().map(|h| h.to_hex()).collect();
-    let (status, v) = http(sock, "GET", &format!("/v1/pages?prefix={}", list.join(",")), "");
-    assert_eq!(status, 200, "{v}");
-    v["pages"]
-        .as_array()
-        .unwrap_or_else(|| panic!("pages in {v}"))
-        .iter()
-        .map(|p| {
-            let tier = |name: &str| {
-                p["tiers"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|t| t["tier"] == name && t["complete"] == true)
-            };
-            (tier("host"), tier("pool"))
-        })
-        .collect()
-}
-
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !ok() {
-        assert!(t.elapsed() < Duration::from_secs(15), "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use session_support::{advice_until, http, serve, wait_until, where_are};
 
 #[test]
 fn an_acting_child_goes_to_the_pool_under_pressure_and_comes_back_on_resume() {
@@ -226,41 +120,6 @@ fn an_acting_child_goes_to_the_pool_under_pressure_and_comes_back_on_resume() {
     assert_eq!(r["bounds"]["infinite_hit_tokens"], json!(32), "{r}");
 }
 
-/// The same calls, made on the policy the replay runs, decide the same moves as the
-/// daemon made above: the child's 16 private pages demoted, its 24-page chain staged.
-#[test]
-fn the_policy_the_replay_runs_decides_the_same_moves() {
-    use kvtier::clock::SimClock;
-    use kvtier::page::NamespaceId;
-    use kvtier::policy::{Move, Phase, SessionPolicy, SessionPolicyConfig, Usage};
-    let ns = NamespaceId(0);
-    let usage = |used| Usage {
-        used_pages: used,
-        capacity_pages: 100,
-        pool: true,
-    };
-    let mut p = SessionPolicy::new(SessionPolicyConfig::default(), SimClock::new()).unwrap();
-    let prefix = hashes(1000, 8);
-    let chain: Vec<_> = prefix.iter().copied().chain(hashes(2000, 16)).collect();
-    p.phase_changed("parent", None, Phase::Reasoning, usage(0)).unwrap();
-    p.page_stored("parent", ns, &prefix).unwrap();
-    p.phase_changed("child", Some("parent"), Phase::Reasoning, usage(8))
-        .unwrap();
-    p.page_stored("child", ns, &chain).unwrap();
-    p.phase_changed("child", None, Phase::Acting, usage(24)).unwrap();
-    assert!(p.tick(usage(24)).moves.is_empty());
-    p.page_stored("filler", ns, &hashes(5000, 64)).unwrap();
-    assert_eq!(
-        p.tick(usage(88)).moves,
-        vec![Move::Demote {
-            ns,
-            hashes: hashes(2000, 16)
-        }]
-    );
-    let d = p.phase_changed("child", None, Phase::Reasoning, usage(72)).unwrap();
-    assert_eq!(d.moves, vec![Move::Stage { ns, hashes: chain }]);
-}
-
 #[test]
 fn a_trace_line_with_missing_fields_is_refused_with_its_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -352,5 +211,75 @@ fn exclusive_tiers_drop_the_host_copy_once_a_page_is_loaded() {
         where_are(&d.admin, 1000, 4),
         vec![(false, false); 4],
         "on device now: the host copy went"
+    );
+}
+
+#[test]
+fn the_pressure_controller_pauses_and_resumes_sessions_through_the_engines_advice_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    // Exclusive tiers: loading a page to device drops its host copy, so the test lowers
+    // host utilisation by loading, as an engine would.
+    let d = serve(dir.path(), &["policy_exclusive=true".to_string()]);
+    let mut e = RankProc::spawn(&d.socket, "engine", 0, 0, 1, 1);
+    assert_eq!(e.cmd("phase tool-user - reasoning"), "ok");
+    assert_eq!(e.cmd("cstore tool-user 1000 10"), "stored 10 10");
+    assert_eq!(e.cmd("phase tool-user - acting"), "ok");
+    assert_eq!(e.cmd("alladvice"), "advice", "no pressure, no advice");
+
+    // Another session takes host to 96 of 100 pages, over the pause threshold (0.95):
+    // the acting session is paused, and its engine hears it.
+    assert_eq!(e.cmd("cstore filler 5000 86"), "stored 86 86");
+    assert_eq!(advice_until(&mut e, 1), ["pause:tool-user"]);
+    let (_, v) = http(&d.admin, "GET", "/v1/sessions", "");
+    let phase = |v: &Value, id: &str| {
+        v["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["session_id"] == id)
+            .map(|s| s["phase"].clone())
+    };
+    assert_eq!(phase(&v, "tool-user"), Some(json!("paused")), "{v}");
+    // Its pages went to the pool: they are what the pause frees.
+    wait_until("the paused session's pages are only in the pool", || {
+        where_are(&d.admin, 1000, 10) == vec![(false, true); 10]
+    });
+
+    // The filler's pages are loaded to device and leave host: utilisation falls to the
+    // resume threshold (0.85, less the paused session's size and its buffer). The engine
+    // hears Resume, and the session's pages are staged back and ready to load.
+    assert_eq!(e.cmd("cload 5000 86"), "loaded 86 86");
+    let got = advice_until(&mut e, 2);
+    assert_eq!(got, ["readytoload:10", "resume:tool-user"], "staged, then resumed");
+    assert_eq!(where_are(&d.admin, 1000, 10), vec![(true, true); 10]);
+    let (_, v) = http(&d.admin, "GET", "/v1/sessions", "");
+    // No longer paused; still waiting on its tool until its engine says otherwise.
+    assert_eq!(phase(&v, "tool-user"), Some(json!("acting")), "{v}");
+    assert_eq!(e.cmd("cload 1000 10"), "loaded 10 10");
+
+    // Routers saw the same two decisions at the admin socket.
+    let (_, a) = http(&d.admin, "GET", "/v1/sessions/advice", "");
+    let kinds: Vec<(String, String)> = a["advice"]
+        .as_array()
+        .unwrap_or_else(|| panic!("advice in {a}"))
+        .iter()
+        .map(|x| {
+            (
+                x["advice"].as_str().unwrap().to_owned(),
+                x["session_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("pause".to_owned(), "tool-user".to_owned()),
+            ("resume".to_owned(), "tool-user".to_owned())
+        ]
+    );
+    assert_eq!(
+        (a["stats"]["pauses"].clone(), a["stats"]["resumes"].clone()),
+        (json!(1), json!(1)),
+        "{a}"
     );
 }

@@ -32,6 +32,7 @@ PART_K, PART_V, PART_LATENT = 0, 1, 2
 TIER_DEVICE, TIER_HOST, TIER_POOL = 0, 1, 2
 LOAD_BEST_EFFORT, LOAD_WAIT_COMPLETE, LOAD_TIMEOUT = 0, 1, 2
 PHASE_REASONING, PHASE_ACTING, PHASE_PAUSED, PHASE_ENDED = 0, 1, 2, 3
+ADVICE_EVICT_FIRST, ADVICE_OFFLOAD, ADVICE_READY_TO_LOAD, ADVICE_PAUSE, ADVICE_RESUME = 0, 1, 2, 3, 4
 HINT_SHARE, HINT_PREFETCH, HINT_DEMOTE, HINT_PIN, HINT_RETAIN = 1, 2, 3, 4, 5
 TARGET_PAGES, TARGET_PREFIX, TARGET_SESSION = 0, 1, 2
 ATTENTION_MHA, ATTENTION_MLA = 0, 1
@@ -133,6 +134,7 @@ SIGNATURES = {
     "kvtier_request_end": ([_H, c_char_p, c_char_p, c_uint64, c_uint64, c_char_p, c_size_t, c_size_t], c_int32),
     "kvtier_hint": ([_H, POINTER(Hint), POINTER(HintOutcome)], c_int32),
     "kvtier_kv_hints": ([_H, c_char_p, c_void_p, c_size_t, POINTER(c_size_t)], c_int32),
+    "kvtier_take_advice": ([_H, c_uint32, c_void_p, c_size_t, POINTER(c_size_t)], c_int32),
 }
 
 _lock = threading.Lock()

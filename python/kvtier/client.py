@@ -269,6 +269,27 @@ class Client:
         check(self._lib.kvtier_kv_hints(self._handle, text.encode(), buf, len(buf), byref(n)))
         return json.loads(buf.raw[:n.value])
 
+    def take_advice(self, max_pages=4096):
+        """Takes the advice the daemon holds for this rank's namespace, oldest first:
+        ``{"more": bool, "advice": [...]}``, each entry a ``dict`` with ``kind``
+        (``kvtier.ADVICE_*``), ``name`` (``evict_first``, ``offload``, ``ready_to_load``,
+        ``pause``, ``resume``) and either ``hashes`` (hex page hashes) or ``session_id``
+        (a session the daemon's pressure controller paused or let resume: stop or start
+        admitting its turns). Advice is taken once, so ask from one rank; when ``more``
+        is true, ask again."""
+        cap = _REPORT_CAP
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(cap)
+            n = c_size_t()
+            code = self._lib.kvtier_take_advice(self._handle, max_pages, buf, len(buf), byref(n))
+            if code == _capi.ERR_BUFFER_TOO_SMALL:
+                # Kept by the library for the next call: ask again with room for it.
+                cap = n.value + 1
+                continue
+            check(code)
+            return json.loads(buf.raw[:n.value])
+        check(code)
+
     def hint(self, kind, hashes=(), target=_capi.TARGET_PAGES, session=None, tier=_capi.TIER_HOST, priority=0,
              ttl_ms=1000, deadline_ms=0):
         """Sends a hint (``kvtier.HINT_*``); returns its :class:`HintOutcome`."""

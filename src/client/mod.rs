@@ -383,14 +383,18 @@ impl Client {
     }
 
     /// Takes the advice the daemon holds for this rank's namespace (pages to evict first,
-    /// to offload, or ready to load), oldest first, at most `max_pages` page hashes (and no
-    /// more than a response frame of this client holds). Advice goes to whichever rank of
-    /// the namespace asks first, so ask from one rank (the scheduler's). When the answer
-    /// says `more`, ask again.
+    /// to offload, or ready to load; sessions the pressure controller paused or let
+    /// resume, `AdviceKind::Pause` / `Resume` with a `session_id` and no pages), oldest
+    /// first, at most `max_pages` page hashes (and no more than a response frame of this
+    /// client holds). Advice goes to whichever rank of the namespace asks first, so ask
+    /// from one rank (the scheduler's). When the answer says `more`, ask again.
     pub fn take_advice(&self, max_pages: usize) -> Result<AdviceBatch, ClientError> {
         // Worst case per page: a 32-byte hash and its length byte; per entry, its kind
-        // and count.
-        let overhead = crate::protocol::HEADER_BYTES + 5 + 5 * MAX_ADVICE;
+        // and count; per session entry (at most MAX_SESSION_ADVICE), its kind and id.
+        let overhead = crate::protocol::HEADER_BYTES
+            + 5
+            + 5 * MAX_ADVICE
+            + crate::protocol::MAX_SESSION_ADVICE * (3 + crate::protocol::MAX_STR);
         let fits = self.cfg.max_frame_bytes.saturating_sub(overhead) / (1 + crate::page::MAX_HASH_BYTES);
         let budget = max_pages.min(fits).min(MAX_PAGES);
         if budget == 0 {

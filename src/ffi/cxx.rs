@@ -156,6 +156,9 @@ mod bridge {
         ) -> Result<StoreReceipt>;
         /// Passes on a Dynamo KvHint envelope (JSON); returns the report as JSON.
         fn kv_hints(self: &CxxClient, envelope: &str) -> Result<String>;
+        /// Takes the advice for this rank's namespace, at most `max_pages` pages, as the
+        /// JSON of `kvtier_take_advice` (pause and resume of sessions among it).
+        fn take_advice(self: &CxxClient, max_pages: u32) -> Result<String>;
     }
 }
 
@@ -390,6 +393,10 @@ impl CxxClient {
             let r = self.0.client().kv_hints(envelope)?;
             serde_json::to_string(&r).map_err(|e| FfiError::new(super::ERR_INTERNAL, e.to_string()))
         })
+    }
+
+    fn take_advice(&self, max_pages: u32) -> Result<String, FfiError> {
+        guard(|| self.0.take_advice_json(max_pages as usize))
     }
 }
 

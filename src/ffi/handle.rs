@@ -78,6 +78,9 @@ pub(crate) fn unregister(id: u64) -> Result<(), FfiError> {
 pub struct Handle {
     client: Client,
     emulated: RwLock<Option<Arc<EmulatedDevice>>>,
+    /// Advice taken from the daemon that the caller's buffer could not hold: handed out
+    /// first by the next `kvtier_take_advice`, so advice (taken once) is never lost.
+    pending_advice: Mutex<Option<String>>,
 }
 
 pub(crate) fn part(p: u32) -> Result<Part, FfiError> {
@@ -97,7 +100,23 @@ impl Handle {
         Ok(Self {
             client: Client::connect(cfg)?,
             emulated: RwLock::new(None),
+            pending_advice: Mutex::new(None),
         })
+    }
+
+    /// Advice as JSON (see [`super::capi_advice`]): what a too-small buffer left pending,
+    /// else a fresh batch of at most `max_pages` pages from the daemon.
+    pub(crate) fn take_advice_json(&self, max_pages: usize) -> Result<String, FfiError> {
+        if let Some(json) = self.pending_advice.lock().take() {
+            return Ok(json);
+        }
+        let batch = self.client.take_advice(max_pages)?;
+        Ok(super::capi_advice::advice_json(&batch))
+    }
+
+    /// Keeps advice the caller could not take this time.
+    pub(crate) fn keep_advice(&self, json: String) {
+        *self.pending_advice.lock() = Some(json);
     }
 
     pub fn client(&self) -> &Client {

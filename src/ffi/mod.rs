@@ -7,6 +7,7 @@
 //! only append.
 
 pub mod capi;
+mod capi_advice;
 mod capi_device;
 mod capi_hint;
 mod capi_host;

@@ -170,14 +170,46 @@ impl Manager {
                 }
             }
         }
-        if !d.advice.is_empty()
-            && let Some(mut p) = self.policy_lock()
-        {
+        if d.advice.is_empty() {
+            return;
+        }
+        // Routers read the advice at the admin socket; engines in their advice stream,
+        // in the namespace the session's pages are in.
+        let mut to_engines = Vec::with_capacity(d.advice.len());
+        if let Some(mut p) = self.policy_lock() {
             for a in d.advice {
+                let (id, pause) = match &a {
+                    Advice::Pause { session_id } => (session_id, true),
+                    Advice::Resume { session_id, .. } => (session_id, false),
+                };
+                to_engines.push((p.policy.session_ns(id), id.clone(), pause));
                 if p.advice.len() >= MAX_ROUTER_ADVICE {
                     p.advice.pop_front();
                 }
                 p.advice.push_back(a);
+            }
+        }
+        self.advise_engines(to_engines);
+    }
+
+    /// Queues Pause and Resume advice for engines. A session that stored no pages yet
+    /// has no namespace: every namespace hears of it (the engine that runs it is in one).
+    fn advise_engines(&self, advice: Vec<(Option<NamespaceId>, String, bool)>) {
+        let all: Vec<NamespaceId> = if advice.iter().any(|(ns, _, _)| ns.is_none()) {
+            self.read().dir.namespaces().map(|(id, _, _)| id).collect()
+        } else {
+            Vec::new()
+        };
+        let mut q = self.queues();
+        for (ns, session_id, pause) in advice {
+            let targets = ns.map_or_else(|| all.clone(), |ns| vec![ns]);
+            for ns in targets {
+                let session_id = session_id.clone();
+                q.push_advice(if pause {
+                    EngineAdvice::Pause { ns, session_id }
+                } else {
+                    EngineAdvice::Resume { ns, session_id }
+                });
             }
         }
     }

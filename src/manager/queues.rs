@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::hints::Hint;
 use crate::page::{NamespaceId, PageHash};
+use crate::protocol::MAX_SESSION_ADVICE;
 
 /// Most advice entries kept; beyond that the oldest is dropped.
 pub(crate) const MAX_ADVICE: usize = 4096;
@@ -27,12 +28,21 @@ pub enum Advice {
     Offload { ns: NamespaceId, hashes: Vec<PageHash> },
     /// These pages are staged in host and ready to load (a prefetch to device).
     ReadyToLoad { ns: NamespaceId, hashes: Vec<PageHash> },
+    /// The pressure controller paused this session: stop admitting its turns. Goes to
+    /// the namespace its pages live in.
+    Pause { ns: NamespaceId, session_id: String },
+    /// The session may run again.
+    Resume { ns: NamespaceId, session_id: String },
 }
 
 impl Advice {
     pub fn ns(&self) -> NamespaceId {
         match self {
-            Advice::EvictFirst { ns, .. } | Advice::Offload { ns, .. } | Advice::ReadyToLoad { ns, .. } => *ns,
+            Advice::EvictFirst { ns, .. }
+            | Advice::Offload { ns, .. }
+            | Advice::ReadyToLoad { ns, .. }
+            | Advice::Pause { ns, .. }
+            | Advice::Resume { ns, .. } => *ns,
         }
     }
 
@@ -41,7 +51,13 @@ impl Advice {
             Advice::EvictFirst { hashes, .. } | Advice::Offload { hashes, .. } | Advice::ReadyToLoad { hashes, .. } => {
                 hashes
             }
+            Advice::Pause { .. } | Advice::Resume { .. } => &[],
         }
+    }
+
+    /// Whether the advice is about a session (Pause, Resume) rather than pages.
+    pub fn is_session(&self) -> bool {
+        matches!(self, Advice::Pause { .. } | Advice::Resume { .. })
     }
 
     /// Keeps the first `at` pages and returns the rest as advice of the same kind.
@@ -58,6 +74,15 @@ impl Advice {
             Advice::ReadyToLoad { ns, hashes } => Advice::ReadyToLoad {
                 ns: *ns,
                 hashes: hashes.split_off(at),
+            },
+            // Session advice names no pages: nothing to split.
+            Advice::Pause { ns, session_id } => Advice::Pause {
+                ns: *ns,
+                session_id: session_id.clone(),
+            },
+            Advice::Resume { ns, session_id } => Advice::Resume {
+                ns: *ns,
+                session_id: session_id.clone(),
             },
         }
     }
@@ -102,17 +127,28 @@ impl Queues {
         self.advice.drain(..).collect()
     }
 
-    /// Takes namespace `ns`'s advice, oldest first, up to `max_pages` page hashes in all;
-    /// an entry that does not fit is split and its rest kept first in line. Other
-    /// namespaces' advice stays. Returns the advice and whether more of `ns`'s is left.
+    /// Takes namespace `ns`'s advice, oldest first, up to `max_pages` page hashes in all
+    /// and [`MAX_SESSION_ADVICE`] session entries; an entry that does not fit is split and
+    /// its rest kept first in line. Other namespaces' advice stays. Returns the advice and
+    /// whether more of `ns`'s is left.
     pub fn take_advice_for(&mut self, ns: NamespaceId, max_pages: usize) -> (Vec<Advice>, bool) {
         let mut budget = max_pages;
+        let mut sessions = MAX_SESSION_ADVICE;
         let mut taken = Vec::new();
         let mut more = false;
         let mut kept = VecDeque::with_capacity(self.advice.len());
         for mut a in self.advice.drain(..) {
             if a.ns() != ns {
                 kept.push_back(a);
+            } else if a.is_session() {
+                // Session advice keeps its order among the page advice; it costs no page.
+                if sessions == 0 {
+                    more = true;
+                    kept.push_back(a);
+                } else {
+                    sessions -= 1;
+                    taken.push(a);
+                }
             } else if a.hashes().is_empty() {
                 // Advice about no page says nothing: dropped.
             } else if budget == 0 {
@@ -179,5 +215,41 @@ mod tests {
         assert_eq!(all.last(), Some(&(NamespaceId(1), pin(MAX_DEFERRED as u64 - 1))));
         assert_eq!(q.deferred_len(), 0);
         assert!(q.defer(NamespaceId(1), pin(5)), "room again once drained");
+    }
+
+    #[test]
+    fn session_advice_keeps_its_place_costs_no_page_and_is_bounded() {
+        let ns = NamespaceId(0);
+        let pause = |i: usize| Advice::Pause {
+            ns,
+            session_id: format!("s{i}"),
+        };
+        let mut q = Queues::default();
+        q.push_advice(evict(1));
+        q.push_advice(pause(0));
+        q.push_advice(evict(2));
+        q.push_advice(Advice::Resume {
+            ns: NamespaceId(9),
+            session_id: "other".into(),
+        });
+        let (got, more) = q.take_advice_for(ns, 1);
+        assert_eq!(
+            got,
+            vec![evict(1), pause(0)],
+            "a zero page budget still hands session advice"
+        );
+        assert!(more);
+        assert_eq!(q.take_advice_for(ns, 8), (vec![evict(2)], false));
+        for i in 0..MAX_SESSION_ADVICE + 2 {
+            q.push_advice(pause(i));
+        }
+        let (got, more) = q.take_advice_for(ns, 8);
+        assert_eq!(got.len(), MAX_SESSION_ADVICE);
+        assert!(more);
+        assert_eq!(
+            q.take_advice_for(ns, 8),
+            (vec![pause(MAX_SESSION_ADVICE), pause(MAX_SESSION_ADVICE + 1)], false)
+        );
+        assert_eq!(q.take_advice().len(), 1, "the other namespace's advice stayed");
     }
 }

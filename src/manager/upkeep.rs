@@ -116,6 +116,10 @@ impl Manager {
         self.expire(now);
         self.expire_protection();
         self.sync_pool_evictions();
+        // The session policy first: at the high watermark its pressure controller pauses
+        // acting sessions and demotes their private pages, which is what frees host
+        // before plain eviction would take the least recently used pages of anyone.
+        self.policy_tick();
         // Host watermark.
         if let Some(arena) = self.arena() {
             let tun = self.tunables();
@@ -129,7 +133,6 @@ impl Manager {
         self.evict_pool_by_watermark();
         // Outcomes are counted in the hint stats and failures logged by the retry itself.
         let _retried = self.retry_deferred();
-        self.policy_tick();
         self.device_advice();
         // Re-arm: the next growth that finds usage above a high watermark wakes upkeep.
         self.refresh_crossings();

@@ -304,6 +304,11 @@ impl SessionPolicy {
         })
     }
 
+    /// The namespace a live session's pages are in (its chain's), if it stored any.
+    pub fn session_ns(&self, id: &str) -> Option<NamespaceId> {
+        self.chains.get(&self.table.index_of(id)?).map(|c| c.ns)
+    }
+
     /// Live sessions, sorted by id.
     pub fn sessions(&self) -> Vec<SessionView> {
         let mut out: Vec<SessionView> = self.table.iter().filter_map(|(i, _)| self.view_at(i)).collect();

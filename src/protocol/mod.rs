@@ -28,5 +28,5 @@ pub use frame_codec::{Frame, FrameCodec, Outgoing};
 pub use message::{MAX_ENVELOPE, MAX_PAGE_TOKENS, Request, Response, kind};
 pub use types::{
     AdviceBatch, AdviceKind, ArenaInfo, DaemonStats, DeviceInfo, EngineAdvice, GrantPage, Identity, LoadWait,
-    MAX_ADVICE, MAX_PAGES, ObjectSlot, SessionPhase, TicketStatus,
+    MAX_ADVICE, MAX_PAGES, MAX_SESSION_ADVICE, MAX_STR, ObjectSlot, SessionPhase, TicketStatus,
 };

@@ -88,7 +88,14 @@ fn advice() -> impl Strategy<Value = EngineAdvice> {
         AdviceKind::Offload,
         AdviceKind::ReadyToLoad,
     ]);
-    (kind, prop::collection::vec(hash(), 1..6)).prop_map(|(kind, hashes)| EngineAdvice { kind, hashes })
+    let pages =
+        (kind, prop::collection::vec(hash(), 1..6)).prop_map(|(kind, hashes)| EngineAdvice::pages(kind, hashes));
+    let session = (
+        prop::sample::select(vec![AdviceKind::Pause, AdviceKind::Resume]),
+        "[a-z0-9-]{1,40}",
+    )
+        .prop_map(|(kind, id)| EngineAdvice::session(kind, id));
+    prop_oneof![pages, session]
 }
 
 fn request() -> impl Strategy<Value = Request> {
@@ -305,4 +312,26 @@ fn advice_bounds_are_typed_errors() {
         Response::decode(kind::R_ADVICE, &body(1, MAX_ADVICE as u32 + 1, 0, 1)),
         Err(DecodeError::TooLong { what: "advice", .. })
     ));
+    // A Pause entry naming no session.
+    assert!(matches!(
+        Response::decode(kind::R_ADVICE, &body(0, 1, 3, 0)),
+        Err(DecodeError::Invalid { what: "advice", .. })
+    ));
+}
+
+#[test]
+fn session_advice_carries_its_session_and_no_pages() {
+    let batch = AdviceBatch {
+        advice: vec![
+            EngineAdvice::session(AdviceKind::Pause, "s-1"),
+            EngineAdvice::pages(AdviceKind::ReadyToLoad, vec![PageHash::from_u64(7)]),
+            EngineAdvice::session(AdviceKind::Resume, "s-1"),
+        ],
+        more: false,
+    };
+    let mut body = Vec::new();
+    batch.encode(&mut crate::protocol::codec::Writer::new(&mut body));
+    // more, count 3, then kind 3, a u16 length 3 and "s-1".
+    assert_eq!(&body[..11], &[0, 3, 0, 0, 0, 3, 3, 0, b's', b'-', b'1']);
+    assert_eq!(Response::decode(kind::R_ADVICE, &body), Ok(Response::Advice(batch)));
 }

@@ -1,7 +1,7 @@
 //! The structured fields requests and responses carry, and their wire encodings.
 
 use crate::layout::{AttentionKind, ByteOrder, LayoutSpec};
-use crate::page::{MIN_HASH_BYTES, Namespace, PageHash};
+use crate::page::{Namespace, PageHash};
 
 use super::codec::{DecodeError, Reader, Writer};
 
@@ -12,6 +12,9 @@ pub const MAX_PAGES: usize = 65_536;
 /// Most advice entries one answer carries (their page hashes together stay within
 /// [`MAX_PAGES`]).
 pub const MAX_ADVICE: usize = 4096;
+/// Most session entries (Pause, Resume) one advice answer carries; more wait for the
+/// next ask (`more`). Bounds the answer's size: session ids are up to 1,024 bytes.
+pub const MAX_SESSION_ADVICE: usize = 64;
 
 /// Who is connecting: one engine rank.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -283,7 +286,8 @@ impl DaemonStats {
 }
 
 /// What kvtier advises an engine to do with its device pages, which only the engine can
-/// touch. Codes are part of the wire contract; never renumber, only append.
+/// touch, or with a session's turns, which only the engine schedules. Codes are part of
+/// the wire contract; never renumber, only append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AdviceKind {
     /// Evict these device pages first: a complete colder copy exists.
@@ -292,6 +296,12 @@ pub enum AdviceKind {
     Offload = 1,
     /// These pages are staged in host and ready to load (a prefetch to device).
     ReadyToLoad = 2,
+    /// Stop admitting turns of this session: the pressure controller paused it (host
+    /// at its high watermark). Names a session, no pages.
+    Pause = 3,
+    /// The session may run again (host back at its resume watermark, or the pause
+    /// reached its cap). Names a session, no pages.
+    Resume = 4,
 }
 
 impl AdviceKind {
@@ -299,11 +309,18 @@ impl AdviceKind {
         self as u8
     }
 
+    /// Whether the advice names a session (Pause, Resume) rather than pages.
+    pub fn is_session(self) -> bool {
+        matches!(self, AdviceKind::Pause | AdviceKind::Resume)
+    }
+
     pub(crate) fn from_code(tag: u8) -> Result<Self, DecodeError> {
         Ok(match tag {
             0 => AdviceKind::EvictFirst,
             1 => AdviceKind::Offload,
             2 => AdviceKind::ReadyToLoad,
+            3 => AdviceKind::Pause,
+            4 => AdviceKind::Resume,
             tag => {
                 return Err(DecodeError::BadTag {
                     what: "advice kind",
@@ -314,12 +331,35 @@ impl AdviceKind {
     }
 }
 
-/// One piece of advice about pages of the asking rank's namespace.
+/// One piece of advice: about pages of the asking rank's namespace (`hashes`, at least
+/// one), or about a session whose pages live there (`session_id`, no pages).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineAdvice {
     pub kind: AdviceKind,
-    /// At least one page.
+    /// Page kinds: at least one page. Session kinds: empty.
     pub hashes: Vec<PageHash>,
+    /// Session kinds: the session; page kinds: `None`.
+    pub session_id: Option<String>,
+}
+
+impl EngineAdvice {
+    /// Advice about pages.
+    pub fn pages(kind: AdviceKind, hashes: Vec<PageHash>) -> Self {
+        Self {
+            kind,
+            hashes,
+            session_id: None,
+        }
+    }
+
+    /// Advice about a session (`Pause`, `Resume`).
+    pub fn session(kind: AdviceKind, session_id: impl Into<String>) -> Self {
+        Self {
+            kind,
+            hashes: Vec::new(),
+            session_id: Some(session_id.into()),
+        }
+    }
 }
 
 /// The advice a `TakeAdvice` request took, oldest first.
@@ -341,18 +381,34 @@ impl AdviceBatch {
         w.count(self.advice.len());
         for a in &self.advice {
             w.u8(a.kind.code());
-            w.hashes(&a.hashes);
+            if a.kind.is_session() {
+                w.str(a.session_id.as_deref().unwrap_or(""));
+            } else {
+                w.hashes(&a.hashes);
+            }
         }
     }
 
     pub(crate) fn decode(r: &mut Reader) -> Result<Self, DecodeError> {
         let more = r.bool()?;
-        // Each entry takes a kind byte, a count and at least one hash.
-        let n = r.count("advice", MAX_ADVICE, 1 + 4 + 1 + MIN_HASH_BYTES)?;
+        // Each entry takes a kind byte and at least a session id of one byte (its kind,
+        // a u16 length and a byte) or a count and one hash.
+        let n = r.count("advice", MAX_ADVICE, 1 + 2 + 1)?;
         let mut advice = Vec::with_capacity(n);
         let mut pages = 0;
         for _ in 0..n {
             let kind = AdviceKind::from_code(r.u8()?)?;
+            if kind.is_session() {
+                let id = r.str("advised session", MAX_STR)?;
+                if id.is_empty() {
+                    return Err(DecodeError::Invalid {
+                        what: "advice",
+                        why: "a session entry names no session".into(),
+                    });
+                }
+                advice.push(EngineAdvice::session(kind, id));
+                continue;
+            }
             let hashes = r.hashes(MAX_PAGES - pages)?;
             if hashes.is_empty() {
                 return Err(DecodeError::Invalid {
@@ -361,7 +417,7 @@ impl AdviceBatch {
                 });
             }
             pages += hashes.len();
-            advice.push(EngineAdvice { kind, hashes });
+            advice.push(EngineAdvice::pages(kind, hashes));
         }
         Ok(Self { advice, more })
     }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::engine::{Capacity, CostModel, EngineConfig, PolicyKind, run_policy};
+use super::engine::{Capacity, CostModel, EngineConfig, PolicyKind, run_policy, run_policy_logged};
 use super::export::request_traces;
 use super::generate::{AgenticSpec, agentic};
 use super::report::{Report, replay};
@@ -152,7 +152,15 @@ pub struct ReplayArgs {
     /// Write the request traces of the session-aware run (JSON lines) to this file.
     #[arg(long)]
     pub write_traces: Option<PathBuf>,
+    /// Write the session-aware run's page moves between host and pool (JSON lines:
+    /// `at_ms`, `page` in hex, `from`, `to`; the first 1,000,000) to this file, to set
+    /// beside the moves a daemon made (its `/v1/events`) for the same requests.
+    #[arg(long)]
+    pub write_moves: Option<PathBuf>,
 }
+
+/// Most moves `--write-moves` writes.
+const MAX_LOGGED_MOVES: usize = 1_000_000;
 
 fn load(args: &ReplayArgs) -> anyhow::Result<Workload> {
     if args.block_tokens == 0 {
@@ -337,7 +345,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         } else {
             0
         };
-    let runs = runs + usize::from(args.write_traces.is_some());
+    let runs = runs + usize::from(args.write_traces.is_some()) + usize::from(args.write_moves.is_some());
     let bar = progress_bar((w.requests.len() * runs) as u64);
     let mut tick = || bar.inc(1);
     let report = replay(&w, &cfg, &policies, &mut tick)?;
@@ -372,6 +380,16 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             out.write(&rec)?;
         }
         out.into_inner().flush()?;
+    }
+    if let Some(path) = &args.write_moves {
+        let run = run_policy_logged(&w, &cfg, PolicyKind::SessionAware, MAX_LOGGED_MOVES, &mut tick)?;
+        let f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let mut out = BufWriter::new(f);
+        for m in &run.moves {
+            serde_json::to_writer(&mut out, m)?;
+            writeln!(out)?;
+        }
+        out.flush()?;
     }
     bar.finish_and_clear();
     let stdout = std::io::stdout();

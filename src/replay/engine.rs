@@ -211,6 +211,23 @@ pub struct PolicyRun {
     pub pauses_ms: Vec<u64>,
     pub forced_resumes: u64,
     pub marked_pauses: u64,
+    /// Pages moved between host and pool, in order, when asked for
+    /// ([`run_policy_logged`]); empty otherwise.
+    pub moves: Vec<TierMove>,
+}
+
+/// A page that moved between the tiers the daemon owns (host and pool), as the daemon's
+/// events show it: its host copy went while the pool holds it (`host` to `pool`), or it
+/// came back into host from the pool (`pool` to `host`). Device copies are the engine's
+/// and not among them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TierMove {
+    /// Simulated time of the move.
+    pub at_ms: u64,
+    /// The page's hash in hex, as the daemon's events and `/v1/pages` name it.
+    pub page: String,
+    pub from: crate::tier::TierKind,
+    pub to: crate::tier::TierKind,
 }
 
 /// Runs `policy` over the workload; `progress` is told after every request.
@@ -221,6 +238,21 @@ pub fn run_policy(
     progress: &mut dyn FnMut(),
 ) -> Result<PolicyRun, ReplayError> {
     sim::Sim::new(w, cfg, policy)?.run(progress)
+}
+
+/// [`run_policy`], also logging the first `max_moves` host and pool moves
+/// ([`PolicyRun::moves`]): what `kvtier replay --write-moves` writes, to set beside the
+/// moves a daemon made for the same requests.
+pub fn run_policy_logged(
+    w: &Workload,
+    cfg: &EngineConfig,
+    policy: PolicyKind,
+    max_moves: usize,
+    progress: &mut dyn FnMut(),
+) -> Result<PolicyRun, ReplayError> {
+    let mut sim = sim::Sim::new(w, cfg, policy)?;
+    sim.log_moves(max_moves);
+    sim.run(progress)
 }
 
 #[cfg(test)]

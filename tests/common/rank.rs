@@ -238,6 +238,18 @@ fn rank_main() {
                     .sum();
                 format!("ready {ready}")
             }),
+            // Every advice entry in order: `pause:<id>`, `resume:<id>`, `ready:<pages>`, …
+            Some("alladvice") => client.take_advice(4096).map(|b| {
+                let words: Vec<String> = b
+                    .advice
+                    .iter()
+                    .map(|a| match a.session_id.as_deref() {
+                        Some(id) => format!("{:?}:{id}", a.kind).to_lowercase(),
+                        None => format!("{:?}:{}", a.kind, a.hashes.len()).to_lowercase(),
+                    })
+                    .collect();
+                format!("advice {}", words.join(" ")).trim_end().to_string()
+            }),
             Some("exit") | None => break,
             Some(other) => Ok(format!("unknown {other}")),
         };

@@ -517,13 +517,12 @@ impl Backend for ManagedTiers {
         let (taken, more) = self.mgr.take_advice_for(ns, max_pages);
         let advice = taken
             .into_iter()
-            .map(|a| {
-                let (kind, hashes) = match a {
-                    manager::Advice::EvictFirst { hashes, .. } => (AdviceKind::EvictFirst, hashes),
-                    manager::Advice::Offload { hashes, .. } => (AdviceKind::Offload, hashes),
-                    manager::Advice::ReadyToLoad { hashes, .. } => (AdviceKind::ReadyToLoad, hashes),
-                };
-                EngineAdvice { kind, hashes }
+            .map(|a| match a {
+                manager::Advice::EvictFirst { hashes, .. } => EngineAdvice::pages(AdviceKind::EvictFirst, hashes),
+                manager::Advice::Offload { hashes, .. } => EngineAdvice::pages(AdviceKind::Offload, hashes),
+                manager::Advice::ReadyToLoad { hashes, .. } => EngineAdvice::pages(AdviceKind::ReadyToLoad, hashes),
+                manager::Advice::Pause { session_id, .. } => EngineAdvice::session(AdviceKind::Pause, session_id),
+                manager::Advice::Resume { session_id, .. } => EngineAdvice::session(AdviceKind::Resume, session_id),
             })
             .collect();
         AdviceBatch { advice, more }

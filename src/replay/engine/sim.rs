@@ -32,6 +32,8 @@ enum Event {
     Arrive(usize),
 }
 
+mod moves;
+
 pub(super) struct Sim<'a> {
     w: &'a Workload,
     cfg: &'a EngineConfig,
@@ -50,9 +52,9 @@ pub(super) struct Sim<'a> {
     pauses: Vec<Vec<u64>>,
     events: BinaryHeap<Reverse<(u64, Event)>>,
     out: PolicyRun,
+    /// Host and pool moves still to log (0: not logging).
+    log_left: usize,
 }
-
-mod moves;
 
 impl<'a> Sim<'a> {
     pub(super) fn new(w: &'a Workload, cfg: &'a EngineConfig, policy: PolicyKind) -> Result<Self, ReplayError> {
@@ -109,7 +111,28 @@ impl<'a> Sim<'a> {
                 requests: vec![RequestOutcome::default(); w.requests.len()],
                 ..PolicyRun::default()
             },
+            log_left: 0,
         })
+    }
+
+    /// Logs the first `max` host and pool moves into the run's `moves`.
+    pub(super) fn log_moves(&mut self, max: usize) {
+        self.log_left = max;
+    }
+
+    /// Books a page's move between host and pool, while the log has room.
+    fn log_move(&mut self, id: crate::directory::PageId, from: TierKind, to: TierKind) {
+        if self.log_left == 0 {
+            return;
+        }
+        self.log_left -= 1;
+        let page = self.dir.info(id).hash.to_hex();
+        self.out.moves.push(super::TierMove {
+            at_ms: self.clock.now_ms(),
+            page,
+            from,
+            to,
+        });
     }
 
     /// Tiers held exclusively (every kind with a session policy, `exclusive-lru` too).

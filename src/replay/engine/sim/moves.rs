@@ -45,6 +45,7 @@ impl Sim<'_> {
                         self.out.bytes.host_pool += page_bytes;
                     }
                     self.dir.set_page(id, TierKind::Host, false);
+                    self.log_move(id, TierKind::Host, TierKind::Pool);
                 }
                 self.evict(TierKind::Pool);
             }
@@ -59,6 +60,7 @@ impl Sim<'_> {
                         self.dir.set_page(id, TierKind::Host, true);
                         self.out.bytes.pool_host += page_bytes;
                         self.dir.touch(id, false);
+                        self.log_move(id, TierKind::Pool, TierKind::Host);
                     }
                 }
                 self.evict(TierKind::Host);
@@ -126,6 +128,9 @@ impl Sim<'_> {
                 self.dir.set_retain(id, 0);
             }
             self.dir.set_page(id, tier, false);
+            if tier == TierKind::Host && self.dir.is_complete(id, TierKind::Pool) {
+                self.log_move(id, TierKind::Host, TierKind::Pool);
+            }
         }
         if let (true, Some(c)) = (spilled, tier.colder()) {
             self.evict(c);
