@@ -2,8 +2,10 @@
 //! rank 0 of each stage writes it, and every other TP rank must be able to load it. Four
 //! rank connections on a TP=2 PP=2 MLA layout: the two TP-0 ranks store, the two TP-1
 //! ranks (which store nothing) find the pages complete and load the bytes rank 0 wrote,
-//! byte for byte, layer by layer.
+//! byte for byte, layer by layer. Across two `kvtier serve --pool mooncake` nodes, TP rank
+//! 1 on the second node loads the latents of pages it found in the store.
 
+mod cluster_support;
 mod common;
 
 use std::sync::Arc;
@@ -31,6 +33,10 @@ struct Rank {
 }
 
 fn rank(d: &Daemon, instance: &str, tp: u16, pp: u16) -> Rank {
+    rank_at(&d.socket, instance, tp, pp)
+}
+
+fn rank_at(socket: &std::path::Path, instance: &str, tp: u16, pp: u16) -> Rank {
     let id = Identity {
         instance: instance.into(),
         namespace: Namespace::model("mla-model"),
@@ -40,7 +46,10 @@ fn rank(d: &Daemon, instance: &str, tp: u16, pp: u16) -> Rank {
         pp_size: PP,
         dp_rank: 0,
     };
-    let client = d.client(id, mla());
+    let client = Client::connect(
+        kvtier::client::ClientConfig::new(socket, id, mla()).with_timeout(std::time::Duration::from_secs(20)),
+    )
+    .unwrap();
     let dev = Arc::new(EmulatedDevice::new(&mla().build().unwrap(), pp, 16));
     client.register_device(dev.clone()).unwrap();
     Rank { tp, pp, client, dev }
@@ -109,4 +118,66 @@ fn mla_tp_ranks_other_than_0_load_the_latent_rank_0_stored() {
         .load(&lone, &[0, 1], LoadWait::Timeout(5_000))
         .unwrap();
     assert_eq!(n, 0);
+}
+
+#[test]
+fn mla_tp_rank_1_on_another_node_loads_latents_found_in_the_store() {
+    use cluster_support::{Master, Node, eventually};
+    use kvtier::hints::{Hint, HintOutcome, HintTarget};
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    if !common::require::require("mooncake", "two daemons share MLA pages through a mooncake_master") {
+        return;
+    }
+    let bin = std::env::var_os("KVTIER_MOONCAKE_MASTER_BIN").map(PathBuf::from);
+    let python = std::env::var_os("KVTIER_MOONCAKE_PYTHON").map(PathBuf::from);
+    let (Some(bin), Some(python)) = (bin, python) else {
+        panic!("scripts/mooncake-env.sh env sets KVTIER_MOONCAKE_MASTER_BIN and KVTIER_MOONCAKE_PYTHON");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let master = Master::start(bin, dir.path());
+    let a = Node::start(&dir.path().join("a"), &master, &python);
+    let b = Node::start(&dir.path().join("b"), &master, &python);
+    let hs = hashes(0x31a_2000, 4);
+    let slots: Vec<u32> = (0..hs.len() as u32).collect();
+    let writers: Vec<Rank> = (0..PP).map(|pp| rank_at(&a.socket, "mla-a", 0, pp)).collect();
+    for w in &writers {
+        for (i, h) in hs.iter().enumerate() {
+            w.dev.fill_page(i as u32, seed(h, w.tp, w.pp)).unwrap();
+        }
+        w.client.store(&hs, &slots, "").unwrap();
+    }
+    let prefix: Vec<String> = hs.iter().map(|h| h.to_hex()).collect();
+    let share = Hint::Share {
+        target: HintTarget::Pages(hs.clone()),
+    };
+    let pooled = eventually(Duration::from_secs(60), || {
+        let taken = matches!(writers[0].client.hint(share.clone()), Ok(HintOutcome::Accepted { .. }));
+        std::thread::sleep(Duration::from_millis(200));
+        taken && a.admin(&["pages", "--ns", "0", "--prefix", &prefix.join(",")])["complete_prefix"]["pool"] == hs.len()
+    });
+    assert!(pooled, "A's MLA pages reached the store; log {}", a.log.display());
+
+    // Node B has never seen them: TP rank 1 of each stage finds them and loads rank 0's latents.
+    let readers: Vec<Rank> = (0..PP).map(|pp| rank_at(&b.socket, "mla-b", 1, pp)).collect();
+    let found = eventually(Duration::from_secs(60), || {
+        readers[0]
+            .client
+            .lookup(&hs)
+            .is_ok_and(|h| (h.device, h.host, h.pool) == (0, 0, hs.len()))
+    });
+    assert!(found, "B found A's MLA pages in the store; log {}", b.log.display());
+    for r in &readers {
+        let into: Vec<u32> = slots.iter().map(|s| s + 8).collect();
+        let n = r.client.load(&hs, &into, LoadWait::Timeout(10_000)).unwrap();
+        assert_eq!(n, hs.len(), "pp {}", r.pp);
+        for (i, h) in hs.iter().enumerate() {
+            assert!(
+                r.dev.page_matches(into[i], seed(h, 0, r.pp)).unwrap(),
+                "page {i} pp {}",
+                r.pp
+            );
+        }
+    }
 }
