@@ -117,8 +117,11 @@ pub fn decode_results(body: &[u8], expect: usize) -> Result<Vec<i64>, WireError>
 
 type Pending = Mutex<HashMap<u64, Sender<Reply>>>;
 
-/// How often a caller waiting while another reads looks whether the read half is free.
+/// How soon a caller waiting while another reads first looks whether the read half is
+/// free; the wait doubles up to [`FOLLOW_SLICE_MAX`], so a caller waiting beside a long
+/// transfer does not spin. (Its own reply, when another caller reads it, wakes it at once.)
 const FOLLOW_SLICE: Duration = Duration::from_micros(200);
+const FOLLOW_SLICE_MAX: Duration = Duration::from_millis(10);
 
 /// The read side of the connection and the bytes read past the last whole frame.
 struct ReadHalf {
@@ -221,6 +224,7 @@ impl Conn {
     /// Waits for reply `id`: from `rx` when another caller read it, else by taking the
     /// read half and reading until it comes. Every wait ends by `deadline`.
     fn wait_reply(&self, id: u64, rx: &Receiver<Reply>, deadline: Instant) -> Result<Reply, WireError> {
+        let mut slice = FOLLOW_SLICE;
         loop {
             match rx.try_recv() {
                 Ok(r) => return Ok(r),
@@ -237,10 +241,13 @@ impl Conn {
             // While another caller reads, it routes this reply to `rx`: wait there, and
             // look again at the read half every slice in case that caller is done.
             let Some(mut half) = self.reader.try_lock() else {
-                match rx.recv_timeout(left.min(FOLLOW_SLICE)) {
+                match rx.recv_timeout(left.min(slice)) {
                     Ok(r) => return Ok(r),
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Err(WireError::Closed),
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        slice = (slice * 2).min(FOLLOW_SLICE_MAX);
+                        continue;
+                    }
                 }
             };
             if let Ok(r) = rx.try_recv() {
