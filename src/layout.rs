@@ -399,6 +399,19 @@ impl Layout {
         })
     }
 
+    /// The objects one engine rank loads: what it writes, and for MLA the stage latent on
+    /// every TP rank. MLA latents are the same on every rank (SGLang and vLLM keep one copy
+    /// per stage), so a TP rank other than 0 reads the copy rank 0 wrote instead of loading
+    /// nothing. A load by such a rank records nothing on the device tier: completeness
+    /// there follows rank 0, the rank that writes the object.
+    pub fn rank_load_objects(&self, tp_rank: u16, pp_rank: u16) -> Result<Vec<usize>, LayoutError> {
+        let own = self.rank_objects(tp_rank, pp_rank)?;
+        Ok(match self.spec.attention {
+            AttentionKind::Mla if own.is_empty() => vec![pp_rank as usize],
+            _ => own,
+        })
+    }
+
     /// The parts one rank's device region holds (MLA ranks all hold the latent).
     pub fn rank_parts(&self) -> &'static [Part] {
         match self.spec.attention {
@@ -444,6 +457,12 @@ mod tests {
         assert_eq!(l2.object_bytes(1), 30 * 64 * 576 * 2);
         assert_eq!(l2.rank_objects(0, 1).unwrap(), vec![1]);
         assert!(l2.rank_objects(3, 1).unwrap().is_empty());
+        // Every TP rank loads its stage's latent, though only rank 0 writes it.
+        assert_eq!(l2.rank_load_objects(3, 1).unwrap(), vec![1]);
+        assert_eq!(l2.rank_load_objects(0, 0).unwrap(), vec![0]);
+        assert!(l2.rank_load_objects(8, 0).is_err());
+        let mha = LayoutSpec::mha(4, 8, 128, 2, 16).with_parallel(2, 1).build().unwrap();
+        assert_eq!(mha.rank_load_objects(1, 0).unwrap(), mha.rank_objects(1, 0).unwrap());
     }
 
     #[test]

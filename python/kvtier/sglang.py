@@ -12,6 +12,12 @@ themselves with the daemon (``kvtier_register_host_tensors``), so kvtier copies 
 straight between the host pool and its arena: no staging buffer, no extra copy. Other
 configuration comes from the same extra config (keys :data:`EXTRA_KEYS`).
 
+Pages SGLang writes are shared: after each ``batch_set_v1`` the backend asks the daemon to
+copy them to its pool (a Share hint), as HiCache's own Mooncake backend puts every page in
+the store. With ``kvtier serve --pool mooncake`` another SGLang instance on another node's
+daemon then finds them (``batch_exists``) and loads them. ``"share": false`` keeps pages on
+this node's host tier until the daemon's own policy moves them.
+
 The legacy per-page API (``get``/``set``/``batch_get``/``batch_set``, used when
 ``interface_v1`` is off) moves flat pages through a one-page staging region, one extra
 copy per page.
@@ -32,9 +38,9 @@ logger = logging.getLogger(__name__)
 
 #: Keys of ``storage_config.extra_config``: SGLang's own dynamic-backend keys, then kvtier's
 #: (the daemon's socket, this engine's instance name, the model name pages are keyed under,
-#: every call's timeout).
+#: every call's timeout, whether stored pages are shared to the daemon's pool).
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
-EXTRA_KEYS = SGLANG_KEYS + ("socket", "instance", "model", "timeout_ms")
+EXTRA_KEYS = SGLANG_KEYS + ("socket", "instance", "model", "timeout_ms", "share")
 
 
 def _session(extra_info):
@@ -72,6 +78,10 @@ class KvtierStorage(HiCacheStorage):
         self._instance = extra.get("instance") or f"sglang-dp{storage_config.dp_rank}"
         self._model = extra.get("model") or storage_config.model_name or "model"
         self._timeout_ms = int(extra.get("timeout_ms", 10000))
+        share = extra.get("share", True)
+        if not isinstance(share, bool):
+            raise ValueError(f"extra config 'share' is {share!r}; it takes true or false")
+        self._share = share
         self._client = None
         self._staging = None
         self.mem_pool_host = None
@@ -133,10 +143,24 @@ class KvtierStorage(HiCacheStorage):
         try:
             hashes = [page_hash(k) for k in keys]
             self._client.store(hashes, self._slots(keys, host_indices), _session(extra_info))
-            return [True] * len(keys)
         except KvtierError as e:
             logger.warning("kvtier store of %d pages failed: %s", len(keys), e)
             return [False] * len(keys)
+        self._share_pages(self._client, hashes)
+        return [True] * len(keys)
+
+    def _share_pages(self, client, hashes):
+        """Asks the daemon to copy stored pages to its pool. A page is complete only once
+        every TP rank stored its part, so each rank asks after its own store; the last one
+        finds the page complete. The pages are stored either way: a refused share is
+        logged, never a failed set."""
+        if not self._share:
+            return
+        try:
+            outcome = client.hint(_capi.HINT_SHARE, hashes)
+            logger.debug("kvtier share of %d pages: %s", len(hashes), outcome)
+        except KvtierError as e:
+            logger.warning("kvtier share of %d pages failed: %s", len(hashes), e)
 
     def batch_get_v1(self, keys, host_indices, extra_info=None):
         if not keys:
@@ -180,6 +204,7 @@ class KvtierStorage(HiCacheStorage):
             s.write_object(0, _capi.PART_K, raw[:half])
             s.write_object(0, _capi.PART_V, raw[half:])
             s.store([page_hash(key)], [0])
+            self._share_pages(s, [page_hash(key)])
             return True
         except KvtierError as e:
             logger.warning("kvtier set failed: %s", e)

@@ -90,6 +90,14 @@ try:
     raise SystemExit("an unknown extra config key was accepted")
 except ValueError as e:
     assert "sokcet" in str(e) and "socket" in str(e), e
+try:
+    kvtier.sglang.KvtierStorage(HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+        enable_storage_metrics=False, is_page_first_layout=False, model_name="tiny",
+        extra_config={"socket": SOCKET, "share": "yes"}))
+    raise SystemExit("a non-boolean share was accepted")
+except ValueError as e:
+    assert "share" in str(e) and "true or false" in str(e), e
 assert s2.batch_get_v1(keys[3:4], indices([0])) == [True]
 assert torch.equal(page(h2, 0), page(h1, 1))
 print("OK misaligned indices and unknown config keys refused; the backend keeps serving")

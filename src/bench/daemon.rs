@@ -27,6 +27,12 @@ impl DaemonChild {
     /// Starts `exe serve` with a host arena of `arena_bytes` in slots of `slot_bytes` and
     /// no pool, and waits until both sockets accept connections.
     pub fn start(exe: &Path, arena_bytes: u64, slot_bytes: u64) -> anyhow::Result<Self> {
+        Self::start_with(exe, arena_bytes, slot_bytes, &["--set".into(), "pool_bytes=0".into()])
+    }
+
+    /// [`DaemonChild::start`] with `pool_args` (flags and `--set`s choosing the pool) in
+    /// place of "no pool".
+    pub fn start_with(exe: &Path, arena_bytes: u64, slot_bytes: u64, pool_args: &[String]) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("kvtier-bench-")
             .tempdir()
@@ -43,7 +49,8 @@ impl DaemonChild {
             .arg(arena_bytes.to_string())
             .arg("--set")
             .arg(format!("slot_bytes={slot_bytes}"))
-            .args(["--set", "pool_bytes=0", "--set", "recover=false"])
+            .args(pool_args)
+            .args(["--set", "recover=false"])
             .args(["--set", "lock_arena=false", "--set", "events_endpoint=\"\""])
             .args([
                 "--set",

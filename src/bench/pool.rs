@@ -92,6 +92,11 @@ pub struct Row {
     /// Latency rows: the reference's median in µs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub raw_p50_us: Option<f64>,
+    /// `remote_lookup`: the subject daemon's existence query as it timed it (daemon →
+    /// helper → master and back), median in µs; the rest of `kvtier_p50_us` is the
+    /// control socket and the daemon's own work.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_exists_p50_us: Option<f64>,
 }
 
 pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
@@ -200,6 +205,7 @@ impl Shape {
             corrupt: 0,
             kvtier_p50_us: None,
             raw_p50_us: None,
+            daemon_exists_p50_us: None,
         }
     }
 }

@@ -328,6 +328,12 @@ fn start_side_services(
                 ..vllm::ReplayLimits::default()
             },
             tokens: Some(shared.tokens.clone()),
+            // Pool pages say whether the pool is this node's own or a cluster's store.
+            pool_medium: if cfg.pool == PoolKind::Local {
+                vllm::PoolMedium::Local
+            } else {
+                vllm::PoolMedium::Shared
+            },
             ..vllm::VllmConfig::default()
         };
         match vllm::spawn(vcfg, manager.clone(), side.clone()) {

@@ -223,7 +223,7 @@ impl Handle {
         let layout = self.client.layout();
         let id = self.client.identity();
         layout
-            .rank_objects(id.tp_rank, id.pp_rank)
+            .rank_load_objects(id.tp_rank, id.pp_rank)
             .ok()
             .and_then(|o| o.first().map(|&i| layout.object_bytes(i) as usize))
             .unwrap_or(0)

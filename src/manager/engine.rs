@@ -234,7 +234,7 @@ impl Manager {
                     .and_then(|g| g.pages.iter().map(|p| p.req_index + 1).max());
                 self.commit_store(id, &vec![false; n.unwrap_or(0)]).map(|_| ())
             }
-            Some(GrantKind::Load) => self.finish_load(id, 0).map(|_| ()),
+            Some(GrantKind::Load | GrantKind::ReplicaLoad) => self.finish_load(id, 0).map(|_| ()),
         }
     }
 
@@ -270,9 +270,15 @@ impl Manager {
     ) -> Result<LoadGrant, ManagerError> {
         self.check_batch(hashes.len())?;
         let layout = self.layout(ns)?;
+        // An MLA rank other than TP 0 reads the latent rank 0 wrote (the same bytes on
+        // every rank); its load then records nothing on device (`ReplicaLoad`).
         let objs = layout
-            .rank_objects(tp_rank, pp_rank)
+            .rank_load_objects(tp_rank, pp_rank)
             .map_err(|e| ManagerError::Config(e.to_string()))?;
+        let replica = layout
+            .rank_objects(tp_rank, pp_rank)
+            .map_err(|e| ManagerError::Config(e.to_string()))?
+            .is_empty();
         // Pages past what the directory knows may be in a shared pool (another node's).
         if self.inner.remote.is_some() {
             let hit = self.read().dir.lookup_prefix(ns, hashes);
@@ -329,7 +335,11 @@ impl Manager {
         }
         let id = gt.insert(Grant {
             ns,
-            kind: GrantKind::Load,
+            kind: if replica {
+                GrantKind::ReplicaLoad
+            } else {
+                GrantKind::Load
+            },
             pages: grant_pages,
             owner,
         });
@@ -347,11 +357,12 @@ impl Manager {
         let g = {
             let mut gt = self.grants();
             match gt.grants.get(&id) {
-                Some(g) if g.kind == GrantKind::Load => {}
+                Some(g) if matches!(g.kind, GrantKind::Load | GrantKind::ReplicaLoad) => {}
                 Some(_) | None => return Err(ManagerError::UnknownGrant(id)),
             }
             gt.grants.remove(&id).ok_or(ManagerError::UnknownGrant(id))?
         };
+        let record = g.kind == GrantKind::Load;
         let mut bytes = 0u64;
         let arena_slot = self.arena().map_or(0, |a| a.slot_bytes() as u64);
         let exclusive = self.inner.cfg.policy.is_some_and(|p| p.exclusive);
@@ -361,7 +372,7 @@ impl Manager {
         let mut objs: Vec<usize> = Vec::new();
         for (i, p) in g.pages.iter().enumerate() {
             gt.unlease(p.page);
-            if i < loaded {
+            if i < loaded && record {
                 objs.clear();
                 objs.extend(p.objects.iter().map(|&(o, _)| o));
                 st.dir.set_objects(p.page, TierKind::Device, &objs, true)?;

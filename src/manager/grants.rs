@@ -28,6 +28,9 @@ pub(crate) struct Grant {
 pub(crate) enum GrantKind {
     Store,
     Load,
+    /// A load of objects the rank holds a replica of but does not write (the MLA latent
+    /// on a TP rank other than 0): leased and copied like a load, recorded on no tier.
+    ReplicaLoad,
 }
 
 #[derive(Clone, Debug)]

@@ -2,9 +2,10 @@
 //!
 //! Frames are little-endian `u32 length | u64 request id | u8 op-or-status | body`, the
 //! length counting everything after itself. Requests carry keys and `(region, offset,
-//! length)` triples; object bytes never cross the socket. A reader thread routes each
-//! reply to its caller by request id, so a caller that gave up (timeout) never reads a
-//! reply meant for someone else, and every wait is bounded.
+//! length)` triples; object bytes never cross the socket. Replies are routed to their
+//! callers by request id (a waiting caller reads the socket and hands on what is not its
+//! own), so a caller that gave up (timeout) never reads a reply meant for someone else,
+//! and every wait is bounded.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -114,39 +115,61 @@ pub fn decode_results(body: &[u8], expect: usize) -> Result<Vec<i64>, WireError>
         .collect())
 }
 
-type Pending = Arc<Mutex<HashMap<u64, Sender<Reply>>>>;
+type Pending = Mutex<HashMap<u64, Sender<Reply>>>;
+
+/// How soon a caller waiting while another reads first looks whether the read half is
+/// free; the wait doubles up to [`FOLLOW_SLICE_MAX`], so a caller waiting beside a long
+/// transfer does not spin. (Its own reply, when another caller reads it, wakes it at once.)
+const FOLLOW_SLICE: Duration = Duration::from_micros(200);
+const FOLLOW_SLICE_MAX: Duration = Duration::from_millis(10);
+
+/// The read side of the connection and the bytes read past the last whole frame.
+struct ReadHalf {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
 
 /// One control connection to a helper, shared by every caller.
+///
+/// There is no reader thread: a caller waiting for its reply reads the socket itself
+/// while it holds the read half, and routes every other caller's reply to that caller's
+/// channel. A reader thread cost one more wake-up per call (helper → reader → caller),
+/// on the path of every existence query a lookup sends.
 pub struct Conn {
     writer: Mutex<UnixStream>,
+    reader: Mutex<ReadHalf>,
     pending: Pending,
     next_id: AtomicU64,
-    open: Arc<AtomicBool>,
+    open: AtomicBool,
     born: Instant,
     /// Milliseconds after `born` of the last reply of any kind.
-    last_reply: Arc<AtomicU64>,
+    last_reply: AtomicU64,
+}
+
+/// How a turn at the read half ended.
+enum Turn {
+    /// This caller's reply.
+    Mine(Reply),
+    /// The turn's time ran out without it (other replies may have been routed).
+    NotYet,
 }
 
 impl Conn {
-    /// Wraps an accepted stream and starts its reader thread.
+    /// Wraps an accepted stream.
     pub fn new(stream: UnixStream) -> std::io::Result<Arc<Self>> {
         let reader = stream.try_clone()?;
         stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-        let pending: Pending = Arc::default();
-        let open = Arc::new(AtomicBool::new(true));
-        let born = Instant::now();
-        let last_reply = Arc::new(AtomicU64::new(0));
-        let (p, o, l) = (pending.clone(), open.clone(), last_reply.clone());
-        std::thread::Builder::new()
-            .name("kvtier-mooncake-reader".into())
-            .spawn(move || read_loop(reader, p, o, l, born))?;
         Ok(Arc::new(Self {
             writer: Mutex::new(stream),
-            pending,
+            reader: Mutex::new(ReadHalf {
+                stream: reader,
+                buf: Vec::with_capacity(64 << 10),
+            }),
+            pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
-            open,
-            born,
-            last_reply,
+            open: AtomicBool::new(true),
+            born: Instant::now(),
+            last_reply: AtomicU64::new(0),
         }))
     }
 
@@ -170,38 +193,124 @@ impl Conn {
         if !self.is_open() {
             return Err(WireError::Closed);
         }
+        let deadline = Instant::now() + timeout;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let rx: Receiver<Reply> = {
             let (tx, rx) = bounded(1);
             self.pending.lock().insert(id, tx);
             rx
         };
-        let mut head = [0u8; 13];
-        head[..4].copy_from_slice(&(len as u32).to_le_bytes());
-        head[4..12].copy_from_slice(&id.to_le_bytes());
-        head[12] = op as u8;
-        let sent = {
-            let mut w = self.writer.lock();
-            w.write_all(&head).and_then(|_| w.write_all(&body.0))
-        };
+        // One write for head and body: written apart, the helper woke on the head, read
+        // it, and slept again until the body came, one more wake-up per call.
+        let mut frame = Vec::with_capacity(len + 4);
+        frame.extend_from_slice(&(len as u32).to_le_bytes());
+        frame.extend_from_slice(&id.to_le_bytes());
+        frame.push(op as u8);
+        frame.extend_from_slice(&body.0);
+        let sent = self.writer.lock().write_all(&frame);
         if let Err(e) = sent {
             self.pending.lock().remove(&id);
             self.shutdown();
             return Err(e.into());
         }
-        let got = rx.recv_timeout(timeout);
+        let got = self.wait_reply(id, &rx, deadline);
         self.pending.lock().remove(&id);
-        match got {
-            Ok(r) => Ok(r),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(WireError::Timeout(timeout)),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(WireError::Closed),
+        got.map_err(|e| match e {
+            WireError::Timeout(_) => WireError::Timeout(timeout),
+            e => e,
+        })
+    }
+
+    /// Waits for reply `id`: from `rx` when another caller read it, else by taking the
+    /// read half and reading until it comes. Every wait ends by `deadline`.
+    fn wait_reply(&self, id: u64, rx: &Receiver<Reply>, deadline: Instant) -> Result<Reply, WireError> {
+        let mut slice = FOLLOW_SLICE;
+        loop {
+            match rx.try_recv() {
+                Ok(r) => return Ok(r),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(WireError::Closed),
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
+            }
+            if !self.is_open() {
+                return Err(WireError::Closed);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(WireError::Timeout(Duration::ZERO));
+            }
+            // While another caller reads, it routes this reply to `rx`: wait there, and
+            // look again at the read half every slice in case that caller is done.
+            let Some(mut half) = self.reader.try_lock() else {
+                match rx.recv_timeout(left.min(slice)) {
+                    Ok(r) => return Ok(r),
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Err(WireError::Closed),
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        slice = (slice * 2).min(FOLLOW_SLICE_MAX);
+                        continue;
+                    }
+                }
+            };
+            if let Ok(r) = rx.try_recv() {
+                return Ok(r);
+            }
+            match self.read_turn(&mut half, id, deadline) {
+                Ok(Turn::Mine(r)) => return Ok(r),
+                Ok(Turn::NotYet) => {}
+                Err(e) => {
+                    drop(half);
+                    self.close_reads();
+                    return Err(e);
+                }
+            }
         }
     }
 
-    /// Closes the connection; the reader thread ends and pending callers see `Closed`.
+    /// Reads frames until reply `id` arrives or `deadline` passes, routing the others.
+    /// Bytes of a frame not yet whole stay in the buffer for the next turn, so a turn
+    /// that times out mid-frame never loses the stream's framing.
+    fn read_turn(&self, half: &mut ReadHalf, id: u64, deadline: Instant) -> Result<Turn, WireError> {
+        let mut chunk = [0u8; 64 << 10];
+        loop {
+            while let Some(frame) = take_frame(&mut half.buf)? {
+                self.last_reply
+                    .store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
+                if frame.0 == id {
+                    return Ok(Turn::Mine(frame.1));
+                }
+                // A caller that timed out has removed its entry; its late reply is dropped.
+                if let Some(tx) = self.pending.lock().remove(&frame.0) {
+                    let _ = tx.try_send(frame.1);
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(Turn::NotYet);
+            }
+            half.stream.set_read_timeout(Some(left))?;
+            match half.stream.read(&mut chunk) {
+                Ok(0) => return Err(WireError::Closed),
+                Ok(n) => half.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return Ok(Turn::NotYet);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// The helper closed the socket or broke the framing: every caller sees `Closed`.
+    fn close_reads(&self) {
+        self.open.store(false, Ordering::Release);
+        // Dropping the senders wakes every waiting caller with `Closed`.
+        self.pending.lock().clear();
+    }
+
+    /// Closes the connection; pending callers see `Closed`.
     pub fn shutdown(&self) {
         self.open.store(false, Ordering::Release);
         let _ = self.writer.lock().shutdown(std::net::Shutdown::Both);
+        self.pending.lock().clear();
     }
 }
 
@@ -211,36 +320,31 @@ impl Drop for Conn {
     }
 }
 
-fn read_loop(mut s: UnixStream, pending: Pending, open: Arc<AtomicBool>, last: Arc<AtomicU64>, born: Instant) {
-    let mut head = [0u8; 13];
-    loop {
-        if s.read_exact(&mut head).is_err() {
-            break;
-        }
-        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-        if !(9..=MAX_FRAME).contains(&len) {
-            tracing::warn!(len, "mooncake helper sent a bad frame length; closing");
-            break;
-        }
-        let id = u64::from_le_bytes(head[4..12].try_into().unwrap_or([0; 8]));
-        let mut body = vec![0u8; len - 9];
-        if s.read_exact(&mut body).is_err() {
-            break;
-        }
-        let reply = match head[12] {
-            0 => Reply::Ok(body),
-            1 => Reply::Unavailable(String::from_utf8_lossy(&body).into_owned()),
-            _ => Reply::Bad(String::from_utf8_lossy(&body).into_owned()),
-        };
-        last.store(born.elapsed().as_millis() as u64, Ordering::Relaxed);
-        // A caller that timed out has removed its entry; its late reply is dropped here.
-        if let Some(tx) = pending.lock().remove(&id) {
-            let _ = tx.try_send(reply);
-        }
+/// Takes one whole frame off the front of `buf`: `(request id, reply)`, or `None` while
+/// the frame is still incomplete.
+fn take_frame(buf: &mut Vec<u8>) -> Result<Option<(u64, Reply)>, WireError> {
+    if buf.len() < 13 {
+        return Ok(None);
     }
-    open.store(false, Ordering::Release);
-    // Dropping the senders wakes every waiting caller with `Closed`.
-    pending.lock().clear();
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if !(9..=MAX_FRAME).contains(&len) {
+        tracing::warn!(len, "mooncake helper sent a bad frame length; closing");
+        return Err(WireError::Malformed("reply frame length out of range"));
+    }
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&buf[4..12]);
+    let status = buf[12];
+    let body = buf[13..4 + len].to_vec();
+    buf.drain(..4 + len);
+    let reply = match status {
+        0 => Reply::Ok(body),
+        1 => Reply::Unavailable(String::from_utf8_lossy(&body).into_owned()),
+        _ => Reply::Bad(String::from_utf8_lossy(&body).into_owned()),
+    };
+    Ok(Some((u64::from_le_bytes(id), reply)))
 }
 
 #[cfg(test)]
@@ -285,5 +389,85 @@ mod tests {
             conn.call(Op::Status, &Body::default(), Duration::from_millis(50)),
             Err(WireError::Closed) | Err(WireError::Io(_))
         ));
+    }
+
+    /// Reads one request frame: (request id, body).
+    fn request(b: &mut UnixStream) -> (u64, Vec<u8>) {
+        let mut head = [0u8; 13];
+        b.read_exact(&mut head).unwrap();
+        let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
+        let mut body = vec![0u8; len - 9];
+        b.read_exact(&mut body).unwrap();
+        (u64::from_le_bytes(head[4..12].try_into().unwrap()), body)
+    }
+
+    fn reply(id: u64, body: &[u8]) -> Vec<u8> {
+        let mut frame = ((body.len() + 9) as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&id.to_le_bytes());
+        frame.push(0);
+        frame.extend_from_slice(body);
+        frame
+    }
+
+    #[test]
+    fn concurrent_callers_get_their_own_replies_whoever_reads() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let conn = Conn::new(a).unwrap();
+        // The helper answers in the reverse order of the requests, so the caller that
+        // reads first meets the other's reply before its own.
+        let helper = std::thread::spawn(move || {
+            let first = request(&mut b);
+            let second = request(&mut b);
+            for (id, body) in [second, first] {
+                b.write_all(&reply(id, &body)).unwrap();
+            }
+            b
+        });
+        let callers: Vec<_> = (0..2u8)
+            .map(|i| {
+                let c = conn.clone();
+                std::thread::spawn(move || {
+                    let mut body = Body::default();
+                    body.bytes(&[i; 7]);
+                    c.call(Op::Status, &body, Duration::from_secs(10)).unwrap()
+                })
+            })
+            .collect();
+        for (i, t) in callers.into_iter().enumerate() {
+            let Reply::Ok(got) = t.join().unwrap() else {
+                panic!("not ok")
+            };
+            assert_eq!(got, vec![i as u8; 7], "caller {i} got its own reply");
+        }
+        drop(helper.join().unwrap());
+    }
+
+    #[test]
+    fn a_reply_split_across_a_timeout_keeps_the_framing() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let conn = Conn::new(a).unwrap();
+        let (go, wait) = crossbeam_channel::bounded::<()>(1);
+        let helper = std::thread::spawn(move || {
+            let (late, _) = request(&mut b);
+            let frame = reply(late, b"late");
+            // Half a frame, then nothing until the caller has timed out.
+            b.write_all(&frame[..9]).unwrap();
+            wait.recv().unwrap();
+            b.write_all(&frame[9..]).unwrap();
+            let (id, body) = request(&mut b);
+            b.write_all(&reply(id, &body)).unwrap();
+            b
+        });
+        assert!(matches!(
+            conn.call(Op::Status, &Body::default(), Duration::from_millis(100)),
+            Err(WireError::Timeout(_))
+        ));
+        go.send(()).unwrap();
+        let mut body = Body::default();
+        body.bytes(b"next");
+        // The late reply's rest is read and dropped; this caller gets its own.
+        let r = conn.call(Op::Status, &body, Duration::from_secs(10)).unwrap();
+        assert!(matches!(r, Reply::Ok(ref b) if b == b"next"), "{r:?}");
+        drop(helper.join().unwrap());
     }
 }

@@ -190,7 +190,7 @@ fn field(r: &mut Reader<'_>, ev: &mut VllmEvent, name: &str) -> Result<(), Decod
                 ev.medium = Some(match r.str()? {
                     "GPU" => TierKind::Device,
                     "CPU_PINNED" => TierKind::Host,
-                    "SHARED" => TierKind::Pool,
+                    "SHARED" | "STORAGE" => TierKind::Pool,
                     other => return Err(DecodeError::UnknownMedium(other.chars().take(40).collect())),
                 });
             }

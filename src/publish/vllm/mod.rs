@@ -16,8 +16,10 @@
 //! One page event becomes one vLLM event with one block hash. `token_ids` and
 //! `parent_block_hash` are what the engine sent with the store ([`TokenTable`]), else
 //! `[]` and nil. `lora_id` and `lora_name` are nil; `block_size` is the namespace's page
-//! tokens, and `medium` the tier (`GPU`, `CPU_PINNED`, `SHARED`). `AllBlocksCleared`
-//! carries no medium in vLLM's format, so a clear of any tier is sent as one.
+//! tokens, and `medium` the tier (`GPU`, `CPU_PINNED`; the pool `SHARED` for a Mooncake
+//! Store, `STORAGE` with `locality: "LOCAL"` for the node-local pool, see [`PoolMedium`]).
+//! `AllBlocksCleared` carries no medium in vLLM's format, so a clear of any tier is sent
+//! as one.
 //!
 //! Block hashes ([`HashFormat`]): by default every page hash is sent as an integer, its
 //! low 64 bits (the last 8 bytes, big-endian), as vLLM does with
@@ -79,6 +81,37 @@ pub enum HashFormat {
     Bytes,
 }
 
+/// What the pool tier is, for the `medium` (and `locality`) of pool pages' events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PoolMedium {
+    /// A store shared by the nodes of a cluster (Mooncake): `medium: "SHARED"`, no
+    /// `locality`.
+    #[default]
+    Shared,
+    /// The node-local shared-memory pool: vLLM 0.33's own pair for a secondary tier on
+    /// this node, `medium: "STORAGE"` and `locality: "LOCAL"` (the positional encoding of
+    /// vLLM 0.23 and earlier has no `locality` field; there the medium alone says it).
+    Local,
+}
+
+impl PoolMedium {
+    /// The `medium` string of a pool page's events.
+    pub fn medium(self) -> &'static str {
+        match self {
+            PoolMedium::Shared => "SHARED",
+            PoolMedium::Local => "STORAGE",
+        }
+    }
+
+    /// The `locality` of a pool page's events, where one is sent.
+    pub fn locality(self) -> Option<&'static str> {
+        match self {
+            PoolMedium::Shared => None,
+            PoolMedium::Local => Some("LOCAL"),
+        }
+    }
+}
+
 /// Settings of the vLLM publisher.
 #[derive(Clone, Debug)]
 pub struct VllmConfig {
@@ -108,6 +141,9 @@ pub struct VllmConfig {
     pub replay_bytes: usize,
     /// ZMQ send high-water mark (messages). Default: 100 000.
     pub hwm: i32,
+    /// What the pool tier is (the daemon sets it from `pool`). Default:
+    /// [`PoolMedium::Shared`].
+    pub pool_medium: PoolMedium,
 }
 
 impl Default for VllmConfig {
@@ -126,6 +162,7 @@ impl Default for VllmConfig {
             replay_batches: 10_000,
             replay_bytes: 64 << 20,
             hwm: 100_000,
+            pool_medium: PoolMedium::Shared,
         }
     }
 }
@@ -162,11 +199,18 @@ pub fn encode_batch_with(
                 w.str(name);
             }
         };
+        let (medium, locality) = match ev.tier {
+            crate::tier::TierKind::Pool => (cfg.pool_medium.medium(), cfg.pool_medium.locality()),
+            tier => (tier.medium(), None),
+        };
+        // `locality` is a trailing map key (vLLM 0.33 `BlockStored`/`BlockRemoved`); the
+        // positional encoding has no place for it.
+        let locality = locality.filter(|_| tagged);
         let fields = match ev.kind {
             PageEventKind::Stored => 8,
             PageEventKind::Removed => 3,
             PageEventKind::Cleared => 1,
-        };
+        } + usize::from(locality.is_some() && ev.kind != PageEventKind::Cleared);
         if tagged {
             w.map(fields);
             w.str("type");
@@ -196,9 +240,13 @@ pub fn encode_batch_with(
                 field(&mut w, "lora_id");
                 w.nil();
                 field(&mut w, "medium");
-                w.str(ev.tier.medium());
+                w.str(medium);
                 field(&mut w, "lora_name");
                 w.nil();
+                if let Some(l) = locality {
+                    field(&mut w, "locality");
+                    w.str(l);
+                }
             }
             PageEventKind::Removed => {
                 w.str("BlockRemoved");
@@ -206,7 +254,11 @@ pub fn encode_batch_with(
                 w.array(1);
                 hash(&mut w, cfg.hashes, &ev.hash);
                 field(&mut w, "medium");
-                w.str(ev.tier.medium());
+                w.str(medium);
+                if let Some(l) = locality {
+                    field(&mut w, "locality");
+                    w.str(l);
+                }
             }
             PageEventKind::Cleared => w.str("AllBlocksCleared"),
         }

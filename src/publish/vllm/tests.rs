@@ -242,3 +242,75 @@ fn malformed_batches_are_typed_errors() {
     let e = positional(&|w: &mut Writer<'_>| removed(w, 5_000));
     assert_eq!(e, Err(DecodeError::Malformed("arrays nested too deep")));
 }
+
+#[test]
+fn local_pool_pages_say_storage_and_local() {
+    let h = PageHash::from_u64(0x1234);
+    let evs = [
+        ev(1, PageEventKind::Stored, TierKind::Pool, h),
+        ev(2, PageEventKind::Removed, TierKind::Pool, h),
+        ev(3, PageEventKind::Stored, TierKind::Host, h),
+    ];
+    let local = VllmConfig {
+        pool_medium: PoolMedium::Local,
+        ..VllmConfig::default()
+    };
+    let mut buf = Vec::new();
+    encode_batch(&mut buf, &local, 1.0, &evs, |_| 16);
+    let v = rmpv::decode::read_value(&mut buf.as_slice()).unwrap();
+    let e = v.as_array().unwrap()[1].as_array().unwrap();
+    let fields = |i: usize| -> Vec<(String, rmpv::Value)> {
+        e[i].as_map()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.as_str().unwrap().to_owned(), v.clone()))
+            .collect()
+    };
+    let get = |f: &[(String, rmpv::Value)], k: &str| f.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let stored = fields(0);
+    assert_eq!(stored.len(), 9);
+    assert_eq!(stored.last().unwrap().0, "locality");
+    assert_eq!(get(&stored, "medium").unwrap().as_str(), Some("STORAGE"));
+    assert_eq!(get(&stored, "locality").unwrap().as_str(), Some("LOCAL"));
+    let removed = fields(1);
+    assert_eq!(removed.len(), 4);
+    assert_eq!(get(&removed, "medium").unwrap().as_str(), Some("STORAGE"));
+    assert_eq!(get(&removed, "locality").unwrap().as_str(), Some("LOCAL"));
+    // Other tiers are as before: no locality.
+    let host = fields(2);
+    assert_eq!(host.len(), 8);
+    assert_eq!(get(&host, "medium").unwrap().as_str(), Some("CPU_PINNED"));
+    assert!(get(&host, "locality").is_none());
+    // Our own decoder reads both back as the pool tier.
+    let b = decode_batch(&buf).unwrap();
+    assert_eq!(b.events[0].medium, Some(TierKind::Pool));
+    assert_eq!(b.events[1].medium, Some(TierKind::Pool));
+
+    // The legacy positional form has no locality field: 8 and 3 fields, medium STORAGE.
+    let legacy = VllmConfig {
+        encoding: Encoding::Positional,
+        ..local.clone()
+    };
+    buf.clear();
+    encode_batch(&mut buf, &legacy, 1.0, &evs[..2], |_| 16);
+    let v = rmpv::decode::read_value(&mut buf.as_slice()).unwrap();
+    let e = v.as_array().unwrap()[1].as_array().unwrap();
+    let s = e[0].as_array().unwrap();
+    assert_eq!((s.len(), s[6].as_str()), (8, Some("STORAGE")));
+    let r = e[1].as_array().unwrap();
+    assert_eq!((r.len(), r[2].as_str()), (3, Some("STORAGE")));
+
+    // A shared store's pages keep SHARED and no locality.
+    buf.clear();
+    encode_batch(&mut buf, &VllmConfig::default(), 1.0, &evs[..1], |_| 16);
+    let v = rmpv::decode::read_value(&mut buf.as_slice()).unwrap();
+    let s = v.as_array().unwrap()[1].as_array().unwrap()[0]
+        .as_map()
+        .unwrap()
+        .clone();
+    assert_eq!(s.len(), 8);
+    assert!(
+        s.iter()
+            .any(|(k, v)| k.as_str() == Some("medium") && v.as_str() == Some("SHARED"))
+    );
+}

@@ -1,0 +1,194 @@
+//! What the cluster tests share: a `mooncake_master` of a test's own (on fresh loopback
+//! ports, so a test may kill and restart it without touching anyone else's), and
+//! `kvtier serve --pool mooncake` nodes on it, each with its own runtime directory, arena
+//! and admin socket.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use crate::common::{identity, kvtier_bin, spec};
+use kvtier::client::{Client, ClientConfig};
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// A `mooncake_master` of this test's own, on fresh loopback ports.
+pub struct Master {
+    bin: PathBuf,
+    rpc: u16,
+    http: u16,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Master {
+    pub fn start(bin: PathBuf, dir: &Path) -> Self {
+        let mut m = Self {
+            bin,
+            rpc: free_port(),
+            http: free_port(),
+            log: dir.join("master.log"),
+            child: None,
+        };
+        m.restart();
+        m
+    }
+
+    pub fn restart(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(&self.bin)
+            .args(["--rpc_address=127.0.0.1", &format!("--rpc_port={}", self.rpc)])
+            .args([
+                "--enable_http_metadata_server=true",
+                "--http_metadata_server_host=127.0.0.1",
+            ])
+            .arg(format!("--http_metadata_server_port={}", self.http))
+            .arg(format!("--metrics_port={}", free_port()))
+            .arg("--client_ttl=3")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let up = eventually(Duration::from_secs(20), || {
+            std::net::TcpStream::connect(("127.0.0.1", self.rpc)).is_ok()
+                && std::net::TcpStream::connect(("127.0.0.1", self.http)).is_ok()
+        });
+        assert!(up, "mooncake_master did not come up; log {}", self.log.display());
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.rpc)
+    }
+
+    pub fn metadata(&self) -> String {
+        format!("http://127.0.0.1:{}/metadata", self.http)
+    }
+}
+
+impl Drop for Master {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `kvtier serve --pool mooncake` with its own runtime directory and arena.
+pub struct Node {
+    pub socket: PathBuf,
+    pub admin: PathBuf,
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Node {
+    pub fn start(dir: &Path, master: &Master, python: &Path) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let log = dir.join("daemon.log");
+        let out = std::fs::File::create(dir.join("stdout.log")).unwrap();
+        let set = |k: &str, v: &str| ["--set".to_string(), format!("{k}={v}")];
+        let child = Command::new(kvtier_bin())
+            .arg("serve")
+            .arg("--socket")
+            .arg(dir.join("kvtier.sock"))
+            .arg("--arena-path")
+            .arg(dir.join("arena"))
+            .args(["--arena-bytes", &(16u64 << 20).to_string()])
+            // 1,024 slots: room for every test's pages (their objects are at most 16 KiB).
+            .args(set("slot_bytes", "16384"))
+            .args(["--pool", "mooncake", "--mooncake-master", &master.addr()])
+            .args(set("mooncake.metadata", &format!("{:?}", master.metadata())))
+            .args(set("mooncake.python", &format!("{:?}", python.display().to_string())))
+            .args(set("mooncake.global_segment_bytes", "67108864"))
+            .args(set(
+                "admin_socket",
+                &format!("{:?}", dir.join("admin.sock").display().to_string()),
+            ))
+            .args(set("lock_arena", "false"))
+            .args(set("prefault", "false"))
+            .args(set("recover", "false"))
+            .args(set("events_endpoint", "\"\""))
+            .args(set("events_replay_endpoint", "\"\""))
+            .args(set("pool_events_endpoint", "\"\""))
+            .env("RUST_LOG", "info")
+            .stdout(out)
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let socket = dir.join("kvtier.sock");
+        assert!(
+            eventually(Duration::from_secs(20), || std::os::unix::net::UnixStream::connect(
+                &socket
+            )
+            .is_ok()),
+            "daemon did not start; log {}",
+            log.display()
+        );
+        Self {
+            admin: dir.join("admin.sock"),
+            socket,
+            log,
+            child,
+        }
+    }
+
+    /// The daemon's log so far, for a failing test's message.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn client(&self, instance: &str, tp: u16) -> Client {
+        let cfg = ClientConfig::new(&self.socket, identity(instance, tp, 0, 2, 1), spec(2, 1));
+        Client::connect(cfg.with_timeout(Duration::from_secs(20))).unwrap()
+    }
+
+    /// `kvtier <args> --socket <admin> --json`, parsed.
+    pub fn admin(&self, args: &[&str]) -> serde_json::Value {
+        let out = Command::new(kvtier_bin())
+            .args(args)
+            .arg("--socket")
+            .arg(&self.admin)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kvtier {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
