@@ -136,7 +136,9 @@ impl DirView {
     /// A view for up to `max_records` records (at most [`MAX_RECORDS`]).
     pub(super) fn new(max_records: usize) -> Result<Self, DirectoryError> {
         let max_records = max_records.min(MAX_RECORDS);
-        let slots = (max_records.saturating_mul(4) / 3 + 1).max(MIN_SLOTS).next_power_of_two();
+        let slots = (max_records.saturating_mul(4) / 3 + 1)
+            .max(MIN_SLOTS)
+            .next_power_of_two();
         Ok(Self {
             slots: zeroed(slots)?,
             mask: slots - 1,

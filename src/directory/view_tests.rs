@@ -153,14 +153,23 @@ fn lookups_racing_inserts_evictions_and_reuse_never_credit_an_incomplete_page() 
         r.join().expect("a reader's check failed");
     }
     // The run exercised what it claims to: many credited pages checked, records reused.
-    assert!(conclusive.load(SeqCst) > 1_000, "{} conclusive of {}", conclusive.load(SeqCst), claims.load(SeqCst));
+    assert!(
+        conclusive.load(SeqCst) > 1_000,
+        "{} conclusive of {}",
+        conclusive.load(SeqCst),
+        claims.load(SeqCst)
+    );
     assert!(stable_hits.load(SeqCst) > 1_000);
     assert!(d.record_slots() <= ROOM, "records are reused, never more than the room");
     // Quiescent: the view answers exactly what the directory holds, page by page.
     for k in 0..PAGES {
         let complete = d.find(ns, &hash(k)).is_some_and(|id| d.is_complete(id, TierKind::Host));
         assert_eq!(truth.get(k) & 1 == 1, complete, "page {k}");
-        assert_eq!(view.lookup_prefix(ns, &[hash(k)]).host, usize::from(complete), "page {k}");
+        assert_eq!(
+            view.lookup_prefix(ns, &[hash(k)]).host,
+            usize::from(complete),
+            "page {k}"
+        );
     }
 }
 
@@ -176,7 +185,11 @@ fn the_view_sees_namespaces_and_states_the_directory_writes() {
     let hs: Vec<PageHash> = (0..4).map(hash).collect();
     for (i, h) in hs.iter().enumerate() {
         let id = d.find_or_insert(ns, h).unwrap();
-        d.set_page(id, [TierKind::Device, TierKind::Host, TierKind::Pool, TierKind::Host][i], true);
+        d.set_page(
+            id,
+            [TierKind::Device, TierKind::Host, TierKind::Pool, TierKind::Host][i],
+            true,
+        );
     }
     assert_eq!(
         view.lookup_prefix(ns, &hs),
@@ -190,7 +203,11 @@ fn the_view_sees_namespaces_and_states_the_directory_writes() {
     assert_eq!(view.lookup_prefix(ns, &[hash(PAGES / 2)]).total(), 0);
     let id = d.find(ns, &hs[0]).unwrap();
     d.set_page(id, TierKind::Device, false);
-    assert_eq!(view.lookup_prefix(ns, &hs).total(), 0, "page 0 left: the prefix is empty");
+    assert_eq!(
+        view.lookup_prefix(ns, &hs).total(),
+        0,
+        "page 0 left: the prefix is empty"
+    );
     // The freed record is reused for another hash; the old one stays gone.
     let id2 = d.find_or_insert(ns, &hash(PAGES / 2)).unwrap();
     assert_eq!(id2, id, "the free record is reused");

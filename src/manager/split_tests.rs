@@ -82,7 +82,10 @@ fn prefix_lookups_finish_while_the_directory_is_write_locked() {
     assert!(in_time, "a lookup waited for the directory's write lock");
     assert_eq!((hit.device, hit.host, hit.pool), (3, 0, 0), "{hit:?}");
     assert!(
-        matches!(unknown, Err(ManagerError::Directory(DirectoryError::UnknownNamespace(9)))),
+        matches!(
+            unknown,
+            Err(ManagerError::Directory(DirectoryError::UnknownNamespace(9)))
+        ),
         "{unknown:?}"
     );
 }
