@@ -285,7 +285,7 @@ pub fn run(args: EvictArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         println!(
-            "{} pages at the high watermark: evict p99 {:.2} us/victim (p50 {:.2}, {} evicted) | lookup p99 during eviction {:.2} us, idle {:.2} us | ratio {:.2} (goal <= 2) | reference, under the read lock: {:.2} us, ratio {:.2} | {:.1} bytes/page",
+            "{} pages at the high watermark: evict p99 {:.2} us/victim (p50 {:.2}, {} evicted) | lookup p99 during eviction {:.2} us, idle {:.2} us | ratio {:.2} (goal <= 2) | reference, under the read lock: {:.2} us, ratio {:.2} | p99.9 idle {:.2} us, during {:.2} us, under the lock {:.2} us | {:.1} bytes/page",
             r.pages,
             r.evict_p99_us,
             r.evict_p50_us,
@@ -295,6 +295,9 @@ pub fn run(args: EvictArgs) -> anyhow::Result<()> {
             r.ratio,
             r.lookup_p99_us_during_eviction_locked,
             r.locked_ratio,
+            r.lookup_p999_us_idle,
+            r.lookup_p999_us_during_eviction,
+            r.lookup_p999_us_during_eviction_locked,
             r.bytes_per_page
         );
     }

@@ -8,6 +8,10 @@
 //! `grants`, …) are the only way the manager takes these locks, and in test builds each
 //! helper checks the rule on the calling thread, so an out-of-order nesting fails the
 //! first test that reaches it instead of deadlocking one day in production.
+//!
+//! Prefix lookups take none of these locks: [`Manager::view_lookup`] reads the
+//! directory's lock-free view (`directory/view.rs`), which the directory's writer keeps
+//! current under the `Dir` write lock, so a store or an eviction round never delays one.
 
 use std::ops::{Deref, DerefMut};
 
