@@ -4,10 +4,14 @@
 //! The directory sits behind a `parking_lot::RwLock`, as in the manager, and the threads
 //! follow the manager's discipline: a store takes the write lock per batch of pages; an
 //! eviction round walks the host eviction lists under the read lock (`Directory::victims`)
-//! and takes the write lock once per batch of 64 victims to drop them. One thread stores
-//! and evicts; another times prefix lookups of recently stored chains. The lookup figure
-//! is measured twice in the same run, interleaved slice by slice: with the store/evict
-//! thread parked (idle) and running (during eviction); their ratio is the figure to read.
+//! and takes the write lock once per batch of 64 victims to drop them. Lookups go where
+//! the manager's `lookup` goes: the directory's lock-free view (`DirView::lookup_prefix`),
+//! with no lock. One thread stores and evicts; another times prefix lookups of recently
+//! stored chains. The lookup figure is measured twice in the same run, interleaved slice
+//! by slice: with the store/evict thread parked (idle) and running (during eviction);
+//! their ratio is the figure to read. A third slice kind, also during eviction, times
+//! the same lookups under the directory's read lock (what lookups did before they had
+//! the view): the reference that shows what the lock-free path saves.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -18,7 +22,7 @@ use parking_lot::RwLock;
 use serde::Serialize;
 
 use super::control::percentile;
-use crate::directory::Directory;
+use crate::directory::{DirView, Directory};
 use crate::layout::LayoutSpec;
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::tier::TierKind;
@@ -33,7 +37,8 @@ pub struct EvictArgs {
     /// Pages in the directory at its high watermark.
     #[arg(long, default_value_t = 4_000_000)]
     pub pages: usize,
-    /// Interleaved slices (idle, then during eviction, each `slice_ms` long).
+    /// Interleaved slice triples (idle, during eviction, during eviction under the read
+    /// lock; each `slice_ms` long).
     #[arg(long, default_value_t = 6)]
     pub slices: usize,
     /// Length of each slice in milliseconds.
@@ -51,7 +56,8 @@ pub struct EvictReport {
     pub evicted: usize,
     pub reclaim_pages: usize,
     /// p99 and p50 of one batch's cost (victim walk under the read lock, drop under the
-    /// write lock) divided by its victims, in microseconds.
+    /// write lock) divided by its victims, in microseconds; in the slices whose lookups
+    /// use the lock-free view (the manager's path).
     pub evict_p99_us: f64,
     pub evict_p50_us: f64,
     /// p99 of one prefix lookup of a 16-page chain while the store stream and eviction
@@ -60,8 +66,18 @@ pub struct EvictReport {
     pub lookup_p99_us_idle: f64,
     /// `lookup_p99_us_during_eviction / lookup_p99_us_idle` (goal: at most 2).
     pub ratio: f64,
+    /// The reference: p99 of the same lookups during eviction taken under the
+    /// directory's read lock, as lookups were before the lock-free view, and its ratio
+    /// to idle.
+    pub lookup_p99_us_during_eviction_locked: f64,
+    pub locked_ratio: f64,
+    /// p99.9 of the three, where waits behind a writer show first.
+    pub lookup_p999_us_idle: f64,
+    pub lookup_p999_us_during_eviction: f64,
+    pub lookup_p999_us_during_eviction_locked: f64,
     pub lookups_during: usize,
     pub lookups_idle: usize,
+    pub lookups_locked: usize,
     /// Lookups that found their whole chain (recent pages are rarely victims).
     pub full_hits: usize,
     pub bytes_per_page: f64,
@@ -90,10 +106,15 @@ fn store(dir: &mut Directory, ns: NamespaceId, i: usize) -> anyhow::Result<()> {
 /// The store/evict thread's state, shared with the lookups for the live window.
 struct Shared {
     dir: RwLock<Directory>,
+    /// The directory's read view, which lookups use without the lock.
+    view: Arc<DirView>,
     ns: NamespaceId,
     /// Next page index to store.
     next: AtomicUsize,
     run: AtomicBool,
+    /// The lookups run under the read lock (reference slices): the eviction costs of
+    /// these slices are kept apart, since readers holding the lock delay the writer.
+    locked: AtomicBool,
     stop: AtomicBool,
 }
 
@@ -133,7 +154,10 @@ fn store_and_evict(s: &Shared, high: usize, target: usize, costs: &mut Vec<f64>)
             }
             d.drain_events();
         }
-        costs.push(t.elapsed().as_secs_f64() * 1e6 / victims.len() as f64);
+        let cost = t.elapsed().as_secs_f64() * 1e6 / victims.len() as f64;
+        if !s.locked.load(Ordering::Acquire) {
+            costs.push(cost);
+        }
         evicted += victims.len();
     }
     Ok(evicted)
@@ -158,10 +182,12 @@ pub fn measure(args: &EvictArgs) -> anyhow::Result<EvictReport> {
     dir.drain_events();
     let bytes_per_page = dir.heap_bytes() as f64 / args.pages as f64;
     let shared = Arc::new(Shared {
+        view: dir.view(),
         dir: RwLock::new(dir),
         ns,
         next: AtomicUsize::new(args.pages - BATCH),
         run: AtomicBool::new(false),
+        locked: AtomicBool::new(false),
         stop: AtomicBool::new(false),
     });
     let (high, target) = (args.pages, args.pages - reclaim);
@@ -182,14 +208,19 @@ pub fn measure(args: &EvictArgs) -> anyhow::Result<EvictReport> {
     };
     // Lookups of chains among the most recent pages (still resident: eviction takes the
     // least recently used first), on this thread.
-    let (mut idle, mut during) = (Vec::new(), Vec::new());
+    let (mut idle, mut during, mut locked) = (Vec::new(), Vec::new(), Vec::new());
     let mut full_hits = 0;
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut chain = Vec::with_capacity(CHAIN);
-    for slice in 0..2 * args.slices.max(1) {
-        let busy = slice % 2 == 1;
+    for slice in 0..3 * args.slices.max(1) {
+        let (busy, under_lock) = (slice % 3 != 0, slice % 3 == 2);
+        shared.locked.store(under_lock, Ordering::Release);
         shared.run.store(busy, Ordering::Release);
-        let out = if busy { &mut during } else { &mut idle };
+        let out = match slice % 3 {
+            0 => &mut idle,
+            1 => &mut during,
+            _ => &mut locked,
+        };
         let end = Instant::now() + Duration::from_millis(args.slice_ms.max(10));
         while Instant::now() < end {
             let next = shared.next.load(Ordering::Acquire);
@@ -201,7 +232,11 @@ pub fn measure(args: &EvictArgs) -> anyhow::Result<EvictReport> {
             chain.clear();
             chain.extend((first..first + CHAIN).map(hash));
             let t = Instant::now();
-            let hit = shared.dir.read().lookup_prefix(ns, &chain);
+            let hit = if under_lock {
+                shared.dir.read().lookup_prefix(ns, &chain)
+            } else {
+                shared.view.lookup_prefix(ns, &chain)
+            };
             out.push(t.elapsed().as_secs_f64() * 1e6);
             full_hits += usize::from(hit.total() == CHAIN);
         }
@@ -211,10 +246,11 @@ pub fn measure(args: &EvictArgs) -> anyhow::Result<EvictReport> {
         .join()
         .map_err(|_| anyhow::anyhow!("the store/evict thread panicked"))??;
     anyhow::ensure!(!costs.is_empty(), "no eviction happened; run longer slices");
-    for v in [&mut costs, &mut idle, &mut during] {
+    for v in [&mut costs, &mut idle, &mut during, &mut locked] {
         v.sort_by(f64::total_cmp);
     }
     let (p_idle, p_during) = (percentile(&idle, 0.99), percentile(&during, 0.99));
+    let p_locked = percentile(&locked, 0.99);
     Ok(EvictReport {
         pages: args.pages,
         evicted,
@@ -224,8 +260,14 @@ pub fn measure(args: &EvictArgs) -> anyhow::Result<EvictReport> {
         lookup_p99_us_during_eviction: p_during,
         lookup_p99_us_idle: p_idle,
         ratio: p_during / p_idle.max(1e-9),
+        lookup_p99_us_during_eviction_locked: p_locked,
+        locked_ratio: p_locked / p_idle.max(1e-9),
+        lookup_p999_us_idle: percentile(&idle, 0.999),
+        lookup_p999_us_during_eviction: percentile(&during, 0.999),
+        lookup_p999_us_during_eviction_locked: percentile(&locked, 0.999),
         lookups_during: during.len(),
         lookups_idle: idle.len(),
+        lookups_locked: locked.len(),
         full_hits,
         bytes_per_page,
     })
@@ -234,16 +276,16 @@ pub fn measure(args: &EvictArgs) -> anyhow::Result<EvictReport> {
 pub fn run(args: EvictArgs) -> anyhow::Result<()> {
     let r = measure(&args)?;
     anyhow::ensure!(
-        r.full_hits * 2 >= r.lookups_during + r.lookups_idle,
+        r.full_hits * 2 >= r.lookups_during + r.lookups_idle + r.lookups_locked,
         "recent chains should be resident, yet only {} of {} lookups hit in full",
         r.full_hits,
-        r.lookups_during + r.lookups_idle
+        r.lookups_during + r.lookups_idle + r.lookups_locked
     );
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         println!(
-            "{} pages at the high watermark: evict p99 {:.2} us/victim (p50 {:.2}, {} evicted) | lookup p99 during eviction {:.2} us, idle {:.2} us | ratio {:.2} (goal <= 2) | {:.1} bytes/page",
+            "{} pages at the high watermark: evict p99 {:.2} us/victim (p50 {:.2}, {} evicted) | lookup p99 during eviction {:.2} us, idle {:.2} us | ratio {:.2} (goal <= 2) | reference, under the read lock: {:.2} us, ratio {:.2} | p99.9 idle {:.2} us, during {:.2} us, under the lock {:.2} us | {:.1} bytes/page",
             r.pages,
             r.evict_p99_us,
             r.evict_p50_us,
@@ -251,6 +293,11 @@ pub fn run(args: EvictArgs) -> anyhow::Result<()> {
             r.lookup_p99_us_during_eviction,
             r.lookup_p99_us_idle,
             r.ratio,
+            r.lookup_p99_us_during_eviction_locked,
+            r.locked_ratio,
+            r.lookup_p999_us_idle,
+            r.lookup_p999_us_during_eviction,
+            r.lookup_p999_us_during_eviction_locked,
             r.bytes_per_page
         );
     }

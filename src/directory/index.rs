@@ -1,10 +1,10 @@
-//! The directory's hash index: open addressing with linear probing over 8-byte slots.
+//! A growable hash index: open addressing with linear probing over 8-byte slots, used by
+//! the local pool to index its objects by key hash (the directory's own index is the
+//! fixed-capacity, lock-free one in `view.rs`).
 //!
-//! A slot holds a 32-bit tag taken from the page's table hash and the 32-bit record
-//! index. The tag also picks the home slot, so the index can grow and delete (backward
-//! shift) without rehashing records. Lookups of a hash chain prefetch slots a few pages
-//! ahead, so the memory latency of one page overlaps with the work on the previous ones.
-//! The local pool indexes its objects with the same structure, by key hash.
+//! A slot holds a 32-bit tag taken from the key's hash and the 32-bit record index. The
+//! tag also picks the home slot, so the index can grow and delete (backward shift)
+//! without rehashing records.
 
 const EMPTY: u64 = u64::MAX;
 const MIN_SLOTS: usize = 1024;
@@ -52,19 +52,6 @@ impl PageIndex {
             }
             i = (i + 1) & self.mask;
         }
-    }
-
-    /// Hints the CPU to fetch the home slot of `h`.
-    #[inline]
-    pub fn prefetch(&self, h: u64) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let p = self.slots.as_ptr().wrapping_add(self.home(tag(h)));
-            // SAFETY: prefetch never faults, and `p` is inside the slot vector.
-            unsafe { std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = h;
     }
 
     /// Adds a record index under `h`. The caller has checked it is not present.
@@ -131,10 +118,6 @@ impl PageIndex {
         self.slots[hole] = EMPTY;
         self.len -= 1;
         true
-    }
-
-    pub fn heap_bytes(&self) -> usize {
-        self.slots.capacity() * 8
     }
 }
 

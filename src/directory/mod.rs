@@ -6,26 +6,34 @@
 //! complete), each exactly once, numbered in one sequence. It answers contiguous-prefix
 //! lookups over a hash sequence with per-tier credit that never counts a page twice.
 //!
-//! Memory per page is kept small: a fixed 56-byte record, a 4-byte slot in an open
-//! addressing index, and side tables only for the rare pages that are partial or in flight.
+//! Memory per page is kept small: a fixed 24-byte record the writer keeps, a 40-byte
+//! cell and an 8-byte index slot (load at most 3/4) that lookups read, and side tables
+//! only for the rare pages that are partial or in flight.
+//!
+//! Lookups do not take the directory's lock: the index and the fields a lookup needs
+//! (hash, namespace, per-tier state) live in a [`DirView`] of atomics that the writer
+//! updates in place, so a lookup never waits behind a store or an eviction round (see
+//! `view.rs`). Everything else is the writer's alone, under its owner's write lock.
 
 mod bitset;
 mod evict;
 pub(crate) mod index;
+mod view;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::Arc;
 
 use serde::Serialize;
 
 pub use bitset::ObjectSet;
+pub use view::DirView;
 
 use crate::events::{PageEvent, PageEventKind};
 use crate::layout::Layout;
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::tier::TierKind;
 use evict::{Lists, SessionLists};
-use index::PageIndex;
 
 const ABSENT: u8 = 0;
 const PARTIAL: u8 = 1;
@@ -83,6 +91,8 @@ pub enum DirectoryError {
     ObjectOutOfRange { index: usize, count: usize },
     #[error("the directory is full ({0} pages)")]
     Full(usize),
+    #[error("cannot reserve {0} bytes for the directory's lookup view; lower max_pages")]
+    Alloc(usize),
 }
 
 /// Per-tier credit of a contiguous-prefix lookup, in pages. Each page is credited to the
@@ -114,12 +124,14 @@ impl PrefixHit {
 /// object.
 pub(crate) type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-/// The fixed per-page record. Kept at 56 bytes; see `bench index`.
+/// The fixed per-page record the writer keeps: 24 bytes, beside the page's 40-byte cell
+/// in the [`DirView`] (the hash lives only there); see `bench index`.
 #[derive(Clone, Copy, Debug)]
 struct PageRecord {
-    hash: PageHash,
+    /// The writer's copy of the namespace in the page's cell.
     ns: NamespaceId,
-    /// Two bits per tier: absent, partial or complete.
+    /// Two bits per tier: absent, partial or complete. The writer's copy of the state in
+    /// the page's cell; both change together in [`Directory::write_state`].
     state: u8,
     /// One bit per tier: some object is being written there.
     inflight: u8,
@@ -163,11 +175,13 @@ pub struct PageInfo {
     pub last_access: u64,
 }
 
-/// The page directory. Not thread-safe by itself: the manager owns it under a lock.
-#[derive(Debug, Default)]
+/// The page directory. Changes need `&mut self` (the manager owns it under a lock);
+/// lookups can go through [`Directory::view`] with no lock at all.
+#[derive(Debug)]
 pub struct Directory {
     layouts: Vec<(Namespace, Layout)>,
-    table: PageIndex,
+    /// The index and the cells lookups read; written here, read anywhere.
+    view: Arc<DirView>,
     records: Vec<PageRecord>,
     live: Vec<bool>,
     free: Vec<u32>,
@@ -194,13 +208,50 @@ pub struct Directory {
 }
 
 impl Directory {
-    /// A directory that refuses to track more than `max_pages` pages at once.
+    /// A directory that refuses to track more than `max_pages` pages at once. Panics when
+    /// its lookup view cannot be reserved; callers with `max_pages` from outside use
+    /// [`Self::try_new`].
     pub fn new(max_pages: usize) -> Self {
-        Self {
-            next_seq: 1,
-            max_pages,
-            ..Self::default()
+        match Self::try_new(max_pages) {
+            Ok(d) => d,
+            Err(e) => panic!("{e}"),
         }
+    }
+
+    /// A directory for at most `max_pages` pages (clipped to 2^32 - 2). Its lookup view
+    /// is reserved now at its full size, zeroed, so it is never reallocated under a
+    /// reader: an index of 8 bytes × the power of two above 4/3 × `max_pages` (all of it
+    /// becomes resident once pages are spread over it) and 40 bytes × `max_pages` of
+    /// cells (resident as records are first used).
+    pub fn try_new(max_pages: usize) -> Result<Self, DirectoryError> {
+        let max_pages = max_pages.min(view::MAX_RECORDS);
+        Ok(Self {
+            layouts: Vec::new(),
+            view: Arc::new(DirView::new(max_pages)?),
+            records: Vec::new(),
+            live: Vec::new(),
+            free: Vec::new(),
+            partial: IdMap::default(),
+            inflight: IdMap::default(),
+            pending: Vec::new(),
+            next_seq: 1,
+            complete: [0; 3],
+            inflight_count: [0; 3],
+            access_clock: 0,
+            now_ms: 0,
+            max_pages,
+            lists: Default::default(),
+            by_session: SessionLists::default(),
+            idle_sessions: HashSet::new(),
+            protected: HashMap::new(),
+            protect_heap: BinaryHeap::new(),
+        })
+    }
+
+    /// The lock-free read side: prefix lookups through it need no lock and see every
+    /// change this directory makes (see [`DirView`]).
+    pub fn view(&self) -> Arc<DirView> {
+        self.view.clone()
     }
 
     /// Interns a namespace with its layout. Registering the same namespace again with the
@@ -216,6 +267,7 @@ impl Directory {
             return Err(DirectoryError::TooManyNamespaces(u16::MAX as usize));
         }
         self.layouts.push((ns, layout));
+        self.view.set_namespaces(self.layouts.len());
         Ok(NamespaceId(self.layouts.len() as u16 - 1))
     }
 
@@ -262,12 +314,12 @@ impl Directory {
 
     #[inline]
     fn find_hashed(&self, ns: NamespaceId, hash: &PageHash, h: u64) -> Option<PageId> {
-        self.table
-            .find(h, |i| {
-                let r = &self.records[i as usize];
-                r.ns == ns && r.hash == *hash
-            })
-            .map(PageId)
+        self.view.find(ns, hash, h).map(|(i, _)| PageId(i))
+    }
+
+    /// The page's hash (kept only in its cell).
+    fn hash_of(&self, id: PageId) -> PageHash {
+        self.view.hash(id.0)
     }
 
     /// Finds a page, creating an empty record when it is new.
@@ -280,7 +332,6 @@ impl Directory {
             return Err(DirectoryError::Full(self.max_pages));
         }
         let rec = PageRecord {
-            hash: *hash,
             ns,
             state: 0,
             inflight: 0,
@@ -303,14 +354,16 @@ impl Directory {
                 self.records.len() as u32 - 1
             }
         };
-        self.table.insert(hash.table_hash(ns), idx);
+        // The cell first: a reader that finds the index slot finds this page in it.
+        self.view.publish(idx, ns, hash);
+        self.view.insert(hash.table_hash(ns), idx);
         Ok(PageId(idx))
     }
 
     pub fn info(&self, id: PageId) -> PageInfo {
         let r = &self.records[id.0 as usize];
         PageInfo {
-            hash: r.hash,
+            hash: self.hash_of(id),
             ns: r.ns,
             retain: r.retain,
             hits: r.hits,
@@ -827,11 +880,18 @@ impl Directory {
         listed(tier).map_or(0, |k| self.lists[k].len())
     }
 
-    fn set_state(&mut self, id: PageId, tier: TierKind, s: u8) {
-        let rec = &mut self.records[id.0 as usize];
-        let old = rec.tier_state(tier);
+    /// Sets the page's state in `tier` in the record and in its cell (one store there, so
+    /// a lookup sees the old or the new state, never a mix).
+    fn write_state(&mut self, i: usize, tier: TierKind, s: u8) {
+        let rec = &mut self.records[i];
         rec.set_tier_state(tier, s);
-        let (hash, ns) = (rec.hash, rec.ns);
+        self.view.set_state(i as u32, rec.state);
+    }
+
+    fn set_state(&mut self, id: PageId, tier: TierKind, s: u8) {
+        let old = self.records[id.0 as usize].tier_state(tier);
+        self.write_state(id.0 as usize, tier, s);
+        let (hash, ns) = (self.hash_of(id), self.records[id.0 as usize].ns);
         let kind = match (old == COMPLETE, s == COMPLETE) {
             (false, true) => {
                 self.complete[tier.index()] += 1;
@@ -862,7 +922,7 @@ impl Directory {
         if !rec.is_empty() || !self.live[id.0 as usize] {
             return;
         }
-        self.table.remove(rec.hash.table_hash(rec.ns), id.0);
+        self.view.remove(self.hash_of(id).table_hash(rec.ns), id.0);
         self.live[id.0 as usize] = false;
         self.free.push(id.0);
         // A reused slot starts with no session, class or protection.
@@ -883,7 +943,7 @@ impl Directory {
             if self.records[i].tier_state(tier) == COMPLETE {
                 n += 1;
             }
-            self.records[i].set_tier_state(tier, ABSENT);
+            self.write_state(i, tier, ABSENT);
             self.partial.remove(&(i as u32, tier as u8));
             self.release_if_empty(PageId(i as u32));
         }
@@ -911,47 +971,10 @@ impl Directory {
     }
 
     /// Contiguous-prefix lookup: how many leading pages of `hashes` are complete, credited
-    /// to the nearest tier holding each (see [`PrefixHit`]).
+    /// to the nearest tier holding each (see [`PrefixHit`]). The same code as a lookup
+    /// through [`Self::view`] with no lock.
     pub fn lookup_prefix(&self, ns: NamespaceId, hashes: &[PageHash]) -> PrefixHit {
-        // Prefix lengths where every page so far is complete on device, on device-or-host,
-        // and anywhere. Each is monotone, so credit per tier is a difference.
-        let (mut d, mut hn, mut p) = (0usize, 0usize, 0usize);
-        let mut d_open = true;
-        let mut h_open = true;
-        // Hash a window ahead and prefetch its index slots, so that the misses of several
-        // pages are in flight at once.
-        const AHEAD: usize = 8;
-        let mut ring = [0u64; AHEAD];
-        for (i, hash) in hashes.iter().take(AHEAD).enumerate() {
-            ring[i] = hash.table_hash(ns);
-            self.table.prefetch(ring[i]);
-        }
-        for (i, hash) in hashes.iter().enumerate() {
-            let h = ring[i % AHEAD];
-            if let Some(next) = hashes.get(i + AHEAD) {
-                let nh = next.table_hash(ns);
-                ring[i % AHEAD] = nh;
-                self.table.prefetch(nh);
-            }
-            let Some(id) = self.find_hashed(ns, hash, h) else { break };
-            let s = self.records[id.0 as usize].state;
-            let dev = s & 3 == COMPLETE;
-            let host = (s >> 2) & 3 == COMPLETE;
-            let pool = (s >> 4) & 3 == COMPLETE;
-            if !(dev || host || pool) {
-                break;
-            }
-            d_open &= dev;
-            h_open &= dev || host;
-            d += usize::from(d_open);
-            hn += usize::from(h_open);
-            p += 1;
-        }
-        PrefixHit {
-            device: d,
-            host: hn - d,
-            pool: p - hn,
-        }
+        self.view.lookup_prefix(ns, hashes)
     }
 
     /// Pages complete in `tier` that may be evicted (not pinned there, not in flight
@@ -1003,7 +1026,7 @@ impl Directory {
     /// Approximate heap bytes held by the directory's structures.
     pub fn heap_bytes(&self) -> usize {
         let rec = self.records.capacity() * std::mem::size_of::<PageRecord>() + self.live.capacity();
-        let table = self.table.heap_bytes();
+        let table = self.view.heap_bytes(self.records.len());
         let side = (self.partial.capacity() + self.inflight.capacity())
             * (std::mem::size_of::<((u32, u8), ObjectSet)>() + 1)
             + self
@@ -1016,11 +1039,14 @@ impl Directory {
         rec + table + side + self.free.capacity() * 4 + order
     }
 
-    /// Size of the fixed per-page record.
+    /// Fixed bytes per page: the writer's record and the page's cell in the view.
     pub const fn record_bytes() -> usize {
-        std::mem::size_of::<PageRecord>()
+        std::mem::size_of::<PageRecord>() + view::CELL_BYTES
     }
 }
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod view_tests;

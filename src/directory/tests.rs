@@ -162,7 +162,9 @@ fn clear_tier_emits_one_cleared_event() {
 
 #[test]
 fn record_is_small() {
-    assert!(Directory::record_bytes() <= 56, "{}", Directory::record_bytes());
+    // 24 bytes the writer keeps, 40 of atomics lookups read (see `view.rs`).
+    assert_eq!(std::mem::size_of::<PageRecord>(), 24);
+    assert_eq!(Directory::record_bytes(), 64);
 }
 
 #[derive(Clone, Debug)]
@@ -529,5 +531,4 @@ fn a_protected_page_is_not_a_victim_until_its_ttl_or_a_load() {
     assert_eq!(d.session_pages(9), vec![ids[0]]);
     d.end_session(9);
     assert!(d.is_idle_class(ids[0]), "an ended session's pages stay first");
-    assert_eq!(Directory::record_bytes(), 56);
 }

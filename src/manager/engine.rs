@@ -281,7 +281,7 @@ impl Manager {
             .is_empty();
         // Pages past what the directory knows may be in a shared pool (another node's).
         if self.inner.remote.is_some() {
-            let hit = self.read().dir.lookup_prefix(ns, hashes);
+            let hit = self.view_lookup(ns, hashes)?;
             self.discover(ns, hashes, hit);
         }
         if wait != LoadWait::BestEffort {

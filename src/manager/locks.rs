@@ -8,6 +8,10 @@
 //! `grants`, …) are the only way the manager takes these locks, and in test builds each
 //! helper checks the rule on the calling thread, so an out-of-order nesting fails the
 //! first test that reaches it instead of deadlocking one day in production.
+//!
+//! Prefix lookups take none of these locks: [`Manager::view_lookup`] reads the
+//! directory's lock-free view (`directory/view.rs`), which the directory's writer keeps
+//! current under the `Dir` write lock, so a store or an eviction round never delays one.
 
 use std::ops::{Deref, DerefMut};
 
@@ -18,8 +22,9 @@ use super::queues::Queues;
 use super::sessions::Sessions;
 use super::state::{DirState, DirWrite};
 use super::timers::Timers;
-use super::{DeviceMap, DevicePages, Manager};
-use crate::directory::{PageId, PageInfo};
+use super::{DeviceMap, DevicePages, Manager, ManagerError};
+use crate::directory::{DirectoryError, PageId, PageInfo, PrefixHit};
+use crate::page::{NamespaceId, PageHash};
 use crate::tier::TierKind;
 
 /// Position of a lock in the nesting order: take them in increasing rank only.
@@ -113,7 +118,17 @@ impl Manager {
         Ordered::take(Rank::Init, || self.inner.init.lock())
     }
 
-    /// Shared access to the directory state: lookups and readers.
+    /// A contiguous-prefix lookup through the directory's lock-free view. It takes no
+    /// lock, so it has no rank and may run while this thread or any other holds any
+    /// lock, `dir` included: a store or an eviction round never delays it.
+    pub(super) fn view_lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, ManagerError> {
+        if !self.inner.view.knows(ns) {
+            return Err(DirectoryError::UnknownNamespace(ns.0).into());
+        }
+        Ok(self.inner.view.lookup_prefix(ns, hashes))
+    }
+
+    /// Shared access to the directory state: readers other than prefix lookups.
     pub(super) fn read(&self) -> Ordered<RwLockReadGuard<'_, DirState>> {
         Ordered::take(Rank::Dir, || self.inner.dir.read())
     }

@@ -53,7 +53,7 @@ pub use remote::{PoolOrigin, PoolReport, RemoteConfig, RemoteSnapshot};
 pub use stats::{COPY_BUCKETS_S, CopyLatency, RECOVERY_REASONS, Stats, StatsSnapshot, TierStats};
 
 use crate::clock::Clock;
-use crate::directory::{Directory, DirectoryError, PrefixHit};
+use crate::directory::{DirView, Directory, DirectoryError, PrefixHit};
 use crate::events::EventLog;
 use crate::hints::HintError;
 use crate::layout::Layout;
@@ -147,9 +147,13 @@ pub(crate) struct Inner {
     clock: Arc<dyn Clock>,
     /// [Init] Serialises creating the arena and the pool; taken before any other lock.
     init: Mutex<()>,
-    /// [Dir] The directory, key schemes and host slot map. Lookups take it shared;
-    /// writers take it exclusively through `write()`, which publishes events on release.
+    /// [Dir] The directory, key schemes and host slot map. Readers (status, hint
+    /// resolution, victim walks) take it shared; writers take it exclusively through
+    /// `write()`, which publishes events on release. Prefix lookups do not take it: they
+    /// read `view`.
     dir: RwLock<DirState>,
+    /// The directory's lock-free read side: lookups go through it and take no lock.
+    view: Arc<DirView>,
     /// [Grants] Open grants and host-slot leases. Nested inside `dir` when a lease must
     /// agree with completeness (loads, pool writes, eviction).
     grants: Mutex<GrantTable>,
@@ -192,6 +196,8 @@ impl Manager {
             ))),
             None => None,
         };
+        let dir = Directory::try_new(cfg.max_pages)?;
+        let view = dir.view();
         Ok(Self {
             inner: Arc::new(Inner {
                 events: EventLog::new(cfg.event_ring),
@@ -202,7 +208,8 @@ impl Manager {
                 pool: OnceLock::new(),
                 remote: cfg.remote.map(remote::Remote::new),
                 init: Mutex::new(()),
-                dir: RwLock::new(DirState::new(Directory::new(cfg.max_pages))),
+                dir: RwLock::new(DirState::new(dir)),
+                view,
                 grants: Mutex::new(GrantTable::default()),
                 timers: Mutex::new(Timers::default()),
                 queues: Mutex::new(Queues::default()),
@@ -350,10 +357,8 @@ impl Manager {
     /// directory's read lock: it never waits on grants, timers, queues or sessions.
     pub fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, ManagerError> {
         self.check_batch(hashes.len())?;
-        let st = self.read();
-        st.dir.layout(ns)?;
-        let hit = st.dir.lookup_prefix(ns, hashes);
-        drop(st);
+        // No lock: the view answers while stores and eviction rounds hold the directory.
+        let hit = self.view_lookup(ns, hashes)?;
         let hit = self.discover(ns, hashes, hit);
         self.inner.stats.record_lookup(hashes.len(), &hit);
         Ok(hit)

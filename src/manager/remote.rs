@@ -357,9 +357,7 @@ impl Manager {
                 .count();
         }
         remote.n.remote_hit_pages.fetch_add(remote_hits as u64, Relaxed);
-        let st = self.read();
-        let again = st.dir.lookup_prefix(ns, hashes);
-        drop(st);
+        let again = self.inner.view.lookup_prefix(ns, hashes);
         // Credit stops at the budget: pages past it were not confirmed in this lookup.
         let cap = start + lead;
         let total = again.total().min(cap.max(start));

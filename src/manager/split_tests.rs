@@ -70,6 +70,27 @@ fn lookups_finish_while_every_other_table_is_locked() {
 }
 
 #[test]
+fn prefix_lookups_finish_while_the_directory_is_write_locked() {
+    // A store or an eviction round holds `dir` for writing; lookups read the lock-free
+    // view and must not wait for it (issue 12: lookups waited behind eviction).
+    let f = fixture(1, 16, None);
+    let hs = hashes(0..5);
+    f.store_all(&hs[..3], &[0, 1, 2]);
+    let (in_time, (hit, unknown)) = while_held(&f.m, Rank::Dir, || {
+        (f.m.lookup(f.ns, &hs).unwrap(), f.m.lookup(NamespaceId(9), &hs))
+    });
+    assert!(in_time, "a lookup waited for the directory's write lock");
+    assert_eq!((hit.device, hit.host, hit.pool), (3, 0, 0), "{hit:?}");
+    assert!(
+        matches!(
+            unknown,
+            Err(ManagerError::Directory(DirectoryError::UnknownNamespace(9)))
+        ),
+        "{unknown:?}"
+    );
+}
+
+#[test]
 fn session_listing_finishes_while_the_directory_is_write_locked() {
     let f = fixture(1, 8, None);
     let a = f.m.session_index("agent-a").unwrap();

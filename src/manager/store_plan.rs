@@ -59,12 +59,12 @@ pub(super) fn plan_store(
         // A page named twice is reserved once: the second time it is "already stored"
         // (its objects are on their way, as the in-flight check would say after apply).
         let planned_before = out.iter().any(|p| p.id == id && !p.objects.is_empty());
+        // Read once per page (it is a fresh list each call).
+        let inflight = st.dir.inflight_objects(id, TierKind::Host);
         let todo: Vec<usize> = objs
             .iter()
             .copied()
-            .filter(|&o| {
-                !st.dir.has_object(id, TierKind::Host, o) && !st.dir.inflight_objects(id, TierKind::Host).contains(&o)
-            })
+            .filter(|&o| !st.dir.has_object(id, TierKind::Host, o) && !inflight.contains(&o))
             .collect();
         let mut p = Planned {
             id,
@@ -93,10 +93,11 @@ pub(super) fn unplan_store(st: &mut DirState, arena: &HostArena, planned: &[Plan
     }
 }
 
-/// A directory change the apply step made, to undo on error.
+/// A directory change the apply step made (a page's objects, in one bulk call), to undo
+/// on error.
 enum Done {
-    Inflight(PageId, usize),
-    Device(PageId, usize),
+    Inflight(PageId, Vec<usize>),
+    Device(PageId, Vec<usize>),
 }
 
 /// Marks the planned objects in flight and the rank's device copies of every page that
@@ -119,8 +120,8 @@ pub(super) fn apply_store(
                 // Undoing a change that just succeeded on the same indices cannot fail;
                 // if it did, the error being returned is the one the caller must see.
                 let _ = match d {
-                    Done::Inflight(id, o) => st.dir.set_inflight(id, TierKind::Host, o, false),
-                    Done::Device(id, o) => st.dir.set_object(id, TierKind::Device, o, false).map(|_| ()),
+                    Done::Inflight(id, o) => st.dir.set_inflight_objects(id, TierKind::Host, &o, false),
+                    Done::Device(id, o) => st.dir.set_objects(id, TierKind::Device, &o, false).map(|_| ()),
                 };
             }
             unplan_store(st, arena, planned);
@@ -160,16 +161,22 @@ fn apply_marks(
     session: u32,
     done: &mut Vec<Done>,
 ) -> Result<(), DirectoryError> {
+    // One bulk call per page and tier (one side-table change, at most one event)
+    // instead of one call per object.
     for p in planned.iter().filter(|p| !p.no_space) {
-        for &(o, _) in &p.objects {
-            st.dir.set_inflight(p.id, TierKind::Host, o, true)?;
-            done.push(Done::Inflight(p.id, o));
+        if !p.objects.is_empty() {
+            let writing: Vec<usize> = p.objects.iter().map(|&(o, _)| o).collect();
+            st.dir.set_inflight_objects(p.id, TierKind::Host, &writing, true)?;
+            done.push(Done::Inflight(p.id, writing));
         }
-        for &o in objs {
-            if !st.dir.has_object(p.id, TierKind::Device, o) {
-                st.dir.set_object(p.id, TierKind::Device, o, true)?;
-                done.push(Done::Device(p.id, o));
-            }
+        let on_device: Vec<usize> = objs
+            .iter()
+            .copied()
+            .filter(|&o| !st.dir.has_object(p.id, TierKind::Device, o))
+            .collect();
+        if !on_device.is_empty() {
+            st.dir.set_objects(p.id, TierKind::Device, &on_device, true)?;
+            done.push(Done::Device(p.id, on_device));
         }
         st.dir.touch(p.id, false);
         if session != 0 {

@@ -1,0 +1,412 @@
+//! The directory's read view: everything a prefix lookup reads, kept in atomics so that
+//! lookups run without the directory lock and never wait behind a store or an eviction
+//! round.
+//!
+//! Two fixed-capacity arrays, allocated zeroed (so memory nobody touched costs nothing)
+//! and never reallocated, which is what lets a reader use them while the writer changes
+//! them:
+//!
+//! - **The index.** Open addressing with linear probing over 8-byte slots: a 32-bit tag
+//!   from the page's table hash (it also picks the home slot) and the record index plus
+//!   one, so an all-zero slot is empty. Its capacity is fixed from `max_pages` (load at
+//!   most 3/4), so it never grows under a reader. Inserting fills one empty slot with one
+//!   store; deleting shifts later entries of the run backward, which can carry an entry
+//!   past a reader's probe. So a deletion bumps a counter before each slot it rewrites,
+//!   and a probe that ends on an empty slot without a match is believed only when the
+//!   counter did not move (it saw the table at one instant); otherwise it probes again.
+//! - **The cells.** Per record, the fields a lookup reads (hash bytes, length, namespace,
+//!   per-tier state) in five atomic words, guarded by a sequence counter in the first
+//!   word (a seqlock). The state sits in that same word, so a change of completeness is
+//!   one store; a record reused for another page goes odd, writes the hash words, and
+//!   goes even again. A reader takes the first word, the hash words, then the first word
+//!   again, and retries when the two differ.
+//!
+//! There is one writer at a time: the directory's owner holds its write lock around
+//! every change. Every shared word is an atomic, so a reader racing the writer sees old
+//! or new values, never a data race. A reader answers each page as it was at one instant
+//! during the call: a page is credited only when its cell said complete with the
+//! queried hash and namespace in one consistent read. A reader that keeps losing races
+//! (bounded retries) reports the page as not found, the conservative answer: a shorter
+//! prefix, never a page that is not complete.
+
+use std::alloc::Layout as AllocLayout;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64, fence};
+
+use super::{COMPLETE, DirectoryError, PrefixHit};
+use crate::page::{MAX_HASH_BYTES, NamespaceId, PageHash};
+
+/// An empty index slot.
+const EMPTY: u64 = 0;
+/// Smallest index.
+const MIN_SLOTS: usize = 1024;
+/// Hash words per cell.
+const WORDS: usize = MAX_HASH_BYTES / 8;
+/// Atomic words per cell: the meta word, then the hash words.
+const CELL: usize = 1 + WORDS;
+/// Bytes of one cell.
+pub(super) const CELL_BYTES: usize = CELL * 8;
+/// Attempts at one consistent read before a reader gives up on a page.
+const RETRIES: usize = 64;
+/// Record indices the index can hold (stored plus one in 32 bits).
+pub(super) const MAX_RECORDS: usize = u32::MAX as usize - 1;
+
+// Meta word: bits 0..32 sequence (odd while the hash words change), 32..48 namespace,
+// 48..56 tier states (two bits per tier), 56..64 hash length.
+const SEQ_MASK: u64 = 0xffff_ffff;
+const STATE_SHIFT: u32 = 48;
+const STATE_MASK: u64 = 0xff << STATE_SHIFT;
+/// The bits that say which page a cell holds (namespace and hash length).
+const ID_MASK: u64 = !(SEQ_MASK | STATE_MASK);
+
+#[inline]
+fn tag(h: u64) -> u32 {
+    (h >> 32) as u32
+}
+
+fn id_bits(ns: NamespaceId, len: usize) -> u64 {
+    ((ns.0 as u64) << 32) | ((len as u64) << 56)
+}
+
+fn hash_words(hash: &PageHash) -> [u64; WORDS] {
+    let mut bytes = [0u8; MAX_HASH_BYTES];
+    bytes[..hash.len()].copy_from_slice(hash.as_bytes());
+    std::array::from_fn(|w| u64::from_le_bytes(bytes[w * 8..w * 8 + 8].try_into().unwrap_or_default()))
+}
+
+/// A zeroed array of `n` atomics, from the allocator's zeroed path: large arrays come
+/// straight from fresh mappings, so pages nobody writes are never made resident.
+fn zeroed(n: usize) -> Result<Box<[AtomicU64]>, DirectoryError> {
+    if n == 0 {
+        return Ok(Box::new([]));
+    }
+    let bytes = n.saturating_mul(8);
+    let layout = AllocLayout::array::<AtomicU64>(n).map_err(|_| DirectoryError::Alloc(bytes))?;
+    // SAFETY: `layout` has a non-zero size (n > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
+    if ptr.is_null() {
+        return Err(DirectoryError::Alloc(bytes));
+    }
+    // SAFETY: `ptr` is a live allocation of the global allocator with the layout of
+    // `[AtomicU64; n]`, which is what `Box<[AtomicU64]>` frees it with; all-zero bytes
+    // are a valid `AtomicU64` (0), and nothing else owns the memory.
+    Ok(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) })
+}
+
+/// What a reader found in one cell.
+enum Probe {
+    /// The cell holds another page.
+    Other,
+    /// The cell holds the page; its tier states.
+    Page(u8),
+    /// No consistent read within [`RETRIES`].
+    Torn,
+}
+
+/// A queried page in the cells' encoding.
+struct Key {
+    id: u64,
+    words: [u64; WORDS],
+}
+
+impl Key {
+    fn new(ns: NamespaceId, hash: &PageHash) -> Self {
+        Self {
+            id: id_bits(ns, hash.len()),
+            words: hash_words(hash),
+        }
+    }
+}
+
+/// The read view: the index and the cells. Shared (`Arc`) between the directory, which
+/// writes it under its owner's write lock, and lookups, which read it with no lock.
+#[derive(Debug)]
+pub struct DirView {
+    slots: Box<[AtomicU64]>,
+    mask: usize,
+    /// Bumped before every slot store of a deletion (each move and the final empty), so
+    /// a probe that saw it unchanged saw no entry move.
+    moves: AtomicU64,
+    cells: Box<[AtomicU64]>,
+    /// Namespaces registered (they are never removed).
+    namespaces: AtomicU32,
+}
+
+impl DirView {
+    /// A view for up to `max_records` records (at most [`MAX_RECORDS`]).
+    pub(super) fn new(max_records: usize) -> Result<Self, DirectoryError> {
+        let max_records = max_records.min(MAX_RECORDS);
+        let slots = (max_records.saturating_mul(4) / 3 + 1)
+            .max(MIN_SLOTS)
+            .next_power_of_two();
+        Ok(Self {
+            slots: zeroed(slots)?,
+            mask: slots - 1,
+            moves: AtomicU64::new(0),
+            cells: zeroed(max_records.saturating_mul(CELL))?,
+            namespaces: AtomicU32::new(0),
+        })
+    }
+
+    #[inline]
+    fn home(&self, t: u32) -> usize {
+        t as usize & self.mask
+    }
+
+    /// Whether namespace `ns` is registered.
+    pub fn knows(&self, ns: NamespaceId) -> bool {
+        (ns.0 as u32) < self.namespaces.load(Acquire)
+    }
+
+    pub(super) fn set_namespaces(&self, n: usize) {
+        self.namespaces.store(n as u32, Release);
+    }
+
+    fn cell(&self, i: u32) -> &[AtomicU64] {
+        let at = i as usize * CELL;
+        self.cells.get(at..at + CELL).unwrap_or(&[])
+    }
+
+    /// Reads cell `i` against `key`: one consistent snapshot of hash, namespace and state.
+    #[inline]
+    fn probe(&self, i: u32, key: &Key) -> Probe {
+        let c = self.cell(i);
+        let [meta, words @ ..] = c else { return Probe::Other };
+        for _ in 0..RETRIES {
+            let m1 = meta.load(Acquire);
+            if m1 & 1 == 1 {
+                // Mid-reuse: a cell is published before the index names it, so an odd
+                // cell is no indexed page (a stale slot of a freed one led here).
+                return Probe::Other;
+            }
+            if m1 & ID_MASK != key.id {
+                // One atomic load says the cell held another namespace or length then.
+                return Probe::Other;
+            }
+            let mut same = true;
+            for (w, k) in words.iter().zip(&key.words) {
+                same &= w.load(Relaxed) == *k;
+            }
+            // Orders the hash loads before the second meta load (the seqlock's read side).
+            fence(Acquire);
+            if meta.load(Relaxed) != m1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            return if same {
+                Probe::Page((m1 >> STATE_SHIFT) as u8)
+            } else {
+                Probe::Other
+            };
+        }
+        Probe::Torn
+    }
+
+    /// The record holding `key` and its tier states, if any. `h` is the page's table hash.
+    fn find_key(&self, h: u64, key: &Key) -> Option<(u32, u8)> {
+        let t = tag(h);
+        for _ in 0..RETRIES {
+            let before = self.moves.load(Acquire);
+            let mut i = self.home(t);
+            // The table is at most 3/4 full, so a probe meets an empty slot well before
+            // this bound; the bound keeps a reader finite whatever the writer does.
+            for _ in 0..=self.mask {
+                let s = self.slots[i].load(Acquire);
+                if s == EMPTY {
+                    break;
+                }
+                if tag(s) == t {
+                    let idx = (s as u32).wrapping_sub(1);
+                    match self.probe(idx, key) {
+                        Probe::Page(state) => return Some((idx, state)),
+                        Probe::Other => {}
+                        Probe::Torn => return None,
+                    }
+                }
+                i = (i + 1) & self.mask;
+            }
+            // Orders the slot loads before the second counter load: a miss is believed
+            // only when no slot was rewritten during the probe, so the probe saw the table
+            // as it was at one instant (every state between two stores is a valid table).
+            // A writer stalled mid-deletion leaves the table still: the miss is believed.
+            fence(Acquire);
+            if self.moves.load(Relaxed) == before {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    /// The record of page `hash` in `ns` and its tier states (writer or reader).
+    #[inline]
+    pub(super) fn find(&self, ns: NamespaceId, hash: &PageHash, h: u64) -> Option<(u32, u8)> {
+        self.find_key(h, &Key::new(ns, hash))
+    }
+
+    /// Hints the CPU to fetch the home slot of `h`.
+    #[inline]
+    fn prefetch(&self, h: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let p = self.slots.as_ptr().wrapping_add(self.home(tag(h)));
+            // SAFETY: prefetch never faults, and `p` is inside the slot array.
+            unsafe { std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = h;
+    }
+
+    /// Contiguous-prefix lookup (see [`super::Directory::lookup_prefix`]), with no lock.
+    /// An unregistered namespace matches nothing.
+    pub fn lookup_prefix(&self, ns: NamespaceId, hashes: &[PageHash]) -> PrefixHit {
+        // Prefix lengths where every page so far is complete on device, on device-or-host,
+        // and anywhere. Each is monotone, so credit per tier is a difference.
+        let (mut d, mut hn, mut p) = (0usize, 0usize, 0usize);
+        let mut d_open = true;
+        let mut h_open = true;
+        // Hash a window ahead and prefetch its index slots, so that the misses of several
+        // pages are in flight at once.
+        const AHEAD: usize = 8;
+        let mut ring = [0u64; AHEAD];
+        for (i, hash) in hashes.iter().take(AHEAD).enumerate() {
+            ring[i] = hash.table_hash(ns);
+            self.prefetch(ring[i]);
+        }
+        for (i, hash) in hashes.iter().enumerate() {
+            let h = ring[i % AHEAD];
+            if let Some(next) = hashes.get(i + AHEAD) {
+                let nh = next.table_hash(ns);
+                ring[i % AHEAD] = nh;
+                self.prefetch(nh);
+            }
+            let Some((_, s)) = self.find(ns, hash, h) else { break };
+            let dev = s & 3 == COMPLETE;
+            let host = (s >> 2) & 3 == COMPLETE;
+            let pool = (s >> 4) & 3 == COMPLETE;
+            if !(dev || host || pool) {
+                break;
+            }
+            d_open &= dev;
+            h_open &= dev || host;
+            d += usize::from(d_open);
+            hn += usize::from(h_open);
+            p += 1;
+        }
+        PrefixHit {
+            device: d,
+            host: hn - d,
+            pool: p - hn,
+        }
+    }
+
+    // Writer side: called only by the directory, whose owner holds the write lock, so
+    // there is one writer at a time.
+
+    /// Makes cell `i` hold page `hash` of `ns` with no state, before the index names it.
+    pub(super) fn publish(&self, i: u32, ns: NamespaceId, hash: &PageHash) {
+        let [meta, words @ ..] = self.cell(i) else { return };
+        let m = meta.load(Relaxed);
+        let seq = m & SEQ_MASK;
+        meta.store((m & !SEQ_MASK) | ((seq + 1) & SEQ_MASK), Relaxed);
+        // Orders the odd store before the hash stores (the seqlock's write side).
+        fence(Release);
+        for (w, v) in words.iter().zip(hash_words(hash)) {
+            w.store(v, Relaxed);
+        }
+        meta.store(id_bits(ns, hash.len()) | ((seq + 2) & SEQ_MASK), Release);
+    }
+
+    /// Sets cell `i`'s tier states: one store, since they share the meta word.
+    pub(super) fn set_state(&self, i: u32, state: u8) {
+        let [meta, ..] = self.cell(i) else { return };
+        let m = meta.load(Relaxed);
+        meta.store((m & !STATE_MASK) | ((state as u64) << STATE_SHIFT), Release);
+    }
+
+    /// The hash cell `i` holds (writer side: nothing changes it meanwhile).
+    pub(super) fn hash(&self, i: u32) -> PageHash {
+        let [meta, words @ ..] = self.cell(i) else {
+            return PageHash::from_u64(0);
+        };
+        let len = (meta.load(Relaxed) >> 56) as usize;
+        let mut bytes = [0u8; MAX_HASH_BYTES];
+        for (k, w) in words.iter().enumerate() {
+            bytes[k * 8..k * 8 + 8].copy_from_slice(&w.load(Relaxed).to_le_bytes());
+        }
+        PageHash::new(&bytes[..len.min(MAX_HASH_BYTES)]).unwrap_or_else(|_| PageHash::from_u64(0))
+    }
+
+    /// Adds record `idx` under table hash `h`. The caller has published its cell and
+    /// checked the page is not present; the table is never full (capacity from
+    /// `max_records`).
+    pub(super) fn insert(&self, h: u64, idx: u32) {
+        let s = ((tag(h) as u64) << 32) | (idx as u64 + 1);
+        let mut i = self.home(tag(h));
+        for _ in 0..=self.mask {
+            if self.slots[i].load(Relaxed) == EMPTY {
+                // Release: a reader that sees the slot sees the published cell.
+                self.slots[i].store(s, Release);
+                return;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Removes record `idx` stored under `h`. Returns whether it was there.
+    pub(super) fn remove(&self, h: u64, idx: u32) -> bool {
+        let t = tag(h);
+        let want = ((t as u64) << 32) | (idx as u64 + 1);
+        let mut i = self.home(t);
+        loop {
+            let s = self.slots[i].load(Relaxed);
+            if s == EMPTY {
+                return false;
+            }
+            if s == want {
+                break;
+            }
+            i = (i + 1) & self.mask;
+        }
+        // Every store below is announced by a bump of `moves` first, fenced, so a reader
+        // that sees the store sees the bump (the seqlock's write side, per store). Each
+        // state between two stores is a valid table: an entry moves to a hole nearer its
+        // home while still at its old slot, and the one new empty slot comes last.
+        let mut moves = self.moves.load(Relaxed);
+        let put = |slot: &AtomicU64, v: u64, moves: &mut u64| {
+            *moves += 1;
+            self.moves.store(*moves, Relaxed);
+            fence(Release);
+            slot.store(v, Release);
+        };
+        // Backward-shift deletion: pull later entries of the run into the hole when
+        // their home does not lie cyclically in (hole, j].
+        let mut hole = i;
+        let mut j = i;
+        loop {
+            j = (j + 1) & self.mask;
+            let s = self.slots[j].load(Relaxed);
+            if s == EMPTY {
+                break;
+            }
+            let home = self.home(tag(s));
+            let between = if hole <= j {
+                hole < home && home <= j
+            } else {
+                hole < home || home <= j
+            };
+            if !between {
+                put(&self.slots[hole], s, &mut moves);
+                hole = j;
+            }
+        }
+        put(&self.slots[hole], EMPTY, &mut moves);
+        true
+    }
+
+    /// Bytes of the index (all of it: slots are spread over the whole table) and of the
+    /// cells of the first `records` records (cells are used from the front).
+    pub(super) fn heap_bytes(&self, records: usize) -> usize {
+        self.slots.len() * 8 + records.min(self.cells.len() / CELL) * CELL_BYTES
+    }
+}
