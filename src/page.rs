@@ -83,11 +83,16 @@ impl PageHash {
     /// Lowercase hex, as used in object keys and events.
     pub fn to_hex(&self) -> String {
         let mut s = String::with_capacity(self.len() * 2);
-        for b in self.as_bytes() {
-            s.push(HEX[(b >> 4) as usize] as char);
-            s.push(HEX[(b & 15) as usize] as char);
-        }
+        self.write_hex(&mut s);
         s
+    }
+
+    /// Appends the lowercase hex to `out` (no allocation when `out` has room).
+    pub fn write_hex(&self, out: &mut String) {
+        for b in self.as_bytes() {
+            out.push(HEX[(b >> 4) as usize] as char);
+            out.push(HEX[(b & 15) as usize] as char);
+        }
     }
 
     /// The first 8 bytes as a u64 (big-endian): the integer block hash vLLM events carry.
@@ -178,22 +183,25 @@ impl KeyScheme {
     }
 
     pub fn object_key(&self, layout: &Layout, hash: &PageHash, id: ObjectId) -> String {
-        let hex = hash.to_hex();
+        let mut out = String::with_capacity(self.prefix.len() + hash.len() * 2 + 16);
+        self.write_object_key(&mut out, layout, hash, id);
+        out
+    }
+
+    /// Appends [`Self::object_key`] to `out`: the move paths render a batch's keys into one
+    /// buffer rather than allocate a `String` per object.
+    pub fn write_object_key(&self, out: &mut String, layout: &Layout, hash: &PageHash, id: ObjectId) {
+        use std::fmt::Write;
+        out.push_str(&self.prefix);
+        hash.write_hex(out);
         let pp = layout.pp_size() > 1;
-        match layout.attention() {
-            AttentionKind::Mha if pp => {
-                format!(
-                    "{}{hex}_{}_{}_{}",
-                    self.prefix,
-                    id.tp_rank,
-                    id.pp_rank,
-                    id.part.key_suffix()
-                )
-            }
-            AttentionKind::Mha => format!("{}{hex}_{}_{}", self.prefix, id.tp_rank, id.part.key_suffix()),
-            AttentionKind::Mla if pp => format!("{}{hex}_{}_k", self.prefix, id.pp_rank),
-            AttentionKind::Mla => format!("{}{hex}__k", self.prefix),
-        }
+        // Writing into a String cannot fail.
+        let _ = match layout.attention() {
+            AttentionKind::Mha if pp => write!(out, "_{}_{}_{}", id.tp_rank, id.pp_rank, id.part.key_suffix()),
+            AttentionKind::Mha => write!(out, "_{}_{}", id.tp_rank, id.part.key_suffix()),
+            AttentionKind::Mla if pp => write!(out, "_{}_k", id.pp_rank),
+            AttentionKind::Mla => write!(out, "__k"),
+        };
     }
 
     /// Every object key of a page, in the layout's canonical object order.
