@@ -9,6 +9,8 @@
 //! backend whose object memory this process can write (the local pool) moves the rows
 //! straight between the two buffers; the others fall back to staging.
 
+use crate::tier::stream;
+
 /// Caller bytes `[outer][inner][row]` are pool bytes `[inner][outer][row]`: a put gathers
 /// with [`Transpose::to_pool`], a get scatters back with [`Transpose::from_pool`]. Whole
 /// rows move, so it is one `copy_from_slice` per (outer, inner) pair.
@@ -48,11 +50,9 @@ impl Transpose {
 /// `src` as `[a][b][row]` into `dst` as `[b][a][row]`, walking `dst` in order: the
 /// destination is written front to back while the source is read at a stride of `b` rows.
 ///
-/// Rows are written with streaming stores where the CPU has them (see [`stream`]): a
-/// `memcpy` of a whole object uses `rep movsb`, which writes whole cache lines without
-/// reading them first, but a row-by-row copy with ordinary stores reads every destination
-/// line before writing it (a read for ownership), a third more memory traffic; on this
-/// cold, larger-than-cache data that left the transposing paths at about 0.75 of memcpy.
+/// Rows are written with streaming stores where the CPU has them ([`stream`]): row by row,
+/// ordinary stores read every cold destination line before writing it, which left the
+/// transposing paths at about 0.75 of a `memcpy` of whole objects.
 fn swap_rows(a: usize, b: usize, row: usize, src: &[u8], dst: &mut [u8]) -> bool {
     let len = a * b * row;
     if src.len() != len || dst.len() != len {
@@ -73,61 +73,11 @@ fn swap_rows(a: usize, b: usize, row: usize, src: &[u8], dst: &mut [u8]) -> bool
         }
     }
     if streaming {
-        // Streaming stores are weakly ordered: the object must be whole before the caller
-        // publishes it (the pool index, the directory) to another thread or process.
+        // The object must be whole before the caller publishes it (the pool index, the
+        // directory) to another thread or process.
         stream::fence();
     }
     true
-}
-
-/// Copies with non-temporal (streaming) stores on x86-64, where SSE2 is always present;
-/// elsewhere the plain copy.
-mod stream {
-    /// Whether rows of `row` bytes starting at `dst` can be streamed: 16-byte aligned
-    /// stores of whole 64-byte lines, so every row starts aligned too.
-    pub(super) fn usable(dst: *const u8, row: usize) -> bool {
-        cfg!(target_arch = "x86_64") && (dst as usize).is_multiple_of(16) && row.is_multiple_of(64)
-    }
-
-    /// `dst.copy_from_slice(src)` with streaming stores; `dst` is 16-byte aligned and
-    /// both are a multiple of 64 bytes long (checked by [`usable`]).
-    #[cfg(target_arch = "x86_64")]
-    pub(super) fn copy(dst: &mut [u8], src: &[u8]) {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-        if dst.len() != src.len() || !usable(dst.as_ptr(), dst.len()) {
-            dst.copy_from_slice(src);
-            return;
-        }
-        for (d, s) in dst.chunks_exact_mut(64).zip(src.chunks_exact(64)) {
-            let (d, s) = (d.as_mut_ptr().cast::<__m128i>(), s.as_ptr().cast::<__m128i>());
-            // SAFETY: both chunks are 64 bytes, so four 16-byte lanes are in bounds; the
-            // loads are unaligned loads, and the stores are 16-byte aligned because `dst`
-            // is and every chunk starts a multiple of 64 bytes past it. SSE2 is part of
-            // the x86-64 baseline.
-            unsafe {
-                let (x0, x1) = (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)));
-                let (x2, x3) = (_mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
-                _mm_stream_si128(d, x0);
-                _mm_stream_si128(d.add(1), x1);
-                _mm_stream_si128(d.add(2), x2);
-                _mm_stream_si128(d.add(3), x3);
-            }
-        }
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    pub(super) fn copy(dst: &mut [u8], src: &[u8]) {
-        dst.copy_from_slice(src);
-    }
-
-    /// Orders the streaming stores before every later store.
-    pub(super) fn fence() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `sfence` has no operands and only orders stores; SSE is baseline.
-        unsafe {
-            std::arch::x86_64::_mm_sfence()
-        };
-    }
 }
 
 #[cfg(test)]

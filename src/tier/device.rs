@@ -69,7 +69,8 @@ pub trait DeviceRegion: Send + Sync {
 
 /// Device → host for a region whose memory this process can address (the emulated device,
 /// wrapped engine host tensors): checks the whole batch, then copies each object run by
-/// run. `dev` turns a run's device address from the [`PageMap`] (an offset into the
+/// run, with streaming stores where the runs allow ([`super::stream`]): the host side is
+/// kvtier's arena, where offloaded bytes wait cold. `dev` turns a run's device address from the [`PageMap`] (an offset into the
 /// emulated buffer, or an address of a wrapped tensor) into a pointer.
 ///
 /// # Safety
@@ -88,6 +89,8 @@ pub(crate) unsafe fn gather_to_host(
         // device side is the caller's contract.
         unsafe { copy_runs(map, c.slot, c.part, c.host.as_mut_ptr(), true, &dev)? };
     }
+    // Runs into host were streamed: whole before the store settles and publishes them.
+    super::stream::fence();
     Ok(())
 }
 
@@ -130,8 +133,12 @@ unsafe fn copy_runs(
         // SAFETY: runs lie inside the region (checked when the map was built, and the
         // caller's `dev` contract) and inside the host buffer (checked size).
         unsafe {
-            if to_host {
-                std::ptr::copy_nonoverlapping(d, host.add(host_off), n);
+            let h = host.add(host_off);
+            if to_host && super::stream::usable(h, n) {
+                // Into kvtier's host tier: cold bytes, read next by another copy.
+                super::stream::copy_raw(h, d, n);
+            } else if to_host {
+                std::ptr::copy_nonoverlapping(d, h, n);
             } else {
                 std::ptr::copy_nonoverlapping(host.add(host_off), d, n);
             }
