@@ -37,7 +37,7 @@ pub(crate) fn transpose_rows(layout: &Layout, obj: usize) -> Option<Transpose> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::LayoutSpec;
+    use crate::layout::{LayoutSpec, Part};
 
     /// Every element lands at its page-first place and comes back unchanged.
     #[test]
@@ -78,5 +78,95 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(transpose_rows(&pf, 0), None);
+    }
+
+    /// Through a manager with the local pool: a layer-first page stored from a device and
+    /// shared lands in the pool page-first, element by element (the in-place transpose,
+    /// streamed), and prefetched back from the pool alone it loads unchanged.
+    #[test]
+    fn the_local_pool_holds_page_first_bytes_and_gives_layer_first_back() {
+        use crate::clock::SystemClock;
+        use crate::hints::{Hint, HintTarget};
+        use crate::manager::{LoadWait, Manager, ManagerConfig, pool_key_scheme};
+        use crate::page::{Namespace, PageHash};
+        use crate::tier::TierKind;
+        use crate::tier::device::EmulatedDevice;
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        // 4 layers, 16 tokens, rows of 2 heads x 32 dims x 2 bytes = 128 bytes.
+        let l = LayoutSpec::mha(4, 2, 32, 2, 16).build().unwrap();
+        assert_eq!(l.byte_order(), ByteOrder::LayerFirst);
+        let dir = tempfile::tempdir().unwrap();
+        let page = l.page_bytes();
+        let mut cfg = ManagerConfig::in_dir(dir.path(), 16 * page, Some(16 * page));
+        cfg.policy = None;
+        let m = Manager::new(cfg, SystemClock::new()).unwrap();
+        let name = Namespace::model("pool-layout");
+        let ns = m.register_namespace(name.clone(), l.clone()).unwrap();
+        let dev = Arc::new(EmulatedDevice::new(&l, 0, 4));
+        m.attach_device(ns, 0, 0, dev.clone()).unwrap();
+        let hashes = [PageHash::from_u64(11), PageHash::from_u64(12)];
+        for s in 0..2 {
+            dev.fill_page(s, 100 + s as u64).unwrap();
+        }
+        let wait = Duration::from_secs(30);
+        let r = m.wait(m.store(ns, 0, 0, &hashes, &[0, 1], 0).unwrap(), wait).unwrap();
+        assert_eq!((r.pages, r.failed), (2, 0));
+        m.hint(
+            ns,
+            Hint::Share {
+                target: HintTarget::Pages(hashes.to_vec()),
+            },
+        )
+        .unwrap();
+        assert!(m.quiesce(wait));
+        let pool = m.pool().unwrap();
+        let keys = pool_key_scheme(&m.config().pool_key_tag, &name);
+        let t = transpose_rows(&l, 0).unwrap();
+        for (s, h) in hashes.iter().enumerate() {
+            for (o, &part) in [Part::K, Part::V].iter().enumerate() {
+                let key = keys.object_key(&l, h, l.objects()[o]);
+                let mut raw = vec![0u8; l.object_bytes(o) as usize];
+                assert_eq!(pool.batch_get_into(&mut [(&key, &mut raw[..])]), vec![Ok(raw.len())]);
+                // Pool row (token, layer) is the device's layer `layer`, token `token`.
+                for layer in 0..4u32 {
+                    let want = dev.read_layer(s as u32, part, layer).unwrap();
+                    for token in 0..16 {
+                        let p = (token * 4 + layer as usize) * t.row;
+                        assert_eq!(
+                            raw[p..p + t.row],
+                            want[token * t.row..(token + 1) * t.row],
+                            "page {s} {part:?} layer {layer} token {token}"
+                        );
+                    }
+                }
+            }
+        }
+        // Drop host and device copies, bring the pages back from the pool, load them into
+        // fresh device slots: the layer-first bytes the device wrote.
+        m.removed(ns, 0, 0, &hashes).unwrap();
+        m.make_host_room(usize::MAX);
+        let where_now = m.lookup(ns, &hashes).unwrap();
+        assert_eq!((where_now.host, where_now.pool), (0, 2));
+        let to = TierKind::Host;
+        m.hint(
+            ns,
+            Hint::Prefetch {
+                target: HintTarget::Pages(hashes.to_vec()),
+                to,
+                deadline_ms: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(m.lookup(ns, &hashes).unwrap().host, 2);
+        let r = m
+            .wait(
+                m.load(ns, 0, 0, &hashes, &[2, 3], LoadWait::WaitComplete).unwrap(),
+                wait,
+            )
+            .unwrap();
+        assert_eq!((r.pages, r.failed), (2, 0));
+        assert!(dev.page_matches(2, 100).unwrap() && dev.page_matches(3, 101).unwrap());
     }
 }
