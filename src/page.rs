@@ -83,11 +83,16 @@ impl PageHash {
     /// Lowercase hex, as used in object keys and events.
     pub fn to_hex(&self) -> String {
         let mut s = String::with_capacity(self.len() * 2);
-        for b in self.as_bytes() {
-            s.push(HEX[(b >> 4) as usize] as char);
-            s.push(HEX[(b & 15) as usize] as char);
-        }
+        self.write_hex(&mut s);
         s
+    }
+
+    /// Appends the lowercase hex to `out` (no allocation when `out` has room).
+    pub fn write_hex(&self, out: &mut String) {
+        for b in self.as_bytes() {
+            out.push(HEX[(b >> 4) as usize] as char);
+            out.push(HEX[(b & 15) as usize] as char);
+        }
     }
 
     /// The first 8 bytes as a u64 (big-endian): the integer block hash vLLM events carry.
@@ -178,16 +183,30 @@ impl KeyScheme {
     }
 
     pub fn object_key(&self, layout: &Layout, hash: &PageHash, id: ObjectId) -> String {
-        let hex = hash.to_hex();
-        let mut key = String::with_capacity(self.prefix.len() + hex.len() + 12);
-        self.push_key(&mut key, layout, &hex, id);
+        let mut key = String::with_capacity(self.prefix.len() + hash.len() * 2 + 12);
+        self.write_object_key(&mut key, layout, hash, id);
         key
+    }
+
+    /// Appends [`Self::object_key`] to `out`: the move paths render a batch's keys into one
+    /// buffer rather than allocate a `String` per object.
+    pub fn write_object_key(&self, out: &mut String, layout: &Layout, hash: &PageHash, id: ObjectId) {
+        out.push_str(&self.prefix);
+        hash.write_hex(out);
+        Self::push_suffix(out, layout, id);
     }
 
     /// Appends one object's key, the page hash already in hex. Pushes instead of
     /// `format!`: a lookup that asks a shared store about 64 TP=2 pages renders 256 keys,
     /// and formatting them (with the hex redone per key) cost a tenth of the query.
     fn push_key(&self, key: &mut String, layout: &Layout, hex: &str, id: ObjectId) {
+        key.push_str(&self.prefix);
+        key.push_str(hex);
+        Self::push_suffix(key, layout, id);
+    }
+
+    /// What follows the page hash in an object's key: ranks and the K/V part.
+    fn push_suffix(key: &mut String, layout: &Layout, id: ObjectId) {
         let num = |key: &mut String, n: u16| {
             let mut buf = [0u8; 5];
             let mut i = buf.len();
@@ -203,8 +222,6 @@ impl KeyScheme {
             // Digits only: always ASCII.
             key.extend(buf[i..].iter().map(|&b| b as char));
         };
-        key.push_str(&self.prefix);
-        key.push_str(hex);
         key.push('_');
         match layout.attention() {
             AttentionKind::Mha => {

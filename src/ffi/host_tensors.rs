@@ -6,8 +6,8 @@
 //! Addressing is the same [`PageMap`] wrapped CUDA tensors use; only the copy is a
 //! `memcpy` instead of a device transfer.
 
-use crate::layout::{Layout, Part};
-use crate::tier::device::{DeviceError, DeviceRegion, ObjectCopy};
+use crate::layout::Layout;
+use crate::tier::device::{DeviceError, DeviceRegion, ObjectCopy, gather_to_host, scatter_from_host};
 use crate::tier::tensors::{KvTensors, PageMap};
 
 /// Engine-owned host tensors, wrapped. The engine keeps them allocated while they are
@@ -35,34 +35,6 @@ impl HostTensors {
             map: PageMap::wrap(layout, pp_rank, tensors)?,
         })
     }
-
-    /// Copies one checked object between the tensors and `host`.
-    ///
-    /// # Safety
-    /// `host` is valid for `object_bytes()` bytes in the direction copied, and the copy
-    /// was checked with `PageMap::check`.
-    unsafe fn copy_object(&self, slot: u32, part: Part, host: *mut u8, to_host: bool) -> Result<(), DeviceError> {
-        let mv = |dev: u64, host_off: usize, n: usize| {
-            // SAFETY: `dev` is inside a wrapped tensor (`wrap`'s contract, slot checked)
-            // and `host_off + n` inside the object buffer (size checked).
-            unsafe {
-                let dev = dev as usize as *mut u8;
-                if to_host {
-                    std::ptr::copy_nonoverlapping(dev, host.add(host_off), n);
-                } else {
-                    std::ptr::copy_nonoverlapping(host.add(host_off), dev, n);
-                }
-            }
-        };
-        self.map.plan(slot, part, self.object_bytes(), |r| match r.rows {
-            None => mv(r.dev, r.host_off, r.width),
-            Some((rows, pitch)) => {
-                for t in 0..rows {
-                    mv(r.dev + (t * r.width) as u64, r.host_off + t * pitch, r.width);
-                }
-            }
-        })
-    }
 }
 
 impl DeviceRegion for HostTensors {
@@ -79,32 +51,21 @@ impl DeviceRegion for HostTensors {
     }
 
     fn copy_to_host(&self, batch: &mut [ObjectCopy<&mut [u8]>]) -> Result<(), DeviceError> {
-        for c in batch.iter() {
-            self.map.check(c.slot, c.part, c.host.len())?;
-        }
-        for c in batch.iter_mut() {
-            // SAFETY: checked above; `host` is an exclusive borrow of the object's size.
-            unsafe { self.copy_object(c.slot, c.part, c.host.as_mut_ptr(), true)? };
-        }
-        Ok(())
+        // SAFETY: a run's device address lies inside a wrapped tensor (`wrap`'s contract,
+        // slot checked), and the manager never runs two copies on one page at once.
+        unsafe { gather_to_host(&self.map, batch, |addr| addr as usize as *mut u8) }
     }
 
     fn copy_from_host(&self, batch: &[ObjectCopy<&[u8]>]) -> Result<(), DeviceError> {
-        for c in batch {
-            self.map.check(c.slot, c.part, c.host.len())?;
-        }
-        for c in batch {
-            // SAFETY: checked; in this direction the host slice is only read.
-            unsafe { self.copy_object(c.slot, c.part, c.host.as_ptr() as *mut u8, false)? };
-        }
-        Ok(())
+        // SAFETY: as for `copy_to_host`.
+        unsafe { scatter_from_host(&self.map, batch, |addr| addr as usize as *mut u8) }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::LayoutSpec;
+    use crate::layout::{LayoutSpec, Part};
 
     #[test]
     fn objects_round_trip_through_strided_tensors() {

@@ -7,21 +7,16 @@
 //! so that its pool objects have SGLang's bytes as well as SGLang's keys, the host-to-pool
 //! copy transposes each object to page-first and the pool-to-host copy transposes back.
 //! A page-first namespace is copied as it is. The transpose moves whole `[head][dim]` rows,
-//! so it is one `copy_from_slice` per (token, layer).
+//! so it is one `copy_from_slice` per (token, layer), straight between the host slot and
+//! the pool's object where the backend allows it (see [`crate::pool::reorder`]).
 
 use crate::layout::{ByteOrder, Layout};
+use crate::pool::Transpose;
 
-/// The shape of one object as rows: `layers × tokens` rows of `row` bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Rows {
-    layers: usize,
-    tokens: usize,
-    row: usize,
-}
-
-/// The rows of object `obj` of `layout` when its host bytes differ from the pool's order;
-/// `None` when they are the same (page-first, or an object of one layer or one token).
-pub(crate) fn transpose_rows(layout: &Layout, obj: usize) -> Option<Rows> {
+/// How object `obj` of `layout` is reordered between host and pool: layer-first host
+/// bytes `[layer][token][row]` are pool bytes `[token][layer][row]`. `None` when host and
+/// pool orders are the same (page-first, or an object of one layer or one token).
+pub(crate) fn transpose_rows(layout: &Layout, obj: usize) -> Option<Transpose> {
     if layout.byte_order() != ByteOrder::LayerFirst {
         return None;
     }
@@ -32,44 +27,17 @@ pub(crate) fn transpose_rows(layout: &Layout, obj: usize) -> Option<Rows> {
     if layers <= 1 || tokens <= 1 || !bytes.is_multiple_of(layers * tokens) {
         return None;
     }
-    Some(Rows {
-        layers,
-        tokens,
+    Some(Transpose {
+        outer: layers,
+        inner: tokens,
         row: bytes / (layers * tokens),
     })
-}
-
-/// Host `[layer][token][row]` to pool `[token][layer][row]`. Both slices hold the whole
-/// object; a length mismatch copies nothing and returns false.
-pub(crate) fn to_pool(r: Rows, host: &[u8], pool: &mut [u8]) -> bool {
-    transpose(r.layers, r.tokens, r.row, host, pool)
-}
-
-/// Pool `[token][layer][row]` back to host `[layer][token][row]`.
-pub(crate) fn from_pool(r: Rows, pool: &[u8], host: &mut [u8]) -> bool {
-    transpose(r.tokens, r.layers, r.row, pool, host)
-}
-
-/// `src` as `[a][b][row]` into `dst` as `[b][a][row]`.
-fn transpose(a: usize, b: usize, row: usize, src: &[u8], dst: &mut [u8]) -> bool {
-    let len = a * b * row;
-    if src.len() != len || dst.len() != len {
-        return false;
-    }
-    for i in 0..a {
-        for j in 0..b {
-            let s = (i * b + j) * row;
-            let d = (j * a + i) * row;
-            dst[d..d + row].copy_from_slice(&src[s..s + row]);
-        }
-    }
-    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::LayoutSpec;
+    use crate::layout::{LayoutSpec, Part};
 
     /// Every element lands at its page-first place and comes back unchanged.
     #[test]
@@ -82,9 +50,9 @@ mod tests {
         let r = transpose_rows(&l, 0).unwrap();
         assert_eq!(
             r,
-            Rows {
-                layers: 2,
-                tokens: 16,
+            Transpose {
+                outer: 2,
+                inner: 16,
                 row: 2 * 8 * 2
             }
         );
@@ -92,7 +60,7 @@ mod tests {
         // Byte b of (layer, token) row: a distinct value per position.
         let host: Vec<u8> = (0..n).map(|i| (i * 7 + i / 251) as u8).collect();
         let mut pool = vec![0u8; n];
-        assert!(to_pool(r, &host, &mut pool));
+        assert!(r.to_pool(&host, &mut pool));
         for layer in 0..2 {
             for token in 0..16 {
                 let h = (layer * 16 + token) * r.row;
@@ -102,13 +70,103 @@ mod tests {
         }
         assert_ne!(pool, host);
         let mut back = vec![0u8; n];
-        assert!(from_pool(r, &pool, &mut back));
+        assert!(r.from_pool(&pool, &mut back));
         assert_eq!(back, host);
-        assert!(!to_pool(r, &host[1..], &mut pool));
+        assert!(!r.to_pool(&host[1..], &mut pool));
         let pf = LayoutSpec::mha(4, 4, 8, 2, 16)
             .with_byte_order(ByteOrder::PageFirst)
             .build()
             .unwrap();
         assert_eq!(transpose_rows(&pf, 0), None);
+    }
+
+    /// Through a manager with the local pool: a layer-first page stored from a device and
+    /// shared lands in the pool page-first, element by element (the in-place transpose,
+    /// streamed), and prefetched back from the pool alone it loads unchanged.
+    #[test]
+    fn the_local_pool_holds_page_first_bytes_and_gives_layer_first_back() {
+        use crate::clock::SystemClock;
+        use crate::hints::{Hint, HintTarget};
+        use crate::manager::{LoadWait, Manager, ManagerConfig, pool_key_scheme};
+        use crate::page::{Namespace, PageHash};
+        use crate::tier::TierKind;
+        use crate::tier::device::EmulatedDevice;
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        // 4 layers, 16 tokens, rows of 2 heads x 32 dims x 2 bytes = 128 bytes.
+        let l = LayoutSpec::mha(4, 2, 32, 2, 16).build().unwrap();
+        assert_eq!(l.byte_order(), ByteOrder::LayerFirst);
+        let dir = tempfile::tempdir().unwrap();
+        let page = l.page_bytes();
+        let mut cfg = ManagerConfig::in_dir(dir.path(), 16 * page, Some(16 * page));
+        cfg.policy = None;
+        let m = Manager::new(cfg, SystemClock::new()).unwrap();
+        let name = Namespace::model("pool-layout");
+        let ns = m.register_namespace(name.clone(), l.clone()).unwrap();
+        let dev = Arc::new(EmulatedDevice::new(&l, 0, 4));
+        m.attach_device(ns, 0, 0, dev.clone()).unwrap();
+        let hashes = [PageHash::from_u64(11), PageHash::from_u64(12)];
+        for s in 0..2 {
+            dev.fill_page(s, 100 + s as u64).unwrap();
+        }
+        let wait = Duration::from_secs(30);
+        let r = m.wait(m.store(ns, 0, 0, &hashes, &[0, 1], 0).unwrap(), wait).unwrap();
+        assert_eq!((r.pages, r.failed), (2, 0));
+        m.hint(
+            ns,
+            Hint::Share {
+                target: HintTarget::Pages(hashes.to_vec()),
+            },
+        )
+        .unwrap();
+        assert!(m.quiesce(wait));
+        let pool = m.pool().unwrap();
+        let keys = pool_key_scheme(&m.config().pool_key_tag, &name);
+        let t = transpose_rows(&l, 0).unwrap();
+        for (s, h) in hashes.iter().enumerate() {
+            for (o, &part) in [Part::K, Part::V].iter().enumerate() {
+                let key = keys.object_key(&l, h, l.objects()[o]);
+                let mut raw = vec![0u8; l.object_bytes(o) as usize];
+                assert_eq!(pool.batch_get_into(&mut [(&key, &mut raw[..])]), vec![Ok(raw.len())]);
+                // Pool row (token, layer) is the device's layer `layer`, token `token`.
+                for layer in 0..4u32 {
+                    let want = dev.read_layer(s as u32, part, layer).unwrap();
+                    for token in 0..16 {
+                        let p = (token * 4 + layer as usize) * t.row;
+                        assert_eq!(
+                            raw[p..p + t.row],
+                            want[token * t.row..(token + 1) * t.row],
+                            "page {s} {part:?} layer {layer} token {token}"
+                        );
+                    }
+                }
+            }
+        }
+        // Drop host and device copies, bring the pages back from the pool, load them into
+        // fresh device slots: the layer-first bytes the device wrote.
+        m.removed(ns, 0, 0, &hashes).unwrap();
+        m.make_host_room(usize::MAX);
+        let where_now = m.lookup(ns, &hashes).unwrap();
+        assert_eq!((where_now.host, where_now.pool), (0, 2));
+        let to = TierKind::Host;
+        m.hint(
+            ns,
+            Hint::Prefetch {
+                target: HintTarget::Pages(hashes.to_vec()),
+                to,
+                deadline_ms: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(m.lookup(ns, &hashes).unwrap().host, 2);
+        let r = m
+            .wait(
+                m.load(ns, 0, 0, &hashes, &[2, 3], LoadWait::WaitComplete).unwrap(),
+                wait,
+            )
+            .unwrap();
+        assert_eq!((r.pages, r.failed), (2, 0));
+        assert!(dev.page_matches(2, 100).unwrap() && dev.page_matches(3, 101).unwrap());
     }
 }

@@ -54,17 +54,23 @@ struct ObjMove {
     slot: SlotId,
     len: usize,
     hash: PageHash,
-    /// The pool key, rendered after the reserve phase has let go of the directory lock.
-    key: String,
+    /// Where the pool key sits in the batch's key buffer, rendered after the reserve phase
+    /// has let go of the directory lock.
+    key: std::ops::Range<usize>,
 }
 
-/// Renders the pool keys of `moves` outside the directory lock: each key is a hex
-/// rendering of the hash and a `format!`, two allocations per object that need nothing the
-/// lock guards (the layout is cloned, the key scheme too), and under the write lock they
-/// held up the other transfer worker's reserve and settle and lookups.
-fn render_keys(moves: &mut [ObjMove], keys: &crate::page::KeyScheme, layout: &crate::layout::Layout) {
+/// Renders the pool keys of `moves` into one buffer, outside the directory lock: they need
+/// nothing the lock guards (the layout is cloned, the key scheme too), and under the write
+/// lock they held up the other transfer worker's reserve and settle and lookups. One
+/// buffer per batch, not a `String` per object: the allocations showed on 64 KiB moves.
+fn render_keys(moves: &mut [ObjMove], keys: &crate::page::KeyScheme, layout: &crate::layout::Layout, buf: &mut String) {
+    buf.clear();
+    let per = keys.prefix.len() + crate::page::MAX_HASH_BYTES * 2 + 16;
+    buf.reserve(moves.len() * per);
     for m in moves {
-        m.key = keys.object_key(layout, &m.hash, layout.objects()[m.obj]);
+        let start = buf.len();
+        keys.write_object_key(buf, layout, &m.hash, layout.objects()[m.obj]);
+        m.key = start..buf.len();
     }
 }
 
@@ -184,7 +190,7 @@ impl Manager {
                             slot: SlotId(slot),
                             len: layout.object_bytes(obj) as usize,
                             hash,
-                            key: String::new(),
+                            key: 0..0,
                         });
                     }
                     objs.clear();
@@ -198,40 +204,27 @@ impl Manager {
             let keys = st.keys[ns.0 as usize].clone();
             (layout, keys)
         };
-        render_keys(&mut moves, &keys, &layout);
-        // Copy, straight from the arena slots.
-        let mut results: Vec<Result<(), PoolError>> = Vec::new();
+        let mut key_buf = String::new();
+        render_keys(&mut moves, &keys, &layout, &mut key_buf);
+        // Copy, straight from the arena slots into the pool's objects; layer-first host
+        // objects are transposed to page-first (SGLang's bytes) in the same copy. `None`:
+        // the arena slot could not be reached, nothing was written.
+        let mut results: Vec<Option<Result<(), PoolError>>> = Vec::new();
         if let Some(pool) = pool.as_ref().filter(|_| !moves.is_empty()) {
-            let mut srcs = Vec::with_capacity(moves.len());
+            let mut items = Vec::with_capacity(moves.len());
             let mut at = Vec::with_capacity(moves.len());
-            results = vec![Err(PoolError::Unavailable("arena slot".into())); moves.len()];
+            results = vec![None; moves.len()];
             for (i, m) in moves.iter().enumerate() {
                 // SAFETY: the page is leased: its host slots are neither freed nor
                 // rewritten until we unlease it below.
                 if let Ok(s) = unsafe { arena.slot(m.slot, m.len) } {
-                    srcs.push(s);
+                    items.push((&key_buf[m.key.clone()], s, pool_layout::transpose_rows(&layout, m.obj)));
                     at.push(i);
                 }
             }
-            // Layer-first host objects go to the pool page-first (SGLang's bytes).
-            let staged: Vec<Option<Vec<u8>>> = srcs
-                .iter()
-                .zip(&at)
-                .map(|(s, &i)| {
-                    let r = pool_layout::transpose_rows(&layout, moves[i].obj)?;
-                    let mut out = vec![0u8; s.len()];
-                    pool_layout::to_pool(r, s, &mut out).then_some(out)
-                })
-                .collect();
-            let items: Vec<(&str, &[u8])> = srcs
-                .iter()
-                .zip(&at)
-                .zip(&staged)
-                .map(|((s, &i), t)| (moves[i].key.as_str(), t.as_deref().unwrap_or(s)))
-                .collect();
             let t = std::time::Instant::now();
-            for (r, i) in pool.batch_put_from(&items).into_iter().zip(at) {
-                results[i] = r;
+            for (r, i) in pool.batch_put_ordered(&items).into_iter().zip(at) {
+                results[i] = Some(r);
             }
             self.inner.stats.copied(TierKind::Host, TierKind::Pool, t.elapsed());
         }
@@ -245,7 +238,7 @@ impl Manager {
             let page = moves[run.start].page;
             objs.clear();
             for (m, r) in moves[run.clone()].iter().zip(&results[run.clone()]) {
-                if r.is_ok() {
+                if matches!(r, Some(Ok(()))) {
                     objs.push(m.obj);
                     bytes += m.len as u64;
                 }
@@ -347,6 +340,7 @@ impl Manager {
         let Some(arena) = self.arena() else { return 0 };
         let protect_ms = self.tunables().stage_protect_ms;
         let mut staged = 0;
+        let mut key_buf = String::new();
         for chunk in hashes.chunks(POOL_BATCH) {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
@@ -402,64 +396,31 @@ impl Manager {
                                 slot,
                                 len: layout.object_bytes(obj) as usize,
                                 hash: *h,
-                                key: String::new(),
+                                key: 0..0,
                             });
                         }
                     }
                     let keys = st.keys[ns.0 as usize].clone();
                     (layout, keys)
                 };
-            render_keys(&mut moves, &keys, &layout);
-            let mut results: Vec<Result<usize, PoolError>> =
-                vec![Err(PoolError::Unavailable("arena slot".into())); moves.len()];
+            render_keys(&mut moves, &keys, &layout, &mut key_buf);
+            // Straight from the pool's objects into the fresh arena slots, page-first
+            // objects transposed back to layer-first in the same copy. `None`: the slot
+            // could not be reached.
+            let mut results: Vec<Option<Result<usize, PoolError>>> = vec![None; moves.len()];
             {
-                let mut slots = Vec::with_capacity(moves.len());
+                let mut items = Vec::with_capacity(moves.len());
                 let mut at = Vec::with_capacity(moves.len());
                 for (i, m) in moves.iter().enumerate() {
                     // SAFETY: freshly allocated slots, in flight, owned by this move.
                     if let Ok(s) = unsafe { arena.slot_mut(m.slot, m.len) } {
-                        slots.push(s);
+                        items.push((&key_buf[m.key.clone()], s, pool_layout::transpose_rows(&layout, m.obj)));
                         at.push(i);
                     }
                 }
-                // Pool objects are page-first; a layer-first namespace gets them through
-                // a staging buffer, transposed into its slot below.
-                let rows: Vec<_> = at
-                    .iter()
-                    .map(|&i| pool_layout::transpose_rows(&layout, moves[i].obj))
-                    .collect();
-                let mut staged: Vec<Vec<u8>> = rows
-                    .iter()
-                    .zip(&at)
-                    .map(|(r, &i)| {
-                        if r.is_some() {
-                            vec![0u8; moves[i].len]
-                        } else {
-                            Vec::new()
-                        }
-                    })
-                    .collect();
                 let t = std::time::Instant::now();
-                let got = {
-                    let mut items: Vec<(&str, &mut [u8])> = slots
-                        .iter_mut()
-                        .zip(staged.iter_mut())
-                        .zip(&at)
-                        .map(|((s, b), &i)| {
-                            let dst: &mut [u8] = if b.is_empty() { s } else { b.as_mut_slice() };
-                            (moves[i].key.as_str(), dst)
-                        })
-                        .collect();
-                    pool.batch_get_into(&mut items)
-                };
-                for ((((r, i), row), b), s) in got.into_iter().zip(at).zip(&rows).zip(&staged).zip(slots.iter_mut()) {
-                    results[i] = match (r, row) {
-                        // A transpose that cannot run (wrong length) counts as a short read.
-                        (Ok(n), Some(row)) if !pool_layout::from_pool(*row, b, s) => {
-                            Ok(n.min(moves[i].len.saturating_sub(1)))
-                        }
-                        (r, _) => r,
-                    };
+                for (r, i) in pool.batch_get_ordered(&mut items).into_iter().zip(at) {
+                    results[i] = Some(r);
                 }
                 self.inner.stats.copied(TierKind::Pool, TierKind::Host, t.elapsed());
             }
@@ -479,7 +440,7 @@ impl Manager {
                 lost.clear();
                 for (m, r) in moves[run.clone()].iter().zip(&results[run.clone()]) {
                     match r {
-                        Ok(n) if *n == m.len => {
+                        Some(Ok(n)) if *n == m.len => {
                             arrived.push((m.obj, m.slot));
                             bytes += m.len as u64;
                         }
@@ -487,7 +448,7 @@ impl Manager {
                             arena.free(m.slot);
                             // The pool lost the object (or it is the wrong size): the
                             // page is not complete there any more.
-                            if matches!(other, Err(PoolError::NotFound) | Ok(_)) {
+                            if matches!(other, Some(Err(PoolError::NotFound) | Ok(_))) {
                                 lost.push(m.obj);
                                 if vanished.last() != Some(&m.hash) {
                                     vanished.push(m.hash);

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use parking_lot::Mutex;
 
-use super::{PoolBackend, PoolError, PoolHealth, PoolUsage};
+use super::{GetItem, PoolBackend, PoolError, PoolHealth, PoolUsage, PutItem, reorder_shape};
 use crate::tier::host::{ArenaError, ArenaOptions, HostArena, SlotId};
 
 mod index;
@@ -23,6 +23,8 @@ use index::{Freed, Index, key_hash};
 /// settle. Per-object locking made every 64 KiB copy pay two lock round trips (contended
 /// by the other transfer workers) and a key allocation on top of the copy. Key hashes
 /// are taken before the lock, and the index allocates nothing per object (see `index`).
+/// A reordered item (a layer-first object stored page-first) is transposed straight
+/// between the caller's buffer and the pool slot, with no staging copy.
 #[derive(Debug)]
 pub struct LocalPool {
     store: HostArena,
@@ -56,7 +58,7 @@ impl LocalPool {
     /// and the items that found no slot.
     fn put_round(
         &self,
-        items: &[(&str, &[u8])],
+        items: &[PutItem<'_>],
         hashes: &[u64],
         todo: &[usize],
         results: &mut [Result<(), PoolError>],
@@ -80,13 +82,20 @@ impl LocalPool {
         }
         let mut written = Vec::with_capacity(slots.len());
         for (i, s) in slots {
-            let data = items[i].1;
+            let (_, data, order) = items[i];
             // SAFETY: the slot is ours: allocated above and not yet published in the index.
             match unsafe { self.store.slot_mut(s, data.len()) } {
-                Ok(dst) => {
-                    dst.copy_from_slice(data);
-                    written.push((i, s));
-                }
+                Ok(dst) => match order {
+                    None => {
+                        dst.copy_from_slice(data);
+                        written.push((i, s));
+                    }
+                    Some(t) if t.to_pool(data, dst) => written.push((i, s)),
+                    Some(t) => {
+                        self.store.free(s);
+                        results[i] = Err(reorder_shape(data.len(), &t));
+                    }
+                },
                 Err(e) => {
                     self.store.free(s);
                     results[i] = Err(PoolError::Unavailable(e.to_string()));
@@ -110,9 +119,14 @@ impl PoolBackend for LocalPool {
     }
 
     fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), PoolError>> {
+        let items: Vec<PutItem<'_>> = items.iter().map(|&(k, d)| (k, d, None)).collect();
+        self.batch_put_ordered(&items)
+    }
+
+    fn batch_put_ordered(&self, items: &[PutItem<'_>]) -> Vec<Result<(), PoolError>> {
         let mut results: Vec<Result<(), PoolError>> = vec![Err(PoolError::NoSpace); items.len()];
         let mut todo: Vec<usize> = (0..items.len()).collect();
-        let hashes: Vec<u64> = items.iter().map(|(k, _)| key_hash(k)).collect();
+        let hashes: Vec<u64> = items.iter().map(|(k, _, _)| key_hash(k)).collect();
         // Normally one round. When the pool runs out of slots mid-batch, the rest go in
         // another round once this one is published, so they may evict what it wrote (as
         // one put at a time would), rather than fail beside slots still unpublished.
@@ -127,25 +141,36 @@ impl PoolBackend for LocalPool {
     }
 
     fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>> {
+        let mut items: Vec<GetItem<'_>> = items.iter_mut().map(|(k, b)| (*k, &mut **b, None)).collect();
+        self.batch_get_ordered(&mut items)
+    }
+
+    fn batch_get_ordered(&self, items: &mut [GetItem<'_>]) -> Vec<Result<usize, PoolError>> {
         // Fence every slot under one lock: none is freed or reused until unfenced below,
         // and puts never write a published slot.
-        let hashes: Vec<u64> = items.iter().map(|(k, _)| key_hash(k)).collect();
+        let hashes: Vec<u64> = items.iter().map(|(k, _, _)| key_hash(k)).collect();
         let fenced: Vec<Result<(SlotId, usize), PoolError>> = {
             let mut idx = self.index.lock();
             items
                 .iter()
                 .zip(&hashes)
-                .map(|((k, b), &h)| idx.fence(k, h, b.len()))
+                .map(|((k, b, _), &h)| idx.fence(k, h, b.len()))
                 .collect()
         };
         let results: Vec<Result<usize, PoolError>> = items
             .iter_mut()
             .zip(&fenced)
-            .map(|((_, buf), f)| {
+            .map(|((_, buf, order), f)| {
                 let (slot, len) = f.clone()?;
                 // SAFETY: the slot is fenced by our reader count (see above).
                 let src = unsafe { self.store.slot(slot, len) }.map_err(|e| PoolError::Unavailable(e.to_string()))?;
-                buf[..len].copy_from_slice(src);
+                match order {
+                    None => buf[..len].copy_from_slice(src),
+                    // An object of another length stays uncopied; `Ok(len)` says so.
+                    Some(_) if len != buf.len() => {}
+                    Some(t) if !t.from_pool(src, buf) => return Err(reorder_shape(buf.len(), t)),
+                    Some(_) => {}
+                }
                 Ok(len)
             })
             .collect();
@@ -309,6 +334,93 @@ mod tests {
         assert_eq!(p.batch_get_into(&mut [("c", &mut buf[..])]), vec![Ok(64)]);
         assert_eq!(buf, c);
         assert_eq!(p.batch_exists(&["a", "b", "c"]), vec![Ok(false), Ok(true), Ok(true)]);
+    }
+
+    /// A backend that keeps the trait's staging defaults for ordered puts and gets, over
+    /// the local pool's plain ones: both ways must give the same pool bytes.
+    struct Staging<'a>(&'a LocalPool);
+
+    impl PoolBackend for Staging<'_> {
+        fn name(&self) -> &'static str {
+            "staging"
+        }
+        fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), PoolError>> {
+            self.0.batch_put_from(items)
+        }
+        fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>> {
+            self.0.batch_get_into(items)
+        }
+        fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+            self.0.batch_exists(keys)
+        }
+        fn remove(&self, key: &str, force: bool) -> Result<(), PoolError> {
+            self.0.remove(key, force)
+        }
+        fn health(&self) -> PoolHealth {
+            self.0.health()
+        }
+        fn usage(&self) -> PoolUsage {
+            self.0.usage()
+        }
+        fn take_evicted(&self) -> Vec<String> {
+            self.0.take_evicted()
+        }
+        fn max_object_bytes(&self) -> usize {
+            self.0.max_object_bytes()
+        }
+    }
+
+    #[test]
+    fn ordered_puts_and_gets_transpose_in_place_as_the_staging_default_does() {
+        let (_d, p) = pool(8);
+        let t = crate::pool::Transpose {
+            outer: 4,
+            inner: 16,
+            row: 48,
+        };
+        let host = pattern(5, t.len());
+        let mut want = vec![0u8; t.len()];
+        assert!(t.to_pool(&host, &mut want));
+        let plain = pattern(6, 100);
+        let staging = Staging(&p);
+        for (b, (tk, pk)) in [(&p as &dyn PoolBackend, ("t1", "p1")), (&staging, ("t2", "p2"))] {
+            let r = b.batch_put_ordered(&[(tk, &host, Some(t)), (pk, &plain, None), ("bad", &host[1..], Some(t))]);
+            assert_eq!(r[..2], [Ok(()), Ok(())], "{}", b.name());
+            assert_eq!(
+                r[2],
+                Err(PoolError::ReorderShape {
+                    len: t.len() - 1,
+                    want: t.len()
+                })
+            );
+        }
+        assert_eq!(p.batch_exists(&["bad"]), vec![Ok(false)]);
+        // The pool holds the transposed bytes, and the plain object as it was.
+        for k in ["t1", "t2"] {
+            let mut raw = vec![0u8; t.len()];
+            assert_eq!(p.batch_get_into(&mut [(k, &mut raw[..])]), vec![Ok(t.len())]);
+            assert_eq!(raw, want, "{k}");
+        }
+        for b in [&p as &dyn PoolBackend, &staging] {
+            let (mut back, mut pl, mut short) = (vec![0u8; t.len()], vec![0u8; 100], vec![0u8; t.len()]);
+            let got = b.batch_get_ordered(&mut [
+                ("t1", &mut back[..], Some(t)),
+                ("p2", &mut pl[..], None),
+                // An object of another length than its reorder: uncopied, and the length
+                // it has says so.
+                ("p1", &mut short[..], Some(t)),
+                ("none", &mut [0u8; 8][..], Some(t)),
+            ]);
+            assert_eq!(
+                got,
+                vec![Ok(t.len()), Ok(100), Ok(100), Err(PoolError::NotFound)],
+                "{}",
+                b.name()
+            );
+            assert_eq!(back, host, "{}", b.name());
+            assert_eq!(pl, plain);
+            assert_eq!(short, vec![0u8; t.len()], "{}", b.name());
+        }
     }
 
     #[test]

@@ -10,11 +10,22 @@ pub mod keys;
 pub mod local;
 pub mod mooncake;
 pub mod page;
+pub mod reorder;
 // Only the C ABI tests need an outside tool today; widen the gate with the next user.
 #[cfg(all(test, feature = "mooncake-c"))]
 pub(crate) mod test_env;
 
 use serde::Serialize;
+
+pub use reorder::Transpose;
+
+/// One object of an ordered put: key, the caller's bytes, and how they are reordered on
+/// the way into the pool (`None`: as they are).
+pub type PutItem<'a> = (&'a str, &'a [u8], Option<Transpose>);
+
+/// One object of an ordered get: key, the caller's buffer, and how the pool's bytes are
+/// reordered on the way out (`None`: as they are).
+pub type GetItem<'a> = (&'a str, &'a mut [u8], Option<Transpose>);
 
 /// Why a pool operation failed. Mooncake's error codes map onto these.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -35,8 +46,15 @@ pub enum PoolError {
     Unavailable(String),
     #[error("batch of {got} exceeds the maximum of {max}")]
     BatchTooLarge { got: usize, max: usize },
+    #[error("an object of {len} bytes does not fit a reorder of {want} bytes")]
+    ReorderShape { len: usize, want: usize },
     #[error("pool backend error {code}: {message}")]
     Backend { code: i64, message: String },
+}
+
+/// The error for bytes of `len` that do not match reorder `t`.
+pub(crate) fn reorder_shape(len: usize, t: &Transpose) -> PoolError {
+    PoolError::ReorderShape { len, want: t.len() }
 }
 
 /// Whether the backend can serve requests.
@@ -63,6 +81,85 @@ pub trait PoolBackend: Send + Sync {
 
     /// Reads each key into its buffer; `Ok(n)` is the object's length.
     fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>>;
+
+    /// [`batch_put_from`](Self::batch_put_from) with each item's bytes reordered on the way
+    /// in. An item whose bytes do not match its reorder's shape gets
+    /// [`PoolError::ReorderShape`]. The default reorders into a staging buffer per
+    /// reordered item and puts those; a backend that can write its objects' memory
+    /// directly overrides it to reorder straight into the object (one copy, no allocation
+    /// per object).
+    fn batch_put_ordered(&self, items: &[PutItem<'_>]) -> Vec<Result<(), PoolError>> {
+        let mut res: Vec<Result<(), PoolError>> = Vec::with_capacity(items.len());
+        let mut staged: Vec<Vec<u8>> = Vec::with_capacity(items.len());
+        for (_, data, order) in items {
+            let mut out = Vec::new();
+            res.push(match order {
+                Some(t) => {
+                    out = vec![0u8; data.len()];
+                    if t.to_pool(data, &mut out) {
+                        Ok(())
+                    } else {
+                        Err(reorder_shape(data.len(), t))
+                    }
+                }
+                None => Ok(()),
+            });
+            staged.push(out);
+        }
+        let todo: Vec<usize> = (0..items.len()).filter(|&i| res[i].is_ok()).collect();
+        let plain: Vec<(&str, &[u8])> = todo
+            .iter()
+            .map(|&i| {
+                let (key, data, order) = items[i];
+                (key, if order.is_some() { staged[i].as_slice() } else { data })
+            })
+            .collect();
+        let mut done = self.batch_put_from(&plain).into_iter();
+        for i in todo {
+            res[i] = done
+                .next()
+                .unwrap_or(Err(PoolError::Unavailable("short batch answer".into())));
+        }
+        res
+    }
+
+    /// [`batch_get_into`](Self::batch_get_into) with each object's bytes reordered on the
+    /// way out. An object whose length is not the reorder's is not copied: its result is
+    /// `Ok(length)`, which the caller sees is not the length it wanted; a buffer that does
+    /// not match its reorder gets [`PoolError::ReorderShape`]. The default reads reordered
+    /// items into a staging buffer and reorders from there.
+    fn batch_get_ordered(&self, items: &mut [GetItem<'_>]) -> Vec<Result<usize, PoolError>> {
+        let mut staged: Vec<Vec<u8>> = items
+            .iter()
+            .map(|(_, buf, order)| {
+                if order.is_some() {
+                    vec![0u8; buf.len()]
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
+        let mut res = {
+            let mut plain: Vec<(&str, &mut [u8])> = items
+                .iter_mut()
+                .zip(staged.iter_mut())
+                .map(|((key, buf, order), s)| {
+                    let dst: &mut [u8] = if order.is_some() { s } else { buf };
+                    (*key, dst)
+                })
+                .collect();
+            self.batch_get_into(&mut plain)
+        };
+        for ((r, (_, buf, order)), s) in res.iter_mut().zip(items.iter_mut()).zip(&staged) {
+            if let (Ok(n), Some(t)) = (&*r, order)
+                && *n == s.len()
+                && !t.from_pool(s, buf)
+            {
+                *r = Err(reorder_shape(buf.len(), t));
+            }
+        }
+        res
+    }
 
     /// Whether each key exists.
     fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>>;

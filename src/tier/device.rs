@@ -67,6 +67,93 @@ pub trait DeviceRegion: Send + Sync {
     }
 }
 
+/// Device → host for a region whose memory this process can address (the emulated device,
+/// wrapped engine host tensors): checks the whole batch, then copies each object run by
+/// run, with streaming stores where the runs allow ([`super::stream`]): the host side is
+/// kvtier's arena, where offloaded bytes wait cold. `dev` turns a run's device address from the [`PageMap`] (an offset into the
+/// emulated buffer, or an address of a wrapped tensor) into a pointer.
+///
+/// # Safety
+/// For every run of a copy that `map` checked, `dev` returns a pointer valid for the run's
+/// bytes, and no other copy touches the same device page meanwhile.
+pub(crate) unsafe fn gather_to_host(
+    map: &PageMap,
+    batch: &mut [ObjectCopy<&mut [u8]>],
+    dev: impl Fn(u64) -> *mut u8,
+) -> Result<(), DeviceError> {
+    for c in batch.iter() {
+        map.check(c.slot, c.part, c.host.len())?;
+    }
+    for c in batch.iter_mut() {
+        // SAFETY: checked above; `host` is an exclusive borrow of the object's size; the
+        // device side is the caller's contract.
+        unsafe { copy_runs(map, c.slot, c.part, c.host.as_mut_ptr(), true, &dev)? };
+    }
+    // Runs into host were streamed: whole before the store settles and publishes them.
+    super::stream::fence();
+    Ok(())
+}
+
+/// Host → device, the other direction of [`gather_to_host`].
+///
+/// # Safety
+/// As for [`gather_to_host`].
+pub(crate) unsafe fn scatter_from_host(
+    map: &PageMap,
+    batch: &[ObjectCopy<&[u8]>],
+    dev: impl Fn(u64) -> *mut u8,
+) -> Result<(), DeviceError> {
+    for c in batch {
+        map.check(c.slot, c.part, c.host.len())?;
+    }
+    for c in batch {
+        // SAFETY: checked; in this direction the host slice is only read (the cast is for
+        // the shared walk, which reads from it in this direction).
+        unsafe { copy_runs(map, c.slot, c.part, c.host.as_ptr() as *mut u8, false, &dev)? };
+    }
+    Ok(())
+}
+
+/// The one strided walk of an object: each run of the plan, a row at a time where the
+/// byte order interleaves layers per token, copied between `host` and `dev(run address)`.
+///
+/// # Safety
+/// `host` is valid for `map.object_bytes()` bytes in the direction copied, the copy was
+/// checked by `PageMap::check`, and `dev` is as [`gather_to_host`] requires.
+unsafe fn copy_runs(
+    map: &PageMap,
+    slot: u32,
+    part: Part,
+    host: *mut u8,
+    to_host: bool,
+    dev: &impl Fn(u64) -> *mut u8,
+) -> Result<(), DeviceError> {
+    let mv = |d: u64, host_off: usize, n: usize| {
+        let d = dev(d);
+        // SAFETY: runs lie inside the region (checked when the map was built, and the
+        // caller's `dev` contract) and inside the host buffer (checked size).
+        unsafe {
+            let h = host.add(host_off);
+            if to_host && super::stream::usable(h, n) {
+                // Into kvtier's host tier: cold bytes, read next by another copy.
+                super::stream::copy_raw(h, d, n);
+            } else if to_host {
+                std::ptr::copy_nonoverlapping(d, h, n);
+            } else {
+                std::ptr::copy_nonoverlapping(host.add(host_off), d, n);
+            }
+        }
+    };
+    map.plan(slot, part, map.object_bytes(), |r| match r.rows {
+        None => mv(r.dev, r.host_off, r.width),
+        Some((rows, pitch)) => {
+            for t in 0..rows {
+                mv(r.dev + (t * r.width) as u64, r.host_off + t * pitch, r.width);
+            }
+        }
+    })
+}
+
 /// Zeroed host memory aligned like a GPU allocation (to a 4 KiB page), so copies between
 /// it and the page-aligned arena run at memcpy speed. A plain `Vec` sits 16 bytes past a
 /// page boundary, and copying into such an address from a page-aligned source hits the
@@ -166,37 +253,6 @@ impl EmulatedDevice {
         Some(out)
     }
 
-    /// Copies between the object's bytes and its place in the region. `to_host` picks the
-    /// direction.
-    ///
-    /// # Safety
-    /// `host` must be valid for `object_bytes()` bytes in the chosen direction, the copy
-    /// must have been checked by `PageMap::check`, and no other copy may touch the same
-    /// device page concurrently.
-    unsafe fn copy_object(&self, slot: u32, part: Part, host: *mut u8, to_host: bool) -> Result<(), DeviceError> {
-        let base = self.base();
-        let mv = |dev_off: u64, host_off: usize, n: usize| {
-            // SAFETY: runs lie inside the buffer (checked when the map was built) and the
-            // host buffer (checked size).
-            unsafe {
-                let dev = base.add(dev_off as usize);
-                if to_host {
-                    std::ptr::copy_nonoverlapping(dev, host.add(host_off), n);
-                } else {
-                    std::ptr::copy_nonoverlapping(host.add(host_off), dev, n);
-                }
-            }
-        };
-        self.map.plan(slot, part, self.object_bytes(), |r| match r.rows {
-            None => mv(r.dev, r.host_off, r.width),
-            Some((rows, pitch)) => {
-                for t in 0..rows {
-                    mv(r.dev + (t * r.width) as u64, r.host_off + t * pitch, r.width);
-                }
-            }
-        })
-    }
-
     /// What the engine's attention kernel would write: the bytes of one layer of one page.
     pub fn write_layer(&self, slot: u32, part: Part, layer: u32, data: &[u8]) -> Result<(), DeviceError> {
         let p = self.map.part_index(part)?;
@@ -282,26 +338,16 @@ impl DeviceRegion for EmulatedDevice {
     }
 
     fn copy_to_host(&self, batch: &mut [ObjectCopy<&mut [u8]>]) -> Result<(), DeviceError> {
-        for c in batch.iter() {
-            self.map.check(c.slot, c.part, c.host.len())?;
-        }
-        for c in batch.iter_mut() {
-            // SAFETY: checked above; `host` is an exclusive borrow.
-            unsafe { self.copy_object(c.slot, c.part, c.host.as_mut_ptr(), true)? };
-        }
-        Ok(())
+        let base = self.base();
+        // SAFETY: the map's runs are offsets inside the buffer (checked when it was built),
+        // and the manager never runs two copies on one device page at once.
+        unsafe { gather_to_host(&self.map, batch, |off| base.wrapping_add(off as usize)) }
     }
 
     fn copy_from_host(&self, batch: &[ObjectCopy<&[u8]>]) -> Result<(), DeviceError> {
-        for c in batch {
-            self.map.check(c.slot, c.part, c.host.len())?;
-        }
-        for c in batch {
-            // SAFETY: checked; the host slice is only read (the cast is for the shared
-            // copy routine, which reads from it in this direction).
-            unsafe { self.copy_object(c.slot, c.part, c.host.as_ptr() as *mut u8, false)? };
-        }
-        Ok(())
+        let base = self.base();
+        // SAFETY: as for `copy_to_host`.
+        unsafe { scatter_from_host(&self.map, batch, |off| base.wrapping_add(off as usize)) }
     }
 }
 

@@ -11,6 +11,7 @@ mod cuda_batch;
 pub mod device;
 pub mod host;
 pub mod private;
+pub(crate) mod stream;
 pub mod tensors;
 
 use serde::{Deserialize, Serialize};
