@@ -15,41 +15,11 @@ import sys
 import time
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-import kvtier.sglang
+from sglang_support import PAGE, indices, page, storage
 
 SOCKET_A, SOCKET_B = sys.argv[1], sys.argv[2]
-PAGE, HEADS, DIM, LAYERS = 4, 2, 16, 3
 PAGES = 6
-
-
-def storage(socket, instance):
-    cfg = HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
-        enable_storage_metrics=False, is_page_first_layout=False, model_name="tiny/model",
-        extra_config={"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KvtierStorage",
-                      "interface_v1": 1, "socket": socket, "instance": instance})
-    backend = StorageBackendFactory.create_backend("dynamic", cfg, None)
-    assert isinstance(backend, kvtier.sglang.KvtierStorage), type(backend)
-    device = MHATokenToKVPool(256, PAGE, torch.float16, HEADS, DIM, LAYERS, "cpu", False, start_layer=0,
-                              end_layer=LAYERS)
-    host = MHATokenToKVPoolHost(device.get_device_pool_infos()[0].buffer_info, 1.0, 0, PAGE, "layer_first",
-                                pin_memory=False, device="cpu", device_capacity_tokens=device.size, start_layer=0,
-                                end_layer=LAYERS)
-    backend.register_mem_pool_host(host)
-    return backend, host
-
-
-def indices(pages):
-    return torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in pages]).to(torch.int64)
-
-
-def page(host, p):
-    return host.kv_buffer[:, :, p * PAGE:(p + 1) * PAGE]
 
 
 def until(what, f, limit=60.0):
@@ -63,8 +33,8 @@ def until(what, f, limit=60.0):
     raise SystemExit(f"timed out waiting for {what}")
 
 
-sa, ha = storage(SOCKET_A, "sglang-a")
-sb, hb = storage(SOCKET_B, "sglang-b")
+sa, ha = storage(SOCKET_A, "sglang-a", "tiny/model")
+sb, hb = storage(SOCKET_B, "sglang-b", "tiny/model")
 g = torch.Generator().manual_seed(11)
 ha.kv_buffer.copy_(torch.randn(ha.kv_buffer.shape, generator=g).to(torch.float16))
 keys = [hashlib.sha256(f"cluster-page-{i}".encode()).hexdigest() for i in range(PAGES)]

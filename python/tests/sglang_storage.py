@@ -16,43 +16,15 @@ import sys
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, HiCacheStorageExtraInfo
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 import kvtier
 import kvtier.sglang
+from sglang_support import PAGE, indices, page, storage
 
 SOCKET = sys.argv[1]
-PAGE, HEADS, DIM, LAYERS = 4, 2, 16, 3
 
 
-def storage(instance, **extra):
-    cfg = HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
-        enable_storage_metrics=False, is_page_first_layout=False, model_name="tiny",
-        extra_config={"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KvtierStorage",
-                      "interface_v1": 1, "socket": SOCKET, "instance": instance, **extra})
-    backend = StorageBackendFactory.create_backend("dynamic", cfg, None)
-    assert isinstance(backend, kvtier.sglang.KvtierStorage), type(backend)
-    device = MHATokenToKVPool(256, PAGE, torch.float16, HEADS, DIM, LAYERS, "cpu", False, start_layer=0,
-                              end_layer=LAYERS)
-    host = MHATokenToKVPoolHost(device.get_device_pool_infos()[0].buffer_info, 1.0, 0, PAGE, "layer_first",
-                                pin_memory=False, device="cpu", device_capacity_tokens=device.size, start_layer=0,
-                                end_layer=LAYERS)
-    backend.register_mem_pool_host(host)
-    return backend, host
-
-
-def indices(pages):
-    return torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in pages]).to(torch.int64)
-
-
-def page(host, p):
-    return host.kv_buffer[:, :, p * PAGE:(p + 1) * PAGE]
-
-
-s1, h1 = storage("sglang-1")
+s1, h1 = storage(SOCKET, "sglang-1", "tiny")
 g = torch.Generator().manual_seed(7)
 h1.kv_buffer.copy_(torch.randn(h1.kv_buffer.shape, generator=g).to(torch.float16))
 keys = [hashlib.sha256(f"page-{i}".encode()).hexdigest() for i in range(5)]
@@ -64,7 +36,7 @@ assert s1.batch_exists([missing] + keys[:4]) == 0
 assert s1.exists(keys[2]) and not s1.exists(keys[4])
 print("OK engine 1 stored 4 pages; batch_exists counts the leading hits")
 
-s2, h2 = storage("sglang-2")
+s2, h2 = storage(SOCKET, "sglang-2", "tiny")
 assert s2.batch_exists(keys[:4]) == 4
 before = h2.kv_buffer.clone()
 assert s2.batch_get_v1(keys[:4] + [missing], indices([9, 2, 5, 11, 12])) == [True] * 4 + [False]

@@ -94,6 +94,23 @@ pub(super) unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, FfiE
     unsafe { p.as_mut() }.ok_or_else(|| null(what))
 }
 
+/// Copies `text` and a NUL into `buf`, which holds `cap` bytes. When they don't fit,
+/// writes nothing and returns the bytes needed (NUL included).
+///
+/// # Safety
+/// `buf` is non-null and valid for writes of `cap` bytes.
+pub(super) unsafe fn copy_c_text(text: &str, buf: *mut c_char, cap: usize) -> Result<(), usize> {
+    let need = text.len() + 1;
+    if need > cap {
+        return Err(need);
+    }
+    // SAFETY: the caller's contract covers `cap` bytes at `buf`; `need <= cap`.
+    let dst = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), need) };
+    dst[..text.len()].copy_from_slice(text.as_bytes());
+    dst[text.len()] = 0;
+    Ok(())
+}
+
 /// # Safety
 /// `p` is null or a NUL-terminated string.
 pub(super) unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, FfiError> {

@@ -8,7 +8,7 @@ use std::ffi::c_char;
 
 use serde::Serialize;
 
-use super::capi::{null, on_handle, out};
+use super::capi::{copy_c_text, null, on_handle, out};
 use super::{ERR_BUFFER_TOO_SMALL, FfiError, Handle};
 use crate::protocol::{AdviceBatch, AdviceKind};
 
@@ -82,8 +82,8 @@ pub unsafe extern "C" fn kvtier_take_advice(
             }
             let json = h.take_advice_json(max_pages as usize)?;
             *len = json.len();
-            if json.len() + 1 > cap {
-                let need = json.len() + 1;
+            // SAFETY: buf is non-null (checked above) and valid for cap bytes (caller contract).
+            if let Err(need) = copy_c_text(&json, buf, cap) {
                 h.keep_advice(json);
                 return Err(FfiError::new(
                     ERR_BUFFER_TOO_SMALL,
@@ -92,10 +92,6 @@ pub unsafe extern "C" fn kvtier_take_advice(
                     ),
                 ));
             }
-            // SAFETY: buf is valid for cap bytes (caller contract), checked above.
-            let dst = std::slice::from_raw_parts_mut(buf.cast::<u8>(), cap);
-            dst[..json.len()].copy_from_slice(json.as_bytes());
-            dst[json.len()] = 0;
             Ok(())
         })
     }

@@ -3,7 +3,9 @@
 
 use std::ffi::c_char;
 
-use super::capi::{StoreReceiptC, hash_batch, null, on_handle, out, slot_batch, text, text_or_empty, to_output};
+use super::capi::{
+    StoreReceiptC, copy_c_text, hash_batch, null, on_handle, out, slot_batch, text, text_or_empty, to_output,
+};
 use super::{ERR_BUFFER_TOO_SMALL, ERR_INVALID, ERR_LENGTH_MISMATCH, FfiError, Handle};
 use crate::client::MAX_PAGE_TOKENS;
 use crate::page::PageHash;
@@ -88,19 +90,13 @@ pub unsafe extern "C" fn kvtier_kv_hints(
                     Err(null("the report buffer"))
                 };
             }
-            if json.len() + 1 > report_cap {
-                return Err(FfiError::new(
+            // SAFETY: report is non-null here and valid for report_cap bytes (caller contract).
+            copy_c_text(&json, report, report_cap).map_err(|need| {
+                FfiError::new(
                     ERR_BUFFER_TOO_SMALL,
-                    format!(
-                        "the report needs {} bytes with its NUL; the buffer has {report_cap} (the envelope was applied)",
-                        json.len() + 1
-                    ),
-                ));
-            }
-            // SAFETY: report is valid for report_cap bytes (caller contract), checked above.
-            let dst = std::slice::from_raw_parts_mut(report.cast::<u8>(), report_cap);
-            dst[..json.len()].copy_from_slice(json.as_bytes());
-            dst[json.len()] = 0;
+                    format!("the report needs {need} bytes with its NUL; the buffer has {report_cap} (the envelope was applied)"),
+                )
+            })?;
             Ok(())
         })
     }
