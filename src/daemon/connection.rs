@@ -262,7 +262,7 @@ async fn serve(
         };
         let (kind, request_id) = (frame.header.kind, frame.header.request_id);
         let resp = match Request::decode(kind, &frame.body) {
-            Ok(req) if cmd::blocks(&req) => offload(shared, slot, req).await?,
+            Ok(req) if cmd::blocks(&req, shared.backend.discovers_remotely()) => offload(shared, slot, req).await?,
             Ok(req) => match slot.as_mut() {
                 Some(conn) => cmd::dispatch(shared, conn, req),
                 None => return Err(ConnError::CommandFailed("connection state lost".into())),

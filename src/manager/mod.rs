@@ -304,6 +304,12 @@ impl Manager {
         Ok(())
     }
 
+    /// Whether lookups and loads may ask a shared pool about pages other nodes wrote: a
+    /// network round trip, bounded by the pool's op timeout.
+    pub fn discovers_remotely(&self) -> bool {
+        self.inner.remote.is_some()
+    }
+
     /// The host arena, once a namespace is registered.
     pub fn arena(&self) -> Option<Arc<HostArena>> {
         self.inner.arena.get().cloned()

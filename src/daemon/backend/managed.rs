@@ -253,6 +253,10 @@ impl Backend for ManagedTiers {
         })
     }
 
+    fn discovers_remotely(&self) -> bool {
+        self.mgr.discovers_remotely()
+    }
+
     fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, BackendError> {
         Ok(self.mgr.lookup(ns, hashes)?)
     }

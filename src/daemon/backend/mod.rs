@@ -63,6 +63,11 @@ pub struct Registered {
 pub trait Backend: Send + Sync + 'static {
     /// Registers (or finds) a namespace with its layout; creates the arena on first use.
     fn register(&self, ns: &Namespace, spec: &LayoutSpec) -> Result<Registered, BackendError>;
+    /// Whether a lookup or a load may wait on the network: it asks a shared pool about
+    /// pages other nodes wrote (cluster mode). Such calls leave the connection task.
+    fn discovers_remotely(&self) -> bool {
+        false
+    }
     /// Contiguous-prefix lookup with per-tier credit.
     fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, BackendError>;
     /// Reserves host slots for the rank's objects of each page that still needs them.

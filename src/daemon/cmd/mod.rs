@@ -26,17 +26,19 @@ use super::connection::{Conn, Rank, Shared};
 /// Whether a request may block for longer than a lookup: it waits (a ticket, a load with
 /// a wait policy), makes room or stages pages (a store may evict, a prefetch hint stages
 /// from the pool), reads every byte it commits (a commit checksums its pages), or does
-/// file I/O (connecting a rank may create the arena and start the manifest). Everything
-/// else is a short call under the manager's locks and runs inline.
-pub(crate) fn blocks(req: &Request) -> bool {
+/// file I/O (connecting a rank may create the arena and start the manifest). With
+/// `remote` discovery (a shared pool in cluster mode), a lookup and a best-effort load may
+/// ask the pool over the network, for up to its op timeout, so they leave the connection
+/// task too. Everything else is a short call under the manager's locks and runs inline.
+pub(crate) fn blocks(req: &Request, remote: bool) -> bool {
     match req {
         Request::Connect { .. } | Request::Store { .. } | Request::Commit { .. } | Request::Wait { .. } => true,
-        Request::Load { wait, .. } => *wait != crate::protocol::LoadWait::BestEffort,
+        Request::Load { wait, .. } => remote || *wait != crate::protocol::LoadWait::BestEffort,
+        Request::Lookup { .. } => remote,
         Request::Hint(h) => matches!(h, crate::hints::Hint::Prefetch { .. }),
         // An envelope's one action kind today is a prefetch.
         Request::KvHints { .. } => true,
         Request::RegisterDevice(_)
-        | Request::Lookup { .. }
         | Request::Abort { .. }
         | Request::LoadDone { .. }
         | Request::Poll { .. }
@@ -146,4 +148,39 @@ pub(crate) fn error_response(e: &BackendError) -> Response {
         BackendError::Manifest { .. } | BackendError::Private(_) => ErrorCode::Internal,
     };
     Response::error(code, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::blocks;
+    use crate::page::PageHash;
+    use crate::protocol::{LoadWait, Request};
+
+    #[test]
+    fn lookups_and_best_effort_loads_leave_the_connection_task_only_with_remote_discovery() {
+        let hashes = vec![PageHash::from_u64(1)];
+        let lookup = Request::Lookup { hashes: hashes.clone() };
+        let best_effort = Request::Load {
+            hashes: hashes.clone(),
+            wait: LoadWait::BestEffort,
+        };
+        let ping = Request::Ping { payload: Vec::new() };
+        assert_eq!(
+            [
+                blocks(&lookup, false),
+                blocks(&best_effort, false),
+                blocks(&ping, false)
+            ],
+            [false, false, false]
+        );
+        assert_eq!(
+            [blocks(&lookup, true), blocks(&best_effort, true), blocks(&ping, true)],
+            [true, true, false]
+        );
+        let waiting = Request::Load {
+            hashes,
+            wait: LoadWait::WaitComplete,
+        };
+        assert!(blocks(&waiting, false));
+    }
 }
