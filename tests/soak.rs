@@ -222,8 +222,17 @@ fn recovered(d: &Daemon) -> u64 {
 fn soak_32_clients_through_two_daemon_kills_serve_only_right_bytes() {
     let t0 = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    // A small event ring: its bounded growth would otherwise hide a leak in the RSS figures.
-    let sets = ["pool_bytes=33554432", "prefault=true", "tick_ms=100", "event_ring=4096"];
+    // A small event ring and a directory sized to what the arena and pool can hold (the
+    // lookup view reserves its index and cells for `max_pages` up front, and they become
+    // resident as ids and slots are first used): their bounded growth would otherwise hide
+    // a leak in the RSS figures.
+    let sets = [
+        "pool_bytes=33554432",
+        "prefault=true",
+        "tick_ms=100",
+        "event_ring=4096",
+        "max_pages=65536",
+    ];
     let mut d = Daemon::start_with(dir.path(), ARENA_BYTES, &sets);
     // Descriptors of the fresh, idle daemon (the start-up probe's connection gone): once
     // the load is over and its clients have left, the last daemon must be back there.
