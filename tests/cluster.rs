@@ -12,7 +12,7 @@
 mod cluster_support;
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,11 +114,7 @@ fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
     if !require("mooncake", "cluster mode needs mooncake_master and the wheel's Python") {
         return;
     }
-    let bin = std::env::var_os("KVTIER_MOONCAKE_MASTER_BIN").map(PathBuf::from);
-    let python = std::env::var_os("KVTIER_MOONCAKE_PYTHON").map(PathBuf::from);
-    let (Some(bin), Some(python)) = (bin, python) else {
-        panic!("scripts/mooncake-env.sh env sets KVTIER_MOONCAKE_MASTER_BIN and KVTIER_MOONCAKE_PYTHON");
-    };
+    let (bin, python) = cluster_support::mooncake_tools();
     let dir = tempfile::tempdir().unwrap();
     let mut master = Master::start(bin, dir.path());
     let a = Node::start(&dir.path().join("a"), &master, &python);

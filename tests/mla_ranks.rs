@@ -124,17 +124,12 @@ fn mla_tp_ranks_other_than_0_load_the_latent_rank_0_stored() {
 fn mla_tp_rank_1_on_another_node_loads_latents_found_in_the_store() {
     use cluster_support::{Master, Node, eventually};
     use kvtier::hints::{Hint, HintOutcome, HintTarget};
-    use std::path::PathBuf;
     use std::time::Duration;
 
     if !common::require::require("mooncake", "two daemons share MLA pages through a mooncake_master") {
         return;
     }
-    let bin = std::env::var_os("KVTIER_MOONCAKE_MASTER_BIN").map(PathBuf::from);
-    let python = std::env::var_os("KVTIER_MOONCAKE_PYTHON").map(PathBuf::from);
-    let (Some(bin), Some(python)) = (bin, python) else {
-        panic!("scripts/mooncake-env.sh env sets KVTIER_MOONCAKE_MASTER_BIN and KVTIER_MOONCAKE_PYTHON");
-    };
+    let (bin, python) = cluster_support::mooncake_tools();
     let dir = tempfile::tempdir().unwrap();
     let master = Master::start(bin, dir.path());
     let a = Node::start(&dir.path().join("a"), &master, &python);

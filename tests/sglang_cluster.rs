@@ -13,8 +13,6 @@ mod cluster_support;
 mod common;
 mod pkg_support;
 
-use std::path::PathBuf;
-
 use cluster_support::{Master, Node};
 use common::require::{engine_python, require};
 use pkg_support::{assert_lines, run_ok, script};
@@ -27,11 +25,7 @@ fn a_second_sglang_instance_on_another_daemon_hits_what_the_first_stored() {
     let Some(py) = engine_python("sglang", &["sglang", "torch"], "runs KvtierStorage in SGLang's HiCache") else {
         return;
     };
-    let bin = std::env::var_os("KVTIER_MOONCAKE_MASTER_BIN").map(PathBuf::from);
-    let helper = std::env::var_os("KVTIER_MOONCAKE_PYTHON").map(PathBuf::from);
-    let (Some(bin), Some(helper)) = (bin, helper) else {
-        panic!("scripts/mooncake-env.sh env sets KVTIER_MOONCAKE_MASTER_BIN and KVTIER_MOONCAKE_PYTHON");
-    };
+    let (bin, helper) = cluster_support::mooncake_tools();
     let dir = tempfile::tempdir().unwrap();
     let master = Master::start(bin, dir.path());
     let a = Node::start(&dir.path().join("a"), &master, &helper);

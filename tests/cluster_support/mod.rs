@@ -13,6 +13,17 @@ use std::time::{Duration, Instant};
 use crate::common::{identity, kvtier_bin, spec};
 use kvtier::client::{Client, ClientConfig};
 
+/// The wheel's `mooncake_master` binary and the Python its helper runs, as
+/// `scripts/mooncake-env.sh env` exports them (call after `require("mooncake", ..)`).
+pub fn mooncake_tools() -> (PathBuf, PathBuf) {
+    let bin = std::env::var_os("KVTIER_MOONCAKE_MASTER_BIN").map(PathBuf::from);
+    let python = std::env::var_os("KVTIER_MOONCAKE_PYTHON").map(PathBuf::from);
+    let (Some(bin), Some(python)) = (bin, python) else {
+        panic!("scripts/mooncake-env.sh env sets KVTIER_MOONCAKE_MASTER_BIN and KVTIER_MOONCAKE_PYTHON");
+    };
+    (bin, python)
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
