@@ -13,7 +13,11 @@ use pkg_support::{assert_lines, run_ok, script};
 
 #[test]
 fn vllm_holds_a_paused_sessions_new_requests_until_the_daemon_resumes_it() {
-    let Some(py) = engine_python("vllm", &["vllm", "torch", "zmq"], "runs KvtierConnector in vLLM's scheduler") else {
+    let Some(py) = engine_python(
+        "vllm",
+        &["vllm", "torch", "zmq"],
+        "runs KvtierConnector in vLLM's scheduler",
+    ) else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

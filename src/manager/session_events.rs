@@ -252,7 +252,7 @@ mod tests {
             forced,
             paused_ms: 7,
         };
-        log.record(&[pause.clone()], AdviceCause::Tick, usage(96), 1);
+        log.record(std::slice::from_ref(&pause), AdviceCause::Tick, usage(96), 1);
         log.record(&[pause], AdviceCause::Phase, usage(90), 2);
         log.record(&[resume(false), resume(true)], AdviceCause::Tick, usage(80), 3);
         log.record(&[resume(false)], AdviceCause::Phase, usage(80), 4);
