@@ -128,7 +128,7 @@ fn routers_hear_the_controllers_pause_and_resume_on_the_session_event_socket() {
         assert!(r["utilisation"].as_f64().unwrap() <= 0.85, "{r}");
         assert!(r["timestamp_ms"].as_u64().unwrap() >= p["timestamp_ms"].as_u64().unwrap());
     }
-    let first_paused_ms = {
+    let replayed = {
         // Nothing else was published.
         by_topic.set_rcvtimeo(300).unwrap();
         assert!(by_topic.recv_multipart(0).is_err(), "only the two events");
@@ -136,7 +136,7 @@ fn routers_hear_the_controllers_pause_and_resume_on_the_session_event_socket() {
     };
 
     // `/v1/sessions/events` replays the same two from sequence 1 ...
-    let kinds: Vec<(Value, Value, Value)> = first_paused_ms
+    let kinds: Vec<(Value, Value, Value)> = replayed
         .iter()
         .map(|v| (v["seq"].clone(), v["kind"].clone(), v["reason"].clone()))
         .collect();
@@ -156,7 +156,7 @@ fn routers_hear_the_controllers_pause_and_resume_on_the_session_event_socket() {
         (&advice[0]["advice"], &advice[1]["advice"], &advice[1]["session_id"]),
         (&json!("pause"), &json!("resume"), &json!("tool-user"))
     );
-    assert_eq!(advice[1]["paused_ms"], first_paused_ms[1]["paused_ms"], "{a}");
+    assert_eq!(advice[1]["paused_ms"], replayed[1]["paused_ms"], "{a}");
 
     // `/metrics` counts them by reason.
     let mut s = UnixStream::connect(&d.admin).unwrap();
