@@ -4,8 +4,8 @@
 //! `session_pause` then a `session_resume` for that session, in order, with sequence
 //! numbers, reasons and utilisation — while the engine's advice stream and
 //! `/v1/sessions/advice` still get every decision (reading events takes nothing from
-//! them), `/v1/sessions/events` replays the same events from sequence 1, and `/metrics`
-//! counts them.
+//! them), `/v1/sessions/events` and `kvtier events --sessions` replay the same events
+//! from sequence 1, and `/metrics` counts them.
 
 mod common;
 mod session_support;
@@ -147,6 +147,26 @@ fn routers_hear_the_controllers_pause_and_resume_on_the_session_event_socket() {
             (json!(2), json!("resume"), json!("room"))
         ]
     );
+    // `kvtier events --sessions` prints them, one line each.
+    let out = std::process::Command::new(common::kvtier_bin())
+        .args(["events", "--sessions", "--from", "1", "--limit", "2", "--socket"])
+        .arg(&d.admin)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(
+        (&lines[0][..3], lines[0].last(), &lines[1][..3], lines[1].last()),
+        (
+            &["1", "pause", "pressure"][..],
+            Some(&"tool-user"),
+            &["2", "resume", "room"][..],
+            Some(&"tool-user")
+        ),
+        "{text}"
+    );
+
     // ... and routers polling `/v1/sessions/advice` still get both decisions, the resume
     // with the same paused time the event carried.
     let (_, a) = http(&d.admin, "GET", "/v1/sessions/advice", "");
