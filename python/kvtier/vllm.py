@@ -31,7 +31,12 @@ indexed by token-aware routers such as Dynamo's.
 Sessions: a request's ``session_id`` is announced to kvtier, stored pages are tagged
 with it, and ``request_finished`` reports the request's end (prompt page hashes and
 token counts) to the session. vLLM's ``Request`` has no parent-session field, so no
-parent is passed. Router hints (``Request.kv_hints``, Dynamo's ``KvHintsEnvelope``) are
+parent is passed. A new request of a session the daemon's pressure controller paused waits
+in vLLM's queue (``get_num_new_matched_tokens`` answers ``None``, which vLLM's scheduler
+takes as "ask again next step") until the daemon resumes the session or
+``session_hold_ms`` passes; the connector hears pauses and resumes on the daemon's session
+events (:mod:`kvtier.session_hold`), so several vLLM instances on one model each see them,
+and requests already running are never stopped. Router hints (``Request.kv_hints``, Dynamo's ``KvHintsEnvelope``) are
 passed to the daemon once per request; ``kv.fetch`` block hashes that are the request's
 own blocks as KV events name them (64-bit integers) are rewritten to the full hashes
 kvtier keys the pages under. The daemon's report per envelope is kept in
@@ -58,7 +63,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 
 from . import _capi
 from . import tensors as _tensors
-from .client import Client, Layout
+from .client import Client, Layout, default_socket
+from .session_hold import DEFAULT_HOLD_MS, SessionHold, default_endpoint
 from .errors import KvtierError, LayoutError
 
 logger = logging.getLogger(__name__)
@@ -66,7 +72,10 @@ logger = logging.getLogger(__name__)
 #: ``kv_connector_extra_config`` keys: the daemon's socket (default: as ``kvtier serve``),
 #: this engine's instance name, the model name pages are keyed under (default: the served
 #: model name), every call's timeout, and whether loads are always asynchronous.
-EXTRA_KEYS = ("socket", "instance", "model", "timeout_ms", "load_async")
+#: ``session_events`` is the daemon's session event endpoint (default: its ``ipc`` socket
+#: beside the daemon's socket, when that exists; ``""`` turns holding off) and
+#: ``session_hold_ms`` the longest a request of a paused session waits (0: never held).
+EXTRA_KEYS = ("socket", "instance", "model", "timeout_ms", "load_async", "session_events", "session_hold_ms")
 #: The ``medium`` of the ``BlockStored`` events: kvtier keeps pages in host memory.
 MEDIUM = "CPU"
 #: Envelope reports kept for inspection (the oldest are dropped).
@@ -226,12 +235,25 @@ class KvtierConnector(KVConnectorBase_V1):
             self._tracked = {}
             self._sessions = set()
             self._events = []
+            self._hold = self._session_hold(cfg)
         else:
             self._pages = 0
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-load")
             self._lock = threading.Lock()
             self._async = {}
             self._load_errors = set()
+
+    def _session_hold(self, cfg):
+        """Subscribes to the daemon's session events, so new requests of paused sessions
+        wait (see :mod:`kvtier.session_hold`); None when there is no endpoint."""
+        hold_ms = int(cfg.get("session_hold_ms", DEFAULT_HOLD_MS))
+        endpoint = cfg.get("session_events")
+        if endpoint is None:
+            endpoint = default_endpoint(self._socket or default_socket())
+        if not endpoint or hold_ms == 0:
+            logger.info("kvtier: new requests of paused sessions are not held (no session event endpoint)")
+            return None
+        return SessionHold(endpoint, hold_ms)
 
     def _connect(self, layout, instance, tp_rank):
         return Client(layout, socket=self._socket, instance=instance, model=str(self._model), tp_rank=tp_rank,
@@ -241,6 +263,12 @@ class KvtierConnector(KVConnectorBase_V1):
     # Scheduler side
     # ==============================
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        # A new request of a session the daemon paused waits: None asks vLLM's scheduler
+        # to keep it waiting and ask again next step (KVConnectorBase_V1's contract). It is
+        # asked before the session is announced: reporting it reasoning would resume it.
+        session = getattr(request, "session_id", None)
+        if self._hold is not None and self._hold.holds(request.request_id, session):
+            return None, False
         self._note_session(request)
         tracked = self._tracked.setdefault(request.request_id, _Tracked(request))
         if not tracked.hints_sent:
@@ -330,6 +358,8 @@ class KvtierConnector(KVConnectorBase_V1):
         # Saves run inside the step (wait_for_save) before blocks can be freed, so vLLM may
         # free them at once.
         self._tracked.pop(request.request_id, None)
+        if self._hold is not None:
+            self._hold.forget(request.request_id)
         session = getattr(request, "session_id", None)
         # The prompt's full blocks (block_hashes also covers full blocks of the output).
         prompt = request.block_hashes[:request.num_prompt_tokens // self._block_size]
@@ -460,5 +490,7 @@ class KvtierConnector(KVConnectorBase_V1):
     def shutdown(self):
         if self._role != KVConnectorRole.SCHEDULER:
             self._pool.shutdown(wait=True)
+        elif self._hold is not None:
+            self._hold.close()
         if self._client is not None:
             self._client.close()

@@ -224,10 +224,11 @@ impl Handler {
             }
         };
         match reply {
-            Reply::Events { from, limit } => {
+            Reply::Events { source, from, limit } => {
                 self.deadline.lift();
                 let body = Stream {
                     state: self.state.clone(),
+                    source,
                     from,
                     limit,
                     cancel: self.cancel.clone(),

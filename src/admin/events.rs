@@ -1,4 +1,5 @@
-//! `/v1/events`: page events streamed as JSON lines in a chunked response.
+//! `/v1/events` and `/v1/sessions/events`: page events, or the pressure controller's
+//! session pauses and resumes, streamed as JSON lines in a chunked response.
 //!
 //! A producer task reads the manager's event log (a blocking read with a short wait, on
 //! the blocking pool) and hands chunks to hyper through a bounded channel. It ends when
@@ -42,9 +43,55 @@ impl Body for EventBody {
     }
 }
 
+/// Which log a stream reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The page event log (`/v1/events`).
+    Pages,
+    /// The session event log (`/v1/sessions/events`): read from a position, so it takes
+    /// nothing from the advice queues engines and `/v1/sessions/advice` consume.
+    Sessions,
+}
+
+/// One read of either log, as JSON lines.
+struct Read {
+    lines: Vec<u8>,
+    events: u64,
+    next: u64,
+}
+
+fn read(state: &AdminState, source: Source, next: u64, want: usize) -> Read {
+    let mut lines = Vec::new();
+    let (events, next) = match source {
+        Source::Pages => {
+            let b = state.manager.events().read_from(next, want, EVENTS_WAIT);
+            lines.reserve(96 * (b.events.len() + 1));
+            if b.lost > 0 {
+                json_line(&mut lines, &json!({ "lost": b.lost }));
+            }
+            b.events.iter().for_each(|ev| json_line(&mut lines, ev));
+            (b.events.len(), b.next)
+        }
+        Source::Sessions => {
+            let b = state.manager.session_events().read_from(next, want, EVENTS_WAIT);
+            if b.lost > 0 {
+                json_line(&mut lines, &json!({ "lost": b.lost }));
+            }
+            b.events.iter().for_each(|ev| json_line(&mut lines, ev));
+            (b.events.len(), b.next)
+        }
+    };
+    Read {
+        lines,
+        events: events as u64,
+        next,
+    }
+}
+
 /// What one stream needs: where to read, from which sequence, how many, and when to stop.
 pub(crate) struct Stream {
     pub state: Arc<AdminState>,
+    pub source: Source,
     pub from: u64,
     pub limit: u64,
     pub cancel: CancellationToken,
@@ -72,20 +119,13 @@ impl Stream {
         let mut sent = 0u64;
         while sent < self.limit && !self.cancel.is_cancelled() && !tx.is_closed() {
             let want = (self.limit - sent).min(EVENTS_PER_READ as u64) as usize;
-            let st = self.state.clone();
-            let read = tokio::task::spawn_blocking(move || st.manager.events().read_from(next, want, EVENTS_WAIT));
-            let Ok(batch) = read.await else {
+            let (st, source) = (self.state.clone(), self.source);
+            let read = tokio::task::spawn_blocking(move || read(&st, source, next, want));
+            let Ok(Read { lines, events, next: n }) = read.await else {
                 return;
             };
-            next = batch.next;
-            let mut lines = Vec::with_capacity(96 * (batch.events.len() + 1));
-            if batch.lost > 0 {
-                json_line(&mut lines, &json!({ "lost": batch.lost }));
-            }
-            for ev in &batch.events {
-                json_line(&mut lines, ev);
-            }
-            sent += batch.events.len() as u64;
+            next = n;
+            sent += events;
             if lines.is_empty() {
                 continue;
             }

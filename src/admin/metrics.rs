@@ -201,6 +201,36 @@ pub fn render(s: &StatsSnapshot, uptime: Duration, engines: usize) -> String {
     o
 }
 
+/// The pressure controller's pauses and resumes, per reason (the session events routers
+/// subscribe to), and the newest event's sequence.
+pub fn render_session_events(o: &mut String, log: &crate::manager::SessionEventLog) {
+    family(
+        o,
+        "kvtier_session_events_total",
+        "counter",
+        "Sessions the pressure controller paused or resumed, by reason (each is one session event).",
+    );
+    for (kind, reason, n) in log.counts() {
+        let kind = match kind {
+            crate::manager::SessionEventKind::Pause => "pause",
+            crate::manager::SessionEventKind::Resume => "resume",
+        };
+        sample(
+            o,
+            "kvtier_session_events_total",
+            &[("type", kind), ("reason", reason.name())],
+            n as f64,
+        );
+    }
+    family(
+        o,
+        "kvtier_session_events_last_seq",
+        "gauge",
+        "Sequence of the newest session event.",
+    );
+    sample(o, "kvtier_session_events_last_seq", &[], log.last_seq() as f64);
+}
+
 /// The pool's backend and health, and on a shared pool the discovery counters: existence
 /// queries and their latency, the answer cache, pages found in the pool and credited from
 /// it, pages that vanished, gets that found nothing.

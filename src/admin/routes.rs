@@ -13,6 +13,7 @@
 //! | GET | `/v1/sessions/advice` | pause/resume advice of the pressure controller since the last call, and its counters |
 //! | GET, PUT | `/v1/config` | the tunables; PUT changes only those, validated |
 //! | GET | `/v1/events?from=<seq>&limit=<n>` | page events as JSON lines (chunked) |
+//! | GET | `/v1/sessions/events?from=<seq>&limit=<n>` | the pressure controller's pauses and resumes as JSON lines (chunked); nothing is taken from the advice queues |
 //! | GET | `/metrics` | Prometheus text format |
 //!
 //! Pages and hints take `ns=<namespace id>` (default 0).
@@ -24,6 +25,7 @@
 use serde_json::{Value, json};
 
 use super::SessionInfo;
+use super::events::Source;
 use super::metrics;
 use super::request::Request;
 use super::server::AdminState;
@@ -44,8 +46,12 @@ pub(crate) enum Reply {
     Json(u16, Value),
     /// Text with its content type (the Prometheus exposition).
     Text(u16, &'static str, String),
-    /// The live event stream from sequence `from`, at most `limit` events.
-    Events { from: u64, limit: u64 },
+    /// The live event stream of `source` from sequence `from`, at most `limit` events.
+    Events {
+        source: super::events::Source,
+        from: u64,
+        limit: u64,
+    },
 }
 
 /// Answers one request that has been read completely.
@@ -63,10 +69,12 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         ("GET", "/v1/sessions/advice") => Ok(super::session_routes::advice(ctx)),
         ("GET", "/v1/config") => Ok(json!(ctx.manager.tunables())),
         ("PUT", "/v1/config") => put_config(ctx, req),
-        ("GET", "/v1/events") => return events(ctx, req).unwrap_or_else(ApiError::reply),
+        ("GET", "/v1/events") => return events(ctx, req, Source::Pages).unwrap_or_else(ApiError::reply),
+        ("GET", "/v1/sessions/events") => return events(ctx, req, Source::Sessions).unwrap_or_else(ApiError::reply),
         ("GET", "/metrics" | "/v1/metrics") => {
             let mut text = metrics::render(&ctx.manager.stats(), ctx.started.elapsed(), ctx.engines.engines().len());
             metrics::render_pool(&mut text, &ctx.manager.pool_report());
+            metrics::render_session_events(&mut text, ctx.manager.session_events());
             return Reply::Text(200, "text/plain; version=0.0.4; charset=utf-8", text);
         }
         (
@@ -81,7 +89,8 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
             | "/v1/events"
             | "/metrics"
             | "/v1/sessions/phase"
-            | "/v1/sessions/advice",
+            | "/v1/sessions/advice"
+            | "/v1/sessions/events",
         ) => Err(ApiError::new(
             405,
             "method_not_allowed",
@@ -377,16 +386,18 @@ fn merge(cur: &mut Value, patch: &Value, at: &str) -> Result<(), ApiError> {
 
 /// Validates an event stream request: `from` defaults to the next event, `limit` to
 /// no limit.
-fn events(ctx: &AdminState, req: &Request) -> Result<Reply, ApiError> {
+fn events(ctx: &AdminState, req: &Request, source: Source) -> Result<Reply, ApiError> {
     let parse = |name: &str| req.param(name).map(|v| v.parse::<u64>());
     match (parse("from"), parse("limit")) {
         (Some(Err(_)), _) | (_, Some(Err(_))) => {
             Err(ApiError::new(400, "bad_query", "from and limit must be integers"))
         }
         (f, l) => Ok(Reply::Events {
-            from: f
-                .and_then(Result::ok)
-                .unwrap_or_else(|| ctx.manager.events().last_seq() + 1),
+            source,
+            from: f.and_then(Result::ok).unwrap_or_else(|| match source {
+                Source::Pages => ctx.manager.events().last_seq() + 1,
+                Source::Sessions => ctx.manager.session_events().last_seq() + 1,
+            }),
             limit: l.and_then(Result::ok).unwrap_or(u64::MAX),
         }),
     }

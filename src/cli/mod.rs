@@ -46,7 +46,7 @@ pub enum AdminCommand {
     Sessions(#[command(flatten)] Common),
     /// Send a KV hint and print its outcome.
     Hint(HintArgs),
-    /// Follow page events as they happen.
+    /// Follow page events (or, with `--sessions`, session pauses and resumes) as they happen.
     Events(EventsArgs),
 }
 
@@ -120,6 +120,10 @@ pub struct EventsArgs {
     /// Stop after this many events.
     #[arg(long)]
     pub limit: Option<u64>,
+    /// Follow session events instead (the pressure controller's pauses and resumes, with
+    /// the reason and utilisation); reading them takes no advice from engines or routers.
+    #[arg(long)]
+    pub sessions: bool,
     #[command(flatten)]
     pub common: Common,
 }
@@ -234,7 +238,11 @@ fn hint(a: &HintArgs) -> anyhow::Result<i32> {
 }
 
 fn events(a: &EventsArgs) -> anyhow::Result<i32> {
-    let mut target = String::from("/v1/events?");
+    let mut target = String::from(if a.sessions {
+        "/v1/sessions/events?"
+    } else {
+        "/v1/events?"
+    });
     if let Some(f) = a.from {
         target.push_str(&format!("from={f}&"));
     }

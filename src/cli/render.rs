@@ -270,6 +270,16 @@ pub fn kv_hints(v: &Value) -> String {
 pub fn event_line(line: &str) -> String {
     match serde_json::from_str::<Value>(line) {
         Ok(v) if v.get("lost").is_some() => format!("(lost {} events)", s(&v["lost"])),
+        // A session event (`kvtier events --sessions`): pause or resume, and why.
+        Ok(v) if v.get("session_id").is_some() => format!(
+            "{:>8}  {:<7}  {:<13}  util {:.3}  paused {} ms  {}",
+            s(&v["seq"]),
+            s(&v["kind"]),
+            s(&v["reason"]),
+            v["utilisation"].as_f64().unwrap_or(0.0),
+            s(&v["paused_ms"]),
+            s(&v["session_id"])
+        ),
         Ok(v) => format!(
             "{:>8}  {:<7}  {:<6}  ns {}  {}",
             s(&v["seq"]),
@@ -286,6 +296,15 @@ pub fn event_line(line: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_session_event_line_says_what_and_why() {
+        let line = r#"{"seq":4,"at_ms":9,"kind":"resume","session_id":"s-1","reason":"cap_expired","host_used_pages":97,"host_capacity_pages":100,"utilisation":0.97,"paused_ms":1800}"#;
+        assert_eq!(
+            event_line(line),
+            "       4  resume   cap_expired    util 0.970  paused 1800 ms  s-1"
+        );
+    }
 
     #[test]
     fn a_truncated_session_list_says_where_it_goes_on() {

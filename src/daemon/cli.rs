@@ -46,7 +46,7 @@ pub struct ServeArgs {
     /// default) | `vllm-legacy` (vLLM 0.23 and earlier); `events_replay_protocol` = `auto` |
     /// `topic` (vLLM 0.26+) | `legacy` (vLLM 0.25 and earlier); `events_hashes` = `int` (low
     /// 64 bits) | `auto` | `bytes`; `events_endpoint`, `events_replay_endpoint`,
-    /// `pool_events_endpoint` = `tcp://HOST:PORT` | `ipc` (a socket in the 0700 runtime dir) |
+    /// `pool_events_endpoint`, `session_events_endpoint` = `tcp://HOST:PORT` | `ipc` (a socket in the 0700 runtime dir) |
     /// empty (off); `events_replay_per_sec`; `pool_events_tenant`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
@@ -362,13 +362,28 @@ fn start_side_services(
             tenant_id: cfg.pool_events_tenant.clone(),
             ..crate::publish::mooncake::MooncakeConfig::default()
         };
-        match crate::publish::mooncake::spawn(mcfg, manager, side.clone()) {
+        match crate::publish::mooncake::spawn(mcfg, manager.clone(), side.clone()) {
             Ok(h) => {
                 println!("kvtier serve: pool object events {}", h.endpoint());
                 publishers.push(h);
             }
             Err(e) => {
                 tracing::warn!(error = %e, endpoint = %cfg.pool_events_endpoint, "pool event publisher not started")
+            }
+        }
+    }
+    if !cfg.session_events_endpoint.is_empty() {
+        let scfg = crate::publish::sessions::SessionEventsConfig {
+            endpoint: super::config::event_endpoint(&cfg.session_events_endpoint, &run_dir, "session-events.ipc"),
+            ..crate::publish::sessions::SessionEventsConfig::default()
+        };
+        match crate::publish::sessions::spawn(scfg, manager.clone(), side.clone()) {
+            Ok(h) => {
+                println!("kvtier serve: session events {}", h.endpoint());
+                publishers.push(h);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, endpoint = %cfg.session_events_endpoint, "session event publisher not started")
             }
         }
     }

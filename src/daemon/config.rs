@@ -164,6 +164,11 @@ pub struct DaemonConfig {
     pub pool_events_endpoint: String,
     /// `tenant_id` of pool object events. Default: `default` (Mooncake's own).
     pub pool_events_tenant: String,
+    /// Session event PUB endpoint: the pressure controller's pauses and resumes for
+    /// routers (`docs/events.md`); empty disables it, `ipc` binds `session-events.ipc` in
+    /// the runtime dir (0700: only the daemon's user subscribes, since events carry
+    /// session ids). Default: `ipc`.
+    pub session_events_endpoint: String,
     /// The session policy: `session-aware` (phases, lineage and pressure move pages) or
     /// `off` (sessions only order eviction). Default: `session-aware`.
     pub session_policy: SessionPolicyMode,
@@ -365,6 +370,7 @@ impl Default for DaemonConfig {
             events_replay_per_sec: 2.0,
             pool_events_endpoint: "tcp://127.0.0.1:5572".into(),
             pool_events_tenant: "default".into(),
+            session_events_endpoint: "ipc".into(),
             session_policy: SessionPolicyMode::SessionAware,
             policy_pause_at: 0.95,
             policy_target: 0.80,

@@ -24,6 +24,7 @@ mod pool_layout;
 mod queues;
 mod recover;
 mod remote;
+mod session_events;
 mod sessions;
 mod state;
 mod stats;
@@ -50,6 +51,9 @@ pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage,
 pub use host_io::PageObjects;
 pub use queues::Advice;
 pub use remote::{PoolOrigin, PoolReport, RemoteConfig, RemoteSnapshot};
+pub use session_events::{
+    SESSION_EVENT_RING, SessionEvent, SessionEventBatch, SessionEventKind, SessionEventLog, SessionEventReason,
+};
 pub use stats::{COPY_BUCKETS_S, CopyLatency, RECOVERY_REASONS, Stats, StatsSnapshot, TierStats};
 
 use crate::clock::Clock;
@@ -172,6 +176,8 @@ pub(crate) struct Inner {
     /// Watermark crossings and the upkeep waker (lock-free on the hot path).
     upkeep: Upkeep,
     events: EventLog,
+    /// Pauses and resumes for routers, read from a sequence (a leaf lock).
+    session_events: SessionEventLog,
     xfer: TransferEngine,
     tickets: Arc<Tickets<OpResult>>,
     stats: Stats,
@@ -201,6 +207,7 @@ impl Manager {
         Ok(Self {
             inner: Arc::new(Inner {
                 events: EventLog::new(cfg.event_ring),
+                session_events: SessionEventLog::default(),
                 xfer: TransferEngine::new(cfg.transfer_threads, cfg.transfer_queue),
                 tickets: Tickets::new(cfg.max_outstanding),
                 stats: Stats::default(),
@@ -373,6 +380,12 @@ impl Manager {
     /// The page event log (the one internal stream publishers read).
     pub fn events(&self) -> &EventLog {
         &self.inner.events
+    }
+
+    /// The session event log: the pressure controller's pauses and resumes, which every
+    /// reader reads from its own sequence (none takes them from the advice queues).
+    pub fn session_events(&self) -> &SessionEventLog {
+        &self.inner.session_events
     }
 
     /// Completeness of a page per tier, and which objects are missing where.

@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 
 use super::locks::{Ordered, Rank};
 use super::queues::Advice as EngineAdvice;
+use super::session_events::AdviceCause;
 use super::{Manager, ManagerError};
 use crate::directory::PageId;
 use crate::page::{NamespaceId, PageHash};
@@ -75,7 +76,9 @@ impl Manager {
         // paused sessions' pages go first, an ended session is freed.
         let idle = matches!(phase, Phase::Acting | Phase::Paused);
         self.session_changed(id, idle, phase == Phase::Ended)?;
+        let advice = decisions.advice.clone();
         self.apply_decisions(decisions);
+        self.record_session_events(&advice, AdviceCause::Phase, usage);
         Ok(())
     }
 
@@ -117,7 +120,9 @@ impl Manager {
             Some(mut p) => p.policy.tick(usage),
             None => return,
         };
+        let advice = d.advice.clone();
         self.apply_decisions(d);
+        self.record_session_events(&advice, AdviceCause::Tick, usage);
     }
 
     /// Sessions the policy keeps, sorted by id (empty with the policy off).
@@ -143,6 +148,13 @@ impl Manager {
     pub fn take_session_advice(&self) -> Vec<Advice> {
         self.policy_lock()
             .map_or_else(Vec::new, |mut p| p.advice.drain(..).collect())
+    }
+
+    /// Numbers the call's pauses and resumes as session events, after their moves (a
+    /// resumed session's pages are staged by the time a router hears of it).
+    fn record_session_events(&self, advice: &[Advice], cause: AdviceCause, usage: Usage) {
+        let now = self.inner.clock.now_ms();
+        self.inner.session_events.record(advice, cause, usage, now);
     }
 
     /// Carries out the moves, then keeps the advice for routers. No lock is held here.

@@ -6,14 +6,18 @@
 //! - [`tokens`]: token ids and chain parents engines send with stores, for `BlockStored`.
 //! - [`mooncake`]: per pool object key `stored`/`removed` events, in the Mooncake store
 //!   event shape, for a shared-pool indexer.
+//! - [`sessions`]: the pressure controller's pauses and resumes for routers, on a socket
+//!   of their own (KV event decoders are strict).
 //!
-//! Publishers read only [`Manager::events`](crate::manager::Manager::events), from the
+//! Publishers read only [`Manager::events`](crate::manager::Manager::events) (the session
+//! publisher [`Manager::session_events`](crate::manager::Manager::session_events)), from the
 //! sequence at which they start, on their own thread; the ZMQ sockets never leave it.
 //! Every wait is bounded, so a stop or a daemon shutdown is seen within one poll.
 
 #[cfg(test)]
 mod golden;
 pub mod mooncake;
+pub mod sessions;
 pub mod tokens;
 pub mod vllm;
 pub mod wire;

@@ -55,6 +55,9 @@ pub struct Daemon {
     pub arena: PathBuf,
     child: Option<Child>,
     pub log: PathBuf,
+    /// The admin socket a test set with `admin_socket=`; without one, `admin.sock` in
+    /// `dir` (the daemon itself then binds its default, in the runtime dir).
+    pub admin: PathBuf,
     /// `key=value` pairs passed as `--set` on every (re)start.
     pub sets: Vec<String>,
 }
@@ -72,16 +75,33 @@ impl Daemon {
 
     /// [`Daemon::start`] with configuration keys set (`"key=value"`, as `--set` takes).
     pub fn start_with(dir: &Path, arena_bytes: u64, sets: &[&str]) -> Self {
+        let admin = sets
+            .iter()
+            .rev()
+            .find_map(|s| s.strip_prefix("admin_socket="))
+            .map_or_else(|| dir.join("admin.sock"), PathBuf::from);
         let mut d = Self {
             dir: dir.to_owned(),
             socket: dir.join("kvtier.sock"),
             arena: dir.join("arena"),
             child: None,
             log: dir.join("daemon.log"),
+            admin,
             sets: sets.iter().map(|s| s.to_string()).collect(),
         };
         d.restart(arena_bytes);
         d
+    }
+
+    /// Waits until the admin socket answers connections too (it starts after the
+    /// control socket).
+    pub fn wait_admin(&self) -> &Self {
+        let t = Instant::now();
+        while UnixStream::connect(&self.admin).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "admin socket did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self
     }
 
     /// The daemon's process id, while it runs.

@@ -7,73 +7,35 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::common::rank::RankProc;
-use crate::common::{hashes, kvtier_bin};
+use crate::common::{Daemon, hashes};
 
 /// One page is 2 objects of 2048 bytes (`common::spec(1, 1)`): 100 pages of host.
 pub const ARENA_BYTES: u64 = 100 * 2 * 2048;
 
-pub struct Serve {
-    child: Child,
-    pub socket: PathBuf,
-    pub admin: PathBuf,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The daemon the session tests run: `common::Daemon` with 100 pages of host, a 50 ms
+/// upkeep tick, no recovery and no ZMQ publishers, plus `extra` keys (`key=value`).
+pub type Serve = Daemon;
 
 pub fn serve(dir: &Path, extra: &[String]) -> Serve {
-    let socket = dir.join("kvtier.sock");
-    let admin = dir.join("admin.sock");
-    let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
-    let child = Command::new(kvtier_bin())
-        .args(["serve", "--socket"])
-        .arg(&socket)
-        .arg("--arena-path")
-        .arg(dir.join("arena"))
-        .args(["--arena-bytes", &ARENA_BYTES.to_string()])
-        .args([
-            "--set",
-            "lock_arena=false",
-            "--set",
-            "prefault=false",
-            "--set",
-            "pool_bytes=8388608",
-            "--set",
-            "slot_bytes=2048",
-        ])
-        .args(["--set", "tick_ms=50", "--set", "recover=false"])
-        .args([
-            "--set",
-            "events_endpoint=",
-            "--set",
-            "events_replay_endpoint=",
-            "--set",
-            "pool_events_endpoint=",
-        ])
-        .arg("--set")
-        .arg(format!("admin_socket={}", admin.display()))
-        .args(extra.iter().flat_map(|e| ["--set", e.as_str()]))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while UnixStream::connect(&socket).is_err() || UnixStream::connect(&admin).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(10), "daemon did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Serve { child, socket, admin }
+    let mut sets = vec![
+        "tick_ms=50",
+        "recover=false",
+        "events_endpoint=",
+        "events_replay_endpoint=",
+    ];
+    sets.extend(["pool_events_endpoint=", "session_events_endpoint="]);
+    let admin = format!("admin_socket={}", dir.join("admin.sock").display());
+    sets.push(&admin);
+    sets.extend(extra.iter().map(String::as_str));
+    let d = Daemon::start_with(dir, ARENA_BYTES, &sets);
+    d.wait_admin();
+    d
 }
 
 /// One HTTP/1.1 request on the admin socket: (status, JSON body).
@@ -198,4 +160,24 @@ pub fn daemon_moves(admin: &Path) -> Vec<(String, String, String)> {
         }
     }
     moves
+}
+
+/// The pressure scenario of tests/sessions.rs, for a daemon started with
+/// `policy_exclusive=true`: session `tool-user` stores 10 pages (1000..) and starts
+/// acting; a filler takes host to 96 of 100 pages, so the controller pauses `tool-user`
+/// (its pages go to the pool); the filler's pages are loaded to device and leave host,
+/// so the controller resumes it (its pages are staged back). Returns the engine's advice
+/// after the pause and after the resume, as `kind:detail` strings.
+pub fn pause_then_resume(d: &Serve, e: &mut RankProc) -> (Vec<String>, Vec<String>) {
+    assert_eq!(e.cmd("phase tool-user - reasoning"), "ok");
+    assert_eq!(e.cmd("cstore tool-user 1000 10"), "stored 10 10");
+    assert_eq!(e.cmd("phase tool-user - acting"), "ok");
+    assert_eq!(e.cmd("cstore filler 5000 86"), "stored 86 86");
+    let paused = advice_until(e, 1);
+    wait_until("the paused session's pages are only in the pool", || {
+        where_are(&d.admin, 1000, 10) == vec![(false, true); 10]
+    });
+    assert_eq!(e.cmd("cload 5000 86"), "loaded 86 86");
+    let resumed = advice_until(e, 2);
+    (paused, resumed)
 }
