@@ -1,11 +1,12 @@
 """Build hook of the `kvtier` package: compiles the Rust cdylib and ships it inside.
 
-`build_py` runs `cargo build --profile engine --lib --no-default-features` at the repository
-root (the directory above this one) and copies `target/engine/libkvtier.so` into the built
-`kvtier/` package, so the wheel carries the library it wraps and an installed package needs
-no library path. That is the engine build: the client, the C ABI and the cxx bridge without
-the daemon's code and dependencies (cargo feature `daemon`), with fat LTO and one codegen
-unit (profile `engine` in Cargo.toml). The wheel is tagged for the platform, since the
+`build_py` runs `cargo rustc --profile engine --lib --no-default-features --crate-type cdylib`
+at the repository root (the directory above this one) and copies
+`target/engine/libkvtier.so` into the built `kvtier/` package, so the wheel carries the
+library it wraps and an installed package needs no library path. That is the engine build:
+the client, the C ABI and the cxx bridge without the daemon's code and dependencies (cargo
+feature `daemon`), a cdylib alone with fat LTO and one codegen unit (profile `engine` in
+Cargo.toml). The wheel is tagged for the platform, since the
 library is native code.
 
 `KVTIER_CARGO_FEATURES` adds engine-side cargo features to that build, comma-separated
@@ -46,7 +47,10 @@ def built_library():
             "(pip install ./python at its root), or set KVTIER_PREBUILT_LIB"
         )
     cargo = os.environ.get("CARGO", "cargo")
-    cmd = [cargo, "build", "--profile", PROFILE, "--lib", "--no-default-features", "--manifest-path", str(manifest)]
+    # `cargo rustc --crate-type cdylib`: without the rlib beside it, LTO may internalize every
+    # function the C ABI does not reach, so neither its code nor its exception tables remain.
+    cmd = [cargo, "rustc", "--profile", PROFILE, "--lib", "--no-default-features", "--crate-type", "cdylib"]
+    cmd += ["--manifest-path", str(manifest)]
     features = os.environ.get("KVTIER_CARGO_FEATURES", "").strip()
     if features:
         cmd += ["--features", features]

@@ -2,9 +2,9 @@
 //! examples, the Python package, the vLLM and SGLang integrations).
 //!
 //! `cargo test` builds the crate's cdylib with the default `daemon` feature, which is not
-//! what engines get: the Python package builds `--profile engine --lib
-//! --no-default-features` (python/setup.py). These tests load that build, so what they
-//! check is what engines run. The first call runs the same cargo command (a no-op when it
+//! what engines get: the Python package builds `cargo rustc --profile engine --lib
+//! --no-default-features --crate-type cdylib` (python/setup.py). These tests load that
+//! build, so what they check is what engines run. The first call runs the same cargo command (a no-op when it
 //! is up to date) with the engine-side features this test binary was built with, into the
 //! `engine/` folder of the same target directory.
 
@@ -43,7 +43,8 @@ fn build() -> PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
     let target = target_dir();
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--profile", "engine", "--lib", "--no-default-features"])
+    cmd.args(["rustc", "--profile", "engine", "--lib", "--no-default-features"])
+        .args(["--crate-type", "cdylib"])
         .arg("--manifest-path")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
         .arg("--target-dir")
