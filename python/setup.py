@@ -1,9 +1,16 @@
 """Build hook of the `kvtier` package: compiles the Rust cdylib and ships it inside.
 
-`build_py` runs `cargo build --release --lib` at the repository root (the directory above
-this one) and copies `libkvtier.so` into the built `kvtier/` package, so the wheel carries
-the library it wraps and an installed package needs no library path. The wheel is tagged
-for the platform, since the library is native code.
+`build_py` runs `cargo rustc --profile engine --lib --no-default-features --crate-type cdylib`
+at the repository root (the directory above this one) and copies
+`target/engine/libkvtier.so` into the built `kvtier/` package, so the wheel carries the
+library it wraps and an installed package needs no library path. That is the engine build:
+the client, the C ABI and the cxx bridge without the daemon's code and dependencies (cargo
+feature `daemon`), a cdylib alone with fat LTO and one codegen unit (profile `engine` in
+Cargo.toml). The wheel is tagged for the platform, since the
+library is native code.
+
+`KVTIER_CARGO_FEATURES` adds engine-side cargo features to that build, comma-separated
+(`cuda` for engines that register GPU tensors, `mooncake-c`).
 
 `KVTIER_PREBUILT_LIB` names an already built `libkvtier.so` to ship instead of running
 cargo (a packager that built it separately, or a build machine without a Rust toolchain).
@@ -21,6 +28,8 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 LIB = "libkvtier.so"
+# The cargo profile of the engine build; its output folder under the target directory.
+PROFILE = "engine"
 
 
 def built_library():
@@ -38,7 +47,13 @@ def built_library():
             "(pip install ./python at its root), or set KVTIER_PREBUILT_LIB"
         )
     cargo = os.environ.get("CARGO", "cargo")
-    cmd = [cargo, "build", "--release", "--lib", "--manifest-path", str(manifest)]
+    # `cargo rustc --crate-type cdylib`: without the rlib beside it, LTO may internalize every
+    # function the C ABI does not reach, so neither its code nor its exception tables remain.
+    cmd = [cargo, "rustc", "--profile", PROFILE, "--lib", "--no-default-features", "--crate-type", "cdylib"]
+    cmd += ["--manifest-path", str(manifest)]
+    features = os.environ.get("KVTIER_CARGO_FEATURES", "").strip()
+    if features:
+        cmd += ["--features", features]
     try:
         subprocess.run(cmd, check=True)
     except FileNotFoundError:
@@ -46,7 +61,7 @@ def built_library():
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     if not target.is_absolute():
         target = ROOT / target
-    path = target / "release" / LIB
+    path = target / PROFILE / LIB
     if not path.is_file():
         raise SystemExit(f"cargo finished but {path} does not exist")
     return path

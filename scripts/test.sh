@@ -44,4 +44,8 @@ if [ -x scripts/mooncake-env.sh ]; then
 fi
 export KVTIER_PYTHON="$PWD/.venv/bin/python3"
 
+# The engine build of libkvtier.so (what the Python package ships), which the tests that
+# load the library use (tests/common/engine_lib.rs builds it too when it is stale; built
+# here first, its progress shows).
+cargo rustc --profile engine --lib --no-default-features --crate-type cdylib
 cargo test --release "$@"

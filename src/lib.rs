@@ -5,11 +5,15 @@
 //! device memory, a shared-memory host arena and a shared pool, executes KV hints and
 //! evicts by watermark. The daemon, protocol, client and FFI are thin layers above it.
 
+#[cfg(feature = "daemon")]
 pub mod admin;
+#[cfg(feature = "daemon")]
 pub mod bench;
+#[cfg(feature = "daemon")]
 pub mod cli;
 pub mod client;
 pub mod clock;
+#[cfg(feature = "daemon")]
 pub mod daemon;
 pub mod directory;
 pub mod events;
@@ -21,10 +25,13 @@ pub mod page;
 pub mod policy;
 pub mod pool;
 pub mod protocol;
+#[cfg(feature = "daemon")]
 pub mod publish;
+#[cfg(feature = "daemon")]
 pub mod replay;
 pub mod router_hint;
 pub mod session;
+#[cfg(feature = "daemon")]
 pub mod shutdown;
 pub mod tier;
 pub mod transfer;

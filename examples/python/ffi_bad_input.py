@@ -1,7 +1,7 @@
 """Bad input straight through the C ABI (the ``kvtier`` package's ctypes declarations):
 each call gets its kvtier error code, and the process lives on.
 
-    python3 ffi_bad_input.py --socket /run/kvtier.sock [--lib target/release/libkvtier.so]
+    python3 ffi_bad_input.py --socket /run/kvtier.sock [--lib target/engine/libkvtier.so]
 
 Uses the installed ``kvtier`` package, or the one in this checkout's ``python/``. Prints one
 ``case name code`` line per case and ``OK bad-input`` at the end.

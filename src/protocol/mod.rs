@@ -12,6 +12,7 @@
 pub mod codec;
 pub mod error;
 pub mod frame;
+#[cfg(feature = "daemon")]
 pub mod frame_codec;
 mod hint;
 pub mod message;
@@ -24,6 +25,7 @@ mod tests;
 pub use codec::DecodeError;
 pub use error::{ErrorCode, RemoteError};
 pub use frame::{DEFAULT_MAX_BODY, FrameError, HEADER_BYTES, Header, read_frame};
+#[cfg(feature = "daemon")]
 pub use frame_codec::{Frame, FrameCodec, Outgoing};
 pub use message::{MAX_ENVELOPE, MAX_PAGE_TOKENS, Request, Response, kind};
 pub use types::{

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod engine_lib;
 pub mod rank;
 pub mod require;
 

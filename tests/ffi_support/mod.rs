@@ -1,5 +1,5 @@
 //! Helpers for the FFI integration tests: compile the C++ test engine against the bridge,
-//! find the built `libkvtier.so`, run child processes with a deadline.
+//! find the engine build of `libkvtier.so`, run child processes with a deadline.
 
 #![allow(dead_code)]
 
@@ -7,26 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// Where cargo put the `kvtier` binary, and beside it the `cdylib`.
-pub fn lib_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_kvtier"))
-        .parent()
-        .expect("binary has a directory")
-        .to_owned()
-}
-
-/// The newest `libkvtier.so`: `cargo test` leaves it in `deps/`, `cargo build` beside the
-/// binary.
+/// The `libkvtier.so` engines load: the engine build, not the cdylib `cargo test` built
+/// beside the binary (see `common::engine_lib`).
 pub fn cdylib() -> PathBuf {
-    let dir = lib_dir();
-    let found = [dir.join("deps/libkvtier.so"), dir.join("libkvtier.so")]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max();
-    match found {
-        Some((_, p)) => p,
-        None => panic!("libkvtier.so was not built in {} (crate-type cdylib)", dir.display()),
-    }
+    crate::common::engine_lib::engine_cdylib()
 }
 
 fn repo(rel: &str) -> PathBuf {
@@ -58,6 +42,9 @@ pub fn build_engine(dir: &Path) -> PathBuf {
         .arg(&cxx_src)
         .arg("-L")
         .arg(&lib)
+        // DT_RPATH, searched before LD_LIBRARY_PATH: `cargo test` puts its own deps/ (with
+        // the daemon build's libkvtier.so) there, and the engine build is the one to test.
+        .arg("-Wl,--disable-new-dtags")
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .args(["-lkvtier", "-lpthread", "-ldl", "-o"])
         .arg(&exe);

@@ -1,6 +1,6 @@
 //! Helpers for the tests that run the `kvtier` Python package: the package made importable
 //! from the source tree without installing it (PYTHONPATH at `python/`, `KVTIER_LIB` at the
-//! freshly built `libkvtier.so`), and a script run with a deadline whose `OK` lines the
+//! engine build of `libkvtier.so`), and a script run with a deadline whose `OK` lines the
 //! test checks.
 
 #![allow(dead_code)]
@@ -9,17 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// The newest `libkvtier.so` cargo built beside the `kvtier` binary (`deps/` or not).
+/// The `libkvtier.so` engines load: the engine build the Python package ships (see
+/// `common::engine_lib`).
 pub fn cdylib() -> PathBuf {
-    let dir = Path::new(env!("CARGO_BIN_EXE_kvtier"))
-        .parent()
-        .expect("binary directory");
-    [dir.join("deps/libkvtier.so"), dir.join("libkvtier.so")]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max()
-        .map(|(_, p)| p)
-        .unwrap_or_else(|| panic!("libkvtier.so was not built in {}", dir.display()))
+    crate::common::engine_lib::engine_cdylib()
 }
 
 /// What a finished child left: its status (`None` when the deadline killed it) and output.
