@@ -163,6 +163,28 @@ pub enum Move {
     },
 }
 
+/// The eviction class the policy puts a session's pages in. The drivers keep it in the
+/// directory's per-class lists (`Directory::set_session_idle`, `Directory::end_session`),
+/// so the daemon and the replay evict in the same order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionClass {
+    /// Ordered with everyone's pages by retain priority and recency.
+    Normal,
+    /// Evicted before every normal page of its tier: the session is idle and its pages
+    /// are not expected back soon, or a pool takes them when they leave host.
+    Idle,
+    /// The session ended: its pages go first, and the driver forgets the session.
+    Ended,
+}
+
+/// A session's pages change eviction class.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClassChange {
+    pub session_id: String,
+    pub class: SessionClass,
+}
+
 /// Advice for engines (the advice stream) and routers (admin socket, events).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "advice", rename_all = "snake_case")]
@@ -182,16 +204,27 @@ pub enum Advice {
 pub struct Decisions {
     pub moves: Vec<Move>,
     pub advice: Vec<Advice>,
+    /// Sessions whose pages change eviction class, in order (a later change of the same
+    /// session wins).
+    pub classes: Vec<ClassChange>,
 }
 
 impl Decisions {
     pub fn is_empty(&self) -> bool {
-        self.moves.is_empty() && self.advice.is_empty()
+        self.moves.is_empty() && self.advice.is_empty() && self.classes.is_empty()
     }
 
     fn extend(&mut self, other: Decisions) {
         self.moves.extend(other.moves);
         self.advice.extend(other.advice);
+        self.classes.extend(other.classes);
+    }
+
+    fn class(&mut self, session_id: &str, class: SessionClass) {
+        self.classes.push(ClassChange {
+            session_id: session_id.to_owned(),
+            class,
+        });
     }
 }
 
@@ -395,6 +428,22 @@ impl SessionPolicy {
             d.moves.push(Move::Demote { ns, hashes });
         }
         d
+    }
+
+    /// The class an idle (acting or paused) session's pages go in. Idle first where
+    /// leaving host is a demotion (a pool takes the pages); without a pool leaving host
+    /// drops them, so only sessions with no sign of coming back go first: those that
+    /// never returned from a tool call. A session that came back before is expected back
+    /// again (an agent between tool calls), and dropping its pages first would throw
+    /// away the context its next turn reuses. With the phases signal off, idle sessions'
+    /// pages stay in the normal class.
+    fn idle_class(&self, idx: u32, pool: bool) -> SessionClass {
+        let returned = self.table.get(idx).is_some_and(|s| s.tool_returns > 0);
+        if self.cfg.signals.phases && (pool || !returned) {
+            SessionClass::Idle
+        } else {
+            SessionClass::Normal
+        }
     }
 
     /// Stages the session's chain back (its demoted pages come from the pool) and tells
