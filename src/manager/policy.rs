@@ -161,7 +161,9 @@ impl Manager {
     /// directory calls `kvtier replay` makes). A session the table no longer holds has
     /// no pages to move.
     fn apply_class(&self, id: &str, class: SessionClass) {
-        let Some(idx) = self.sessions_table().get(id) else { return };
+        let Some(idx) = self.sessions_table().get(id) else {
+            return;
+        };
         match class {
             SessionClass::Normal => self.reclass_session(idx, false, false),
             SessionClass::Idle => self.reclass_session(idx, true, false),

@@ -11,12 +11,11 @@
 pub mod session;
 
 pub use session::{
-    Advice, ClassChange, Decisions, SessionClass, Move, Phase, PolicyStats, RequestEnd, SessionPolicy, SessionPolicyConfig, SessionPolicyError,
-    SessionView, Signals, Usage,
+    Advice, ClassChange, Decisions, Move, Phase, PolicyStats, RequestEnd, SessionClass, SessionPolicy,
+    SessionPolicyConfig, SessionPolicyError, SessionView, Signals, Usage,
 };
 
 use serde::{Deserialize, Serialize};
-
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PolicyError {

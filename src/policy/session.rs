@@ -2,8 +2,11 @@
 //! because of what agent sessions do. The daemon's manager and `kvtier replay` drive it
 //! through the same five calls — [`SessionPolicy::page_stored`], [`SessionPolicy::page_hit`],
 //! [`SessionPolicy::phase_changed`], [`SessionPolicy::request_ended`] and
-//! [`SessionPolicy::tick`] — and carry out the [`Move`]s and [`Advice`] it returns, so what
-//! the replay measures is what the daemon runs.
+//! [`SessionPolicy::tick`] — and carry out the [`Move`]s, [`Advice`] and eviction-class
+//! changes ([`ClassChange`]) it returns, so what the replay measures is what the daemon
+//! runs. The class decides which pages the directory's eviction order takes first; the
+//! rule is `SessionPolicy::idle_class`: idle sessions' pages go first where a pool takes
+//! them (a demotion, undone when the tool ends), ended sessions' always.
 //!
 //! It keeps the sessions (phase, parent, the page chain of each, in the lineage radix tree)
 //! and runs the pressure controller on the utilisation its caller measures (the daemon's
@@ -315,14 +318,10 @@ impl SessionPolicy {
         self.stats
     }
 
-    /// The table index of a live session (what pages carry in the replay).
+    /// The policy's table index of a live session (not the index the daemon's pages
+    /// carry: the manager interns sessions in its own table).
     pub fn index_of(&self, id: &str) -> Option<u32> {
         self.table.index_of(id)
-    }
-
-    /// Whether a session index is paused or acting (its pages go first).
-    pub fn is_idle(&self, idx: u32) -> bool {
-        self.table.is_idle(idx)
     }
 
     /// A live session's phase.
@@ -430,16 +429,13 @@ impl SessionPolicy {
         d
     }
 
-    /// The class an idle (acting or paused) session's pages go in. Idle first where
-    /// leaving host is a demotion (a pool takes the pages); without a pool leaving host
-    /// drops them, so only sessions with no sign of coming back go first: those that
-    /// never returned from a tool call. A session that came back before is expected back
-    /// again (an agent between tool calls), and dropping its pages first would throw
-    /// away the context its next turn reuses. With the phases signal off, idle sessions'
-    /// pages stay in the normal class.
-    fn idle_class(&self, idx: u32, pool: bool) -> SessionClass {
-        let returned = self.table.get(idx).is_some_and(|s| s.tool_returns > 0);
-        if self.cfg.signals.phases && (pool || !returned) {
+    /// The class an idle (acting or paused) session's pages go in: idle first where
+    /// leaving host is a demotion (a pool takes the pages, and `stage` brings them back
+    /// when the tool ends). Without a pool, leaving host drops them, and an agent waiting
+    /// on a tool usually comes back for its context, so they keep their place by retain
+    /// priority and recency. With the phases signal off they stay in the normal class.
+    fn idle_class(&self, pool: bool) -> SessionClass {
+        if self.cfg.signals.phases && pool {
             SessionClass::Idle
         } else {
             SessionClass::Normal

@@ -69,9 +69,6 @@ pub struct Session {
     /// Durations of finished pauses, most recent last (bounded).
     pub pauses_ms: Vec<u64>,
     pub total_paused_ms: u64,
-    /// Tool calls it came back from (acting, then reasoning again): the evidence that an
-    /// idle session returns.
-    pub tool_returns: u32,
 }
 
 impl Session {
@@ -153,7 +150,6 @@ impl SessionTable {
             boost_until_ms: 0,
             pauses_ms: Vec::new(),
             total_paused_ms: 0,
-            tool_returns: 0,
         };
         let idx = match self.free.pop() {
             Some(i) => {
@@ -219,9 +215,6 @@ impl SessionTable {
     pub fn set_activity(&mut self, idx: u32, activity: Activity) -> Result<bool, SessionError> {
         let now = self.now_ms();
         let s = self.get_mut(idx)?;
-        if s.activity == Activity::Acting && activity == Activity::Reasoning {
-            s.tool_returns = s.tool_returns.saturating_add(1);
-        }
         s.activity = activity;
         s.last_activity_ms = now;
         if activity == Activity::Acting && s.pause_pending && !s.paused {

@@ -90,7 +90,7 @@ impl SessionPolicy {
             }
             Phase::Acting => {
                 let paused_now = self.table.set_activity(idx, Activity::Acting)?;
-                d.class(session, self.idle_class(idx, usage.pool));
+                d.class(session, self.idle_class(usage.pool));
                 if paused_now {
                     self.stats.pauses += 1;
                     d.advice.push(Advice::Pause {
@@ -105,7 +105,7 @@ impl SessionPolicy {
                 if !was {
                     self.stats.pauses += 1;
                 }
-                d.class(session, self.idle_class(idx, usage.pool));
+                d.class(session, self.idle_class(usage.pool));
                 d.extend(self.demote(idx, usage.pool));
             }
             Phase::Ended => d.extend(self.end(idx)),
@@ -192,7 +192,7 @@ impl SessionPolicy {
                 if let Some(s) = self.table.get(session) {
                     let id = s.id.clone();
                     d.advice.push(Advice::Pause { session_id: id.clone() });
-                    d.class(&id, self.idle_class(session, pool));
+                    d.class(&id, self.idle_class(pool));
                 }
                 d.extend(self.demote(session, pool));
             }
@@ -297,7 +297,14 @@ impl SessionPolicy {
         let mut d = Decisions::default();
         self.lineage.remove(idx);
         let ended = self.cfg.signals.ended;
-        d.class(id, if ended { SessionClass::Ended } else { SessionClass::Normal });
+        d.class(
+            id,
+            if ended {
+                SessionClass::Ended
+            } else {
+                SessionClass::Normal
+            },
+        );
         let Some(c) = self.chains.remove(&idx) else { return d };
         if !ended {
             return d;
