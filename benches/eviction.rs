@@ -3,15 +3,14 @@
 //! retain priority, then least recently used).
 //!
 //! Three figures over 100,000 host pages: the directory's lists (`victims`, what the
-//! manager runs), and for reference the scan it replaced (`eviction_candidates` and
-//! `select_victims`, which the replay still uses) and `select_victims` alone on a
+//! manager runs), and for reference the scan it replaced (`eviction_candidates`, then a
+//! partial sort by `evict_key`, the order the lists keep) and that sort alone on a
 //! prepared candidate list.
 
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use kvtier::directory::Directory;
-use kvtier::policy::select_victims;
+use kvtier::directory::{Directory, PageId};
 use kvtier::{LayoutSpec, Namespace, PageHash, TierKind};
 
 const PAGES: u64 = 100_000;
@@ -42,7 +41,24 @@ fn bench(c: &mut Criterion) {
         dir.touch(ids[(j * 61_813 % PAGES) as usize], false);
     }
     dir.drain_events();
-    let idle = |s: u32| s.is_multiple_of(3);
+    // The scan: the `n` first candidates by the directory's eviction key.
+    let select = |mut cands: Vec<(PageId, (bool, i8, u64))>, n: usize| {
+        cands.select_nth_unstable_by_key(n, |c| c.1);
+        cands.truncate(n);
+        cands.sort_unstable_by_key(|c| c.1);
+        cands.into_iter().map(|c| c.0).collect::<Vec<_>>()
+    };
+    let keyed = |dir: &Directory| {
+        dir.eviction_candidates(TierKind::Host)
+            .into_iter()
+            .map(|(id, _)| (id, dir.evict_key(id)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        select(keyed(&dir), VICTIMS),
+        dir.victims(TierKind::Host, VICTIMS, |_| false),
+        "the lists keep the order the scan finds"
+    );
     let mut g = c.benchmark_group("eviction");
     g.bench_function("lists_64_of_100k", |b| {
         b.iter(|| {
@@ -53,19 +69,18 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("candidates_and_select_64_of_100k", |b| {
         b.iter(|| {
-            let cands = dir.eviction_candidates(TierKind::Host);
-            let v = select_victims(cands, VICTIMS, idle);
+            let v = select(keyed(&dir), VICTIMS);
             assert_eq!(v.len(), VICTIMS);
             v
         })
     });
-    let cands = dir.eviction_candidates(TierKind::Host);
+    let cands = keyed(&dir);
     assert_eq!(cands.len(), PAGES as usize);
     g.bench_function("select_64_of_100k", |b| {
         b.iter_batched(
             || cands.clone(),
             |cs| {
-                let v = select_victims(black_box(cs), VICTIMS, idle);
+                let v = select(black_box(cs), VICTIMS);
                 assert_eq!(v.len(), VICTIMS);
                 v
             },

@@ -853,8 +853,7 @@ impl Directory {
         let Some(k) = listed(tier) else {
             let mut c = self.eviction_candidates(tier);
             c.retain(|(id, _)| !self.is_protected(*id) && !skip(*id));
-            let key = |id: &PageId, i: &PageInfo| (!self.is_idle_class(*id), i.retain, i.last_access);
-            c.sort_unstable_by_key(|(id, i)| key(id, i));
+            c.sort_unstable_by_key(|(id, _)| self.evict_key(*id));
             return c.into_iter().take(n).map(|(id, _)| id).collect();
         };
         let mut budget = n * 4 + 1024;
@@ -873,6 +872,16 @@ impl Directory {
             out.push(PageId(i));
         }
         out
+    }
+
+    /// A page's place in eviction order as a sort key, smallest first: the idle class
+    /// (idle and ended sessions' pages) before the others, then low retain priority, then
+    /// least recently used. The host and pool lists keep this order as it changes; the
+    /// device tier (advice to the engine, and `kvtier replay`'s emulated device) sorts
+    /// by it.
+    pub fn evict_key(&self, id: PageId) -> (bool, i8, u64) {
+        let rec = &self.records[id.0 as usize];
+        (rec.class & CLASS_IDLE == 0, rec.retain, rec.last_access)
     }
 
     /// Pages evictable in `tier` now (linked in its lists). O(1); host and pool only.

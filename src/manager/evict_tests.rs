@@ -5,6 +5,7 @@
 use super::tests::{WAIT, fixture, hashes};
 use super::*;
 use crate::hints::{Hint, HintOutcome, HintTarget};
+use crate::policy::Phase;
 use crate::tier::TierKind;
 
 fn host(f: &super::tests::Fixture, hs: &[PageHash]) -> Vec<bool> {
@@ -108,4 +109,32 @@ fn an_idle_sessions_pages_go_first_and_come_back_to_normal_when_it_resumes() {
         f.m.session_changed(&long, false, false),
         Err(ManagerError::Session(SessionError::IdTooLong { .. }))
     ));
+}
+
+#[test]
+fn with_no_pool_the_policy_keeps_an_acting_sessions_pages_in_place_and_ended_ones_go_first() {
+    // The session policy decides the class (the rule `kvtier replay` runs too): with no
+    // pool, leaving host drops a page, so an acting session's pages keep their place by
+    // recency; an ended session's go first.
+    let f = fixture(1, 40, None);
+    assert!(f.m.policy_stats().is_some(), "the fixture runs the session policy");
+    let a = f.m.session_index("agent-a").unwrap();
+    let b = f.m.session_index("agent-b").unwrap();
+    let (ha, hb) = (hashes(0..8), hashes(8..16));
+    for (hs, s, first) in [(&ha, a, 0u32), (&hb, b, 8)] {
+        let slots: Vec<u32> = (first..first + 8).collect();
+        let t = f.m.store(f.ns, 0, 0, hs, &slots, s).unwrap();
+        assert_eq!(f.m.wait(t, WAIT).unwrap().pages, 8);
+    }
+    // b waits on a tool: a's older pages still go first.
+    f.m.session_phase("agent-b", None, Phase::Acting).unwrap();
+    assert_eq!(f.m.sessions_page(None, 0, 10).0[1], ("agent-b".to_owned(), true, false));
+    f.m.make_host_room(2 * 2);
+    assert_eq!(host(&f, &ha)[..2], [false; 2]);
+    assert!(host(&f, &hb).iter().all(|&h| h));
+    // Ended: b's newer pages go before a's.
+    f.m.session_phase("agent-b", None, Phase::Ended).unwrap();
+    f.m.make_host_room(2 * 3);
+    assert_eq!(host(&f, &hb)[..3], [false; 3]);
+    assert!(host(&f, &ha)[2..].iter().all(|&h| h));
 }

@@ -459,6 +459,14 @@ impl Manager {
     /// session is freed from the table once it needs the room (oldest ended first); its
     /// pages stay in the idle class, so they are evicted first. Returns its index.
     pub fn session_changed(&self, id: &str, idle: bool, ended: bool) -> Result<u32, ManagerError> {
+        let idx = self.session_standing(id, idle, ended)?;
+        self.reclass_session(idx, idle || ended, ended);
+        Ok(idx)
+    }
+
+    /// [`Self::session_changed`] in the session table only: the session policy moves the
+    /// pages between eviction classes itself (`policy::apply_class`).
+    pub(crate) fn session_standing(&self, id: &str, idle: bool, ended: bool) -> Result<u32, ManagerError> {
         let idx = self.session_index(id)?;
         let standing = match (ended, idle) {
             (true, _) => sessions::Standing::Ended,
@@ -466,14 +474,13 @@ impl Manager {
             (false, false) => sessions::Standing::Busy,
         };
         self.sessions_table().set_standing(id, standing);
-        self.reclass_session(idx, idle || ended, ended);
         Ok(idx)
     }
 
     /// Moves a session's pages between the idle and normal eviction classes: the pages
     /// are listed under the read lock (O(pages of the session)), then reclassed under the
     /// write lock in chunks, so lookups never wait behind a big session.
-    fn reclass_session(&self, session: u32, idle: bool, ended: bool) {
+    pub(crate) fn reclass_session(&self, session: u32, idle: bool, ended: bool) {
         const CHUNK: usize = 4096;
         if session == 0 {
             return;

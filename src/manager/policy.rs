@@ -16,7 +16,9 @@ use super::session_events::AdviceCause;
 use super::{Manager, ManagerError};
 use crate::directory::PageId;
 use crate::page::{NamespaceId, PageHash};
-use crate::policy::{Advice, Decisions, Move, Phase, PolicyStats, RequestEnd, SessionPolicy, SessionView, Usage};
+use crate::policy::{
+    Advice, Decisions, Move, Phase, PolicyStats, RequestEnd, SessionClass, SessionPolicy, SessionView, Usage,
+};
 use crate::tier::TierKind;
 
 /// Pause and resume advice kept for routers (oldest dropped past this).
@@ -69,16 +71,26 @@ impl Manager {
     pub fn session_phase(&self, id: &str, parent: Option<&str>, phase: Phase) -> Result<(), ManagerError> {
         let usage = self.host_usage();
         let decisions = match self.policy_lock() {
-            Some(mut p) => p.policy.phase_changed(id, parent, phase, usage)?,
-            None => Decisions::default(),
+            Some(mut p) => Some(p.policy.phase_changed(id, parent, phase, usage)?),
+            None => None,
         };
-        // The session table and the eviction classes of the session's pages: acting and
-        // paused sessions' pages go first, an ended session is freed.
+        // The session table follows the phase (acting and paused are idle, an ended
+        // session is freed first). The eviction class of the session's pages is the
+        // policy's decision, carried out with its moves; without the policy, idle and
+        // ended sessions' pages go first.
         let idle = matches!(phase, Phase::Acting | Phase::Paused);
-        self.session_changed(id, idle, phase == Phase::Ended)?;
-        let advice = decisions.advice.clone();
-        self.apply_decisions(decisions);
-        self.record_session_events(&advice, AdviceCause::Phase, usage);
+        let ended = phase == Phase::Ended;
+        match decisions {
+            Some(d) => {
+                self.session_standing(id, idle, ended)?;
+                let advice = d.advice.clone();
+                self.apply_decisions(d);
+                self.record_session_events(&advice, AdviceCause::Phase, usage);
+            }
+            None => {
+                self.session_changed(id, idle, ended)?;
+            }
+        }
         Ok(())
     }
 
@@ -157,8 +169,30 @@ impl Manager {
         self.inner.session_events.record(advice, cause, usage, now);
     }
 
-    /// Carries out the moves, then keeps the advice for routers. No lock is held here.
+    /// Puts a session's pages in the eviction class the policy chose (the same
+    /// directory calls `kvtier replay` makes). A session the table no longer holds has
+    /// no pages to move.
+    fn apply_class(&self, id: &str, class: SessionClass) {
+        let Some(idx) = self.sessions_table().get(id) else {
+            return;
+        };
+        match class {
+            SessionClass::Normal => self.reclass_session(idx, false, false),
+            SessionClass::Idle => self.reclass_session(idx, true, false),
+            SessionClass::Ended => {
+                // Ended by the policy's idle timeout too: the table frees it first.
+                self.sessions_table().set_standing(id, super::sessions::Standing::Ended);
+                self.reclass_session(idx, true, true);
+            }
+        }
+    }
+
+    /// Carries out the class changes and moves, then keeps the advice for routers. No
+    /// lock is held here.
     fn apply_decisions(&self, d: Decisions) {
+        for c in &d.classes {
+            self.apply_class(&c.session_id, c.class);
+        }
         for m in d.moves {
             match m {
                 Move::Demote { ns, hashes } => self.demote_pages(ns, &hashes),

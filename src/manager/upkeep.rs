@@ -18,7 +18,7 @@ use super::timers::TimerKey;
 use super::{Manager, ManagerError};
 use crate::directory::PageId;
 use crate::page::{NamespaceId, PageHash};
-use crate::policy::{Watermarks, select_victims};
+use crate::policy::Watermarks;
 use crate::pool::PoolError;
 use crate::tier::TierKind;
 
@@ -310,13 +310,28 @@ impl Manager {
             if reclaim == 0 {
                 continue;
             }
-            let cold = self.candidates(TierKind::Device, |st, id, i| {
-                i.ns == ns && (st.dir.is_complete(id, TierKind::Host) || st.dir.is_complete(id, TierKind::Pool))
+            // The directory's eviction order (idle and ended sessions' pages first), the
+            // one `kvtier replay`'s emulated device follows, gathered in chunks.
+            let mut cold: Vec<((bool, i8, u64), PageHash)> = Vec::new();
+            self.walk_dir(|st, range| {
+                cold.extend(
+                    st.dir
+                        .eviction_candidates_in(TierKind::Device, range)
+                        .into_iter()
+                        .filter(|(id, i)| {
+                            i.ns == ns
+                                && !st.dir.is_protected(*id)
+                                && (st.dir.is_complete(*id, TierKind::Host) || st.dir.is_complete(*id, TierKind::Pool))
+                        })
+                        .map(|(id, i)| (st.dir.evict_key(id), i.hash)),
+                );
             });
-            let victims = select_victims(cold.clone(), reclaim, |_| false);
-            let hash_of: std::collections::HashMap<PageId, PageHash> =
-                cold.into_iter().map(|(id, i)| (id, i.hash)).collect();
-            let hashes: Vec<PageHash> = victims.iter().filter_map(|id| hash_of.get(id).copied()).collect();
+            if reclaim < cold.len() {
+                cold.select_nth_unstable_by_key(reclaim, |c| c.0);
+                cold.truncate(reclaim);
+            }
+            cold.sort_unstable_by_key(|c| c.0);
+            let hashes: Vec<PageHash> = cold.into_iter().map(|(_, h)| h).collect();
             if !hashes.is_empty() {
                 self.queues().push_advice(Advice::EvictFirst { ns, hashes });
             }

@@ -2,20 +2,20 @@
 //! write policies between tiers, the eviction order, and [`session`], the session-aware
 //! tiering policy both of them drive.
 //!
-//! Eviction order within a tier: pinned and in-flight pages are never candidates (the
-//! directory filters them); then pages of paused or acting sessions go first, then low
-//! retain priority, then least recently used.
+//! Eviction order within a tier is the directory's (`Directory::victims`, kept as
+//! per-class lists for host and pool): pinned, in-flight and protected pages are never
+//! candidates; then the idle class (pages of sessions the policy put there: idle ones not
+//! expected back soon or with a pool below, and ended ones), then low retain priority,
+//! then least recently used. The daemon and `kvtier replay` both evict in that order.
 
 pub mod session;
 
 pub use session::{
-    Advice, Decisions, Move, Phase, PolicyStats, RequestEnd, SessionPolicy, SessionPolicyConfig, SessionPolicyError,
-    SessionView, Signals, Usage,
+    Advice, ClassChange, Decisions, Move, Phase, PolicyStats, RequestEnd, SessionClass, SessionPolicy,
+    SessionPolicyConfig, SessionPolicyError, SessionView, Signals, Usage,
 };
 
 use serde::{Deserialize, Serialize};
-
-use crate::directory::{PageId, PageInfo};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PolicyError {
@@ -106,57 +106,9 @@ impl WritePolicy {
     }
 }
 
-/// Picks up to `n` victims from `candidates`, in eviction order. `idle_session` says
-/// whether a session index belongs to a paused or acting session (evicted first).
-pub fn select_victims(
-    mut candidates: Vec<(PageId, PageInfo)>,
-    n: usize,
-    idle_session: impl Fn(u32) -> bool,
-) -> Vec<PageId> {
-    if n == 0 || candidates.is_empty() {
-        return Vec::new();
-    }
-    let key = |info: &PageInfo| {
-        let busy = !(info.session != 0 && idle_session(info.session));
-        (busy, info.retain, info.last_access)
-    };
-    if n < candidates.len() {
-        candidates.select_nth_unstable_by_key(n, |(_, i)| key(i));
-        candidates.truncate(n);
-    }
-    candidates.sort_unstable_by_key(|(_, i)| key(i));
-    candidates.into_iter().map(|(id, _)| id).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::page::{NamespaceId, PageHash};
-
-    fn info(session: u32, retain: i8, last_access: u64) -> PageInfo {
-        PageInfo {
-            hash: PageHash::from_u64(last_access),
-            ns: NamespaceId(0),
-            retain,
-            hits: 0,
-            session,
-            last_access,
-        }
-    }
-
-    #[test]
-    fn idle_sessions_then_low_retain_then_lru() {
-        let c = vec![
-            (PageId(0), info(0, 0, 1)),
-            (PageId(1), info(7, 0, 50)), // idle session
-            (PageId(2), info(0, -1, 90)),
-            (PageId(3), info(0, 5, 0)),
-            (PageId(4), info(3, 0, 2)), // busy session
-        ];
-        let v = select_victims(c.clone(), 5, |s| s == 7);
-        assert_eq!(v, vec![PageId(1), PageId(2), PageId(0), PageId(4), PageId(3)]);
-        assert_eq!(select_victims(c, 2, |s| s == 7), vec![PageId(1), PageId(2)]);
-    }
 
     #[test]
     fn watermarks_have_hysteresis() {

@@ -2,8 +2,11 @@
 //! because of what agent sessions do. The daemon's manager and `kvtier replay` drive it
 //! through the same five calls — [`SessionPolicy::page_stored`], [`SessionPolicy::page_hit`],
 //! [`SessionPolicy::phase_changed`], [`SessionPolicy::request_ended`] and
-//! [`SessionPolicy::tick`] — and carry out the [`Move`]s and [`Advice`] it returns, so what
-//! the replay measures is what the daemon runs.
+//! [`SessionPolicy::tick`] — and carry out the [`Move`]s, [`Advice`] and eviction-class
+//! changes ([`ClassChange`]) it returns, so what the replay measures is what the daemon
+//! runs. The class decides which pages the directory's eviction order takes first; the
+//! rule is `SessionPolicy::idle_class`: idle sessions' pages go first where a pool takes
+//! them (a demotion, undone when the tool ends), ended sessions' always.
 //!
 //! It keeps the sessions (phase, parent, the page chain of each, in the lineage radix tree)
 //! and runs the pressure controller on the utilisation its caller measures (the daemon's
@@ -163,6 +166,28 @@ pub enum Move {
     },
 }
 
+/// The eviction class the policy puts a session's pages in. The drivers keep it in the
+/// directory's per-class lists (`Directory::set_session_idle`, `Directory::end_session`),
+/// so the daemon and the replay evict in the same order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionClass {
+    /// Ordered with everyone's pages by retain priority and recency.
+    Normal,
+    /// Evicted before every normal page of its tier: the session is idle and its pages
+    /// are not expected back soon, or a pool takes them when they leave host.
+    Idle,
+    /// The session ended: its pages go first, and the driver forgets the session.
+    Ended,
+}
+
+/// A session's pages change eviction class.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClassChange {
+    pub session_id: String,
+    pub class: SessionClass,
+}
+
 /// Advice for engines (the advice stream) and routers (admin socket, events).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "advice", rename_all = "snake_case")]
@@ -182,16 +207,27 @@ pub enum Advice {
 pub struct Decisions {
     pub moves: Vec<Move>,
     pub advice: Vec<Advice>,
+    /// Sessions whose pages change eviction class, in order (a later change of the same
+    /// session wins).
+    pub classes: Vec<ClassChange>,
 }
 
 impl Decisions {
     pub fn is_empty(&self) -> bool {
-        self.moves.is_empty() && self.advice.is_empty()
+        self.moves.is_empty() && self.advice.is_empty() && self.classes.is_empty()
     }
 
     fn extend(&mut self, other: Decisions) {
         self.moves.extend(other.moves);
         self.advice.extend(other.advice);
+        self.classes.extend(other.classes);
+    }
+
+    fn class(&mut self, session_id: &str, class: SessionClass) {
+        self.classes.push(ClassChange {
+            session_id: session_id.to_owned(),
+            class,
+        });
     }
 }
 
@@ -282,14 +318,10 @@ impl SessionPolicy {
         self.stats
     }
 
-    /// The table index of a live session (what pages carry in the replay).
+    /// The policy's table index of a live session (not the index the daemon's pages
+    /// carry: the manager interns sessions in its own table).
     pub fn index_of(&self, id: &str) -> Option<u32> {
         self.table.index_of(id)
-    }
-
-    /// Whether a session index is paused or acting (its pages go first).
-    pub fn is_idle(&self, idx: u32) -> bool {
-        self.table.is_idle(idx)
     }
 
     /// A live session's phase.
@@ -395,6 +427,19 @@ impl SessionPolicy {
             d.moves.push(Move::Demote { ns, hashes });
         }
         d
+    }
+
+    /// The class an idle (acting or paused) session's pages go in: idle first where
+    /// leaving host is a demotion (a pool takes the pages, and `stage` brings them back
+    /// when the tool ends). Without a pool, leaving host drops them, and an agent waiting
+    /// on a tool usually comes back for its context, so they keep their place by retain
+    /// priority and recency. With the phases signal off they stay in the normal class.
+    fn idle_class(&self, pool: bool) -> SessionClass {
+        if self.cfg.signals.phases && pool {
+            SessionClass::Idle
+        } else {
+            SessionClass::Normal
+        }
     }
 
     /// Stages the session's chain back (its demoted pages come from the pool) and tells

@@ -1,8 +1,8 @@
 //! The five calls its drivers make, and the session ends and pressure steps they lead to.
 
 use super::{
-    Advice, Decisions, ENDED_PRIORITY, Move, Phase, RequestEnd, SHARED_PRIORITY, SessionPolicy, SessionPolicyError,
-    Usage,
+    Advice, Decisions, ENDED_PRIORITY, Move, Phase, RequestEnd, SHARED_PRIORITY, SessionClass, SessionPolicy,
+    SessionPolicyError, Usage,
 };
 use crate::page::{NamespaceId, PageHash};
 use crate::session::Activity;
@@ -59,7 +59,8 @@ impl SessionPolicy {
 
     /// A session changed phase (engine or router). Acting sessions' private pages are
     /// demoted later, by `tick`, under pressure; a session back to reasoning gets its
-    /// demoted pages staged and ready to load.
+    /// demoted pages staged and ready to load. The session's pages change eviction
+    /// class with it (see `idle_class`).
     pub fn phase_changed(
         &mut self,
         session: &str,
@@ -73,6 +74,7 @@ impl SessionPolicy {
             Phase::Reasoning => {
                 let was_paused = self.table.get(idx).is_some_and(|s| s.paused);
                 self.table.set_activity(idx, Activity::Reasoning)?;
+                d.class(session, SessionClass::Normal);
                 if was_paused && let Some(ms) = self.table.resume(idx, self.cfg.pressure.boost_ms)? {
                     self.stats.resumes += 1;
                     self.stats.paused_ms_total += ms;
@@ -88,6 +90,7 @@ impl SessionPolicy {
             }
             Phase::Acting => {
                 let paused_now = self.table.set_activity(idx, Activity::Acting)?;
+                d.class(session, self.idle_class(usage.pool));
                 if paused_now {
                     self.stats.pauses += 1;
                     d.advice.push(Advice::Pause {
@@ -102,6 +105,7 @@ impl SessionPolicy {
                 if !was {
                     self.stats.pauses += 1;
                 }
+                d.class(session, self.idle_class(usage.pool));
                 d.extend(self.demote(idx, usage.pool));
             }
             Phase::Ended => d.extend(self.end(idx)),
@@ -147,8 +151,8 @@ impl SessionPolicy {
     /// reasoning sessions are marked to pause at their next tool boundary.
     pub fn tick(&mut self, usage: Usage) -> Decisions {
         let mut d = Decisions::default();
-        for (idx, _) in self.table.expire_idle() {
-            d.extend(self.forget(idx));
+        for (idx, s) in self.table.expire_idle() {
+            d.extend(self.forget(idx, &s.id));
         }
         let (used, cap) = (usage.used_pages, usage.capacity_pages);
         if cap == 0 {
@@ -186,9 +190,9 @@ impl SessionPolicy {
             Action::Pause { session } => {
                 self.stats.pauses += 1;
                 if let Some(s) = self.table.get(session) {
-                    d.advice.push(Advice::Pause {
-                        session_id: s.id.clone(),
-                    });
+                    let id = s.id.clone();
+                    d.advice.push(Advice::Pause { session_id: id.clone() });
+                    d.class(&id, self.idle_class(pool));
                 }
                 d.extend(self.demote(session, pool));
             }
@@ -207,6 +211,11 @@ impl SessionPolicy {
                         forced,
                         paused_ms,
                     });
+                    // Resumed while still on its tool: its pages stay where they are.
+                    if s.activity == Activity::Reasoning {
+                        let id = s.id.clone();
+                        d.class(&id, SessionClass::Normal);
+                    }
                 }
                 d.extend(self.stage(session, true));
             }
@@ -269,22 +278,35 @@ impl SessionPolicy {
     /// An explicit end.
     fn end(&mut self, idx: u32) -> Decisions {
         let was_paused = self.table.get(idx).is_some_and(|s| s.paused);
-        if let Ok(s) = self.table.end(idx) {
-            // Ending closes an open pause; it counts.
-            if was_paused {
-                self.stats.paused_ms_total += s.pauses_ms.last().copied().unwrap_or(0);
+        match self.table.end(idx) {
+            Ok(s) => {
+                // Ending closes an open pause; it counts.
+                if was_paused {
+                    self.stats.paused_ms_total += s.pauses_ms.last().copied().unwrap_or(0);
+                }
+                self.forget(idx, &s.id)
             }
+            Err(_) => Decisions::default(),
         }
-        self.forget(idx)
     }
 
-    /// A session that ended (explicitly or by idle timeout) is freed: of its chain, pages
-    /// no live session holds lose their priority, and go first when only it used them.
-    fn forget(&mut self, idx: u32) -> Decisions {
+    /// A session that ended (explicitly or by idle timeout) is freed: its pages go in
+    /// the ended class, and of its chain, pages no live session holds lose their
+    /// priority, and go first when only it used them.
+    fn forget(&mut self, idx: u32, id: &str) -> Decisions {
         let mut d = Decisions::default();
         self.lineage.remove(idx);
+        let ended = self.cfg.signals.ended;
+        d.class(
+            id,
+            if ended {
+                SessionClass::Ended
+            } else {
+                SessionClass::Normal
+            },
+        );
         let Some(c) = self.chains.remove(&idx) else { return d };
-        if !self.cfg.signals.ended {
+        if !ended {
             return d;
         }
         let stats = self.lineage.stats(&c.hashes);

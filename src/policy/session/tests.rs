@@ -11,6 +11,13 @@ fn policy(clock: &Arc<SimClock>) -> SessionPolicy {
 
 const NS: NamespaceId = NamespaceId(0);
 
+fn class(id: &str, class: SessionClass) -> ClassChange {
+    ClassChange {
+        session_id: id.into(),
+        class,
+    }
+}
+
 fn usage(used: u64) -> Usage {
     Usage {
         used_pages: used,
@@ -30,7 +37,15 @@ fn an_acting_child_loses_its_private_pages_under_pressure_and_gets_them_back_on_
         .unwrap();
     p.page_stored("child", NS, &child).unwrap();
     let d = p.phase_changed("child", None, Phase::Acting, usage(10)).unwrap();
-    assert!(d.is_empty(), "nothing moves without pressure: {d:?}");
+    assert!(
+        d.moves.is_empty() && d.advice.is_empty(),
+        "nothing moves without pressure: {d:?}"
+    );
+    assert_eq!(
+        d.classes,
+        vec![class("child", SessionClass::Idle)],
+        "a pool takes them: idle first"
+    );
     assert!(p.tick(usage(10)).is_empty());
     // Host in the early band: the child's private pages go to the pool, the prefix stays.
     let d = p.tick(usage(90));
@@ -188,4 +203,53 @@ fn exclusive_tiers_drop_the_host_copy_of_what_was_loaded() {
         }]
     );
     assert!(policy(&SimClock::new()).page_hit(None, NS, &hashes(0..4), 3).is_empty());
+}
+
+#[test]
+fn idle_pages_go_first_only_where_a_pool_takes_them_and_ended_pages_always() {
+    let clock = SimClock::new();
+    let mut p = policy(&clock);
+    let no_pool = Usage {
+        pool: false,
+        ..usage(10)
+    };
+    p.page_stored("a", NS, &hashes(0..4)).unwrap();
+    // No pool: leaving host would drop what the agent's next turn reuses, so its pages
+    // keep their place while it waits on a tool or is paused.
+    let d = p.phase_changed("a", None, Phase::Acting, no_pool).unwrap();
+    assert_eq!(d.classes, vec![class("a", SessionClass::Normal)]);
+    let d = p.phase_changed("a", None, Phase::Paused, no_pool).unwrap();
+    assert_eq!(d.classes, vec![class("a", SessionClass::Normal)]);
+    let d = p.phase_changed("a", None, Phase::Reasoning, no_pool).unwrap();
+    assert_eq!(d.classes, vec![class("a", SessionClass::Normal)]);
+    // With a pool below host, idle pages go first (to the pool).
+    let d = p.phase_changed("a", None, Phase::Acting, usage(10)).unwrap();
+    assert_eq!(d.classes, vec![class("a", SessionClass::Idle)]);
+    let d = p.phase_changed("a", None, Phase::Reasoning, usage(10)).unwrap();
+    assert_eq!(d.classes, vec![class("a", SessionClass::Normal)]);
+    // Ended: first, pool or not.
+    let d = p.phase_changed("a", None, Phase::Ended, no_pool).unwrap();
+    assert_eq!(d.classes, vec![class("a", SessionClass::Ended)]);
+    // An idle timeout ends a session too, with the same class change.
+    p.page_stored("b", NS, &hashes(10..12)).unwrap();
+    clock.advance(SessionPolicyConfig::default().idle_timeout_ms);
+    assert_eq!(p.tick(no_pool).classes, vec![class("b", SessionClass::Ended)]);
+    // With the phases signal off, idle sessions' pages stay in the normal class; with
+    // the ended signal off, so do ended ones'.
+    let mut q = SessionPolicy::new(
+        SessionPolicyConfig {
+            signals: Signals {
+                phases: false,
+                ended: false,
+                ..Signals::ALL
+            },
+            ..SessionPolicyConfig::default()
+        },
+        clock.clone(),
+    )
+    .unwrap();
+    let d = q.phase_changed("c", None, Phase::Acting, usage(10)).unwrap();
+    assert_eq!(d.classes, vec![class("c", SessionClass::Normal)]);
+    let d = q.phase_changed("c", None, Phase::Ended, usage(10)).unwrap();
+    assert_eq!(d.classes, vec![class("c", SessionClass::Normal)]);
 }

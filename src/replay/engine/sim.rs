@@ -54,6 +54,8 @@ pub(super) struct Sim<'a> {
     out: PolicyRun,
     /// Host and pool moves still to log (0: not logging).
     log_left: usize,
+    /// How long staged pages are protected: the daemon's default `stage_protect_ms`.
+    stage_protect_ms: u64,
 }
 
 impl<'a> Sim<'a> {
@@ -112,6 +114,7 @@ impl<'a> Sim<'a> {
                 ..PolicyRun::default()
             },
             log_left: 0,
+            stage_protect_ms: crate::manager::Tunables::default().stage_protect_ms,
         })
     }
 
@@ -140,11 +143,6 @@ impl<'a> Sim<'a> {
         self.sessions.is_some()
     }
 
-    /// Whether idle (acting or paused) sessions' pages go first on the device.
-    fn idle_first(&self) -> bool {
-        self.sessions.as_ref().is_some_and(|p| p.config().signals.phases)
-    }
-
     fn cap(&self, tier: TierKind) -> usize {
         let c = &self.cfg.capacity;
         match tier {
@@ -169,6 +167,9 @@ impl<'a> Sim<'a> {
         while let Some(Reverse((t, ev))) = self.events.pop() {
             self.clock.set(t);
             self.dir.set_now(t);
+            // Staged pages the engine did not load within the TTL lose their protection,
+            // as the daemon's upkeep ends them.
+            self.dir.expire_protection(t);
             match ev {
                 Event::Arrive(i) => {
                     self.arrive(i)?;
@@ -233,9 +234,11 @@ impl<'a> Sim<'a> {
         if let Some(p) = self.sessions.as_mut() {
             let hd = p.page_hit(Some(session_id), self.ns, &r.blocks[d..h], h - d);
             p.page_stored(session_id, self.ns, &r.blocks).map_err(policy_error)?;
-            let idx = p.index_of(session_id).unwrap_or(0);
+            // Pages carry the session as the daemon's do: a small index of its own table
+            // (here the workload's), never 0.
+            let tag = session_tag(r.session);
             for &id in &ids {
-                self.dir.set_session(id, idx);
+                self.dir.set_session(id, tag);
             }
             self.apply(hd);
         }
@@ -315,10 +318,20 @@ impl<'a> Sim<'a> {
                 }
             }
         }
+        for c in d.classes {
+            if let Some(&s) = self.by_id.get(&c.session_id) {
+                self.set_class(session_tag(s), c.class);
+            }
+        }
         for m in d.moves {
             self.apply_move(m);
         }
     }
+}
+
+/// The index pages of workload session `s` carry in the directory.
+fn session_tag(s: usize) -> u32 {
+    u32::try_from(s).map_or(u32::MAX, |s| s.saturating_add(1))
 }
 
 fn policy_error(e: crate::policy::SessionPolicyError) -> ReplayError {

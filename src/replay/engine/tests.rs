@@ -138,3 +138,29 @@ fn costs_follow_the_model() {
     };
     assert!(matches!(bad.validate(), Err(ReplayError::Config(_))));
 }
+
+#[test]
+fn acting_sessions_pages_go_first_only_where_a_pool_takes_them() {
+    // Sessions 0 and 1 wait on tools when session 2's pages overflow device (2) and host
+    // (6). Without a pool nothing says whose pages to drop but recency: session-aware
+    // evicts as exclusive-lru does. With a pool, the acting sessions' pages go first, to
+    // the pool, and come back when their next turns arrive.
+    let w = workload(
+        vec![
+            req(0, 1, &[10, 11]),
+            req(100, 1, &[10, 11, 12]),
+            req(200, 0, &[1, 2]),
+            req(300, 2, &[20, 21, 22, 23, 24]),
+            req(400, 1, &[10, 11, 12, 13]),
+            req(500, 0, &[1, 2]),
+        ],
+        3,
+    );
+    let (sa, _) = hits(&w, &config(2, 6, 0), PolicyKind::SessionAware);
+    let (ex, _) = hits(&w, &config(2, 6, 0), PolicyKind::ExclusiveLru);
+    assert_eq!(sa, ex);
+    assert!(sa[4] < 3, "{sa:?}");
+    let (pooled, run) = hits(&w, &config(2, 6, 16), PolicyKind::SessionAware);
+    assert_eq!((pooled[4], pooled[5]), (3, 2), "{pooled:?}");
+    assert!(run.bytes.host_pool > 0);
+}

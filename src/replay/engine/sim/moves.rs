@@ -3,8 +3,9 @@
 //! carries them out (`manager::policy`).
 
 use super::Sim;
-use crate::directory::PageId;
-use crate::policy::{Move, select_victims};
+use crate::clock::Clock;
+use crate::directory::{EvictClass, PageId};
+use crate::policy::{Move, SessionClass};
 use crate::replay::engine::PolicyKind;
 use crate::tier::TierKind;
 
@@ -60,6 +61,12 @@ impl Sim<'_> {
                         self.dir.set_page(id, TierKind::Host, true);
                         self.out.bytes.pool_host += page_bytes;
                         self.dir.touch(id, false);
+                        // Protected until loaded or the TTL ends, at most half of host
+                        // at once: the daemon's rule for staged pages.
+                        if self.dir.protected_pages() < self.cap(TierKind::Host) / 2 {
+                            let until_ms = self.clock.now_ms() + self.stage_protect_ms;
+                            self.dir.set_class(id, EvictClass::Protected { until_ms });
+                        }
                         self.log_move(id, TierKind::Pool, TierKind::Host);
                     }
                 }
@@ -92,6 +99,16 @@ impl Sim<'_> {
         }
     }
 
+    /// Puts the pages of the session tagged `tag` in `class`, as the daemon's manager
+    /// does with the policy's class changes.
+    pub(super) fn set_class(&mut self, tag: u32, class: SessionClass) {
+        match class {
+            SessionClass::Normal => self.dir.set_session_idle(tag, false),
+            SessionClass::Idle => self.dir.set_session_idle(tag, true),
+            SessionClass::Ended => self.dir.end_session(tag),
+        }
+    }
+
     /// Evicts `tier` down to its capacity minus a small slack.
     pub(super) fn evict(&mut self, tier: TierKind) {
         let cap = self.cap(tier);
@@ -100,11 +117,9 @@ impl Sim<'_> {
             return;
         }
         let n = used - cap + cap / EVICT_SLACK_DIVISOR;
-        let cands = self.dir.eviction_candidates(tier);
-        let victims = match (&self.sessions, tier) {
-            (Some(p), TierKind::Device) if self.idle_first() => select_victims(cands, n, |s| p.is_idle(s)),
-            _ => select_victims(cands, n, |_| false),
-        };
+        // The directory's own order, the one the daemon's eviction and device advice
+        // follow: the idle and ended classes first, then retain priority, then recency.
+        let victims = self.dir.victims(tier, n, |_| false);
         let mut spilled = false;
         for id in victims {
             let colder = tier.colder().filter(|&c| self.cap(c) > 0);
