@@ -255,6 +255,13 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     // behind the bench's back. The bench measures the copy paths alone.
     cfg.tunables.stage_protect_ms = 0;
     cfg.policy = None;
+    // A directory sized to what the arena and the pool can hold (with room for the pages
+    // every round leaves behind), as a daemon's is (`max_pages`). Sized for the default
+    // millions of pages, each store's new pages land
+    // on never-touched memory of the lookup view's index (one first-touch page fault per
+    // page, under the directory lock, until the whole index is resident): a start-up
+    // cost charged to the subject alone, which at 64 KiB was a third of device->host.
+    cfg.max_pages = 16 * (pages + 8);
     let workers = cfg.transfer_threads;
     let m = Manager::new(cfg, SystemClock::new())?;
     let ns = m.register_namespace(Namespace::model(format!("bench-{object_kib}k")), layout.clone())?;
