@@ -223,6 +223,9 @@ impl Drop for TransferEngine {
     }
 }
 
+/// What ends a shared batch, given every item's result.
+type Finish = Box<dyn FnOnce(Vec<bool>) + Send>;
+
 /// A batch that several workers share item by item (see [`TransferEngine::submit_shared`]).
 struct SharedBatch {
     /// The next item not yet taken.
@@ -231,7 +234,7 @@ struct SharedBatch {
     left: AtomicUsize,
     ok: Vec<AtomicBool>,
     item: Box<dyn Fn(usize) -> bool + Send + Sync>,
-    finish: Mutex<Option<Box<dyn FnOnce(Vec<bool>) + Send>>>,
+    finish: Mutex<Option<Finish>>,
 }
 
 impl SharedBatch {
@@ -531,7 +534,7 @@ mod tests {
             move |_| drop(d),
             Duration::from_millis(10),
         );
-        let job = back.err().expect("a full queue hands the owning job back");
+        let job = back.expect_err("a full queue hands the owning job back");
         assert_eq!(dropped.load(Ordering::SeqCst), 0, "held by the handed-back job");
         drop(job);
         assert_eq!(dropped.load(Ordering::SeqCst), 1, "dropped with the job, unrun");

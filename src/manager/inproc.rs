@@ -214,7 +214,7 @@ impl Manager {
 }
 
 /// Bytes a grant's pages move: the sum of their objects' sizes.
-fn grant_bytes<'a, I: IntoIterator<Item = (usize, SlotId)>>(layout: &Layout, pages: impl Iterator<Item = I>) -> u64 {
+fn grant_bytes<I: IntoIterator<Item = (usize, SlotId)>>(layout: &Layout, pages: impl Iterator<Item = I>) -> u64 {
     pages
         .flat_map(|p| p.into_iter())
         .map(|(o, _)| layout.object_bytes(o))
