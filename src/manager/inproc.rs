@@ -294,3 +294,86 @@ impl Drop for GrantGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SimClock;
+    use crate::layout::LayoutSpec;
+    use crate::manager::ManagerConfig;
+    use crate::page::Namespace;
+    use crate::tier::device::{DeviceError, EmulatedDevice};
+
+    /// An emulated device whose host→device copies into one page fail.
+    struct FailsAt(Arc<EmulatedDevice>, u32);
+
+    impl DeviceRegion for FailsAt {
+        fn kind(&self) -> &'static str {
+            "fails-at"
+        }
+        fn pages(&self) -> u32 {
+            self.0.pages()
+        }
+        fn object_bytes(&self) -> usize {
+            self.0.object_bytes()
+        }
+        fn copy_to_host(&self, batch: &mut [ObjectCopy<&mut [u8]>]) -> Result<(), DeviceError> {
+            self.0.copy_to_host(batch)
+        }
+        fn copy_from_host(&self, batch: &[ObjectCopy<&[u8]>]) -> Result<(), DeviceError> {
+            if batch.iter().any(|c| c.slot == self.1) {
+                return Err(DeviceError::Copy("injected".into()));
+            }
+            self.0.copy_from_host(batch)
+        }
+    }
+
+    /// A batch big enough that every worker shares it (48 pages of two 64 KiB objects is
+    /// 6 MiB): every page arrives with its own bytes both ways, and a load that fails
+    /// part-way counts exactly the leading pages, as when one worker copied them in order.
+    #[test]
+    fn a_shared_batch_moves_every_page_by_content_and_loads_count_the_leading_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = LayoutSpec::mha(4, 1, 512, 2, 16).build().unwrap();
+        assert_eq!(layout.object_bytes(0), 64 << 10);
+        let (pages, page) = (48u32, layout.page_bytes());
+        let mut cfg = ManagerConfig::in_dir(dir.path(), (pages as u64 + 4) * page, None);
+        cfg.arena.lock = false;
+        cfg.transfer_threads = 3;
+        cfg.max_pages = 4096;
+        let m = Manager::new(cfg, SimClock::new()).unwrap();
+        assert_eq!(m.inner.xfer.runners(pages as u64 * page), 3, "the batch is shared");
+        let ns = m.register_namespace(Namespace::model("split"), layout.clone()).unwrap();
+        let dev = Arc::new(EmulatedDevice::new(&layout, 0, 2 * pages));
+        m.attach_device(ns, 0, 0, dev.clone()).unwrap();
+        for s in 0..pages {
+            dev.fill_page(s, 1000 + s as u64).unwrap();
+        }
+        let hs: Vec<PageHash> = (0..pages as u64).map(PageHash::from_u64).collect();
+        let from: Vec<u32> = (0..pages).collect();
+        let wait = Duration::from_secs(30);
+        let r = m.wait(m.store(ns, 0, 0, &hs, &from, 0).unwrap(), wait).unwrap();
+        assert_eq!((r.pages, r.failed, r.error), (pages as usize, 0, None));
+        // Back into other device pages, reversed, so no page lands where it came from.
+        let to: Vec<u32> = (0..pages).rev().map(|s| pages + s).collect();
+        let r = m
+            .wait(m.load(ns, 0, 0, &hs, &to, LoadWait::BestEffort).unwrap(), wait)
+            .unwrap();
+        assert_eq!((r.pages, r.failed), (pages as usize, 0));
+        for (i, &s) in to.iter().enumerate() {
+            assert!(
+                dev.page_matches(s, 1000 + i as u64).unwrap(),
+                "page {i} in device page {s}"
+            );
+        }
+        // The 21st page's copy fails: 20 leading pages are loaded, whatever the order
+        // in which the workers ended the others.
+        m.attach_device(ns, 0, 0, Arc::new(FailsAt(dev.clone(), to[20])))
+            .unwrap();
+        let r = m
+            .wait(m.load(ns, 0, 0, &hs, &to, LoadWait::BestEffort).unwrap(), wait)
+            .unwrap();
+        assert_eq!((r.pages, r.failed), (20, pages as usize - 20));
+        assert_eq!(m.open_grants(), 0);
+    }
+}
