@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -146,6 +146,63 @@ impl TransferEngine {
         }
     }
 
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// How many workers should share one batch of `bytes`: every worker, as long as each
+    /// gets at least [`MIN_SHARE_BYTES`]. A batch copied on one worker leaves the others
+    /// idle, and the batches a caller submits one after another start one caller's
+    /// call apart; sharing each batch lets every worker start on the first one.
+    pub fn runners(&self, bytes: u64) -> usize {
+        runners(self.threads(), bytes)
+    }
+
+    /// Queues a batch of `n` items that up to `runners` workers share: one job that owns
+    /// the batch (waiting up to `timeout` for queue room) and `runners - 1` helpers, each
+    /// queued only if there is room right away. Every worker that runs one of them takes
+    /// the next item not yet taken, so the batch needs no even split and a helper that
+    /// starts late (or is refused) only means the others take more. `item(i)` runs once
+    /// per item and says whether it succeeded; `finish` runs once, on the worker that
+    /// ends the last item, with every item's result in order.
+    ///
+    /// When the owning job cannot be queued it is handed back; dropping it (with no helper
+    /// queued, none is) drops `finish` unrun, so a guard it holds settles the work. The
+    /// same happens when an item panics: the batch never ends, and `finish` is dropped
+    /// with the last job that holds the batch.
+    pub fn submit_shared(
+        &self,
+        n: usize,
+        runners: usize,
+        item: impl Fn(usize) -> bool + Send + Sync + 'static,
+        finish: impl FnOnce(Vec<bool>) + Send + 'static,
+        timeout: Duration,
+    ) -> Result<(), Job> {
+        let batch = Arc::new(SharedBatch {
+            next: AtomicUsize::new(0),
+            left: AtomicUsize::new(n),
+            ok: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            item: Box::new(item),
+            finish: Mutex::new(Some(Box::new(finish))),
+        });
+        // Helpers hold the batch weakly: the owning job alone keeps it alive until it
+        // runs, so a batch whose owner is dropped unrun is dropped with it.
+        let helpers: Vec<_> = (1..runners.min(n)).map(|_| Arc::downgrade(&batch)).collect();
+        self.submit_timeout(Box::new(move || batch.run()), timeout)?;
+        for weak in helpers {
+            let helper: Job = Box::new(move || {
+                if let Some(batch) = weak.upgrade() {
+                    batch.run();
+                }
+            });
+            if self.try_submit(helper).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Jobs waiting for a worker.
     pub fn queued(&self) -> usize {
         self.queued.len()
@@ -164,6 +221,58 @@ impl Drop for TransferEngine {
             let _ = w.join();
         }
     }
+}
+
+/// What ends a shared batch, given every item's result.
+type Finish = Box<dyn FnOnce(Vec<bool>) + Send>;
+
+/// A batch that several workers share item by item (see [`TransferEngine::submit_shared`]).
+struct SharedBatch {
+    /// The next item not yet taken.
+    next: AtomicUsize,
+    /// Items not yet ended; whoever ends the last runs `finish`.
+    left: AtomicUsize,
+    ok: Vec<AtomicBool>,
+    item: Box<dyn Fn(usize) -> bool + Send + Sync>,
+    finish: Mutex<Option<Finish>>,
+}
+
+impl SharedBatch {
+    fn run(&self) {
+        if self.ok.is_empty() {
+            self.finish();
+            return;
+        }
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(ok) = self.ok.get(i) else { return };
+            ok.store((self.item)(i), Ordering::Relaxed);
+            // Release publishes this item's result (and its copy) to whoever ends the
+            // batch; that one's acquire sees every item's.
+            if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                self.finish();
+                return;
+            }
+        }
+    }
+
+    fn finish(&self) {
+        let finish = self.finish.lock().take();
+        if let Some(f) = finish {
+            f(self.ok.iter().map(|b| b.load(Ordering::Relaxed)).collect());
+        }
+    }
+}
+
+/// Least bytes worth waking another worker for: below this, the wake-up of a parked
+/// thread (tens of microseconds on a busy or virtual machine) costs more than the share
+/// of the copy it would take.
+pub const MIN_SHARE_BYTES: u64 = 1 << 20;
+
+/// Workers that share a batch of `bytes` on an engine of `threads` workers (at least one).
+pub fn runners(threads: usize, bytes: u64) -> usize {
+    let most = usize::try_from(bytes / MIN_SHARE_BYTES).unwrap_or(usize::MAX);
+    threads.min(most).max(1)
 }
 
 /// Identifies one asynchronous operation.
@@ -337,6 +446,125 @@ mod tests {
         assert!(engine.wait_idle(Duration::from_secs(10)));
         assert_eq!(ran.load(Ordering::SeqCst), 3, "idle only after every job ran");
         assert!(engine.idle());
+    }
+
+    /// Sets its flag when dropped: shows that a `finish` closure was dropped unrun.
+    struct Dropped(Arc<AtomicUsize>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Waits for `finish`'s report: the results it was given.
+    fn shared_run(
+        engine: &TransferEngine,
+        n: usize,
+        runners: usize,
+        item: impl Fn(usize) -> bool + Send + Sync + 'static,
+    ) -> Vec<bool> {
+        let (tx, rx) = bounded(1);
+        let finish = move |ok: Vec<bool>| tx.send(ok).unwrap();
+        assert!(
+            engine
+                .submit_shared(n, runners, item, finish, Duration::from_secs(5))
+                .is_ok()
+        );
+        rx.recv_timeout(Duration::from_secs(10)).unwrap()
+    }
+
+    #[test]
+    fn a_shared_batch_runs_every_item_once_on_several_workers_and_finishes_once() {
+        let engine = TransferEngine::new(3, 16);
+        for (n, runners) in [(1, 3), (2, 3), (97, 3), (97, 1), (5, 8)] {
+            let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
+            let threads = Arc::new(Mutex::new(std::collections::HashSet::new()));
+            let (r, th) = (runs.clone(), threads.clone());
+            let ok = shared_run(&engine, n, runners, move |i| {
+                r[i].fetch_add(1, Ordering::SeqCst);
+                th.lock().insert(std::thread::current().id());
+                // Let the other runners start while this one is busy.
+                std::thread::sleep(Duration::from_millis(1));
+                i % 7 != 3
+            });
+            let want: Vec<bool> = (0..n).map(|i| i % 7 != 3).collect();
+            assert_eq!(ok, want, "n {n}: results in item order");
+            assert!(
+                runs.iter().all(|c| c.load(Ordering::SeqCst) == 1),
+                "n {n}: each item once"
+            );
+            let used = threads.lock().len();
+            assert!(
+                used <= runners.min(n).min(3),
+                "n {n}: {used} threads for {runners} runners"
+            );
+            if n == 97 {
+                // 97 ms of items: every runner queued gets its share.
+                assert_eq!(used, runners, "n {n}: {runners} runners");
+            }
+        }
+        assert!(engine.wait_idle(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn an_empty_shared_batch_still_finishes() {
+        let engine = TransferEngine::new(2, 4);
+        assert_eq!(shared_run(&engine, 0, 2, |_| unreachable!()), Vec::<bool>::new());
+    }
+
+    #[test]
+    fn a_shared_batch_that_cannot_be_queued_drops_its_finish_unrun() {
+        let engine = TransferEngine::new(1, 1);
+        let gate = Gate::default();
+        let g = gate.clone();
+        // The only worker is busy and the one queue slot taken.
+        assert!(engine.try_submit(Box::new(move || g.wait())).is_ok());
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(engine.try_submit(Box::new(|| {})).is_ok());
+        let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (r, d) = (ran.clone(), Dropped(dropped.clone()));
+        let back = engine.submit_shared(
+            4,
+            2,
+            move |_| {
+                r.fetch_add(1, Ordering::SeqCst);
+                true
+            },
+            move |_| drop(d),
+            Duration::from_millis(10),
+        );
+        let job = back.expect_err("a full queue hands the owning job back");
+        assert_eq!(dropped.load(Ordering::SeqCst), 0, "held by the handed-back job");
+        drop(job);
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "dropped with the job, unrun");
+        gate.open();
+        assert!(engine.wait_idle(Duration::from_secs(10)));
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "no item ran");
+    }
+
+    #[test]
+    fn a_panicking_item_drops_finish_unrun_once_every_runner_is_done() {
+        let engine = TransferEngine::new(2, 8);
+        let (finished, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (f, d) = (finished.clone(), Dropped(dropped.clone()));
+        let submitted = engine.submit_shared(
+            6,
+            2,
+            |i| {
+                assert_ne!(i, 2, "item 2 fails hard");
+                true
+            },
+            move |_| {
+                let _d = d;
+                f.fetch_add(1, Ordering::SeqCst);
+            },
+            Duration::from_secs(5),
+        );
+        assert!(submitted.is_ok());
+        assert!(engine.wait_idle(Duration::from_secs(10)));
+        assert_eq!(finished.load(Ordering::SeqCst), 0, "the batch never ended");
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "its finish was dropped");
     }
 
     #[test]

@@ -10,6 +10,15 @@
 //! parked copier threads to hearing the last is done, so both pay the same wake-ups. The
 //! ratio is the median of the per-slice ratios against that same-thread-count memcpy; the
 //! single-thread memcpy (the prefetch path's reference) is reported beside it.
+//!
+//! Stores and loads share each batch among the workers (`TransferEngine::runners`), so
+//! their thread count is the workers' even for one batch per slice. The manager's
+//! directory is sized to what the arena and the pool hold, as a daemon's `max_pages` is:
+//! with the default of millions of pages, every new page's slot in the lookup index
+//! lies on memory nobody has touched yet, and its first-touch page fault under the
+//! directory lock was a start-up cost the reference never pays (a third of
+//! device->host's time at 64 KiB, and a swing from run to run with how fast the kernel
+//! hands out fresh pages).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -255,6 +264,13 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     // behind the bench's back. The bench measures the copy paths alone.
     cfg.tunables.stage_protect_ms = 0;
     cfg.policy = None;
+    // A directory sized to what the arena and the pool can hold (with room for the pages
+    // every round leaves behind), as a daemon's is (`max_pages`). Sized for the default
+    // millions of pages, each store's new pages land
+    // on never-touched memory of the lookup view's index (one first-touch page fault per
+    // page, under the directory lock, until the whole index is resident): a start-up
+    // cost charged to the subject alone, which at 64 KiB was a third of device->host.
+    cfg.max_pages = 16 * (pages + 8);
     let workers = cfg.transfer_threads;
     let m = Manager::new(cfg, SystemClock::new())?;
     let ns = m.register_namespace(Namespace::model(format!("bench-{object_kib}k")), layout.clone())?;
@@ -273,11 +289,19 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
         .max(args.batch * workers)
         .next_multiple_of(args.batch)
         .min(pages);
-    // Where each path copies: stores, loads and shares run on the transfer workers, one
-    // job per batch; a prefetch of one batch stages on the calling thread.
-    let on_workers = |n: usize| workers.min(n.div_ceil(args.batch)).max(1);
-    let threads = [on_workers(slice), on_workers(slice), on_workers(slice), 1];
-    let on = |n: usize| Threads::Workers(on_workers(n));
+    // Where each path copies: stores and loads run on the transfer workers, each batch
+    // shared by as many as its bytes are worth (`TransferEngine::runners`); shares run
+    // one job per batch; a prefetch of one batch stages on the calling thread.
+    let shared = |n: usize| {
+        let per_batch = crate::transfer::runners(workers, args.batch.min(n) as u64 * page);
+        workers.min(n.div_ceil(args.batch) * per_batch).max(1)
+    };
+    let per_batch = |n: usize| workers.min(n.div_ceil(args.batch)).max(1);
+    let threads = [shared(slice), shared(slice), per_batch(slice), 1];
+    let (on_shared, on) = (
+        |n: usize| Threads::Workers(shared(n)),
+        |n: usize| Threads::Workers(per_batch(n)),
+    );
     // The reference's buffers: page-aligned and touched before timing, as the arena,
     // the pool and the device region are, and as large as what the path moves: slice k's
     // reference copies the k-th slice of them, bytes last touched a round ago, as the
@@ -312,7 +336,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             };
             for (at, hs, ss) in slices() {
                 // Device → host.
-                measured(&mut t[0], at, hs.len(), on(hs.len()), &mut || {
+                measured(&mut t[0], at, hs.len(), on_shared(hs.len()), &mut || {
                     let tickets: Vec<_> = hs
                         .chunks(args.batch)
                         .zip(ss.chunks(args.batch))
@@ -327,7 +351,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             }
             for (at, hs, ss) in slices() {
                 // Host → device.
-                measured(&mut t[1], at, hs.len(), on(hs.len()), &mut || {
+                measured(&mut t[1], at, hs.len(), on_shared(hs.len()), &mut || {
                     let tickets: Vec<_> = hs
                         .chunks(args.batch)
                         .zip(ss.chunks(args.batch))

@@ -26,24 +26,36 @@ impl Manager {
     ) -> Result<Ticket, ManagerError> {
         let (device, layout, ticket) = self.prepare(ns, tp_rank, pp_rank, hashes, device_slots)?;
         let grant = self.settle_on_error(ticket, self.begin_store(ns, tp_rank, pp_rank, hashes, session, 0))?;
-        let mut guard = GrantGuard::new(self.clone(), grant.id, ticket);
+        let guard = GrantGuard::new(self.clone(), grant.id, ticket);
         let slots = device_slots.to_vec();
-        let job = move || {
-            let m = guard.m.clone();
-            let arena = m.arena().expect("a grant implies an arena");
-            let mut written = vec![false; grant.pages.len()];
-            let mut failed = 0;
-            for (i, page) in grant.pages.iter().enumerate() {
-                if page.status != StoreStatus::Write {
-                    failed += usize::from(page.status == StoreStatus::NoSpace);
-                    continue;
-                }
-                let t = std::time::Instant::now();
-                written[i] = copy_page(&layout, &*device, &arena, slots[i], &page.objects, true).is_ok();
-                m.inner.stats.copied(TierKind::Device, TierKind::Host, t.elapsed());
-                failed += usize::from(!written[i]);
+        let bytes = grant_bytes(&layout, grant.pages.iter().map(|p| p.objects.iter().copied()));
+        let n = grant.pages.len();
+        let grant = Arc::new(grant);
+        let (m, g) = (self.clone(), grant.clone());
+        let arena = self.arena();
+        // Each page is copied by whichever worker takes it; the worker that ends the
+        // last page commits the grant.
+        let item = move |i: usize| {
+            let (Some(page), Some(arena)) = (g.pages.get(i), arena.as_ref()) else {
+                return false;
+            };
+            if page.status != StoreStatus::Write {
+                return false;
             }
-            let result = match m.commit_store(grant.id, &written) {
+            let t = std::time::Instant::now();
+            let ok = copy_page(&layout, &*device, arena, slots[i], &page.objects, true).is_ok();
+            m.inner.stats.copied(TierKind::Device, TierKind::Host, t.elapsed());
+            ok
+        };
+        let finish = move |written: Vec<bool>| {
+            let mut guard = guard;
+            let failed = grant
+                .pages
+                .iter()
+                .zip(&written)
+                .filter(|&(p, &w)| p.status == StoreStatus::NoSpace || (p.status == StoreStatus::Write && !w))
+                .count();
+            let result = match guard.m.commit_store(grant.id, &written) {
                 Ok(n) => OpResult {
                     pages: n + grant
                         .pages
@@ -61,7 +73,7 @@ impl Manager {
             };
             guard.done(result);
         };
-        self.submit(Box::new(job), ticket)
+        self.submit_batch(ticket, n, bytes, item, finish)
     }
 
     /// In process: loads the leading host pages of `hashes` into an attached rank's device
@@ -77,23 +89,35 @@ impl Manager {
     ) -> Result<Ticket, ManagerError> {
         let (device, layout, ticket) = self.prepare(ns, tp_rank, pp_rank, hashes, device_slots)?;
         let grant = self.settle_on_error(ticket, self.begin_load(ns, tp_rank, pp_rank, hashes, wait, 0))?;
-        let mut guard = GrantGuard::new(self.clone(), grant.id, ticket);
+        let guard = GrantGuard::new(self.clone(), grant.id, ticket);
         let slots = device_slots.to_vec();
         let total = hashes.len();
-        let job = move || {
-            let m = guard.m.clone();
-            let arena = m.arena().expect("a grant implies an arena");
-            let mut loaded = 0;
-            for (i, page) in grant.pages.iter().enumerate() {
-                let objs: Vec<(usize, SlotId)> = page.objects.iter().map(|&(o, s, _)| (o, s)).collect();
-                let t = std::time::Instant::now();
-                if copy_page(&layout, &*device, &arena, slots[i], &objs, false).is_err() {
-                    break;
-                }
+        let n = grant.pages.len();
+        let bytes = grant_bytes(
+            &layout,
+            grant.pages.iter().map(|p| p.objects.iter().map(|&(o, s, _)| (o, s))),
+        );
+        let (m, grant) = (self.clone(), Arc::new(grant));
+        let (g, id) = (grant.clone(), grant.id);
+        let arena = self.arena();
+        let item = move |i: usize| {
+            let (Some(page), Some(arena)) = (g.pages.get(i), arena.as_ref()) else {
+                return false;
+            };
+            let objs: Vec<(usize, SlotId)> = page.objects.iter().map(|&(o, s, _)| (o, s)).collect();
+            let t = std::time::Instant::now();
+            let ok = copy_page(&layout, &*device, arena, slots[i], &objs, false).is_ok();
+            if ok {
                 m.inner.stats.copied(TierKind::Host, TierKind::Device, t.elapsed());
-                loaded += 1;
             }
-            let result = match m.finish_load(grant.id, loaded) {
+            ok
+        };
+        // Only the leading pages that all arrived count as loaded, as when one worker
+        // copied them in order and stopped at the first failure.
+        let finish = move |ok: Vec<bool>| {
+            let mut guard = guard;
+            let loaded = ok.iter().take_while(|&&b| b).count();
+            let result = match guard.m.finish_load(id, loaded) {
                 Ok(n) => OpResult {
                     pages: n,
                     failed: total - n,
@@ -107,7 +131,7 @@ impl Manager {
             };
             guard.done(result);
         };
-        self.submit(Box::new(job), ticket)
+        self.submit_batch(ticket, n, bytes, item, finish)
     }
 
     /// What an in-process store or load needs before its grant: matching lengths, the
@@ -160,19 +184,41 @@ impl Manager {
             .ok_or(ManagerError::NoDevice { ns: ns.0, tp, pp })
     }
 
-    fn submit(&self, job: crate::transfer::Job, ticket: Ticket) -> Result<Ticket, ManagerError> {
+    /// Queues a grant's pages as one batch that the transfer workers share (as many as
+    /// its bytes are worth, see `TransferEngine::runners`).
+    fn submit_batch(
+        &self,
+        ticket: Ticket,
+        n: usize,
+        bytes: u64,
+        item: impl Fn(usize) -> bool + Send + Sync + 'static,
+        finish: impl FnOnce(Vec<bool>) + Send + 'static,
+    ) -> Result<Ticket, ManagerError> {
+        let runners = self.inner.xfer.runners(bytes);
         // Engine operations wait a bounded time for queue room rather than fail at once.
-        match self.inner.xfer.submit_timeout(job, Duration::from_secs(5)) {
+        match self
+            .inner
+            .xfer
+            .submit_shared(n, runners, item, finish, Duration::from_secs(5))
+        {
             Ok(()) => Ok(ticket),
             Err(job) => {
-                // Dropping the unrun job drops its guard, which aborts the grant and settles
-                // the ticket; collect that so nothing is left outstanding.
+                // Dropping the unrun job drops the batch and its guard, which aborts the
+                // grant and settles the ticket; collect that so nothing is left outstanding.
                 drop(job);
                 let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
                 Err(ManagerError::Busy)
             }
         }
     }
+}
+
+/// Bytes a grant's pages move: the sum of their objects' sizes.
+fn grant_bytes<I: IntoIterator<Item = (usize, SlotId)>>(layout: &Layout, pages: impl Iterator<Item = I>) -> u64 {
+    pages
+        .flat_map(|p| p.into_iter())
+        .map(|(o, _)| layout.object_bytes(o))
+        .sum()
 }
 
 /// Copies one page's objects between a device page and host slots.
@@ -246,5 +292,88 @@ impl Drop for GrantGuard {
                 },
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SimClock;
+    use crate::layout::LayoutSpec;
+    use crate::manager::ManagerConfig;
+    use crate::page::Namespace;
+    use crate::tier::device::{DeviceError, EmulatedDevice};
+
+    /// An emulated device whose host→device copies into one page fail.
+    struct FailsAt(Arc<EmulatedDevice>, u32);
+
+    impl DeviceRegion for FailsAt {
+        fn kind(&self) -> &'static str {
+            "fails-at"
+        }
+        fn pages(&self) -> u32 {
+            self.0.pages()
+        }
+        fn object_bytes(&self) -> usize {
+            self.0.object_bytes()
+        }
+        fn copy_to_host(&self, batch: &mut [ObjectCopy<&mut [u8]>]) -> Result<(), DeviceError> {
+            self.0.copy_to_host(batch)
+        }
+        fn copy_from_host(&self, batch: &[ObjectCopy<&[u8]>]) -> Result<(), DeviceError> {
+            if batch.iter().any(|c| c.slot == self.1) {
+                return Err(DeviceError::Copy("injected".into()));
+            }
+            self.0.copy_from_host(batch)
+        }
+    }
+
+    /// A batch big enough that every worker shares it (48 pages of two 64 KiB objects is
+    /// 6 MiB): every page arrives with its own bytes both ways, and a load that fails
+    /// part-way counts exactly the leading pages, as when one worker copied them in order.
+    #[test]
+    fn a_shared_batch_moves_every_page_by_content_and_loads_count_the_leading_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = LayoutSpec::mha(4, 1, 512, 2, 16).build().unwrap();
+        assert_eq!(layout.object_bytes(0), 64 << 10);
+        let (pages, page) = (48u32, layout.page_bytes());
+        let mut cfg = ManagerConfig::in_dir(dir.path(), (pages as u64 + 4) * page, None);
+        cfg.arena.lock = false;
+        cfg.transfer_threads = 3;
+        cfg.max_pages = 4096;
+        let m = Manager::new(cfg, SimClock::new()).unwrap();
+        assert_eq!(m.inner.xfer.runners(pages as u64 * page), 3, "the batch is shared");
+        let ns = m.register_namespace(Namespace::model("split"), layout.clone()).unwrap();
+        let dev = Arc::new(EmulatedDevice::new(&layout, 0, 2 * pages));
+        m.attach_device(ns, 0, 0, dev.clone()).unwrap();
+        for s in 0..pages {
+            dev.fill_page(s, 1000 + s as u64).unwrap();
+        }
+        let hs: Vec<PageHash> = (0..pages as u64).map(PageHash::from_u64).collect();
+        let from: Vec<u32> = (0..pages).collect();
+        let wait = Duration::from_secs(30);
+        let r = m.wait(m.store(ns, 0, 0, &hs, &from, 0).unwrap(), wait).unwrap();
+        assert_eq!((r.pages, r.failed, r.error), (pages as usize, 0, None));
+        // Back into other device pages, reversed, so no page lands where it came from.
+        let to: Vec<u32> = (0..pages).rev().map(|s| pages + s).collect();
+        let r = m
+            .wait(m.load(ns, 0, 0, &hs, &to, LoadWait::BestEffort).unwrap(), wait)
+            .unwrap();
+        assert_eq!((r.pages, r.failed), (pages as usize, 0));
+        for (i, &s) in to.iter().enumerate() {
+            assert!(
+                dev.page_matches(s, 1000 + i as u64).unwrap(),
+                "page {i} in device page {s}"
+            );
+        }
+        // The 21st page's copy fails: 20 leading pages are loaded, whatever the order
+        // in which the workers ended the others.
+        m.attach_device(ns, 0, 0, Arc::new(FailsAt(dev.clone(), to[20])))
+            .unwrap();
+        let r = m
+            .wait(m.load(ns, 0, 0, &hs, &to, LoadWait::BestEffort).unwrap(), wait)
+            .unwrap();
+        assert_eq!((r.pages, r.failed), (20, pages as usize - 20));
+        assert_eq!(m.open_grants(), 0);
     }
 }
