@@ -19,7 +19,7 @@
 //! (`max_pages = 65536`, as an operator sizes it), and a few uncounted warm-up rounds
 //! let its lookup view's pages become resident, as they are in a daemon that has served
 //! for a while. Without them each new page's record and index slot is a page fault, and
-//! on the shared development VM those faults, not the lookup, were a quarter of the row.
+//! on the shared development VM those faults, not the lookup, were a fifth of the row.
 //!
 //! Beside the two figures the row breaks the subject's time down, from the daemon's own
 //! counters read between rounds (`GET /v1/status`): `daemon_exists_p50_us` is its
