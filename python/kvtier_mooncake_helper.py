@@ -18,6 +18,7 @@ wheel's Python client timing its own batch calls over the same registered region
 """
 
 import argparse
+import array
 import ctypes
 import json
 import mmap
@@ -163,19 +164,28 @@ def parse_items(body, regions):
 
 
 def parse_keys(body, at):
-    """A key list: u32 count, then the keys joined by NUL (keys never hold one). One decode
-    and one split, where a loop over length-prefixed keys cost most of an existence
-    query's time in the helper (`bench pool`'s remote_lookup row)."""
+    """A key list: u32 count, then the keys joined by NUL (keys never hold one).
+
+    The keys stay `bytes`: the wheel's pybind signature takes `std::string`, which accepts
+    bytes as they are, so no key is decoded into a `str` only to be encoded again. One
+    split, where a loop over length-prefixed keys had cost most of an existence query's
+    time in the helper (`bench pool`'s remote_lookup row)."""
     (n,) = struct.unpack_from("<I", body, at)
     if n == 0:
         return []
-    keys = body[at + 4 :].decode().split("\0")
+    keys = body[at + 4 :].split(b"\0")
     if len(keys) != n:
         raise ValueError(f"key list says {n} keys, holds {len(keys)}")
     return keys
 
 
+# `array("q")` writes i64 in the machine's order; the protocol is little-endian.
+_NATIVE_LE = sys.byteorder == "little"
+
+
 def results(codes):
+    if _NATIVE_LE:
+        return struct.pack("<I", len(codes)) + array.array("q", codes).tobytes()
     return struct.pack(f"<I{len(codes)}q", len(codes), *codes)
 
 
@@ -205,27 +215,38 @@ def raw_bench(store, regions, spec):
     return {"seconds": time.perf_counter() - t, "failed": failed}
 
 
-def serve(conn, state, regions):
-    def read_exact(n):
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = conn.recv(n - len(buf))
-            if not chunk:
-                return None
-            buf += chunk
-        return bytes(buf)
+def frames(conn):
+    """Yields `(request id, op, body)` per request frame, until the socket closes.
 
+    Reads whatever the socket holds (the daemon writes a frame's head and body in one
+    write), so a request usually costs one `recv`, not one for the head and one for the
+    body: each wake-up of this process is on the path of a lookup's existence query.
+    Bytes past a whole frame stay for the next one.
+    """
+    pending = bytearray()
     while True:
-        head = read_exact(HEAD.size)
-        if head is None:
-            return
-        length, rid, op = HEAD.unpack(head)
+        while len(pending) < HEAD.size:
+            chunk = conn.recv(1 << 16)
+            if not chunk:
+                return
+            pending += chunk
+        length, rid, op = HEAD.unpack_from(pending)
         if length < 9 or length > MAX_FRAME:
             log(f"bad frame length {length}; closing")
             return
-        body = read_exact(length - 9)
-        if body is None:
-            return
+        total = 4 + length
+        while len(pending) < total:
+            chunk = conn.recv(max(1 << 16, total - len(pending)))
+            if not chunk:
+                return
+            pending += chunk
+        body = bytes(pending[HEAD.size : total])
+        del pending[:total]
+        yield rid, op, body
+
+
+def serve(conn, state, regions):
+    for rid, op, body in frames(conn):
         status, out = handle(op, body, state, regions)
         conn.sendall(HEAD.pack(len(out) + 9, rid, status) + out)
 
@@ -249,7 +270,14 @@ def handle(op, body, state, regions):
             return ST_OK, results(store.batch_is_exist(parse_keys(body, 0)))
         if op == OP_REMOVE:
             force = body[0] != 0
-            return ST_OK, results([store.remove(k, force) for k in parse_keys(body, 1)])
+            keys = parse_keys(body, 1)
+            # One request to the master for the whole list (same codes as `remove`): one
+            # `remove` per key was a round trip each, and 1,024 of them on a loaded
+            # machine outlasted the op timeout and degraded the pool.
+            batch_remove = getattr(store, "batch_remove", None)
+            if batch_remove is not None:
+                return ST_OK, results(batch_remove(keys, force))
+            return ST_OK, results([store.remove(k, force) for k in keys])
         if op == OP_RAW_BENCH:
             return ST_OK, json.dumps(raw_bench(store, regions, json.loads(body))).encode()
         return ST_BAD, f"unknown op {op}".encode()
