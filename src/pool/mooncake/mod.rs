@@ -21,6 +21,7 @@ pub mod cabi;
 pub mod codes;
 mod helper;
 mod pool;
+mod run_dir;
 pub mod wire;
 
 use std::path::PathBuf;

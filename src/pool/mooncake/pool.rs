@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -22,7 +21,6 @@ use crate::pool::{PoolBackend, PoolError, PoolHealth, PoolUsage};
 use crate::tier::host::{ArenaOptions, HostArena};
 
 const HELPER_PY: &str = include_str!("../../../python/kvtier_mooncake_helper.py");
-static RUN_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// The baseline timing the helper measured with the wheel's own batch calls.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -51,14 +49,12 @@ impl MooncakePool {
         let (run_dir, owns_run_dir) = match &cfg.run_dir {
             Some(d) => (d.clone(), false),
             None => {
-                let shm = Path::new("/dev/shm");
-                let base = if shm.is_dir() {
-                    shm.to_owned()
-                } else {
-                    std::env::temp_dir()
-                };
-                let seq = RUN_SEQ.fetch_add(1, Ordering::Relaxed);
-                (base.join(format!("kvtier-mooncake-{}-{seq}", std::process::id())), true)
+                let base = super::run_dir::base();
+                let swept = super::run_dir::sweep_stale(&base);
+                if swept > 0 {
+                    tracing::info!(swept, base = %base.display(), "removed Mooncake run directories of daemons that are gone");
+                }
+                (super::run_dir::fresh(&base), true)
             }
         };
         std::fs::create_dir_all(&run_dir)?;
