@@ -146,6 +146,27 @@ pub(crate) fn pub_socket(ctx: &zmq::Context, endpoint: &str, hwm: i32) -> Result
     Ok((publ, bound))
 }
 
+/// Binds a PUB socket at `endpoint` and starts a publisher's thread on it (see [`start`]),
+/// for publishers without a replay socket; `what` names it in the start-up log line.
+pub(crate) fn start_bound(
+    name: &str,
+    what: &str,
+    endpoint: &str,
+    hwm: i32,
+    first_event: u64,
+    body: impl FnOnce(zmq::Socket, Arc<AtomicBool>, Arc<PublisherStats>) + Send + 'static,
+) -> Result<PublisherHandle, PublishError> {
+    let ctx = zmq::Context::new();
+    let (publ, endpoint) = pub_socket(&ctx, endpoint, hwm)?;
+    let handle = start(name, first_event, endpoint, None, move |stop, stats| {
+        // The context outlives the socket: both live on the publisher's thread.
+        let _ctx = ctx;
+        body(publ, stop, stats)
+    })?;
+    tracing::info!(endpoint = %handle.endpoint, "{what} publisher started");
+    Ok(handle)
+}
+
 /// Starts a publisher's thread, which gets the stop flag and the counters, with the counters
 /// starting at `first_event` (the event log's next sequence when the publisher started).
 pub(crate) fn start(

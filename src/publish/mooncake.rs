@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use super::wire::Writer;
-use super::{POLL, PublishError, PublisherHandle, PublisherStats, pub_socket, send_batch, start, wall_clock};
+use super::{POLL, PublishError, PublisherHandle, PublisherStats, send_batch, start_bound, wall_clock};
 use crate::events::{PageEvent, PageEventKind};
 use crate::manager::Manager;
 use crate::page::{Namespace, NamespaceId};
@@ -160,15 +160,16 @@ pub fn spawn(
     if cfg.max_batch_objects == 0 {
         return Err(PublishError::Config("max_batch_objects must be positive".into()));
     }
-    let ctx = zmq::Context::new();
-    let (publ, endpoint) = pub_socket(&ctx, &cfg.endpoint, cfg.hwm)?;
     let first = manager.events().last_seq() + 1;
-    let handle = start("kvtier-pub-mooncake", first, endpoint, None, move |stop, stats| {
-        let _ctx = ctx;
-        run(cfg, manager, publ, stop, shutdown, stats)
-    })?;
-    tracing::info!(endpoint = %handle.endpoint, "Mooncake object event publisher started");
-    Ok(handle)
+    let endpoint = cfg.endpoint.clone();
+    start_bound(
+        "kvtier-pub-mooncake",
+        "Mooncake object event",
+        &endpoint,
+        cfg.hwm,
+        first,
+        move |publ, stop, stats| run(cfg, manager, publ, stop, shutdown, stats),
+    )
 }
 
 fn run(

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use tokio_util::sync::CancellationToken;
 
 use super::wire::Writer;
-use super::{POLL, PublishError, PublisherHandle, PublisherStats, pub_socket, send_batch, start, wall_clock};
+use super::{POLL, PublishError, PublisherHandle, PublisherStats, send_batch, start_bound, wall_clock};
 use crate::manager::{Manager, SessionEvent, SessionEventKind};
 
 /// Settings of the session event publisher.
@@ -94,15 +94,16 @@ pub fn spawn(
     manager: Manager,
     shutdown: CancellationToken,
 ) -> Result<PublisherHandle, PublishError> {
-    let ctx = zmq::Context::new();
-    let (publ, endpoint) = pub_socket(&ctx, &cfg.endpoint, cfg.hwm)?;
     let first = manager.session_events().last_seq() + 1;
-    let handle = start("kvtier-pub-sessions", first, endpoint, None, move |stop, stats| {
-        let _ctx = ctx;
-        run(cfg, manager, publ, stop, shutdown, stats)
-    })?;
-    tracing::info!(endpoint = %handle.endpoint, "session event publisher started");
-    Ok(handle)
+    let endpoint = cfg.endpoint.clone();
+    start_bound(
+        "kvtier-pub-sessions",
+        "session event",
+        &endpoint,
+        cfg.hwm,
+        first,
+        move |publ, stop, stats| run(cfg, manager, publ, stop, shutdown, stats),
+    )
 }
 
 fn run(
