@@ -22,21 +22,19 @@ does not hold is ignored (unknown_pages).
 
 import json
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import msgspec
 import torch
 import zmq
 from vllm import SamplingParams
-from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, SchedulerConfig, VllmConfig
 from vllm.distributed.kv_events import BlockStored, KVEventBatch
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.forward_context import ForwardContext
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, maybe_convert_block_hash
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, maybe_convert_block_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.kv_hints.protocol import KvHintAction, KvHintsEnvelope
@@ -46,22 +44,11 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 import kvtier
 import kvtier.vllm
+from vllm_support import BLOCKS, BS, DIM, HEADS, LAYERS, tiny_model_config
 
 SOCKET, REPLAY = sys.argv[1], sys.argv[2]
 END = (-1).to_bytes(8, "big", signed=True)
-BS, HEADS, DIM, BLOCKS = 16, 2, 16, 24
-LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
-
-model_dir = Path(tempfile.mkdtemp())
-(model_dir / "config.json").write_text(json.dumps({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HEADS * 2 * DIM,
-    "intermediate_size": 128, "num_attention_heads": HEADS * 2, "num_key_value_heads": HEADS,
-    "num_hidden_layers": len(LAYERS), "vocab_size": 1000, "max_position_embeddings": 2048,
-    "torch_dtype": "float16", "rms_norm_eps": 1e-6,
-}))
-model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float16", seed=0,
-                           max_model_len=1024)
-init_none_hash(sha256)
+model_config = tiny_model_config()
 
 
 def kv_cache_config():
