@@ -39,37 +39,65 @@ pub struct PageEvent {
     pub at_ms: u64,
 }
 
-/// What a subscriber got from [`EventLog::read_from`].
-#[derive(Debug, Default)]
-pub struct EventBatch {
-    pub events: Vec<PageEvent>,
-    /// Events between the asked sequence and the first returned that the ring no longer holds.
+/// Items a [`SeqRing`] holds: each carries its sequence number.
+pub trait Sequenced {
+    fn seq(&self) -> u64;
+}
+
+impl Sequenced for PageEvent {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+/// What a reader got from [`SeqRing::read_from`].
+#[derive(Debug)]
+pub struct Batch<T> {
+    pub events: Vec<T>,
+    /// Items between the asked sequence and the first returned that the ring no longer holds.
     pub lost: u64,
     /// The sequence number to ask for next.
     pub next: u64,
 }
 
-/// A bounded ring of recent page events with blocking reads.
+impl<T> Default for Batch<T> {
+    fn default() -> Self {
+        Self {
+            events: Vec::new(),
+            lost: 0,
+            next: 0,
+        }
+    }
+}
+
+/// What a subscriber got from [`EventLog::read_from`].
+pub type EventBatch = Batch<PageEvent>;
+
+/// A bounded ring of recent items numbered from 1 without gaps, with blocking reads. Each
+/// reader keeps its own position; one that falls behind sees `lost`, never a stalled writer.
 #[derive(Debug)]
-pub struct EventLog {
-    inner: Mutex<Ring>,
+pub struct SeqRing<T> {
+    inner: Mutex<Ring<T>>,
     cond: Condvar,
 }
 
+/// A bounded ring of recent page events with blocking reads.
+pub type EventLog = SeqRing<PageEvent>;
+
 #[derive(Debug)]
-struct Ring {
-    events: VecDeque<PageEvent>,
+struct Ring<T> {
+    items: VecDeque<T>,
     capacity: usize,
-    /// Sequence number the next appended event must carry.
+    /// Sequence number the next appended item must carry.
     next_seq: u64,
 }
 
-impl EventLog {
-    /// A log that keeps the last `capacity` events for replay.
+impl<T: Sequenced + Clone> SeqRing<T> {
+    /// A ring that keeps the last `capacity` items for replay.
     pub fn new(capacity: usize) -> Self {
         Self {
             inner: Mutex::new(Ring {
-                events: VecDeque::with_capacity(capacity.min(1 << 16)),
+                items: VecDeque::with_capacity(capacity.min(1 << 16)),
                 capacity: capacity.max(1),
                 next_seq: 1,
             }),
@@ -77,44 +105,51 @@ impl EventLog {
         }
     }
 
-    /// Appends events that the directory numbered; they must continue the sequence.
-    pub fn append(&self, batch: &[PageEvent]) {
-        if batch.is_empty() {
-            return;
-        }
+    /// Appends what `items` builds from the next sequence number, under the ring's lock (so
+    /// concurrent writers number without gaps); the items must continue the sequence.
+    pub fn append_with<I: IntoIterator<Item = T>>(&self, items: impl FnOnce(u64) -> I) {
         let mut ring = self.inner.lock();
-        for ev in batch {
-            debug_assert_eq!(ev.seq, ring.next_seq, "event sequence must have no gaps");
-            if ring.events.len() == ring.capacity {
-                ring.events.pop_front();
+        for it in items(ring.next_seq) {
+            debug_assert_eq!(it.seq(), ring.next_seq, "sequence must have no gaps");
+            if ring.items.len() == ring.capacity {
+                ring.items.pop_front();
             }
-            ring.events.push_back(*ev);
-            ring.next_seq = ev.seq + 1;
+            ring.next_seq = it.seq() + 1;
+            ring.items.push_back(it);
         }
         drop(ring);
         self.cond.notify_all();
     }
 
-    /// The sequence number of the newest event (0 when none yet).
+    /// The sequence number of the newest item (0 when none yet).
     pub fn last_seq(&self) -> u64 {
         self.inner.lock().next_seq - 1
     }
 
-    /// Events with `seq >= from`, at most `max`, waiting up to `timeout` for the first.
-    pub fn read_from(&self, from: u64, max: usize, timeout: Duration) -> EventBatch {
+    /// Items with `seq >= from`, at most `max`, waiting up to `timeout` for the first.
+    pub fn read_from(&self, from: u64, max: usize, timeout: Duration) -> Batch<T> {
         let mut ring = self.inner.lock();
         if ring.next_seq <= from && !timeout.is_zero() {
             let _ = self.cond.wait_for(&mut ring, timeout);
         }
-        let oldest = ring.events.front().map_or(ring.next_seq, |e| e.seq);
+        let oldest = ring.items.front().map_or(ring.next_seq, Sequenced::seq);
         let start = from.max(oldest);
         let lost = start
             .saturating_sub(from.max(1))
             .min(ring.next_seq.saturating_sub(from.max(1)));
         let skip = (start - oldest) as usize;
-        let events: Vec<PageEvent> = ring.events.iter().skip(skip).take(max).copied().collect();
-        let next = events.last().map_or(start.max(from), |e| e.seq + 1);
-        EventBatch { events, lost, next }
+        let events: Vec<T> = ring.items.iter().skip(skip).take(max).cloned().collect();
+        let next = events.last().map_or(start.max(from), |e| e.seq() + 1);
+        Batch { events, lost, next }
+    }
+}
+
+impl SeqRing<PageEvent> {
+    /// Appends events that the directory numbered; they must continue the sequence.
+    pub fn append(&self, batch: &[PageEvent]) {
+        if !batch.is_empty() {
+            self.append_with(|_| batch.iter().copied());
+        }
     }
 }
 

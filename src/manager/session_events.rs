@@ -11,13 +11,12 @@
 //! Its mutex is a leaf, outside the manager's ranked locks: it is taken only to append
 //! or copy events out, with no other lock held and none taken inside.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
+use crate::events::{Batch, SeqRing, Sequenced};
 use crate::policy::{Advice, Usage};
 
 /// Session events kept for readers that fall behind (older ones are reported lost).
@@ -98,38 +97,26 @@ pub struct SessionEvent {
 }
 
 /// What a reader got from [`SessionEventLog::read_from`].
-#[derive(Debug, Default)]
-pub struct SessionEventBatch {
-    pub events: Vec<SessionEvent>,
-    /// Events between the asked sequence and the first returned that the ring dropped.
-    pub lost: u64,
-    /// The sequence to ask for next.
-    pub next: u64,
+pub type SessionEventBatch = Batch<SessionEvent>;
+
+impl Sequenced for SessionEvent {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
 }
 
 /// The bounded ring of session events, with blocking reads and per-reason counters.
 #[derive(Debug)]
 pub struct SessionEventLog {
-    ring: Mutex<Ring>,
-    cond: Condvar,
+    ring: SeqRing<SessionEvent>,
     /// Events per (kind, reason): `[kind as usize * 5 + reason index]`.
     counts: [AtomicU64; 10],
-}
-
-#[derive(Debug)]
-struct Ring {
-    events: VecDeque<SessionEvent>,
-    next_seq: u64,
 }
 
 impl Default for SessionEventLog {
     fn default() -> Self {
         Self {
-            ring: Mutex::new(Ring {
-                events: VecDeque::new(),
-                next_seq: 1,
-            }),
-            cond: Condvar::new(),
+            ring: SeqRing::new(SESSION_EVENT_RING),
             counts: Default::default(),
         }
     }
@@ -151,8 +138,7 @@ impl SessionEventLog {
         } else {
             usage.used_pages as f64 / usage.capacity_pages as f64
         };
-        let mut ring = self.ring.lock();
-        for a in advice {
+        let event = |seq: u64, a: &Advice| {
             let (kind, session_id, reason, paused_ms) = match a {
                 Advice::Pause { session_id } => {
                     let reason = match cause {
@@ -175,12 +161,7 @@ impl SessionEventLog {
                 }
             };
             self.counts[slot(kind, reason)].fetch_add(1, Relaxed);
-            if ring.events.len() == SESSION_EVENT_RING {
-                ring.events.pop_front();
-            }
-            let seq = ring.next_seq;
-            ring.next_seq += 1;
-            ring.events.push_back(SessionEvent {
+            SessionEvent {
                 seq,
                 at_ms,
                 kind,
@@ -190,15 +171,15 @@ impl SessionEventLog {
                 host_capacity_pages: usage.capacity_pages,
                 utilisation,
                 paused_ms,
-            });
-        }
-        drop(ring);
-        self.cond.notify_all();
+            }
+        };
+        self.ring
+            .append_with(|first| advice.iter().zip(first..).map(|(a, seq)| event(seq, a)));
     }
 
     /// The newest event's sequence (0 when none yet).
     pub fn last_seq(&self) -> u64 {
-        self.ring.lock().next_seq - 1
+        self.ring.last_seq()
     }
 
     /// Events given so far, per (kind, reason).
@@ -209,25 +190,10 @@ impl SessionEventLog {
             .collect()
     }
 
-    /// Events with `seq >= from`, at most `max`, waiting up to `timeout` for the first.
+    /// Events with `seq >= from` (from 1), at most `max`, waiting up to `timeout` for the
+    /// first.
     pub fn read_from(&self, from: u64, max: usize, timeout: Duration) -> SessionEventBatch {
-        let from = from.max(1);
-        let mut ring = self.ring.lock();
-        if ring.next_seq <= from && !timeout.is_zero() {
-            let _ = self.cond.wait_for(&mut ring, timeout);
-        }
-        let oldest = ring.events.front().map_or(ring.next_seq, |e| e.seq);
-        let start = from.max(oldest).min(ring.next_seq);
-        let lost = start.saturating_sub(from);
-        let events: Vec<SessionEvent> = ring
-            .events
-            .iter()
-            .skip((start - oldest.min(start)) as usize)
-            .take(max)
-            .cloned()
-            .collect();
-        let next = events.last().map_or(start.max(from), |e| e.seq + 1);
-        SessionEventBatch { events, lost, next }
+        self.ring.read_from(from.max(1), max, timeout)
     }
 }
 
