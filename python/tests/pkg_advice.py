@@ -11,6 +11,7 @@ import sys
 import time
 
 import kvtier
+from pkg_pages import store
 
 socket = sys.argv[1]
 layout = kvtier.Layout(layers=4, kv_heads=4, head_dim=16, dtype_bytes=2, page_tokens=4)
@@ -26,16 +27,6 @@ def advice_until(c, want, limit_s=15.0):
         got.extend(c.take_advice()["advice"])
         time.sleep(0.02)
     return got
-
-
-def store(c, session, base, n):
-    hashes = [base + i for i in range(n)]
-    for s in range(n):
-        c.fill_page(s, base + s)
-    r = c.store(hashes, list(range(n)), session=session)
-    st = c.wait(r.ticket, 10000)
-    assert st.complete == n and st.failed == 0, st
-    return hashes
 
 
 with kvtier.Client(layout, socket=socket, instance="py-engine", model="pkg-advice") as c:

@@ -31,6 +31,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 import kvtier
 import kvtier.vllm
+from pkg_pages import store
 from vllm_support import BLOCKS, BS, DIM, HEADS, LAYERS, tiny_model_config
 
 SOCKET = sys.argv[1]
@@ -80,16 +81,6 @@ def wait_event(sub, kind, session, limit_s=15.0):
     ev = msgspec.msgpack.decode(payload)
     assert (ev["type"], ev["session_id"]) == (kind, session), ev
     return ev
-
-
-def store(c, session, base, n):
-    hashes = [base + i for i in range(n)]
-    for s in range(n):
-        c.fill_page(s, base + s)
-    r = c.store(hashes, list(range(n)), session=session)
-    st = c.wait(r.ticket, 10000)
-    assert st.complete == n and st.failed == 0, st
-    return hashes
 
 
 # The connector of A holds for the daemon's cap (the default); B's for 1 ms.
