@@ -256,6 +256,16 @@ impl KeyScheme {
             .collect()
     }
 
+    /// Every object key of a page appended to `buf`, one after another, each one's end
+    /// offset pushed on `ends`: many pages' keys in one allocation, for a batched query.
+    pub fn push_page_keys(&self, layout: &Layout, hash: &PageHash, buf: &mut String, ends: &mut Vec<usize>) {
+        let hex = hash.to_hex();
+        for &id in layout.objects() {
+            self.push_key(buf, layout, &hex, id);
+            ends.push(buf.len());
+        }
+    }
+
     /// Parses a key written in this scheme back into its page hash and object index.
     pub fn parse(&self, layout: &Layout, key: &str) -> Result<(PageHash, usize), PageError> {
         let bad = || PageError::BadKey(key.chars().take(120).collect());

@@ -175,6 +175,8 @@ fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
     assert!(none, "no pool credit while the master is down");
     let status = b.admin(&["status"]);
     assert_eq!(status["pool"]["backend"], "mooncake");
+    // The daemon asked the master itself, and kept doing so through its restart.
+    assert_eq!(status["pool"]["exists_via"], "master", "{}", status["pool"]);
     assert_eq!(status["pool"]["health"]["state"], "degraded", "{}", status["pool"]);
     master.restart();
     // The restarted master lost every object: the old pages are gone for good (no stale
@@ -244,6 +246,7 @@ fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
         let text = String::from_utf8_lossy(&m.stdout);
         assert!(text.contains("kvtier_pool_info{backend=\"mooncake\""), "{text}");
         assert!(text.contains("kvtier_pool_found_pages_total"), "{text}");
+        assert!(text.contains("kvtier_pool_exists_via{via=\"master\"} 1"), "{text}");
     }
     drop(ranks);
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::require::require;
-use kvtier::pool::mooncake::{MooncakeConfig, MooncakePool, RemovePolicy};
+use kvtier::pool::mooncake::{ExistsVia, MooncakeConfig, MooncakePool, RemovePolicy};
 use kvtier::pool::{PoolBackend, PoolError, PoolHealth, page};
 use kvtier::tier::device::pattern;
 use kvtier::tier::host::{ArenaOptions, HostArena};
@@ -249,6 +249,43 @@ fn partial_page_is_never_complete_and_lease_conflicts_follow_the_policy() {
     assert_eq!(pool.remove(refs[1], true), Ok(()));
     assert_eq!(pool.remove(refs[1], true), Err(PoolError::NotFound));
     assert!(!page::is_complete(&pool, &refs).unwrap());
+}
+
+/// The daemon asks the master itself whether objects exist (its own RPC client); the
+/// answers must be the wheel's own, key for key, in one batch and in a batch long enough
+/// for two-byte lengths on the wire.
+#[test]
+fn existence_from_the_master_matches_the_wheels_answers() {
+    let _g = SERIAL.lock();
+    let Some(cfg) = config() else { return };
+    stale_segments_expired();
+    let native = MooncakePool::start(cfg.clone().with_max_batch(1024), None).unwrap();
+    let wheel = MooncakePool::start(cfg.with_exists_via(ExistsVia::Helper), None).unwrap();
+    healthy(&native);
+    healthy(&wheel);
+    let s = scheme("exists-rpc");
+    let keys: Vec<String> = (0..300).map(|i| format!("{}{i:03}", s.prefix)).collect();
+    let data = pattern(700, 4 << 10);
+    let written: Vec<(&str, &[u8])> = keys.iter().step_by(7).map(|k| (k.as_str(), &data[..])).collect();
+    assert!(wheel.batch_put_from(&written).iter().all(Result::is_ok));
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for batch in [&refs[..5], &refs[..]] {
+        let from_master = native.batch_exists(batch);
+        let from_wheel = wheel.batch_exists(batch);
+        assert_eq!(from_master, from_wheel, "{} keys", batch.len());
+        let present = from_master.iter().filter(|r| **r == Ok(true)).count();
+        assert_eq!(present, batch.len().div_ceil(7), "{} keys", batch.len());
+        assert!(from_master.iter().all(Result::is_ok));
+    }
+    assert_eq!(
+        native.exists_via(),
+        ExistsVia::Master,
+        "the master's answers were taken as foreign"
+    );
+    assert_eq!(wheel.exists_via(), ExistsVia::Helper);
+    let removed = wheel.remove_batch(&written.iter().map(|(k, _)| *k).collect::<Vec<_>>(), true);
+    assert!(removed.iter().all(Result::is_ok), "{removed:?}");
+    assert!(native.batch_exists(&refs).iter().all(|r| *r == Ok(false)));
 }
 
 /// Polls `f` until it returns true or `limit` passes.

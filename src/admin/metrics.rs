@@ -259,6 +259,15 @@ pub fn render_pool(o: &mut String, p: &crate::manager::PoolReport) {
     );
     family(o, "kvtier_pool_healthy", "gauge", "1 when the pool answers, else 0.");
     sample(o, "kvtier_pool_healthy", &[], f64::from(u8::from(healthy)));
+    if let Some(via) = p.exists_via {
+        family(
+            o,
+            "kvtier_pool_exists_via",
+            "gauge",
+            "Who answers existence queries (1): the store's master itself, or the helper.",
+        );
+        sample(o, "kvtier_pool_exists_via", &[("via", via)], 1.0);
+    }
     let Some(r) = &p.remote else { return };
     let counters: [(&str, &str, u64); 10] = [
         (

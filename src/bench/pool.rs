@@ -93,8 +93,8 @@ pub struct Row {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub raw_p50_us: Option<f64>,
     /// `remote_lookup`: the subject daemon's existence query as it timed it (daemon →
-    /// helper → master and back), median in µs; the rest of `kvtier_p50_us` is the
-    /// control socket and the daemon's own work.
+    /// master and back), median in µs; the rest of `kvtier_p50_us` is the control socket
+    /// and the daemon's own work.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_exists_p50_us: Option<f64>,
 }

@@ -71,6 +71,9 @@ pool {}  {}",
                 g("get_not_found")
             );
         }
+        if let Some(via) = pool["exists_via"].as_str() {
+            let _ = write!(out, "  (existence via {via})");
+        }
         out.push('\n');
     }
     let engines = v["engines"].as_array().cloned().unwrap_or_default();

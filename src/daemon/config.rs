@@ -696,6 +696,7 @@ impl DaemonConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::mooncake::ExistsVia;
 
     #[test]
     fn file_env_and_flags_layer_in_order() {
@@ -860,9 +861,14 @@ mod tests {
         let c = DaemonConfig::load(Some(&file), env.clone(), &flags).unwrap();
         assert_eq!(c.mooncake.master, "10.0.0.3:2");
         let flags = vec![("mooncake.lookup_budget_pages".to_string(), "9".to_string())];
-        let c = DaemonConfig::load(Some(&file), env, &flags).unwrap();
+        let c = DaemonConfig::load(Some(&file), env.clone(), &flags).unwrap();
         assert_eq!(c.mooncake.lookup_budget_pages, 9);
         assert!(c.tiers().shared_pool.is_some());
+        // Existence queries go to the master unless the helper is named.
+        assert_eq!(c.mooncake.exists_via, ExistsVia::Master);
+        let flags = vec![("mooncake.exists_via".to_string(), "helper".to_string())];
+        let c = DaemonConfig::load(Some(&file), env, &flags).unwrap();
+        assert_eq!(c.mooncake.exists_via, ExistsVia::Helper);
         // Refusals name what is wrong.
         let err = |pairs: &[(&str, &str)]| {
             let f: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
@@ -882,6 +888,11 @@ mod tests {
         ]);
         assert!(e.contains("key_tag") && e.contains("a_b"), "{e}");
         assert!(err(&[("mooncake.nope", "1")]).contains("nope"));
+        let e = err(&[("mooncake.exists_via", "python")]);
+        assert!(
+            e.contains("python") && e.contains("master") && e.contains("helper"),
+            "{e}"
+        );
         // The default stays the local pool, with no shared-pool discovery.
         let d = DaemonConfig::default();
         assert_eq!(d.pool, PoolKind::Local);

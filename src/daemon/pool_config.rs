@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::manager::{PoolConfig, PoolFactory, RemoteConfig};
 use crate::pool::PoolBackend;
-use crate::pool::mooncake::{MooncakeConfig, MooncakePool};
+use crate::pool::mooncake::{ExistsVia, MooncakeConfig, MooncakePool};
 
 /// Which pool backend the daemon runs (`pool`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,6 +72,9 @@ pub struct MooncakeSection {
     pub exists_cache_ms: u64,
     /// How long a "page not in the store" answer is cached, in ms. Default: 500.
     pub missing_cache_ms: u64,
+    /// Who answers existence queries: `master` (its RPC, from the daemon's thread) or
+    /// `helper` (the wheel's client). Default: `master`.
+    pub exists_via: ExistsVia,
 }
 
 impl Default for MooncakeSection {
@@ -91,6 +94,7 @@ impl Default for MooncakeSection {
             lookup_budget_pages: remote.budget_pages,
             exists_cache_ms: remote.positive_ttl_ms,
             missing_cache_ms: remote.negative_ttl_ms,
+            exists_via: ExistsVia::Master,
         }
     }
 }
@@ -173,7 +177,8 @@ impl MooncakeSection {
             .with_protocol(self.protocol.clone(), self.device.clone())
             .with_segment_bytes(self.global_segment_bytes)
             .with_local_buffer_bytes(self.local_buffer_bytes)
-            .with_replicas(self.replicas);
+            .with_replicas(self.replicas)
+            .with_exists_via(self.exists_via);
         if !self.python.as_os_str().is_empty() {
             c = c.with_python(self.python.clone());
         }

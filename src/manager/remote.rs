@@ -16,6 +16,9 @@
 //! taken alone. While the pool is not healthy (master unreachable) nothing gets pool credit.
 
 use std::collections::HashMap;
+
+/// Cache maps keyed by engine-given hashes: foldhash, seeded per process.
+type PageMap<V> = HashMap<(NamespaceId, PageHash), V, foldhash::quality::RandomState>;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
@@ -108,13 +111,13 @@ struct Counters {
 #[derive(Default)]
 pub(super) struct Cache {
     /// (namespace, page) → (complete in the pool, expires at ms).
-    answers: HashMap<(NamespaceId, PageHash), (bool, u64)>,
+    answers: PageMap<(bool, u64)>,
     /// Pages this node found in the pool rather than wrote (bounded like `answers`).
-    found: HashMap<(NamespaceId, PageHash), u64>,
+    found: PageMap<u64>,
 }
 
 impl Cache {
-    fn trim(map: &mut HashMap<(NamespaceId, PageHash), impl Copy>, cap: usize) {
+    fn trim(map: &mut PageMap<impl Copy>, cap: usize) {
         if map.len() >= cap {
             // No order is kept per entry; dropping an arbitrary half keeps the cost O(1)
             // amortised, and a dropped answer only costs one more query.
@@ -278,11 +281,14 @@ impl Manager {
         let ask: Vec<usize> = (0..cut).filter(|&i| answer[i].is_none()).collect();
         if !ask.is_empty() {
             let per_page = layout.object_count();
-            let keys: Vec<String> = ask
-                .iter()
-                .flat_map(|&i| scheme.page_keys(&layout, &window[i]))
-                .collect();
-            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            // Every key in one buffer: a 64-page query names 256 objects.
+            let mut buf = String::with_capacity(ask.len() * per_page * (scheme.prefix.len() + 80));
+            let mut ends = Vec::with_capacity(ask.len() * per_page);
+            for &i in &ask {
+                scheme.push_page_keys(&layout, &window[i], &mut buf, &mut ends);
+            }
+            let starts = std::iter::once(0).chain(ends.iter().copied());
+            let refs: Vec<&str> = starts.zip(&ends).map(|(a, &b)| &buf[a..b]).collect();
             let t = Instant::now();
             let res: Result<Vec<bool>, _> = pool.batch_exists(&refs).into_iter().collect();
             remote.n.exists_queries.fetch_add(1, Relaxed);
@@ -382,6 +388,9 @@ pub struct PoolReport {
     pub shared: bool,
     /// Discovery counters on a shared pool.
     pub remote: Option<RemoteSnapshot>,
+    /// Who answers existence queries, where the backend has a choice (`master`, `helper`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exists_via: Option<&'static str>,
 }
 
 impl Manager {
@@ -400,9 +409,10 @@ impl Manager {
         PoolReport {
             backend,
             started: pool.is_some(),
-            health: pool.map(|p| p.health()),
+            health: pool.as_ref().map(|p| p.health()),
             shared: self.inner.remote.is_some(),
             remote: self.remote_stats(),
+            exists_via: pool.as_ref().and_then(|p| p.exists_source()),
         }
     }
 }

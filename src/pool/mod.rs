@@ -176,4 +176,10 @@ pub trait PoolBackend: Send + Sync {
 
     /// Largest object the backend accepts.
     fn max_object_bytes(&self) -> usize;
+
+    /// Who answers existence queries, where the backend has a choice (Mooncake: `master`
+    /// or `helper`), for `kvtier status` and `/metrics`. Default: `None`.
+    fn exists_source(&self) -> Option<&'static str> {
+        None
+    }
 }

@@ -7,7 +7,9 @@
 //!   (`python/kvtier_mooncake_helper.py`, embedded in the binary). The helper maps kvtier's
 //!   host arena and a staging region and registers both with Mooncake, so puts and gets
 //!   move bytes between those mappings and the store with no extra copy; only keys and
-//!   offsets cross the control socket ([`wire`]).
+//!   offsets cross the control socket ([`wire`]). Existence queries skip the helper: the
+//!   pool asks the master's own `BatchExistKey` RPC from the caller's thread
+//!   (`master_rpc.rs`, [`ExistsVia`]).
 //! - `cabi::MooncakeCPool` (feature `mooncake-c`) calls upstream's C ABI in
 //!   `libmooncake_store.so`, loaded at run time from `MOONCAKE_STORE_LIBRARY`.
 //!
@@ -20,6 +22,7 @@ mod batch;
 pub mod cabi;
 pub mod codes;
 mod helper;
+mod master_rpc;
 mod pool;
 mod run_dir;
 pub mod wire;
@@ -53,6 +56,18 @@ pub enum MooncakeError {
     Library(String),
 }
 
+/// Who answers the pool's existence queries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExistsVia {
+    /// The master, over its own RPC from the caller's thread (`master_rpc.rs`). A master that
+    /// answers in a form this client does not speak turns the pool to `Helper` for good.
+    #[default]
+    Master,
+    /// The wheel's client in the helper, like every data operation.
+    Helper,
+}
+
 /// Configuration of [`MooncakePool`]. Build with [`MooncakeConfig::new`] and the `with_*`
 /// options, or [`MooncakeConfig::from_env`].
 #[derive(Clone, Debug)]
@@ -76,6 +91,7 @@ pub struct MooncakeConfig {
     pub(crate) probe_interval: Duration,
     pub(crate) restart_backoff_max: Duration,
     pub(crate) start_timeout: Duration,
+    pub(crate) exists_via: ExistsVia,
 }
 
 impl MooncakeConfig {
@@ -105,6 +121,7 @@ impl MooncakeConfig {
             probe_interval: Duration::from_millis(250),
             restart_backoff_max: Duration::from_secs(5),
             start_timeout: Duration::from_secs(20),
+            exists_via: ExistsVia::Master,
         }
     }
 
@@ -207,6 +224,12 @@ impl MooncakeConfig {
     /// How often the supervisor asks the helper for its state. Default: 250 ms.
     pub fn with_probe_interval(mut self, every: Duration) -> Self {
         self.probe_interval = every;
+        self
+    }
+
+    /// Who answers existence queries. Default: [`ExistsVia::Master`].
+    pub fn with_exists_via(mut self, via: ExistsVia) -> Self {
+        self.exists_via = via;
         self
     }
 

@@ -9,14 +9,16 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use super::batch::REGION_ARENA;
 use super::helper::{Launch, Supervisor};
+use super::master_rpc::{MasterRpc, RpcError};
 use super::wire::{Body, MAX_KEY, Op, Reply};
-use super::{MooncakeConfig, MooncakeError, RemovePolicy, codes};
+use super::{ExistsVia, MooncakeConfig, MooncakeError, RemovePolicy, codes};
 use crate::pool::{PoolBackend, PoolError, PoolHealth, PoolUsage};
 use crate::tier::host::{ArenaOptions, HostArena};
 
@@ -36,6 +38,9 @@ pub struct MooncakePool {
     pub(super) arena: Option<Arc<HostArena>>,
     pub(super) staging: HostArena,
     pub(super) staging_lock: Mutex<()>,
+    /// The master's own `BatchExistKey`, unless configured off or found foreign.
+    rpc: Option<MasterRpc>,
+    rpc_refused: AtomicBool,
     run_dir: PathBuf,
     owns_run_dir: bool,
 }
@@ -89,9 +94,12 @@ impl MooncakePool {
             run_dir: run_dir.clone(),
             regions,
         })?;
+        let rpc = (cfg.exists_via == ExistsVia::Master).then(|| MasterRpc::new(&cfg.master, cfg.op_timeout));
         Ok(Self {
             cfg,
             sup: Some(sup),
+            rpc,
+            rpc_refused: AtomicBool::new(false),
             arena,
             staging,
             staging_lock: Mutex::new(()),
@@ -218,6 +226,62 @@ impl MooncakePool {
     }
 }
 
+impl MooncakePool {
+    /// Who answers existence queries now: `master` or `helper`.
+    pub fn exists_via(&self) -> ExistsVia {
+        match self.master_rpc() {
+            Some(_) => ExistsVia::Master,
+            None => ExistsVia::Helper,
+        }
+    }
+
+    fn master_rpc(&self) -> Option<&MasterRpc> {
+        self.rpc.as_ref().filter(|_| !self.rpc_refused.load(Ordering::Relaxed))
+    }
+
+    fn exists_in_helper(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        let res = self.keys_op(Op::Exists, None, keys);
+        res.into_iter().map(|r| r.and_then(codes::exists_result)).collect()
+    }
+
+    /// The master's answers, in batches of `max_batch`. A master that is down answers every
+    /// key `Unavailable` (no pool credit); one that speaks another protocol hands this and
+    /// every later query to the helper.
+    fn exists_at_master(&self, rpc: &MasterRpc, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for (n, part) in keys.chunks(self.cfg.max_batch).enumerate() {
+            if let Some(bad) = part.iter().find_map(|k| self.check(k, 0).err()) {
+                out.extend(part.iter().map(|_| Err(bad.clone())));
+                continue;
+            }
+            match rpc.batch_exists(part) {
+                Ok(answers) => out.extend(answers.into_iter().map(|a| a.or_else(codes::exists_result))),
+                Err(e @ RpcError::Protocol { .. }) => {
+                    if !self.rpc_refused.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "existence queries go through the helper from now on");
+                    }
+                    rpc.reset();
+                    out.extend(self.exists_in_helper(&keys[n * self.cfg.max_batch..]));
+                    break;
+                }
+                Err(e @ RpcError::Io { .. }) => {
+                    rpc.reset();
+                    let e = PoolError::Unavailable(e.to_string());
+                    out.extend(part.iter().map(|_| Err(e.clone())));
+                }
+                Err(e @ RpcError::TooLarge(_)) => {
+                    let e = PoolError::Backend {
+                        code: codes::INVALID_PARAMS,
+                        message: e.to_string(),
+                    };
+                    out.extend(part.iter().map(|_| Err(e.clone())));
+                }
+            }
+        }
+        out
+    }
+}
+
 impl PoolBackend for MooncakePool {
     fn name(&self) -> &'static str {
         "mooncake"
@@ -277,8 +341,10 @@ impl PoolBackend for MooncakePool {
     }
 
     fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
-        let res = self.keys_op(Op::Exists, None, keys);
-        res.into_iter().map(|r| r.and_then(codes::exists_result)).collect()
+        match self.master_rpc() {
+            Some(rpc) => self.exists_at_master(rpc, keys),
+            None => self.exists_in_helper(keys),
+        }
     }
 
     fn remove(&self, key: &str, force: bool) -> Result<(), PoolError> {
@@ -327,6 +393,13 @@ impl PoolBackend for MooncakePool {
     /// Arena slices of any size move directly; others are bounded by the staging region.
     fn max_object_bytes(&self) -> usize {
         self.staging.len_bytes() as usize
+    }
+
+    fn exists_source(&self) -> Option<&'static str> {
+        Some(match self.exists_via() {
+            ExistsVia::Master => "master",
+            ExistsVia::Helper => "helper",
+        })
     }
 }
 
