@@ -252,8 +252,9 @@ fn partial_page_is_never_complete_and_lease_conflicts_follow_the_policy() {
 }
 
 /// The daemon asks the master itself whether objects exist (its own RPC client); the
-/// answers must be the wheel's own, key for key, in one batch and in a batch long enough
-/// for two-byte lengths on the wire.
+/// answers must be the wheel's own, key for key: in a short batch, in a long one that goes
+/// out as several requests, and with keys longer than 255 bytes (two-byte lengths on the
+/// wire).
 #[test]
 fn existence_from_the_master_matches_the_wheels_answers() {
     let _g = SERIAL.lock();
@@ -264,7 +265,14 @@ fn existence_from_the_master_matches_the_wheels_answers() {
     healthy(&native);
     healthy(&wheel);
     let s = scheme("exists-rpc");
-    let keys: Vec<String> = (0..300).map(|i| format!("{}{i:03}", s.prefix)).collect();
+    // Every 50th key is 300 bytes long.
+    let keys: Vec<String> = (0..300)
+        .map(|i| {
+            let pad = if i % 50 == 49 { "x".repeat(280) } else { String::new() };
+            format!("{}{pad}{i:03}", s.prefix)
+        })
+        .collect();
+    assert!(keys.iter().any(|k| k.len() > 255));
     let data = pattern(700, 4 << 10);
     let written: Vec<(&str, &[u8])> = keys.iter().step_by(7).map(|k| (k.as_str(), &data[..])).collect();
     assert!(wheel.batch_put_from(&written).iter().all(Result::is_ok));

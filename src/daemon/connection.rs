@@ -262,6 +262,18 @@ async fn serve(
         };
         let (kind, request_id) = (frame.header.kind, frame.header.request_id);
         let resp = match Request::decode(kind, &frame.body) {
+            // A lookup that asks a shared pool awaits the pool's answer here when it can,
+            // and leaves the connection task when the answer would block a thread.
+            Ok(Request::Lookup { hashes }) if shared.backend.discovers_remotely() => {
+                let awaited = match slot.as_deref() {
+                    Some(conn) => cmd::lookup_awaited(shared, conn, &hashes).await,
+                    None => return Err(ConnError::CommandFailed("connection state lost".into())),
+                };
+                match awaited {
+                    Some(resp) => resp,
+                    None => offload(shared, slot, Request::Lookup { hashes }).await?,
+                }
+            }
             Ok(req) if cmd::blocks(&req, shared.backend.discovers_remotely()) => offload(shared, slot, req).await?,
             Ok(req) => match slot.as_mut() {
                 Some(conn) => cmd::dispatch(shared, conn, req),

@@ -50,6 +50,8 @@ pub use config::{ManagerConfig, PoolConfig, PoolFactory, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
 pub use queues::Advice;
+#[cfg(feature = "daemon")]
+pub use remote::{LookupStep, PendingLookup};
 pub use remote::{PoolOrigin, PoolReport, RemoteConfig, RemoteSnapshot};
 pub use session_events::{
     SESSION_EVENT_RING, SessionEvent, SessionEventBatch, SessionEventKind, SessionEventLog, SessionEventReason,

@@ -29,7 +29,7 @@ use super::Manager;
 use super::locks::{Ordered, Rank};
 use crate::directory::PrefixHit;
 use crate::page::{NamespaceId, PageHash};
-use crate::pool::PoolHealth;
+use crate::pool::{KeyBatch, PoolError, PoolHealth};
 use crate::tier::TierKind;
 
 /// Discovery tunables. Every field has a documented default.
@@ -163,6 +163,25 @@ impl Remote {
     }
 }
 
+/// A lookup's discovery between the directory's answer and the pool's: see
+/// [`Manager::discover_plan`] and [`Manager::discover_apply`].
+pub(crate) struct Discovery {
+    ns: NamespaceId,
+    /// The directory's answer, before the pool.
+    hit: PrefixHit,
+    /// The window of candidate pages, `hashes[start..end]`.
+    start: usize,
+    end: usize,
+    known: Vec<Known>,
+    /// Per window page: known to count (`Some(true)`), known not to (`Some(false)`), or
+    /// to be asked.
+    answer: Vec<Option<bool>>,
+    /// Window pages the query asks about, in key order.
+    ask: Vec<usize>,
+    per_page: usize,
+    now: u64,
+}
+
 /// What the directory says about a candidate page before the pool is asked.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Known {
@@ -221,26 +240,46 @@ impl Manager {
     /// is brought in line before the prefix is counted again. No pool, or a local one:
     /// `hit` unchanged.
     pub(crate) fn discover(&self, ns: NamespaceId, hashes: &[PageHash], hit: PrefixHit) -> PrefixHit {
+        match self.discover_plan(ns, hashes, hit) {
+            Err(hit) => hit,
+            Ok((d, None)) => self.discover_apply(hashes, d, None),
+            Ok((d, Some(keys))) => {
+                let Some(pool) = self.pool() else { return d.hit };
+                let t = Instant::now();
+                let res = pool.batch_exists(&keys.refs());
+                self.discover_apply(hashes, d, Some((res, t.elapsed())))
+            }
+        }
+    }
+
+    /// Discovery up to the pool's answer: what the directory and the cache say, and the
+    /// keys to ask about (`None`: nothing to ask). `Err`: the final answer, with no query.
+    pub(crate) fn discover_plan(
+        &self,
+        ns: NamespaceId,
+        hashes: &[PageHash],
+        hit: PrefixHit,
+    ) -> Result<(Discovery, Option<KeyBatch>), PrefixHit> {
         let (Some(remote), Some(pool)) = (self.inner.remote.as_ref(), self.pool()) else {
-            return hit;
+            return Err(hit);
         };
         if pool.health() != PoolHealth::Ok {
             if hit.pool > 0 {
                 remote.n.unhealthy_lookups.fetch_add(1, Relaxed);
             }
-            return PrefixHit { pool: 0, ..hit };
+            return Err(PrefixHit { pool: 0, ..hit });
         }
         let start = hit.device + hit.host;
         let end = hashes.len().min(start + remote.cfg.budget_pages);
         if start >= end {
-            return hit;
+            return Err(hit);
         }
         let window = &hashes[start..end];
         // What the directory knows, and the layout and keys to ask with (one read lock).
         let (known, layout, scheme) = {
             let st = self.read();
             let Ok(layout) = st.dir.layout(ns).cloned() else {
-                return hit;
+                return Err(hit);
             };
             let known: Vec<Known> = window
                 .iter()
@@ -258,7 +297,9 @@ impl Manager {
         let now = self.inner.clock.now_ms();
         let mut answer: Vec<Option<bool>> = known.iter().map(|k| (*k == Known::Near).then_some(true)).collect();
         {
-            let Some(cache) = self.remote_cache() else { return hit };
+            let Some(cache) = self.remote_cache() else {
+                return Err(hit);
+            };
             for (i, h) in window.iter().enumerate() {
                 if answer[i].is_some() {
                     continue;
@@ -279,24 +320,62 @@ impl Manager {
         }
         let cut = answer.iter().position(|a| *a == Some(false)).unwrap_or(window.len());
         let ask: Vec<usize> = (0..cut).filter(|&i| answer[i].is_none()).collect();
-        if !ask.is_empty() {
-            let per_page = layout.object_count();
+        let per_page = layout.object_count();
+        let keys = (!ask.is_empty()).then(|| {
             // Every key in one buffer: a 64-page query names 256 objects.
-            let mut buf = String::with_capacity(ask.len() * per_page * (scheme.prefix.len() + 80));
-            let mut ends = Vec::with_capacity(ask.len() * per_page);
+            let mut keys = KeyBatch::with_capacity(ask.len() * per_page, scheme.prefix.len() + 80);
             for &i in &ask {
-                scheme.push_page_keys(&layout, &window[i], &mut buf, &mut ends);
+                keys.push_page(&scheme, &layout, &window[i]);
             }
-            let starts = std::iter::once(0).chain(ends.iter().copied());
-            let refs: Vec<&str> = starts.zip(&ends).map(|(a, &b)| &buf[a..b]).collect();
-            let t = Instant::now();
-            let res: Result<Vec<bool>, _> = pool.batch_exists(&refs).into_iter().collect();
+            keys
+        });
+        let d = Discovery {
+            ns,
+            hit,
+            start,
+            end,
+            known,
+            answer,
+            ask,
+            per_page,
+            now,
+        };
+        Ok((d, keys))
+    }
+
+    /// Discovery from the pool's answer on: the cache and the directory brought in line,
+    /// and the prefix counted again. `res` is the query's answers and how long it took
+    /// (`None`: nothing was asked).
+    pub(crate) fn discover_apply(
+        &self,
+        hashes: &[PageHash],
+        d: Discovery,
+        res: Option<(Vec<Result<bool, PoolError>>, std::time::Duration)>,
+    ) -> PrefixHit {
+        let Some(remote) = self.inner.remote.as_ref() else {
+            return d.hit;
+        };
+        let Discovery {
+            ns,
+            hit,
+            start,
+            end,
+            known,
+            mut answer,
+            ask,
+            per_page,
+            now,
+        } = d;
+        let window = &hashes[start..end];
+        if let Some((res, took)) = res {
+            let asked = ask.len() * per_page;
+            let res: Result<Vec<bool>, _> = res.into_iter().collect();
             remote.n.exists_queries.fetch_add(1, Relaxed);
-            remote.n.exists_keys.fetch_add(refs.len() as u64, Relaxed);
+            remote.n.exists_keys.fetch_add(asked as u64, Relaxed);
             remote
                 .n
                 .exists_ns
-                .fetch_add(t.elapsed().as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+                .fetch_add(took.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
             let Ok(present) = res else {
                 // Unreachable or failing: nothing in the pool gets credit on this answer.
                 remote.n.exists_failed.fetch_add(1, Relaxed);
@@ -305,8 +384,7 @@ impl Manager {
             if let Some(mut cache) = self.remote_cache() {
                 Cache::trim(&mut cache.answers, remote.cfg.cache_entries);
                 for (j, &i) in ask.iter().enumerate() {
-                    let yes =
-                        present.len() == refs.len() && present[j * per_page..(j + 1) * per_page].iter().all(|&p| p);
+                    let yes = present.len() == asked && present[j * per_page..(j + 1) * per_page].iter().all(|&p| p);
                     answer[i] = Some(yes);
                     let ttl = if yes {
                         remote.cfg.positive_ttl_ms
@@ -372,6 +450,78 @@ impl Manager {
             host: again.host.min(total.saturating_sub(again.device)),
             pool: total.saturating_sub(again.device + again.host),
         }
+    }
+}
+
+/// A lookup's first step on an async runtime (see [`Manager::lookup_begin`]).
+#[cfg(feature = "daemon")]
+pub enum LookupStep {
+    /// Answered without waiting on the pool.
+    Done(PrefixHit),
+    /// Await [`PendingLookup::answers`], then call [`Manager::lookup_finish`].
+    Query(PendingLookup),
+    /// The pool's query would block a thread: run [`Manager::lookup`] off the runtime.
+    Blocking,
+}
+
+/// A lookup waiting on the pool's existence answers.
+#[cfg(feature = "daemon")]
+pub struct PendingLookup {
+    d: Discovery,
+    query: Option<crate::pool::ExistsFuture>,
+    started: Instant,
+}
+
+#[cfg(feature = "daemon")]
+impl PendingLookup {
+    /// The pool's answers; `None` when the pool could not answer this way after all (then
+    /// run [`Manager::lookup`] off the runtime). Call once.
+    pub async fn answers(&mut self) -> Option<Vec<Result<bool, PoolError>>> {
+        self.query.take()?.await
+    }
+}
+
+#[cfg(feature = "daemon")]
+impl Manager {
+    /// [`Manager::lookup`] for a caller on an async runtime that must not block: when the
+    /// lookup needs the pool and the pool's query can be awaited, the query is handed back
+    /// to await, with no manager lock held; [`Manager::lookup_finish`] completes it.
+    pub fn lookup_begin(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<LookupStep, super::ManagerError> {
+        self.check_batch(hashes.len())?;
+        if self.pool().is_some_and(|p| !p.awaits_exists()) {
+            return Ok(LookupStep::Blocking);
+        }
+        let hit = self.view_lookup(ns, hashes)?;
+        let hit = match self.discover_plan(ns, hashes, hit) {
+            Err(hit) => hit,
+            Ok((d, None)) => self.discover_apply(hashes, d, None),
+            Ok((d, Some(keys))) => {
+                let Some(query) = self.pool().and_then(|p| p.exists_async(keys)) else {
+                    return Ok(LookupStep::Blocking);
+                };
+                return Ok(LookupStep::Query(PendingLookup {
+                    d,
+                    query: Some(query),
+                    started: Instant::now(),
+                }));
+            }
+        };
+        self.inner.stats.record_lookup(hashes.len(), &hit);
+        Ok(LookupStep::Done(hit))
+    }
+
+    /// Completes a lookup that [`Manager::lookup_begin`] handed back, with the same
+    /// `hashes` and the pool's answers.
+    pub fn lookup_finish(
+        &self,
+        hashes: &[PageHash],
+        p: PendingLookup,
+        answers: Vec<Result<bool, PoolError>>,
+    ) -> PrefixHit {
+        let took = p.started.elapsed();
+        let hit = self.discover_apply(hashes, p.d, Some((answers, took)));
+        self.inner.stats.record_lookup(hashes.len(), &hit);
+        hit
     }
 }
 

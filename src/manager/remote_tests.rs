@@ -152,6 +152,109 @@ fn pages_another_node_shared_are_pool_hits_here_and_load_the_writers_bytes() {
     );
 }
 
+/// The local pool, with an existence query the caller awaits (as the Mooncake pool's
+/// query of the master is), counting how often each way was asked.
+#[cfg(feature = "daemon")]
+struct Awaitable {
+    pool: Arc<LocalPool>,
+    awaited: std::sync::atomic::AtomicUsize,
+    blocking: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg(feature = "daemon")]
+impl crate::pool::PoolBackend for Awaitable {
+    fn name(&self) -> &'static str {
+        "awaitable"
+    }
+    fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), crate::pool::PoolError>> {
+        self.pool.batch_put_from(items)
+    }
+    fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, crate::pool::PoolError>> {
+        self.pool.batch_get_into(items)
+    }
+    fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool, crate::pool::PoolError>> {
+        self.blocking.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.pool.batch_exists(keys)
+    }
+    fn remove(&self, key: &str, force: bool) -> Result<(), crate::pool::PoolError> {
+        self.pool.remove(key, force)
+    }
+    fn health(&self) -> crate::pool::PoolHealth {
+        self.pool.health()
+    }
+    fn usage(&self) -> crate::pool::PoolUsage {
+        self.pool.usage()
+    }
+    fn take_evicted(&self) -> Vec<String> {
+        self.pool.take_evicted()
+    }
+    fn max_object_bytes(&self) -> usize {
+        self.pool.max_object_bytes()
+    }
+    fn awaits_exists(&self) -> bool {
+        true
+    }
+    fn exists_async(&self, keys: crate::pool::KeyBatch) -> Option<crate::pool::ExistsFuture> {
+        self.awaited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let answers = self.pool.batch_exists(&keys.refs());
+        Some(Box::pin(async move { Some(answers) }))
+    }
+}
+
+/// A lookup begun on an async runtime hands its query back, and finishing it with the
+/// pool's answers gives what a blocking lookup gives: the complete pages of the prefix, each
+/// announced once, and nothing for a page missing one rank's objects.
+#[cfg(feature = "daemon")]
+#[test]
+fn an_awaited_lookup_credits_what_a_blocking_one_does() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = shared_pool(dir.path());
+    let a = node(dir.path(), "a", &pool, Namespace::model("m"));
+    let hs = hashes(4);
+    a.store_and_share(&hs);
+    let keys = a.m.key_scheme(a.ns).unwrap().page_keys(&layout(), &hs[2]);
+    pool.remove(&keys[3], true).unwrap();
+    let awaitable = Arc::new(Awaitable {
+        pool: pool.clone(),
+        awaited: Default::default(),
+        blocking: Default::default(),
+    });
+    let l = layout();
+    let mut cfg = ManagerConfig::in_dir(&dir.path().join("b"), 64 * l.page_bytes(), None);
+    std::fs::create_dir_all(dir.path().join("b")).unwrap();
+    cfg.arena.lock = false;
+    cfg.pool = PoolConfig::Backend(awaitable.clone());
+    cfg.remote = Some(RemoteConfig::default());
+    let b = Manager::new(cfg, SimClock::new()).unwrap();
+    let ns = b.register_namespace(Namespace::model("m"), l).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let LookupStep::Query(mut pending) = b.lookup_begin(ns, &hs).unwrap() else {
+        panic!("a lookup past the directory must hand its query back");
+    };
+    let answers = rt.block_on(pending.answers()).unwrap();
+    assert_eq!(answers.len(), 16, "every object of the four pages");
+    let hit = b.lookup_finish(&hs, pending, answers);
+    assert_eq!(
+        (hit.device, hit.host, hit.pool),
+        (0, 0, 2),
+        "the prefix ends at the page missing an object"
+    );
+    let r = b.remote_stats().unwrap();
+    assert_eq!((r.exists_queries, r.exists_keys, r.found_pages), (1, 16, 2));
+    assert_eq!(b.pool_origin(ns, &hs[1]), Some(PoolOrigin::FoundInPool));
+    // Within the TTL the cache answers: no query to await, and the same credit.
+    match b.lookup_begin(ns, &hs).unwrap() {
+        LookupStep::Done(again) => assert_eq!(again.pool, 2),
+        _ => panic!("cached answers need no query"),
+    }
+    assert_eq!(
+        (awaitable.awaited.load(Relaxed), awaitable.blocking.load(Relaxed)),
+        (1, 0)
+    );
+    assert_eq!(b.lookup(ns, &hs).unwrap().pool, 2, "a blocking lookup agrees");
+}
+
 #[test]
 fn a_page_missing_one_ranks_objects_is_never_a_hit() {
     let dir = tempfile::tempdir().unwrap();

@@ -52,6 +52,54 @@ pub enum PoolError {
     Backend { code: i64, message: String },
 }
 
+/// Many object keys rendered into one buffer: a batched query's keys, one allocation.
+#[derive(Clone, Debug, Default)]
+pub struct KeyBatch {
+    buf: String,
+    ends: Vec<usize>,
+}
+
+impl KeyBatch {
+    /// Room for `keys` keys of about `key_bytes` bytes each.
+    pub fn with_capacity(keys: usize, key_bytes: usize) -> Self {
+        Self {
+            buf: String::with_capacity(keys * key_bytes),
+            ends: Vec::with_capacity(keys),
+        }
+    }
+
+    /// Appends every object key of page `hash` in `layout`'s canonical order.
+    pub fn push_page(
+        &mut self,
+        scheme: &crate::page::KeyScheme,
+        layout: &crate::layout::Layout,
+        hash: &crate::page::PageHash,
+    ) {
+        scheme.push_page_keys(layout, hash, &mut self.buf, &mut self.ends);
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The keys, in the order they were pushed.
+    pub fn refs(&self) -> Vec<&str> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(&self.ends).map(|(a, &b)| &self.buf[a..b]).collect()
+    }
+}
+
+/// An existence query a caller awaits instead of blocking on it: one answer per key, or
+/// `None` when the backend could not ask this way after all (then ask with
+/// [`PoolBackend::batch_exists`], off the async runtime).
+#[cfg(feature = "daemon")]
+pub type ExistsFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<Vec<Result<bool, PoolError>>>> + Send>>;
+
 /// The error for bytes of `len` that do not match reorder `t`.
 pub(crate) fn reorder_shape(len: usize, t: &Transpose) -> PoolError {
     PoolError::ReorderShape { len, want: t.len() }
@@ -180,6 +228,21 @@ pub trait PoolBackend: Send + Sync {
     /// Who answers existence queries, where the backend has a choice (Mooncake: `master`
     /// or `helper`), for `kvtier status` and `/metrics`. Default: `None`.
     fn exists_source(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Whether [`PoolBackend::exists_async`] answers now (a backend whose existence query
+    /// is network I/O it can await). Default: `false`.
+    #[cfg(feature = "daemon")]
+    fn awaits_exists(&self) -> bool {
+        false
+    }
+
+    /// [`PoolBackend::batch_exists`] as a future that awaits its I/O instead of blocking a
+    /// thread; `None` where the backend has no such query. Default: `None`.
+    #[cfg(feature = "daemon")]
+    fn exists_async(&self, keys: KeyBatch) -> Option<ExistsFuture> {
+        drop(keys);
         None
     }
 }

@@ -18,8 +18,9 @@ use crate::clock::Clock;
 use crate::directory::PrefixHit;
 use crate::hints::{Hint, HintOutcome};
 use crate::layout::LayoutSpec;
-use crate::manager::{self, Manager, ManagerConfig, ManagerError, PoolConfig, StoreStatus};
+use crate::manager::{self, LookupStep, Manager, ManagerConfig, ManagerError, PendingLookup, PoolConfig, StoreStatus};
 use crate::page::{Namespace, NamespaceId, PageHash};
+use crate::pool::PoolError;
 use crate::protocol::{
     AdviceBatch, AdviceKind, ArenaInfo, DaemonStats, EngineAdvice, GrantPage, LoadWait, ObjectSlot, SessionPhase,
     TicketStatus,
@@ -259,6 +260,20 @@ impl Backend for ManagedTiers {
 
     fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, BackendError> {
         Ok(self.mgr.lookup(ns, hashes)?)
+    }
+
+    fn lookup_begin(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<LookupStep, BackendError> {
+        Ok(self.mgr.lookup_begin(ns, hashes)?)
+    }
+
+    fn lookup_finish(
+        &self,
+        _ns: NamespaceId,
+        hashes: &[PageHash],
+        pending: PendingLookup,
+        answers: Vec<Result<bool, PoolError>>,
+    ) -> Result<PrefixHit, BackendError> {
+        Ok(self.mgr.lookup_finish(hashes, pending, answers))
     }
 
     fn begin_store(

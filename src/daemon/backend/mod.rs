@@ -18,8 +18,9 @@ use std::time::Duration;
 use crate::directory::PrefixHit;
 use crate::hints::{Hint, HintError, HintOutcome};
 use crate::layout::{Layout, LayoutSpec};
-use crate::manager::ManagerError;
+use crate::manager::{LookupStep, ManagerError, PendingLookup};
 use crate::page::{Namespace, NamespaceId, PageHash};
+use crate::pool::PoolError;
 use crate::protocol::{
     AdviceBatch, ArenaInfo, DaemonStats, GrantPage, LoadWait, ObjectSlot, SessionPhase, TicketStatus,
 };
@@ -70,6 +71,24 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Contiguous-prefix lookup with per-tier credit.
     fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, BackendError>;
+    /// A lookup's first step on the connection task, where the pool's query can be awaited
+    /// instead of blocking (see [`Manager::lookup_begin`](crate::manager::Manager::lookup_begin)).
+    /// Default: [`LookupStep::Blocking`], run [`Backend::lookup`] off the runtime.
+    fn lookup_begin(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<LookupStep, BackendError> {
+        let _ = (ns, hashes);
+        Ok(LookupStep::Blocking)
+    }
+    /// Completes a lookup that [`Backend::lookup_begin`] handed back as a query.
+    fn lookup_finish(
+        &self,
+        ns: NamespaceId,
+        hashes: &[PageHash],
+        pending: PendingLookup,
+        answers: Vec<Result<bool, PoolError>>,
+    ) -> Result<PrefixHit, BackendError> {
+        let _ = (pending, answers);
+        self.lookup(ns, hashes)
+    }
     /// Reserves host slots for the rank's objects of each page that still needs them.
     #[allow(clippy::too_many_arguments)]
     fn begin_store(

@@ -9,6 +9,8 @@ mod connect;
 mod hint;
 mod load;
 mod lookup;
+
+pub(crate) use lookup::awaited as lookup_awaited;
 mod removed;
 mod session;
 mod stats;

@@ -24,7 +24,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -45,9 +45,11 @@ const META_TYPE_INFO: u8 = 0x04;
 /// The tenant the wheel's client names when it names none.
 const TENANT: &[u8] = b"default";
 /// Idle connections kept for the next query; more callers at once open more.
-const MAX_IDLE: usize = 4;
-/// Batches at least this long go out as two requests (see [`MasterRpc::batch_exists`]).
-const SPLIT_KEYS: usize = 128;
+const MAX_IDLE: usize = 8;
+/// A batch goes out as one request per this many keys (see [`MasterRpc::batch_exists`]) ...
+const KEYS_PER_REQUEST: usize = 64;
+/// ... on at most this many connections at once.
+const MAX_REQUESTS: usize = 4;
 
 /// Why a query got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +71,11 @@ pub(super) struct MasterRpc {
     timeout: Duration,
     seq: AtomicU32,
     idle: Mutex<Vec<TcpStream>>,
+    /// The daemon's connections, for queries its async runtime awaits.
+    #[cfg(feature = "daemon")]
+    idle_async: Mutex<Vec<tokio::net::TcpStream>>,
+    /// Set for good once the master answered in a form this client does not speak.
+    refused: AtomicBool,
 }
 
 impl MasterRpc {
@@ -80,19 +87,35 @@ impl MasterRpc {
             timeout,
             seq: AtomicU32::new(1),
             idle: Mutex::new(Vec::new()),
+            #[cfg(feature = "daemon")]
+            idle_async: Mutex::new(Vec::new()),
+            refused: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the master was found to speak another protocol (see [`MasterRpc::refuse`]).
+    pub(super) fn refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Stops using this client for good after `e`, a [`RpcError::Protocol`]; logs once.
+    pub(super) fn refuse(&self, e: &RpcError) {
+        if !self.refused.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %e, "existence queries go through the helper from now on");
+        }
+        self.reset();
     }
 
     /// One answer per key, in order: `Ok(true)` complete in the store, `Ok(false)` absent,
     /// `Err(code)` the master's negative `ErrorCode` for that key.
     ///
     /// The master answers one request on one of its threads, at about a microsecond a key;
-    /// a batch of [`SPLIT_KEYS`] or more goes out as two requests on two connections, both
-    /// sent before either answer is read, so two of its threads answer at once.
+    /// a batch goes out as up to [`MAX_REQUESTS`] requests of at least [`KEYS_PER_REQUEST`]
+    /// keys on as many connections, all sent before any answer is read, so that many of its
+    /// threads answer at once.
     pub(super) fn batch_exists(&self, keys: &[&str]) -> Result<Vec<Result<bool, i64>>, RpcError> {
-        let parts = if keys.len() >= SPLIT_KEYS { 2 } else { 1 };
-        let mut calls = Vec::with_capacity(parts);
-        for part in keys.chunks(keys.len().div_ceil(parts).max(1)) {
+        let mut calls = Vec::with_capacity(MAX_REQUESTS);
+        for part in split(keys) {
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
             let frame = encode_request(seq, part)?;
             let (conn, reused) = match self.idle.lock().pop() {
@@ -143,6 +166,8 @@ impl MasterRpc {
 
     /// Drops every idle connection (the master is known to be gone).
     pub(super) fn reset(&self) {
+        #[cfg(feature = "daemon")]
+        self.idle_async.lock().clear();
         self.idle.lock().clear();
     }
 
@@ -178,6 +203,90 @@ impl MasterRpc {
     }
 }
 
+/// The same queries on the daemon's async runtime: its connection task awaits the master's
+/// answer instead of handing the lookup to a blocking thread and being woken by that thread.
+#[cfg(feature = "daemon")]
+impl MasterRpc {
+    /// [`MasterRpc::batch_exists`], awaited: the same requests, split the same way.
+    pub(super) async fn batch_exists_async(&self, keys: &[&str]) -> Result<Vec<Result<bool, i64>>, RpcError> {
+        use tokio::io::AsyncWriteExt;
+        let mut calls = Vec::with_capacity(MAX_REQUESTS);
+        for part in split(keys) {
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            let frame = encode_request(seq, part)?;
+            let pooled = self.idle_async.lock().pop();
+            let (mut conn, reused) = match pooled {
+                Some(c) => (c, true),
+                None => (self.connect_async().await?, false),
+            };
+            if let Err(e) = self.bounded(conn.write_all(&frame)).await {
+                if !reused {
+                    return Err(e);
+                }
+                conn = self.connect_async().await?;
+                self.bounded(conn.write_all(&frame)).await?;
+            }
+            calls.push((conn, reused, frame, seq, part.len()));
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for (mut conn, reused, frame, seq, n) in calls {
+            let body = match self.receive_async(&mut conn, seq, frame.len()).await {
+                // A pooled connection the master closed meanwhile (it restarted): one fresh try.
+                Err(RpcError::Io { .. }) if reused => {
+                    conn = self.connect_async().await?;
+                    self.bounded(conn.write_all(&frame)).await?;
+                    self.receive_async(&mut conn, seq, frame.len()).await
+                }
+                r => r,
+            }?;
+            out.extend(decode_response(&body, n).map_err(|why| self.protocol(why))?);
+            let mut idle = self.idle_async.lock();
+            if idle.len() < MAX_IDLE {
+                idle.push(conn);
+            }
+        }
+        Ok(out)
+    }
+
+    /// `f` within the op timeout.
+    async fn bounded<T>(&self, f: impl std::future::Future<Output = io::Result<T>>) -> Result<T, RpcError> {
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(r) => r.map_err(|e| self.io(e)),
+            Err(_) => Err(self.io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no answer within the op timeout",
+            ))),
+        }
+    }
+
+    async fn connect_async(&self) -> Result<tokio::net::TcpStream, RpcError> {
+        let s = self.bounded(tokio::net::TcpStream::connect(self.addr.as_str())).await?;
+        s.set_nodelay(true).map_err(|e| self.io(e))?;
+        Ok(s)
+    }
+
+    async fn receive_async(
+        &self,
+        conn: &mut tokio::net::TcpStream,
+        seq: u32,
+        sent: usize,
+    ) -> Result<Vec<u8>, RpcError> {
+        use tokio::io::AsyncReadExt;
+        let mut head = [0u8; RESP_HEAD];
+        self.bounded(conn.read_exact(&mut head)).await?;
+        let mut body = vec![0u8; reply_len(&head, sent).map_err(|why| self.protocol(why))?];
+        self.bounded(conn.read_exact(&mut body)).await?;
+        reply_body(&head, seq, body).map_err(|why| self.protocol(why))
+    }
+}
+
+/// The requests a batch of keys goes out as: one per [`KEYS_PER_REQUEST`] keys, at most
+/// [`MAX_REQUESTS`], near-equal, in key order.
+fn split<'a, 'k>(keys: &'a [&'k str]) -> std::slice::Chunks<'a, &'k str> {
+    let parts = (keys.len() / KEYS_PER_REQUEST).clamp(1, MAX_REQUESTS);
+    keys.chunks(keys.len().div_ceil(parts).max(1))
+}
+
 /// One request in flight on its own connection.
 struct Call {
     conn: TcpStream,
@@ -199,30 +308,35 @@ fn receive(conn: &mut TcpStream, seq: u32, sent: usize) -> Result<Vec<u8>, RpcEr
     };
     let mut head = [0u8; RESP_HEAD];
     conn.read_exact(&mut head).map_err(io)?;
+    let mut body = vec![0u8; reply_len(&head, sent).map_err(proto)?];
+    conn.read_exact(&mut body).map_err(io)?;
+    reply_body(&head, seq, body).map_err(proto)
+}
+
+/// Bytes that follow a reply's header, refused where they cannot be the reply to a request
+/// of `sent` bytes: an answer is at most 5 bytes a key, so a larger reply is never read in.
+fn reply_len(head: &[u8; RESP_HEAD], sent: usize) -> Result<usize, String> {
     if head[0] != MAGIC {
-        return Err(proto(format!("reply magic {:#04x}", head[0])));
+        return Err(format!("reply magic {:#04x}", head[0]));
     }
-    let got_seq = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
     let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
     let attach = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes")) as usize;
-    // A reply to `n` keys holds at most 5 bytes a key besides its header; anything larger
-    // is not this reply, and is not read into memory.
-    let bound = 64 + 5 * sent;
-    if len + attach > bound {
-        return Err(proto(format!(
-            "reply of {} bytes to a {sent}-byte request",
-            len + attach
-        )));
+    if len + attach > 64 + 5 * sent {
+        return Err(format!("reply of {} bytes to a {sent}-byte request", len + attach));
     }
-    let mut body = vec![0u8; len + attach];
-    conn.read_exact(&mut body).map_err(io)?;
+    Ok(len + attach)
+}
+
+/// The reply's struct_pack body, once the header's status and sequence number are checked.
+fn reply_body(head: &[u8; RESP_HEAD], seq: u32, mut body: Vec<u8>) -> Result<Vec<u8>, String> {
     if head[2] != 0 {
-        return Err(proto(format!("RPC error {} in reply", head[2])));
+        return Err(format!("RPC error {} in reply", head[2]));
     }
+    let got_seq = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
     if got_seq != seq {
-        return Err(proto(format!("reply to request {got_seq}, not {seq}")));
+        return Err(format!("reply to request {got_seq}, not {seq}"));
     }
-    body.truncate(len);
+    body.truncate(u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize);
     Ok(body)
 }
 
@@ -477,11 +591,24 @@ mod tests {
         (addr, h)
     }
 
-    /// A long batch is asked as two requests on two connections; the answers come back in
-    /// key order, and the connections serve the next query.
+    #[test]
+    fn batches_split_into_at_most_four_requests_of_64_keys_or_more() {
+        let keys: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let sizes = |n: usize| split(&refs[..n]).map(<[&str]>::len).collect::<Vec<_>>();
+        assert_eq!(sizes(1), vec![1]);
+        assert_eq!(sizes(127), vec![127]);
+        assert_eq!(sizes(128), vec![64, 64]);
+        assert_eq!(sizes(200), vec![67, 67, 66]);
+        assert_eq!(sizes(256), vec![64; 4]);
+        assert_eq!(sizes(1000), vec![250; 4]);
+    }
+
+    /// A long batch is asked as three requests on three connections; the answers come back
+    /// in key order, and the connections serve the next query.
     #[test]
     fn split_batches_answer_in_key_order() {
-        let (addr, master) = fake_master(2);
+        let (addr, master) = fake_master(3);
         let rpc = MasterRpc::new(&addr, Duration::from_secs(5));
         let keys: Vec<String> = (0..200)
             .map(|i| format!("k{i}{}", if i % 3 == 0 { "y" } else { "n" }))
@@ -498,6 +625,34 @@ mod tests {
         );
         drop(rpc);
         assert_eq!(master.join().unwrap(), 2 * 200 + 5);
+    }
+
+    /// The awaited query asks and answers the same, on a single-threaded runtime like the
+    /// daemon's control plane, and a master that is gone is an I/O error.
+    #[cfg(feature = "daemon")]
+    #[test]
+    fn awaited_queries_answer_like_blocking_ones() {
+        let (addr, master) = fake_master(4);
+        let rpc = MasterRpc::new(&addr, Duration::from_secs(5));
+        let keys: Vec<String> = (0..300)
+            .map(|i| format!("key{i}{}", if i % 4 == 1 { "y" } else { "n" }))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for _ in 0..2 {
+            let got = rt.block_on(rpc.batch_exists_async(&refs)).unwrap();
+            assert_eq!(got, (0..300).map(|i| Ok(i % 4 == 1)).collect::<Vec<_>>());
+        }
+        drop(rpc);
+        assert_eq!(master.join().unwrap(), 600);
+        let gone = MasterRpc::new(&addr, Duration::from_millis(300));
+        assert!(matches!(
+            rt.block_on(gone.batch_exists_async(&refs[..3])),
+            Err(RpcError::Io { .. })
+        ));
     }
 
     /// A peer that answers with an RPC error (a master of another build) is a protocol error.

@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -38,9 +37,9 @@ pub struct MooncakePool {
     pub(super) arena: Option<Arc<HostArena>>,
     pub(super) staging: HostArena,
     pub(super) staging_lock: Mutex<()>,
-    /// The master's own `BatchExistKey`, unless configured off or found foreign.
-    rpc: Option<MasterRpc>,
-    rpc_refused: AtomicBool,
+    /// The master's own `BatchExistKey`, unless configured off (or found foreign: see
+    /// [`MasterRpc::refused`]).
+    rpc: Option<Arc<MasterRpc>>,
     run_dir: PathBuf,
     owns_run_dir: bool,
 }
@@ -94,12 +93,11 @@ impl MooncakePool {
             run_dir: run_dir.clone(),
             regions,
         })?;
-        let rpc = (cfg.exists_via == ExistsVia::Master).then(|| MasterRpc::new(&cfg.master, cfg.op_timeout));
+        let rpc = (cfg.exists_via == ExistsVia::Master).then(|| Arc::new(MasterRpc::new(&cfg.master, cfg.op_timeout)));
         Ok(Self {
             cfg,
             sup: Some(sup),
             rpc,
-            rpc_refused: AtomicBool::new(false),
             arena,
             staging,
             staging_lock: Mutex::new(()),
@@ -235,8 +233,13 @@ impl MooncakePool {
         }
     }
 
-    fn master_rpc(&self) -> Option<&MasterRpc> {
-        self.rpc.as_ref().filter(|_| !self.rpc_refused.load(Ordering::Relaxed))
+    fn master_rpc(&self) -> Option<&Arc<MasterRpc>> {
+        self.rpc.as_ref().filter(|r| !r.refused())
+    }
+
+    /// The first key of `keys` this pool refuses, as the error every answer carries.
+    fn bad_key(&self, keys: &[&str]) -> Option<PoolError> {
+        keys.iter().find_map(|k| self.check(k, 0).err())
     }
 
     fn exists_in_helper(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
@@ -250,35 +253,45 @@ impl MooncakePool {
     fn exists_at_master(&self, rpc: &MasterRpc, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
         let mut out = Vec::with_capacity(keys.len());
         for (n, part) in keys.chunks(self.cfg.max_batch).enumerate() {
-            if let Some(bad) = part.iter().find_map(|k| self.check(k, 0).err()) {
+            if let Some(bad) = self.bad_key(part) {
                 out.extend(part.iter().map(|_| Err(bad.clone())));
                 continue;
             }
-            match rpc.batch_exists(part) {
-                Ok(answers) => out.extend(answers.into_iter().map(|a| a.or_else(codes::exists_result))),
-                Err(e @ RpcError::Protocol { .. }) => {
-                    if !self.rpc_refused.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(error = %e, "existence queries go through the helper from now on");
-                    }
-                    rpc.reset();
+            match master_answers(rpc, part, rpc.batch_exists(part)) {
+                Some(answers) => out.extend(answers),
+                None => {
                     out.extend(self.exists_in_helper(&keys[n * self.cfg.max_batch..]));
                     break;
-                }
-                Err(e @ RpcError::Io { .. }) => {
-                    rpc.reset();
-                    let e = PoolError::Unavailable(e.to_string());
-                    out.extend(part.iter().map(|_| Err(e.clone())));
-                }
-                Err(e @ RpcError::TooLarge(_)) => {
-                    let e = PoolError::Backend {
-                        code: codes::INVALID_PARAMS,
-                        message: e.to_string(),
-                    };
-                    out.extend(part.iter().map(|_| Err(e.clone())));
                 }
             }
         }
         out
+    }
+}
+
+/// The pool's answers from the master's: per key, a down master's `Unavailable` for every
+/// key (no pool credit), or `None` once the master turned out to speak another protocol
+/// (the caller asks the helper instead).
+fn master_answers(
+    rpc: &MasterRpc,
+    part: &[&str],
+    res: Result<Vec<Result<bool, i64>>, RpcError>,
+) -> Option<Vec<Result<bool, PoolError>>> {
+    let fail = |e: PoolError| Some(part.iter().map(|_| Err(e.clone())).collect());
+    match res {
+        Ok(answers) => Some(answers.into_iter().map(|a| a.or_else(codes::exists_result)).collect()),
+        Err(e @ RpcError::Protocol { .. }) => {
+            rpc.refuse(&e);
+            None
+        }
+        Err(e @ RpcError::Io { .. }) => {
+            rpc.reset();
+            fail(PoolError::Unavailable(e.to_string()))
+        }
+        Err(e @ RpcError::TooLarge(_)) => fail(PoolError::Backend {
+            code: codes::INVALID_PARAMS,
+            message: e.to_string(),
+        }),
     }
 }
 
@@ -393,6 +406,35 @@ impl PoolBackend for MooncakePool {
     /// Arena slices of any size move directly; others are bounded by the staging region.
     fn max_object_bytes(&self) -> usize {
         self.staging.len_bytes() as usize
+    }
+
+    #[cfg(feature = "daemon")]
+    fn awaits_exists(&self) -> bool {
+        self.master_rpc().is_some()
+    }
+
+    /// The master's answers, awaited: batches of `max_batch` as the blocking query, and
+    /// `None` (ask the helper, off the runtime) once the master speaks another protocol.
+    #[cfg(feature = "daemon")]
+    fn exists_async(&self, keys: crate::pool::KeyBatch) -> Option<crate::pool::ExistsFuture> {
+        let rpc = self.master_rpc()?.clone();
+        let max_batch = self.cfg.max_batch;
+        let refs = keys.refs();
+        let bad: Vec<Option<PoolError>> = refs.chunks(max_batch).map(|p| self.bad_key(p)).collect();
+        drop(refs);
+        Some(Box::pin(async move {
+            let refs = keys.refs();
+            let mut out = Vec::with_capacity(refs.len());
+            for (part, bad) in refs.chunks(max_batch).zip(bad) {
+                if let Some(bad) = bad {
+                    out.extend(part.iter().map(|_| Err(bad.clone())));
+                    continue;
+                }
+                let res = rpc.batch_exists_async(part).await;
+                out.extend(master_answers(&rpc, part, res)?);
+            }
+            Some(out)
+        }))
     }
 
     fn exists_source(&self) -> Option<&'static str> {
