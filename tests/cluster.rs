@@ -25,7 +25,7 @@ use kvtier::client::{Client, ClientConfig};
 use kvtier::hints::{Hint, HintOutcome, HintTarget};
 use kvtier::manager::pool_key_scheme;
 use kvtier::page::{Namespace, PageHash};
-use kvtier::protocol::LoadWait;
+use kvtier::protocol::{ErrorCode, LoadWait, Request};
 use kvtier::tier::device::EmulatedDevice;
 
 /// One engine rank on node B, in this process: a client and an emulated device.
@@ -119,6 +119,21 @@ fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
     let mut master = Master::start(bin, dir.path());
     let a = Node::start(&dir.path().join("a"), &master, &python);
     let b = Node::start(&dir.path().join("b"), &master, &python);
+
+    // A lookup on a cluster node answers on its connection task (it awaits the master
+    // there): before Connect it is refused as on any daemon, and the connection stays.
+    let mut raw = std::os::unix::net::UnixStream::connect(&b.socket).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for id in 1..=2 {
+        let mut frame = Vec::new();
+        Request::Lookup {
+            hashes: hashes(0xbad, 2),
+        }
+        .encode(id, &mut frame);
+        std::io::Write::write_all(&mut raw, &frame).unwrap();
+        assert_eq!(common::code(common::answer(&mut raw)), Some(ErrorCode::NotConnected));
+    }
+    drop(raw);
 
     // Node A: two rank processes store 12 complete TP=2 pages; an engine shares them.
     let hs = hashes(0xc1a5_7e00_0000, 12);

@@ -266,7 +266,10 @@ async fn serve(
             // and leaves the connection task when the answer would block a thread.
             Ok(Request::Lookup { hashes }) if shared.backend.discovers_remotely() => {
                 let awaited = match slot.as_deref() {
-                    Some(conn) => cmd::lookup_awaited(shared, conn, &hashes).await,
+                    Some(conn) => {
+                        let limit = shared.limits.max_wait + BLOCKING_SLACK;
+                        cmd::lookup_awaited(shared, conn, &hashes, limit).await
+                    }
                     None => return Err(ConnError::CommandFailed("connection state lost".into())),
                 };
                 match awaited {
