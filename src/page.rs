@@ -188,6 +188,12 @@ impl KeyScheme {
         key
     }
 
+    /// Bytes to reserve per key when rendering many into one buffer: the prefix, the
+    /// longest hash in hex, and room for the ranks and the part.
+    pub fn key_capacity(&self) -> usize {
+        self.prefix.len() + MAX_HASH_BYTES * 2 + 16
+    }
+
     /// Appends [`Self::object_key`] to `out`: the move paths render a batch's keys into one
     /// buffer rather than allocate a `String` per object.
     pub fn write_object_key(&self, out: &mut String, layout: &Layout, hash: &PageHash, id: ObjectId) {

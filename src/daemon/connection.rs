@@ -266,10 +266,7 @@ async fn serve(
             // and leaves the connection task when the answer would block a thread.
             Ok(Request::Lookup { hashes }) if shared.backend.discovers_remotely() => {
                 let awaited = match slot.as_deref() {
-                    Some(conn) => {
-                        let limit = shared.limits.max_wait + BLOCKING_SLACK;
-                        cmd::lookup_awaited(shared, conn, &hashes, limit).await
-                    }
+                    Some(conn) => cmd::lookup_awaited(shared, conn, &hashes, command_limit(shared)).await,
                     None => return Err(ConnError::CommandFailed("connection state lost".into())),
                 };
                 match awaited {
@@ -344,7 +341,7 @@ async fn offload(shared: &Arc<Shared>, slot: &mut Option<Box<Conn>>, req: Reques
             release(&sh, &mut conn);
         }
     });
-    let limit = shared.limits.max_wait + BLOCKING_SLACK;
+    let limit = command_limit(shared);
     match tokio::time::timeout(limit, &mut rx).await {
         Ok(Ok((conn, resp))) => {
             *slot = Some(conn);
@@ -363,6 +360,12 @@ async fn offload(shared: &Arc<Shared>, slot: &mut Option<Box<Conn>>, req: Reques
             Err(ConnError::CommandTimeout(limit))
         }
     }
+}
+
+/// How long one command may take before its connection gives up on it: the longest wait
+/// a command may ask for, and some slack.
+fn command_limit(shared: &Shared) -> Duration {
+    shared.limits.max_wait + BLOCKING_SLACK
 }
 
 /// Gives back everything a finished connection held.

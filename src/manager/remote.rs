@@ -16,9 +16,6 @@
 //! taken alone. While the pool is not healthy (master unreachable) nothing gets pool credit.
 
 use std::collections::HashMap;
-
-/// Cache maps keyed by engine-given hashes: foldhash, seeded per process.
-type PageMap<V> = HashMap<(NamespaceId, PageHash), V, foldhash::quality::RandomState>;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
@@ -31,6 +28,9 @@ use crate::directory::PrefixHit;
 use crate::page::{NamespaceId, PageHash};
 use crate::pool::{KeyBatch, PoolError, PoolHealth};
 use crate::tier::TierKind;
+
+/// Cache maps keyed by engine-given hashes: foldhash, seeded per process.
+type PageMap<V> = HashMap<(NamespaceId, PageHash), V, foldhash::quality::RandomState>;
 
 /// Discovery tunables. Every field has a documented default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -323,7 +323,7 @@ impl Manager {
         let per_page = layout.object_count();
         let keys = (!ask.is_empty()).then(|| {
             // Every key in one buffer: a 64-page query names 256 objects.
-            let mut keys = KeyBatch::with_capacity(ask.len() * per_page, scheme.prefix.len() + 80);
+            let mut keys = KeyBatch::with_capacity(ask.len() * per_page, scheme.key_capacity());
             for &i in &ask {
                 keys.push_page(&scheme, &layout, &window[i]);
             }
@@ -488,7 +488,8 @@ impl Manager {
     /// to await, with no manager lock held; [`Manager::lookup_finish`] completes it.
     pub fn lookup_begin(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<LookupStep, super::ManagerError> {
         self.check_batch(hashes.len())?;
-        if self.pool().is_some_and(|p| !p.awaits_exists()) {
+        let pool = self.pool();
+        if pool.as_ref().is_some_and(|p| !p.awaits_exists()) {
             return Ok(LookupStep::Blocking);
         }
         let hit = self.view_lookup(ns, hashes)?;
@@ -496,7 +497,7 @@ impl Manager {
             Err(hit) => hit,
             Ok((d, None)) => self.discover_apply(hashes, d, None),
             Ok((d, Some(keys))) => {
-                let Some(query) = self.pool().and_then(|p| p.exists_async(keys)) else {
+                let Some(query) = pool.and_then(|p| p.exists_async(keys)) else {
                     return Ok(LookupStep::Blocking);
                 };
                 return Ok(LookupStep::Query(PendingLookup {

@@ -65,8 +65,7 @@ struct ObjMove {
 /// buffer per batch, not a `String` per object: the allocations showed on 64 KiB moves.
 fn render_keys(moves: &mut [ObjMove], keys: &crate::page::KeyScheme, layout: &crate::layout::Layout, buf: &mut String) {
     buf.clear();
-    let per = keys.prefix.len() + crate::page::MAX_HASH_BYTES * 2 + 16;
-    buf.reserve(moves.len() * per);
+    buf.reserve(moves.len() * keys.key_capacity());
     for m in moves {
         let start = buf.len();
         keys.write_object_key(buf, layout, &m.hash, layout.objects()[m.obj]);

@@ -78,14 +78,6 @@ impl KeyBatch {
         scheme.push_page_keys(layout, hash, &mut self.buf, &mut self.ends);
     }
 
-    pub fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
-
     /// The keys, in the order they were pushed.
     pub fn refs(&self) -> Vec<&str> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());

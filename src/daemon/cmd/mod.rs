@@ -9,14 +9,14 @@ mod connect;
 mod hint;
 mod load;
 mod lookup;
-
-pub(crate) use lookup::awaited as lookup_awaited;
 mod removed;
 mod session;
 mod stats;
 mod store;
 mod ticket;
 mod tokens;
+
+pub(crate) use lookup::awaited as lookup_awaited;
 
 use crate::directory::DirectoryError;
 use crate::manager::ManagerError;

@@ -118,7 +118,8 @@ impl MasterRpc {
         for part in split(keys) {
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
             let frame = encode_request(seq, part)?;
-            let (conn, reused) = match self.idle.lock().pop() {
+            let pooled = self.idle.lock().pop();
+            let (conn, reused) = match pooled {
                 Some(c) => (c, true),
                 None => (self.connect()?, false),
             };
@@ -141,20 +142,15 @@ impl MasterRpc {
         }
         let mut out = Vec::with_capacity(keys.len());
         for mut call in calls {
-            let body = match receive(&mut call.conn, call.seq, call.frame.len()) {
+            let body = match self.receive(&mut call) {
                 // A pooled connection the master closed meanwhile (it restarted): one fresh try.
                 Err(RpcError::Io { .. }) if call.reused => {
                     call.conn = self.connect()?;
                     call.conn.write_all(&call.frame).map_err(|e| self.io(e))?;
-                    receive(&mut call.conn, call.seq, call.frame.len())
+                    self.receive(&mut call)
                 }
                 r => r,
-            };
-            let body = body.map_err(|e| match e {
-                RpcError::Io { source, .. } => self.io(source),
-                RpcError::Protocol { why, .. } => self.protocol(why),
-                e => e,
-            })?;
+            }?;
             out.extend(decode_response(&body, call.n).map_err(|why| self.protocol(why))?);
             let mut idle = self.idle.lock();
             if idle.len() < MAX_IDLE {
@@ -183,6 +179,15 @@ impl MasterRpc {
             addr: self.addr.clone(),
             why,
         }
+    }
+
+    /// Reads `call`'s reply and returns its body.
+    fn receive(&self, call: &mut Call<TcpStream>) -> Result<Vec<u8>, RpcError> {
+        let mut head = [0u8; RESP_HEAD];
+        call.conn.read_exact(&mut head).map_err(|e| self.io(e))?;
+        let mut body = vec![0u8; reply_len(&head, call.frame.len()).map_err(|why| self.protocol(why))?];
+        call.conn.read_exact(&mut body).map_err(|e| self.io(e))?;
+        reply_body(&head, call.seq, body).map_err(|why| self.protocol(why))
     }
 
     fn connect(&self) -> Result<TcpStream, RpcError> {
@@ -215,34 +220,42 @@ impl MasterRpc {
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
             let frame = encode_request(seq, part)?;
             let pooled = self.idle_async.lock().pop();
-            let (mut conn, reused) = match pooled {
+            let (conn, reused) = match pooled {
                 Some(c) => (c, true),
                 None => (self.connect_async().await?, false),
             };
-            if let Err(e) = self.bounded(conn.write_all(&frame)).await {
-                if !reused {
+            let mut call = Call {
+                conn,
+                reused,
+                frame,
+                seq,
+                n: part.len(),
+            };
+            if let Err(e) = self.bounded(call.conn.write_all(&call.frame)).await {
+                if !call.reused {
                     return Err(e);
                 }
-                conn = self.connect_async().await?;
-                self.bounded(conn.write_all(&frame)).await?;
+                call.conn = self.connect_async().await?;
+                call.reused = false;
+                self.bounded(call.conn.write_all(&call.frame)).await?;
             }
-            calls.push((conn, reused, frame, seq, part.len()));
+            calls.push(call);
         }
         let mut out = Vec::with_capacity(keys.len());
-        for (mut conn, reused, frame, seq, n) in calls {
-            let body = match self.receive_async(&mut conn, seq, frame.len()).await {
+        for mut call in calls {
+            let body = match self.receive_async(&mut call).await {
                 // A pooled connection the master closed meanwhile (it restarted): one fresh try.
-                Err(RpcError::Io { .. }) if reused => {
-                    conn = self.connect_async().await?;
-                    self.bounded(conn.write_all(&frame)).await?;
-                    self.receive_async(&mut conn, seq, frame.len()).await
+                Err(RpcError::Io { .. }) if call.reused => {
+                    call.conn = self.connect_async().await?;
+                    self.bounded(call.conn.write_all(&call.frame)).await?;
+                    self.receive_async(&mut call).await
                 }
                 r => r,
             }?;
-            out.extend(decode_response(&body, n).map_err(|why| self.protocol(why))?);
+            out.extend(decode_response(&body, call.n).map_err(|why| self.protocol(why))?);
             let mut idle = self.idle_async.lock();
             if idle.len() < MAX_IDLE {
-                idle.push(conn);
+                idle.push(call.conn);
             }
         }
         Ok(out)
@@ -265,18 +278,14 @@ impl MasterRpc {
         Ok(s)
     }
 
-    async fn receive_async(
-        &self,
-        conn: &mut tokio::net::TcpStream,
-        seq: u32,
-        sent: usize,
-    ) -> Result<Vec<u8>, RpcError> {
+    /// [`MasterRpc::receive`], awaited, each read within the op timeout.
+    async fn receive_async(&self, call: &mut Call<tokio::net::TcpStream>) -> Result<Vec<u8>, RpcError> {
         use tokio::io::AsyncReadExt;
         let mut head = [0u8; RESP_HEAD];
-        self.bounded(conn.read_exact(&mut head)).await?;
-        let mut body = vec![0u8; reply_len(&head, sent).map_err(|why| self.protocol(why))?];
-        self.bounded(conn.read_exact(&mut body)).await?;
-        reply_body(&head, seq, body).map_err(|why| self.protocol(why))
+        self.bounded(call.conn.read_exact(&mut head)).await?;
+        let mut body = vec![0u8; reply_len(&head, call.frame.len()).map_err(|why| self.protocol(why))?];
+        self.bounded(call.conn.read_exact(&mut body)).await?;
+        reply_body(&head, call.seq, body).map_err(|why| self.protocol(why))
     }
 }
 
@@ -287,30 +296,13 @@ fn split<'a, 'k>(keys: &'a [&'k str]) -> std::slice::Chunks<'a, &'k str> {
     keys.chunks(keys.len().div_ceil(parts).max(1))
 }
 
-/// One request in flight on its own connection.
-struct Call {
-    conn: TcpStream,
+/// One request in flight on its own connection (a blocking or a tokio stream).
+struct Call<S> {
+    conn: S,
     reused: bool,
     frame: Vec<u8>,
     seq: u32,
     n: usize,
-}
-
-/// Reads the reply to request `seq` (whose frame was `sent` bytes) and returns its body.
-fn receive(conn: &mut TcpStream, seq: u32, sent: usize) -> Result<Vec<u8>, RpcError> {
-    let io = |source| RpcError::Io {
-        addr: String::new(),
-        source,
-    };
-    let proto = |why: String| RpcError::Protocol {
-        addr: String::new(),
-        why,
-    };
-    let mut head = [0u8; RESP_HEAD];
-    conn.read_exact(&mut head).map_err(io)?;
-    let mut body = vec![0u8; reply_len(&head, sent).map_err(proto)?];
-    conn.read_exact(&mut body).map_err(io)?;
-    reply_body(&head, seq, body).map_err(proto)
 }
 
 /// Bytes that follow a reply's header, refused where they cannot be the reply to a request

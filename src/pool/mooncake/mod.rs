@@ -68,6 +68,15 @@ pub enum ExistsVia {
     Helper,
 }
 
+impl ExistsVia {
+    pub fn name(self) -> &'static str {
+        match self {
+            ExistsVia::Master => "master",
+            ExistsVia::Helper => "helper",
+        }
+    }
+}
+
 /// Configuration of [`MooncakePool`]. Build with [`MooncakeConfig::new`] and the `with_*`
 /// options, or [`MooncakeConfig::from_env`].
 #[derive(Clone, Debug)]

@@ -438,10 +438,7 @@ impl PoolBackend for MooncakePool {
     }
 
     fn exists_source(&self) -> Option<&'static str> {
-        Some(match self.exists_via() {
-            ExistsVia::Master => "master",
-            ExistsVia::Helper => "helper",
-        })
+        Some(self.exists_via().name())
     }
 }
 
