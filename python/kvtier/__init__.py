@@ -43,6 +43,7 @@ from .errors import (
     RemoteError,
     UnavailableError,
     UnsupportedError,
+    UntrustedError,
 )
 
 __all__ = [
