@@ -44,6 +44,8 @@ extern "C" {
 #define KVTIER_ERR_BUFFER_TOO_SMALL (-12)
 #define KVTIER_ERR_UNSUPPORTED (-13)     /* kvtier was built without the `cuda` feature */
 #define KVTIER_ERR_CLOSED (-14)          /* handle closed already, or not from kvtier_connect */
+#define KVTIER_ERR_UNTRUSTED (-15)       /* the socket's peer or the arena is another uid's than
+                                          * the daemon's expected uid (message names both) */
 /* The daemon refused the request: code = KVTIER_ERR_REMOTE_BASE - daemon code, with
  * daemon codes 1 bad_frame, 2 unsupported_version, 3 frame_too_large, 4 unknown_message,
  * 5 not_connected, 6 layout_mismatch, 7 bad_layout, 8 unknown_grant, 9 no_space,
@@ -104,7 +106,11 @@ extern "C" {
 typedef struct kvtier_client kvtier_client_t;
 
 /* Set struct_size = sizeof(kvtier_connect_options_t). Strings are NUL-terminated UTF-8;
- * lora and salt may be null (empty). */
+ * lora and salt may be null (empty). The size is the version: a struct that ends at
+ * timeout_ms (the first version) is accepted too, with has_daemon_uid = 0.
+ * Before anything is sent, the process serving the socket (SO_PEERCRED) and the arena file
+ * it names must belong to the expected daemon uid: daemon_uid when has_daemon_uid is
+ * non-zero, else this process's effective uid; otherwise KVTIER_ERR_UNTRUSTED. */
 typedef struct kvtier_connect_options {
     size_t struct_size;
     const char *socket;
@@ -117,6 +123,8 @@ typedef struct kvtier_connect_options {
     uint32_t attention;  /* KVTIER_ATTENTION_* */
     uint32_t byte_order; /* KVTIER_ORDER_* */
     uint32_t timeout_ms; /* every call's timeout; 0 = 5000 */
+    uint32_t has_daemon_uid; /* non-zero: daemon_uid is the daemon's uid */
+    uint32_t daemon_uid;
 } kvtier_connect_options_t;
 
 /* Contiguous prefix of complete pages credited to the nearest tier holding them. */
@@ -163,6 +171,12 @@ const char *kvtier_last_error(void);
 const char *kvtier_error_name(int32_t code);
 
 /* ---- Connection -------------------------------------------------------------------- */
+/* The daemon's default control socket, as `kvtier serve` picks it: KVTIER_SOCKET, else
+ * kvtier.sock in $XDG_RUNTIME_DIR/kvtier, else in /run/user/<uid>/kvtier when that is this
+ * user's private directory, else ./.kvtier. Writes it NUL-terminated into buf (capacity
+ * *len) and sets *len to the bytes used; KVTIER_ERR_BUFFER_TOO_SMALL sets *len to the
+ * bytes needed (buf may be null then). */
+int32_t kvtier_default_socket(char *buf, size_t *len);
 int32_t kvtier_connect(const kvtier_connect_options_t *opts, kvtier_client_t **out);
 /* Closes the handle; null is a no-op; a handle closed already is KVTIER_ERR_CLOSED. */
 int32_t kvtier_close(kvtier_client_t *client);

@@ -155,8 +155,10 @@ impl LayoutSpec {
     }
 }
 
-/// A validated layout with its derived object set. Cheap to clone.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A validated layout with its derived object set. Cheap to clone. Serializable so that
+/// the pool's key fingerprint (`pool::keys::layout_fingerprint`) covers every field,
+/// including any added later.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Layout {
     spec: LayoutSpec,
     stage_layers: Vec<u32>,

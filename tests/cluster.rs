@@ -23,8 +23,8 @@ use common::require::require;
 use common::{hashes, identity, seed, spec};
 use kvtier::client::{Client, ClientConfig};
 use kvtier::hints::{Hint, HintOutcome, HintTarget};
-use kvtier::manager::pool_key_scheme;
 use kvtier::page::{Namespace, PageHash};
+use kvtier::pool::keys::{KeyFormat, scheme_for};
 use kvtier::protocol::{ErrorCode, LoadWait, Request};
 use kvtier::tier::device::EmulatedDevice;
 
@@ -169,7 +169,7 @@ fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
 
     // A page for which only TP rank 0's objects exist is never a hit on B.
     let layout = spec(2, 1).build().unwrap();
-    let keys = pool_key_scheme("kvtier", &Namespace::model("test-model"));
+    let keys = scheme_for("kvtier", KeyFormat::Kvtier, &Namespace::model("test-model"), &layout);
     let lone = PageHash::from_u64(0x10e_0000_0001);
     let rank0: Vec<String> = keys.page_keys(&layout, &lone)[..2].to_vec();
     store_client(&python, &master, "put", &rank0, layout.object_bytes(0) as usize);

@@ -31,6 +31,8 @@ fn options(socket: &CString, instance: &CString, model: &CString) -> ConnectOpti
         attention: 0,
         byte_order: 0,
         timeout_ms: 2000,
+        has_daemon_uid: 0,
+        daemon_uid: 0,
     }
 }
 
@@ -66,10 +68,10 @@ fn null_and_size_errors_have_codes() {
             CString::new("m").unwrap(),
         );
         let mut o = options(&s, &i, &m);
-        o.struct_size -= 8;
+        o.struct_size -= 4;
         assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_INVALID);
         assert!(h.is_null());
-        o.struct_size += 8;
+        o.struct_size += 4;
         o.socket = null();
         assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_NULL);
         assert_eq!(kvtier_close(null_mut()), ffi::OK);
@@ -244,8 +246,60 @@ fn error_names_are_stable() {
     assert_eq!(name(ffi::OK), "ok");
     assert_eq!(name(ffi::ERR_UNAVAILABLE), "unavailable");
     assert_eq!(name(ffi::ERR_UNSUPPORTED), "unsupported");
+    assert_eq!(name(ffi::ERR_UNTRUSTED), "untrusted");
     assert_eq!(name(ffi::ERR_REMOTE_BASE - 9), "remote");
     assert_eq!(name(12345), "unknown");
+}
+
+#[test]
+fn first_version_options_connect_and_a_daemon_of_another_uid_is_untrusted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), 8 << 20);
+    let socket = CString::new(d.socket.to_str().unwrap()).unwrap();
+    let (inst, model) = (CString::new("capi").unwrap(), CString::new("capi-model").unwrap());
+    let me = kvtier::tier::private::euid();
+    let mut h = null_mut();
+    // A caller built against the first version: the struct ended at `timeout_ms`.
+    let mut o = options(&socket, &inst, &model);
+    o.struct_size = CONNECT_OPTIONS_V1;
+    o.has_daemon_uid = 1;
+    o.daemon_uid = me + 1; // past the first version's end: never read
+    // SAFETY: valid options (the first CONNECT_OPTIONS_V1 bytes are read) and output pointer.
+    unsafe {
+        assert_eq!(kvtier_connect(&o, &mut h), ffi::OK, "{}", last_error());
+        assert_eq!(kvtier_close(h), ffi::OK);
+    }
+    // The current version, expecting the daemon to be another uid than it is.
+    o.struct_size = std::mem::size_of::<ConnectOptions>();
+    h = null_mut();
+    // SAFETY: as above.
+    let rc = unsafe { kvtier_connect(&o, &mut h) };
+    assert_eq!(rc, ffi::ERR_UNTRUSTED, "{}", last_error());
+    assert!(h.is_null());
+    let e = last_error();
+    assert!(
+        e.contains(&format!("uid {me}")) && e.contains(&format!("uid {}", me + 1)),
+        "both uids are named: {e}"
+    );
+    o.daemon_uid = me;
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(kvtier_connect(&o, &mut h), ffi::OK, "{}", last_error());
+        assert_eq!(kvtier_close(h), ffi::OK);
+    }
+    // The default socket the library reports is the daemon's.
+    let mut len = 0usize;
+    // SAFETY: a null buffer asks for the length.
+    assert_eq!(
+        unsafe { kvtier_default_socket(null_mut(), &mut len) },
+        ffi::ERR_BUFFER_TOO_SMALL
+    );
+    let mut buf = vec![0 as std::ffi::c_char; len];
+    // SAFETY: `buf` holds `len` bytes.
+    assert_eq!(unsafe { kvtier_default_socket(buf.as_mut_ptr(), &mut len) }, ffi::OK);
+    // SAFETY: NUL-terminated by the call.
+    let got = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap().to_owned();
+    assert_eq!(std::path::PathBuf::from(got), kvtier::client::default_socket());
 }
 
 #[test]

@@ -493,6 +493,8 @@ fn the_c_abi_registers_engine_tensors_and_moves_pages_through_them() {
         attention: 0,
         byte_order: 0,
         timeout_ms: 5000,
+        has_daemon_uid: 0,
+        daemon_uid: 0,
     };
     let hashes: Vec<u8> = (0x7000u64..0x7003).flat_map(|v| v.to_be_bytes()).collect();
     let (from, to) = ([0u32, 1, 2], [5u32, 6, 7]);

@@ -52,7 +52,10 @@ fn config() -> Option<MooncakeConfig> {
 }
 
 fn python() -> PathBuf {
-    std::env::var_os("KVTIER_MOONCAKE_PYTHON").map_or_else(|| PathBuf::from(".venv/bin/python3"), PathBuf::from)
+    std::env::var_os("KVTIER_MOONCAKE_PYTHON").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3"),
+        PathBuf::from,
+    )
 }
 
 fn layout() -> Layout {
@@ -508,7 +511,7 @@ fn manager_shares_to_mooncake_and_defers_while_the_master_is_down() {
     };
     assert!(hs.iter().all(in_pool), "every shared page is pool-complete");
     // Another client sees every object under the manager's HiCache keys, at its full size.
-    let keys = pool_key_scheme(&m.config().pool_key_tag, &name);
+    let keys = pool_key_scheme(m.config(), &name, &l);
     let items: Vec<_> = keys
         .page_keys(&l, &hs[0])
         .into_iter()

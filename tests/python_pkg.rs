@@ -27,6 +27,7 @@ fn package_client_round_trips_and_refuses_bad_input() {
         &out,
         &[
             "OK unavailable names the socket",
+            "OK a daemon of another uid is untrusted; the default socket is the library's",
             "OK stored 4 pages from host tensors",
             "OK loaded 4 pages into host tensors byte for byte; wrong layouts refused",
             "OK token ids, sessions, request ends and KvHint envelopes through the client",

@@ -5,6 +5,12 @@
 //! `KVTIER_REQUIRE` lists `root`. Slot size, arena size and the manifest: tests/recovery.rs.
 
 mod common;
+#[path = "security/events_default.rs"]
+mod events_default;
+#[path = "security/fake_daemon.rs"]
+mod fake_daemon;
+#[path = "security/mooncake_paths.rs"]
+mod mooncake_paths;
 #[path = "security/serve.rs"]
 mod serve;
 
@@ -396,8 +402,9 @@ fn engine_helper_process() {
     let salt: u64 = std::env::var("KVTIER_TEST_ENGINE_SALT").unwrap().parse().unwrap();
     let mut id = common::identity("other-uid", 0, 0, 1, 1);
     id.namespace = kvtier::page::Namespace::model("other-uid");
-    let cfg =
-        kvtier::client::ClientConfig::new(Path::new(&socket), id, small_spec()).with_timeout(Duration::from_secs(10));
+    let cfg = kvtier::client::ClientConfig::new(Path::new(&socket), id, small_spec())
+        .with_timeout(Duration::from_secs(10))
+        .with_daemon_uid(0);
     match Client::connect(cfg) {
         Err(e) => println!("PEER-ANSWER: refused {e}"),
         Ok(c) => {

@@ -29,6 +29,7 @@ use kvtier::manager::LoadWait;
 use kvtier::manager::{Manager, ManagerConfig, PoolConfig, RemoteConfig, pool_key_scheme};
 use kvtier::page::{Namespace, PageHash};
 use kvtier::pool::PoolHealth;
+use kvtier::pool::keys::KeyFormat;
 use kvtier::pool::mooncake::MooncakeConfig;
 use kvtier::tier::device::{EmulatedDevice, pattern};
 
@@ -136,6 +137,8 @@ fn manager(dir: &Path, mc: &MooncakeConfig, l: &Layout) -> Manager {
     let mut cfg = ManagerConfig::in_dir(dir, 64 * l.page_bytes(), None);
     cfg.arena.lock = false;
     cfg.pool_key_tag = String::new();
+    // SGLang's exact keys: every instance here serves one layout (see `KeyFormat::Sglang`).
+    cfg.pool_key_format = KeyFormat::Sglang;
     cfg.remote = Some(RemoteConfig::default());
     cfg.pool = PoolConfig::Mooncake(Box::new(mc.clone()));
     Manager::new(cfg, SystemClock::new()).unwrap()
@@ -157,7 +160,7 @@ fn healthy(m: &Manager) {
 
 /// kvtier's keys for rank `(tp, pp)` in SGLang's order: per page, the rank's objects.
 fn kvtier_keys(m: &Manager, ns: &Namespace, l: &Layout, hs: &[PageHash], tp: u16, pp: u16) -> Vec<String> {
-    let scheme = pool_key_scheme(&m.config().pool_key_tag, ns);
+    let scheme = pool_key_scheme(m.config(), ns, l);
     let objs = l.rank_objects(tp, pp).unwrap();
     hs.iter()
         .flat_map(|h| {

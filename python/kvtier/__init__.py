@@ -43,12 +43,13 @@ from .errors import (
     RemoteError,
     UnavailableError,
     UnsupportedError,
+    UntrustedError,
 )
 
 __all__ = [
     "Client", "Layout", "PrefixHit", "StoreReceipt", "TicketStatus", "default_socket", "pack_hashes", "library_path",
     "KvtierError", "ClosedError", "DaemonTimeoutError", "DeviceError", "InvalidArgumentError", "LayoutError",
-    "RemoteError", "UnavailableError", "UnsupportedError", "__version__",
+    "RemoteError", "UnavailableError", "UnsupportedError", "UntrustedError", "__version__",
     "HINT_DEMOTE", "HINT_PIN", "HINT_PREFETCH", "HINT_RETAIN", "HINT_SHARE", "LOAD_BEST_EFFORT", "LOAD_TIMEOUT",
     "LOAD_WAIT_COMPLETE", "PART_K", "PART_LATENT", "PART_V", "TARGET_PAGES", "TARGET_PREFIX", "TARGET_SESSION",
     "TIER_DEVICE", "TIER_HOST", "TIER_POOL",

@@ -26,6 +26,7 @@ ERR_INTERNAL = -11
 ERR_BUFFER_TOO_SMALL = -12
 ERR_UNSUPPORTED = -13
 ERR_CLOSED = -14
+ERR_UNTRUSTED = -15
 ERR_REMOTE_BASE = -100
 
 PART_K, PART_V, PART_LATENT = 0, 1, 2
@@ -63,6 +64,8 @@ class ConnectOptions(Structure):
         ("attention", c_uint32),
         ("byte_order", c_uint32),
         ("timeout_ms", c_uint32),
+        ("has_daemon_uid", c_uint32),
+        ("daemon_uid", c_uint32),
     ]
 
 
@@ -102,6 +105,7 @@ _H = c_void_p
 SIGNATURES = {
     "kvtier_last_error": ([], c_char_p),
     "kvtier_error_name": ([c_int32], c_char_p),
+    "kvtier_default_socket": ([c_char_p, POINTER(c_size_t)], c_int32),
     "kvtier_connect": ([POINTER(ConnectOptions), POINTER(c_void_p)], c_int32),
     "kvtier_close": ([_H], c_int32),
     "kvtier_register_emulated": ([_H, c_uint32], c_int32),

@@ -33,13 +33,16 @@ _PHASES = {"reasoning": 0, "acting": 1, "paused": 2, "ended": 3}
 
 
 def default_socket():
-    """The daemon's default socket, as ``kvtier serve`` picks it: ``KVTIER_SOCKET`` when set,
-    else ``$XDG_RUNTIME_DIR/kvtier/kvtier.sock``, else ``./.kvtier/kvtier.sock``."""
-    env = os.environ.get("KVTIER_SOCKET")
-    if env:
-        return Path(env)
-    run = os.environ.get("XDG_RUNTIME_DIR")
-    return (Path(run) / "kvtier" if run else Path(".kvtier")) / "kvtier.sock"
+    """The daemon's default socket, as ``kvtier serve`` picks it (the library's own answer,
+    ``kvtier_default_socket``): ``KVTIER_SOCKET`` when set, else ``kvtier.sock`` in
+    ``$XDG_RUNTIME_DIR/kvtier``, else in ``/run/user/<uid>/kvtier`` when that is this user's
+    private directory, else in ``./.kvtier``."""
+    lib = _capi.lib()
+    need = c_size_t(0)
+    lib.kvtier_default_socket(None, byref(need))
+    buf = ctypes.create_string_buffer(need.value)
+    check(lib.kvtier_default_socket(buf, byref(need)))
+    return Path(os.fsdecode(buf.value))
 
 
 @dataclass(frozen=True)
@@ -78,13 +81,20 @@ def pack_hashes(hashes):
 
 
 class Client:
-    """One engine rank connected to the kvtier daemon at ``socket``."""
+    """One engine rank connected to the kvtier daemon at ``socket``.
+
+    Before anything is sent, the process serving the socket (its ``SO_PEERCRED``) and the
+    arena file it names must belong to the daemon's uid: ``daemon_uid``, else the
+    ``KVTIER_DAEMON_UID`` environment variable (how an engine's connector is told), else
+    this process's own uid; otherwise :class:`~kvtier.errors.UntrustedError`."""
 
     def __init__(self, layout, socket=None, instance="python", model="model", tp_rank=0, tp_size=1, pp_rank=0,
-                 pp_size=1, dp_rank=0, lora=None, salt=None, timeout_ms=5000):
+                 pp_size=1, dp_rank=0, lora=None, salt=None, timeout_ms=5000, daemon_uid=None):
         self._lib = _capi.lib()
         self.layout = layout
         self.socket = Path(socket) if socket else default_socket()
+        if daemon_uid is None and os.environ.get("KVTIER_DAEMON_UID"):
+            daemon_uid = int(os.environ["KVTIER_DAEMON_UID"])
         opts = _capi.ConnectOptions(
             ctypes.sizeof(_capi.ConnectOptions), os.fsencode(self.socket), instance.encode(), model.encode(),
             lora.encode() if lora else None, salt.encode() if salt else None,
@@ -92,7 +102,7 @@ class Client:
             layout.layers, layout.kv_heads, layout.head_dim, layout.dtype_bytes, layout.page_tokens,
             _capi.ATTENTION_MLA if layout.mla else _capi.ATTENTION_MHA,
             _capi.ORDER_PAGE_FIRST if layout.page_first else _capi.ORDER_LAYER_FIRST,
-            timeout_ms,
+            timeout_ms, 0 if daemon_uid is None else 1, daemon_uid or 0,
         )
         self._handle = ctypes.c_void_p()
         self._closed = True

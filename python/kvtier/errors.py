@@ -46,6 +46,12 @@ class UnsupportedError(KvtierError):
     """This libkvtier was built without a feature the call needs (``cuda``)."""
 
 
+class UntrustedError(KvtierError, PermissionError):
+    """The process serving the socket, or the arena file it named, belongs to another uid
+    than the daemon's expected one (the message names both): someone may be posing as the
+    daemon. Pass ``daemon_uid=`` when the daemon really runs as another user."""
+
+
 class RemoteError(KvtierError):
     """The daemon refused the request; ``daemon_code`` is its own error code."""
 
@@ -65,6 +71,7 @@ _BY_CODE = {
     _capi.ERR_LAYOUT: LayoutError,
     _capi.ERR_UNSUPPORTED: UnsupportedError,
     _capi.ERR_CLOSED: ClosedError,
+    _capi.ERR_UNTRUSTED: UntrustedError,
 }
 
 

@@ -8,6 +8,7 @@ test asserts on.
 """
 
 import ctypes
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +30,28 @@ except kvtier.UnavailableError as e:
     assert str(missing) in str(e), e
     assert e.code == _capi.ERR_UNAVAILABLE and isinstance(e, ConnectionError), e
     print("OK unavailable names the socket")
+
+# The daemon named as another uid than the one it runs as: refused before anything is sent,
+# naming both uids; the same through KVTIER_DAEMON_UID, which connectors inherit.
+me = os.geteuid()
+for via_env in (False, True):
+    try:
+        if via_env:
+            os.environ["KVTIER_DAEMON_UID"] = str(me + 1)
+            kvtier.Client(layout, socket=socket)
+        else:
+            kvtier.Client(layout, socket=socket, daemon_uid=me + 1)
+        raise SystemExit("a daemon of an unexpected uid was accepted")
+    except kvtier.UntrustedError as e:
+        assert e.code == _capi.ERR_UNTRUSTED and isinstance(e, PermissionError), e
+        assert f"uid {me}" in str(e) and f"uid {me + 1}" in str(e), e
+    finally:
+        os.environ.pop("KVTIER_DAEMON_UID", None)
+kvtier.Client(layout, socket=socket, daemon_uid=me).close()
+os.environ["KVTIER_SOCKET"] = socket
+assert kvtier.default_socket() == Path(socket), kvtier.default_socket()
+del os.environ["KVTIER_SOCKET"]
+print("OK a daemon of another uid is untrusted; the default socket is the library's")
 
 
 def region():

@@ -108,13 +108,11 @@ impl AdminConfig {
     }
 }
 
-/// The daemon's default admin socket: `$XDG_RUNTIME_DIR/kvtier/admin.sock`, else
-/// `./.kvtier/admin.sock`.
+/// The daemon's default admin socket: `admin.sock` in the runtime directory
+/// ([`crate::client::runtime_dir`]: `$XDG_RUNTIME_DIR/kvtier`, else `/run/user/<uid>/kvtier`
+/// when that is ours and private, else `./.kvtier`).
 pub fn default_socket_path() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("kvtier").join("admin.sock"),
-        _ => PathBuf::from(".kvtier").join("admin.sock"),
-    }
+    crate::client::runtime_dir().join("admin.sock")
 }
 
 /// One connected engine rank, as the daemon knows it.

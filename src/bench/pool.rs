@@ -58,8 +58,10 @@ pub struct PoolBenchArgs {
         default_value = "http://127.0.0.1:8080/metadata"
     )]
     pub metadata: String,
-    /// Python interpreter with the Mooncake wheel.
-    #[arg(long, env = "KVTIER_MOONCAKE_PYTHON")]
+    /// Python interpreter with the Mooncake wheel; a relative path is taken from the
+    /// current directory here (the daemon itself refuses relative paths). Default: `python3`
+    /// from `PATH`.
+    #[arg(long, env = "KVTIER_MOONCAKE_PYTHON", value_parser = absolute_path)]
     pub python: Option<PathBuf>,
     /// Directory for the benchmark's shared-memory files.
     #[arg(long, default_value = "/dev/shm")]
@@ -439,4 +441,9 @@ fn bench_local(args: &PoolBenchArgs, size: usize, batch: usize, src: &[&[u8]], t
     get.failed = get_failed;
     get.corrupt = corrupt;
     Ok(vec![put, get])
+}
+
+/// A command-line path made absolute against the current directory, as a shell user means it.
+fn absolute_path(s: &str) -> Result<PathBuf, String> {
+    std::path::absolute(s).map_err(|e| format!("{s}: {e}"))
 }

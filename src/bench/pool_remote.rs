@@ -36,7 +36,6 @@ use super::daemon::DaemonChild;
 use super::pool::{PoolBenchArgs, Row, median};
 use crate::client::{Client, ClientConfig};
 use crate::layout::LayoutSpec;
-use crate::manager::pool_key_scheme;
 use crate::page::{Namespace, PageHash};
 use crate::pool::mooncake::{MooncakeConfig, MooncakePool};
 use crate::pool::{PoolBackend, PoolHealth};
@@ -123,7 +122,7 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Row> {
         Client::connect(ClientConfig::new(daemon.socket(), identity, spec).with_timeout(Duration::from_secs(20)))
             .context("connecting to the subject daemon")?;
     let admin: PathBuf = daemon.admin_socket();
-    let scheme = pool_key_scheme(TAG, &ns);
+    let scheme = crate::pool::keys::scheme_for(TAG, crate::pool::keys::KeyFormat::Kvtier, &ns, &layout);
     let zeros = vec![0u8; obj];
     let base = (std::process::id() as u64) << 32;
     let (mut k, mut r, mut d) = (Vec::new(), Vec::new(), Vec::new());

@@ -4,16 +4,47 @@
 //! handshake (`Connect`, then `RegisterDevice` when a device is registered) and remaps
 //! the arena. Connecting to a socket nobody serves fails at once (`ECONNREFUSED` or
 //! `ENOENT`), so a dead daemon is reported in well under 100 ms.
+//!
+//! Nothing is sent before the peer is known to be the daemon: its credentials must name
+//! the expected uid, and the arena file it names must be that uid's, not a symlink and
+//! not writable by others, before it is mapped (see [`super::paths`]).
 
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::protocol::{ArenaInfo, FrameError, Request, Response, frame, read_frame};
 use crate::tier::host::{ArenaOptions, HostArena};
 
-use super::ClientError;
+use super::paths::{self, ArenaRefusal};
+use super::{ClientConfig, ClientError};
+
+/// [`paths::arena_identity`] as a client error.
+fn arena_identity(path: &std::path::Path, expected: u32) -> Result<(u64, u64), ClientError> {
+    paths::arena_identity(path, expected).map_err(|r| match r {
+        ArenaRefusal::Owner(found) => ClientError::Untrusted {
+            what: format!("arena file {}", path.display()),
+            expected,
+            found,
+        },
+        ArenaRefusal::Mode(mode) => ClientError::Protocol(format!(
+            "arena file {} has mode {mode:o}: writable by others, refusing to map it",
+            path.display()
+        )),
+        ArenaRefusal::NotAFile => ClientError::Protocol(format!(
+            "arena {} is a symbolic link or not a regular file, refusing to map it",
+            path.display()
+        )),
+        // What mapping it would have said: the daemon did not share it with this uid.
+        ArenaRefusal::Io(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            ClientError::Arena(crate::tier::host::ArenaError::NoAccess {
+                path: path.to_owned(),
+                uid: crate::tier::private::euid(),
+            })
+        }
+        ArenaRefusal::Io(e) => ClientError::Unavailable(format!("arena {}: {e}", path.display())),
+    })
+}
 
 pub(super) struct Conn {
     raw: RawConn,
@@ -29,14 +60,18 @@ fn unavailable(e: impl std::fmt::Display) -> ClientError {
 
 impl Conn {
     /// Opens the socket and performs the handshake.
-    pub fn open(
-        socket: &std::path::Path,
-        timeout: Duration,
-        max_frame: usize,
-        hello: Request,
-        device: Option<Request>,
-    ) -> Result<Self, ClientError> {
+    pub fn open(cfg: &ClientConfig, hello: Request, device: Option<Request>) -> Result<Self, ClientError> {
+        let (socket, timeout, max_frame) = (&cfg.socket, cfg.timeout, cfg.max_frame_bytes);
+        let expected = cfg.expected_daemon_uid();
         let stream = UnixStream::connect(socket).map_err(unavailable)?;
+        let found = paths::peer_uid(&stream).map_err(unavailable)?;
+        if found != expected {
+            return Err(ClientError::Untrusted {
+                what: format!("the process serving socket {}", socket.display()),
+                expected,
+                found,
+            });
+        }
         stream.set_read_timeout(Some(timeout)).map_err(unavailable)?;
         stream.set_write_timeout(Some(timeout)).map_err(unavailable)?;
         let reader = BufReader::with_capacity(64 << 10, stream.try_clone().map_err(unavailable)?);
@@ -73,7 +108,16 @@ impl Conn {
             touch_threads: 1,
             group: None,
         };
-        let arena = HostArena::open(std::path::Path::new(&arena_info.path), arena_info.slot_bytes, &opts)?;
+        let arena_path = std::path::Path::new(&arena_info.path);
+        let before = arena_identity(arena_path, expected)?;
+        let arena = HostArena::open(arena_path, arena_info.slot_bytes, &opts)?;
+        // The file mapped is the file checked (nobody swapped it in between).
+        if arena_identity(arena_path, expected)? != before {
+            return Err(ClientError::Protocol(format!(
+                "arena {} changed while it was being mapped",
+                arena_path.display()
+            )));
+        }
         Ok(Self {
             raw,
             arena: Arc::new(arena),

@@ -9,8 +9,10 @@
 
 mod conn;
 mod copy;
+pub mod paths;
 mod routing;
 
+pub use paths::{default_socket, runtime_dir};
 pub use routing::MAX_PAGE_TOKENS;
 
 use std::path::PathBuf;
@@ -53,6 +55,13 @@ pub enum ClientError {
     Layout(#[from] LayoutError),
     #[error("{0}")]
     BadInput(String),
+    /// The socket's peer, or the arena file it named, belongs to another user than the
+    /// daemon's: a process of that user may be posing as the daemon.
+    #[error(
+        "{what} belongs to uid {found}, but the kvtier daemon is expected to run as uid {expected}; refusing it \
+         (if the daemon really runs as uid {found}, name that uid as the expected daemon uid)"
+    )]
+    Untrusted { what: String, expected: u32, found: u32 },
 }
 
 /// How to reach the daemon, and who this rank is.
@@ -65,6 +74,10 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// Largest response frame accepted. Default: 4 MiB.
     pub max_frame_bytes: usize,
+    /// The uid the daemon runs as: the socket's peer credentials (`SO_PEERCRED`) and the
+    /// arena file's owner must be it, or the connection is refused
+    /// ([`ClientError::Untrusted`]). Default: `None`, this process's effective uid.
+    pub daemon_uid: Option<u32>,
 }
 
 impl ClientConfig {
@@ -75,12 +88,25 @@ impl ClientConfig {
             layout,
             timeout: Duration::from_secs(5),
             max_frame_bytes: crate::protocol::DEFAULT_MAX_BODY,
+            daemon_uid: None,
         }
     }
 
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// Expect the daemon to run as `uid` (an engine of another user than the daemon's).
+    /// Default: this process's effective uid.
+    pub fn with_daemon_uid(mut self, uid: u32) -> Self {
+        self.daemon_uid = Some(uid);
+        self
+    }
+
+    /// The uid the daemon must run as.
+    pub fn expected_daemon_uid(&self) -> u32 {
+        self.daemon_uid.unwrap_or_else(crate::tier::private::euid)
     }
 }
 
@@ -150,7 +176,7 @@ impl Client {
                 layout: self.cfg.layout.clone(),
             };
             let dev = self.device.read().as_deref().map(Self::device_request);
-            let conn = Conn::open(&self.cfg.socket, self.cfg.timeout, self.cfg.max_frame_bytes, hello, dev)?;
+            let conn = Conn::open(&self.cfg, hello, dev)?;
             // A new connection may bring a new mapping of the arena (a restarted daemon).
             if let Some(dev) = self.device.read().as_deref() {
                 Self::pin_arena(&conn.arena, dev)?;

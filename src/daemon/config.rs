@@ -33,8 +33,9 @@ pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DaemonConfig {
-    /// Control socket. Default: `$XDG_RUNTIME_DIR/kvtier/kvtier.sock`, or
-    /// `./.kvtier/kvtier.sock` when `XDG_RUNTIME_DIR` is unset.
+    /// Control socket. Default: `$XDG_RUNTIME_DIR/kvtier/kvtier.sock`, else
+    /// `/run/user/<uid>/kvtier/kvtier.sock` when `/run/user/<uid>` is ours and private, else
+    /// `./.kvtier/kvtier.sock`.
     pub socket: PathBuf,
     /// Host arena file (shared memory). Default: `/dev/shm/kvtier-<uid>/<instance>/arena`
     /// where `/dev/shm` exists, else `arena` beside the socket; without an `instance`, the
@@ -140,10 +141,11 @@ pub struct DaemonConfig {
     pub admin_socket: PathBuf,
     /// vLLM-format KV event PUB endpoint; empty disables it, `ipc` binds
     /// `ipc://<control socket dir>/kv-events.ipc` (the daemon's 0700 runtime dir, so only
-    /// its user can subscribe). Default: `tcp://127.0.0.1:5570`.
+    /// its user can subscribe). A `tcp://` endpoint is opt-in: anyone who can connect to it
+    /// reads the token ids engines sent (the daemon warns at start). Default: `ipc`.
     pub events_endpoint: String,
     /// Replay (ROUTER) endpoint of the KV events; empty disables it, `ipc` binds
-    /// `kv-events-replay.ipc` in the runtime dir. Default: `tcp://127.0.0.1:5571`.
+    /// `kv-events-replay.ipc` in the runtime dir; `tcp://` is opt-in, as above. Default: `ipc`.
     pub events_replay_endpoint: String,
     /// KV event encoding: `vllm` (tagged map events, what vLLM 0.24 and later decode) or
     /// `vllm-legacy` (positional array events, vLLM 0.23 and earlier; `positional` is
@@ -160,7 +162,8 @@ pub struct DaemonConfig {
     /// per second after a burst of 4. Default: 2.
     pub events_replay_per_sec: f64,
     /// Mooncake-style pool object event PUB endpoint; empty disables it, `ipc` binds
-    /// `pool-events.ipc` in the runtime dir. Default: `tcp://127.0.0.1:5572`.
+    /// `pool-events.ipc` in the runtime dir; `tcp://` is opt-in (object keys name models and
+    /// page hashes). Default: `ipc`.
     pub pool_events_endpoint: String,
     /// `tenant_id` of pool object events. Default: `default` (Mooncake's own).
     pub pool_events_tenant: String,
@@ -256,6 +259,14 @@ fn section<'a>(table: &'a mut toml::Table, name: &str) -> &'a mut toml::Table {
 /// An event endpoint as configured, with `ipc` resolved to `ipc://<dir>/<name>` in the
 /// daemon's runtime dir (the control socket's, created 0700).
 pub fn event_endpoint(configured: &str, runtime_dir: &Path, name: &str) -> String {
+    if configured.starts_with("tcp://") {
+        tracing::warn!(
+            endpoint = configured,
+            "event endpoint on TCP: anyone who can connect to it reads what it publishes (page hashes, and \
+             the token ids engines sent); use `ipc` (the default) unless subscribers are on other hosts \
+             and the network is isolated"
+        );
+    }
     if configured == "ipc" {
         format!("ipc://{}", runtime_dir.join(name).display())
     } else {
@@ -318,12 +329,11 @@ pub fn resolve_group(key: &str, group: &str) -> Result<u32, ConfigError> {
     Ok(grp.gr_gid)
 }
 
-/// Where the daemon's sockets go by default: `$XDG_RUNTIME_DIR/kvtier`, else `.kvtier`.
+/// Where the daemon's sockets go by default: `$XDG_RUNTIME_DIR/kvtier`, else
+/// `/run/user/<uid>/kvtier` when that directory is ours and private, else `.kvtier`; the
+/// clients' default is the same function ([`crate::client::runtime_dir`]).
 pub fn runtime_dir() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d).join("kvtier"),
-        _ => PathBuf::from(".kvtier"),
-    }
+    crate::client::runtime_dir()
 }
 
 impl Default for DaemonConfig {
@@ -362,13 +372,13 @@ impl Default for DaemonConfig {
             prefault: true,
             tick_ms: 1_000,
             admin_socket: dir.join("admin.sock"),
-            events_endpoint: "tcp://127.0.0.1:5570".into(),
-            events_replay_endpoint: "tcp://127.0.0.1:5571".into(),
+            events_endpoint: "ipc".into(),
+            events_replay_endpoint: "ipc".into(),
             events_encoding: EventsEncoding::Vllm,
             events_hashes: crate::publish::vllm::HashFormat::Int,
             events_replay_protocol: crate::publish::vllm::ReplayProtocol::Auto,
             events_replay_per_sec: 2.0,
-            pool_events_endpoint: "tcp://127.0.0.1:5572".into(),
+            pool_events_endpoint: "ipc".into(),
             pool_events_tenant: "default".into(),
             session_events_endpoint: "ipc".into(),
             session_policy: SessionPolicyMode::SessionAware,
@@ -675,6 +685,7 @@ impl DaemonConfig {
             shared_pool: (self.pool == PoolKind::Mooncake).then(|| SharedPool {
                 pool: super::pool_config::build(self.pool, crate::manager::PoolConfig::None, &self.mooncake),
                 key_tag: self.mooncake.key_tag.clone(),
+                key_format: self.mooncake.key_format,
                 remote: self.mooncake.remote(),
             }),
         }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::manager::{PoolConfig, PoolFactory, RemoteConfig};
 use crate::pool::PoolBackend;
+use crate::pool::keys::KeyFormat;
 use crate::pool::mooncake::{ExistsVia, MooncakeConfig, MooncakePool};
 
 /// Which pool backend the daemon runs (`pool`).
@@ -60,11 +61,22 @@ pub struct MooncakeSection {
     pub local_buffer_bytes: u64,
     /// Copies of each object the store keeps. Default: 1.
     pub replicas: u32,
-    /// Key prefix tag (`{tag}_…`); letters, digits, `.` and `-` only. Empty gives SGLang
-    /// HiCache's keys exactly (for a model-only namespace). Default: `kvtier`.
+    /// Key prefix tag (`{tag}_…`); letters, digits, `.` and `-` only. With `key_format =
+    /// "sglang"`, empty gives SGLang HiCache's keys exactly (for a model-only namespace).
+    /// Default: `kvtier`.
     pub key_tag: String,
-    /// Python interpreter with the Mooncake wheel; empty: `.venv/bin/python3`, else
-    /// `python3`. Default: empty.
+    /// How object keys are rendered: `kvtier` (the namespace escaped and a fingerprint of
+    /// the whole layout, TP size, PP split, dtype and page size included, in every key:
+    /// engines share an object only when its bytes are the same for both) or `sglang`
+    /// (SGLang HiCache's exact keys, which carry the TP rank but not the TP size, dtype or
+    /// page size: safe only when every engine on the store serves the model with one TP
+    /// size, PP split, dtype, page size and byte order). Default: `kvtier`.
+    pub key_format: KeyFormat,
+    /// Python interpreter with the Mooncake wheel: an absolute path, or a bare name looked up
+    /// in the absolute entries of `PATH` at start. A relative path is refused (it is never
+    /// resolved against the daemon's working directory); the file and the directories above
+    /// it must be owned by the daemon's user or root and not writable by others. Empty:
+    /// `python3` from `PATH`. Default: empty.
     pub python: PathBuf,
     /// Most pages one lookup or load asks the store about. Default: 256.
     pub lookup_budget_pages: usize,
@@ -90,6 +102,7 @@ impl Default for MooncakeSection {
             local_buffer_bytes: 16 << 20,
             replicas: 1,
             key_tag: "kvtier".into(),
+            key_format: KeyFormat::Kvtier,
             python: PathBuf::new(),
             lookup_budget_pages: remote.budget_pages,
             exists_cache_ms: remote.positive_ttl_ms,
@@ -114,6 +127,11 @@ pub enum PoolConfigError {
     Zero(&'static str),
     #[error("mooncake.replicas must be 1..=16, not {0}")]
     Replicas(u32),
+    #[error(
+        "mooncake.python {0:?} is a relative path; give an absolute path or a bare command name looked up in \
+         PATH (a relative path is never resolved against the daemon's working directory)"
+    )]
+    RelativePython(PathBuf),
 }
 
 /// A key tag is a single key field: no separator may appear in it.
@@ -160,6 +178,10 @@ impl MooncakeSection {
         }
         if !(1..=16).contains(&self.replicas) {
             return Err(PoolConfigError::Replicas(self.replicas));
+        }
+        let p = &self.python;
+        if p.is_relative() && p.components().count() > 1 {
+            return Err(PoolConfigError::RelativePython(p.clone()));
         }
         Ok(())
     }
@@ -270,8 +292,20 @@ mod tests {
         assert_eq!(r.validate(), Err(PoolConfigError::Replicas(0)));
         let p = MooncakeSection {
             protocol: "udp".into(),
-            ..s
+            ..s.clone()
         };
         assert_eq!(p.validate(), Err(PoolConfigError::BadProtocol("udp".into())));
+        for (python, ok) in [
+            (".venv/bin/python3", false),
+            ("./python3", false),
+            ("python3", true),
+            ("/usr/bin/python3", true),
+        ] {
+            let p = MooncakeSection {
+                python: python.into(),
+                ..s.clone()
+            };
+            assert_eq!(p.validate().is_ok(), ok, "{python}");
+        }
     }
 }

@@ -188,13 +188,16 @@ pub extern "C" fn kvtier_error_name(code: i32) -> *const c_char {
         -12 => c"buffer_too_small",
         -13 => c"unsupported",
         -14 => c"closed",
+        -15 => c"untrusted",
         c if c <= super::ERR_REMOTE_BASE => c"remote",
         _ => c"unknown",
     };
     name.as_ptr()
 }
 
-/// The connect options struct of `include/kvtier.h`.
+/// The connect options struct of `include/kvtier.h`. Its size is its version: a caller
+/// built against the first version (up to `timeout_ms`, [`CONNECT_OPTIONS_V1`] bytes) gets
+/// the defaults of the fields added since.
 #[repr(C)]
 pub struct ConnectOptions {
     pub struct_size: usize,
@@ -208,6 +211,68 @@ pub struct ConnectOptions {
     pub attention: u32,
     pub byte_order: u32,
     pub timeout_ms: u32,
+    /// Non-zero: `daemon_uid` is the uid the daemon runs as. Zero: this process's uid.
+    pub has_daemon_uid: u32,
+    pub daemon_uid: u32,
+}
+
+/// The size of the first version of [`ConnectOptions`], which ended at `timeout_ms`.
+pub const CONNECT_OPTIONS_V1: usize =
+    (std::mem::offset_of!(ConnectOptions, has_daemon_uid)).next_multiple_of(std::mem::align_of::<ConnectOptions>());
+
+/// `opts` as the current version: a first-version struct is copied into zeroed fields
+/// (only its own bytes are read).
+///
+/// # Safety
+/// `opts` points to at least `struct_size` readable bytes, as its caller said.
+unsafe fn versioned(opts: *const ConnectOptions) -> Result<ConnectOptions, FfiError> {
+    // SAFETY: every version starts with `struct_size`.
+    let size = unsafe { std::ptr::read_unaligned(opts.cast::<usize>()) };
+    let full = std::mem::size_of::<ConnectOptions>();
+    if size != full && size != CONNECT_OPTIONS_V1 {
+        return Err(FfiError::new(
+            ERR_INVALID,
+            format!(
+                "connect options of {size} bytes; this library expects {full} (or {CONNECT_OPTIONS_V1}, the first version)"
+            ),
+        ));
+    }
+    let mut out = std::mem::MaybeUninit::<ConnectOptions>::zeroed();
+    // SAFETY: `size` bytes are readable (caller contract) and fit in `out`; all-zero is a
+    // valid value of every field (integers and nullable pointers).
+    unsafe {
+        std::ptr::copy_nonoverlapping(opts.cast::<u8>(), out.as_mut_ptr().cast::<u8>(), size);
+        Ok(out.assume_init())
+    }
+}
+
+/// See `include/kvtier.h`.
+///
+/// # Safety
+/// `len` is null or valid; `buf` is null or holds `*len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_default_socket(buf: *mut c_char, len: *mut usize) -> i32 {
+    run(|| {
+        // SAFETY: caller contract: `len` is null or valid.
+        let cap = unsafe { len.as_mut() }.ok_or_else(|| null("the length pointer"))?;
+        let path = crate::client::default_socket();
+        let bytes = path.as_os_str().as_encoded_bytes();
+        let need = bytes.len() + 1;
+        if buf.is_null() || *cap < need {
+            *cap = need;
+            return Err(FfiError::new(
+                super::ERR_BUFFER_TOO_SMALL,
+                format!("the default socket path needs {need} bytes"),
+            ));
+        }
+        // SAFETY: `buf` holds `*cap >= need` bytes (caller contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), bytes.len());
+            *buf.add(bytes.len()) = 0;
+        }
+        *cap = need;
+        Ok(())
+    })
 }
 
 /// # Safety
@@ -218,18 +283,11 @@ pub unsafe extern "C" fn kvtier_connect(opts: *const ConnectOptions, out_client:
         // SAFETY: caller contract.
         let slot = unsafe { out(out_client, "the output handle pointer") }?;
         *slot = std::ptr::null_mut();
-        // SAFETY: caller contract.
-        let o = unsafe { opts.as_ref() }.ok_or_else(|| null("the connect options"))?;
-        if o.struct_size != std::mem::size_of::<ConnectOptions>() {
-            return Err(FfiError::new(
-                ERR_INVALID,
-                format!(
-                    "connect options of {} bytes; this library expects {}",
-                    o.struct_size,
-                    std::mem::size_of::<ConnectOptions>()
-                ),
-            ));
+        if opts.is_null() {
+            return Err(null("the connect options"));
         }
+        // SAFETY: caller contract: `struct_size` readable bytes.
+        let o = &unsafe { versioned(opts) }?;
         // SAFETY: caller contract: NUL-terminated strings or null.
         let fields = unsafe {
             ConnectFields {
@@ -244,6 +302,7 @@ pub unsafe extern "C" fn kvtier_connect(opts: *const ConnectOptions, out_client:
                 attention: o.attention,
                 byte_order: o.byte_order,
                 timeout_ms: o.timeout_ms as u64,
+                daemon_uid: (o.has_daemon_uid != 0).then_some(o.daemon_uid),
             }
         };
         let id = super::handle::register(Handle::connect(fields.config()?)?)?;

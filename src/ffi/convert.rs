@@ -31,6 +31,8 @@ pub(crate) struct ConnectFields<'a> {
     pub attention: u32,
     pub byte_order: u32,
     pub timeout_ms: u64,
+    /// The uid the daemon must run as; `None`: this process's.
+    pub daemon_uid: Option<u32>,
 }
 
 impl ConnectFields<'_> {
@@ -83,6 +85,9 @@ impl ConnectFields<'_> {
         }
         if self.timeout_ms > 0 {
             cfg = cfg.with_timeout(Duration::from_millis(self.timeout_ms));
+        }
+        if let Some(uid) = self.daemon_uid {
+            cfg = cfg.with_daemon_uid(uid);
         }
         Ok(cfg)
     }

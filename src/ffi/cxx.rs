@@ -34,6 +34,10 @@ mod bridge {
         byte_order: u32,
         /// Every call's timeout; 0 = 5000.
         timeout_ms: u32,
+        /// Whether `daemon_uid` is set; when false, the daemon must run as this process's uid.
+        has_daemon_uid: bool,
+        /// The uid the daemon runs as (checked on the socket's peer and the arena's owner).
+        daemon_uid: u32,
     }
 
     /// Contiguous prefix of complete pages, credited to the nearest tier holding them.
@@ -188,6 +192,7 @@ fn connect(o: &ConnectOptions) -> Result<Box<CxxClient>, FfiError> {
             attention: o.attention,
             byte_order: o.byte_order,
             timeout_ms: o.timeout_ms as u64,
+            daemon_uid: o.has_daemon_uid.then_some(o.daemon_uid),
         };
         Ok(Box::new(CxxClient(Handle::connect(fields.config()?)?)))
     })

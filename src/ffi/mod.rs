@@ -57,6 +57,8 @@ pub const ERR_BUFFER_TOO_SMALL: i32 = -12;
 pub const ERR_UNSUPPORTED: i32 = -13;
 /// The client handle was closed already, or never came from `kvtier_connect`.
 pub const ERR_CLOSED: i32 = -14;
+/// The socket's peer or the arena file belongs to another uid than the expected daemon's.
+pub const ERR_UNTRUSTED: i32 = -15;
 /// The daemon refused the request: the code is `ERR_REMOTE_BASE - <daemon error code>`
 /// (the daemon's codes are `crate::protocol::ErrorCode`).
 pub const ERR_REMOTE_BASE: i32 = -100;
@@ -100,6 +102,7 @@ impl From<ClientError> for FfiError {
             ClientError::Device(_) => ERR_DEVICE,
             ClientError::Layout(_) => ERR_LAYOUT,
             ClientError::BadInput(_) => ERR_INVALID,
+            ClientError::Untrusted { .. } => ERR_UNTRUSTED,
         };
         Self::new(code, e.to_string())
     }

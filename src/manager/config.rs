@@ -130,9 +130,12 @@ pub struct ManagerConfig {
     pub arena: ArenaOptions,
     /// The shared pool. Default: the local pool, 2 GiB, beside the arena.
     pub pool: PoolConfig,
-    /// Tag of the pool key prefix `{tag}_{model}_`; empty gives bare HiCache keys (only
-    /// safe with one model per pool). Default: `kvtier`.
+    /// Tag of the pool key prefix `{tag}_{model}_`; with `pool_key_format` `Sglang`, empty
+    /// gives bare HiCache keys (only safe with one model per pool). Default: `kvtier`.
     pub pool_key_tag: String,
+    /// How pool keys are rendered: kvtier's (namespace escaped, layout fingerprint in every
+    /// key) or SGLang's exact keys (see `pool::keys`). Default: `Kvtier`.
+    pub pool_key_format: crate::pool::keys::KeyFormat,
     /// Most pages in one request. Default: 4096.
     pub max_batch: usize,
     /// Transfer worker threads. Default: 2.
@@ -162,6 +165,7 @@ impl Default for ManagerConfig {
             arena: ArenaOptions::default(),
             pool: PoolConfig::LocalDefault,
             pool_key_tag: "kvtier".into(),
+            pool_key_format: crate::pool::keys::KeyFormat::Kvtier,
             max_batch: 4096,
             transfer_threads: 2,
             transfer_queue: 256,

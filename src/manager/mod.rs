@@ -251,7 +251,7 @@ impl Manager {
             });
         }
         self.ensure_pool(&arena)?;
-        let scheme = pool_key_scheme(&self.inner.cfg.pool_key_tag, &ns);
+        let scheme = pool_key_scheme(&self.inner.cfg, &ns, &layout);
         let mut st = self.write();
         let id = st.dir.register(ns, layout)?;
         if st.keys.len() <= id.0 as usize {
@@ -560,9 +560,9 @@ pub struct PageStatus {
     pub retain: i8,
 }
 
-/// The pool key scheme for a namespace: SGLang's `[{tag}_]{model}_` for a model-only
-/// namespace, separators escaped otherwise, so distinct namespaces never share a key (see
-/// `pool::keys`).
-pub fn pool_key_scheme(tag: &str, ns: &Namespace) -> KeyScheme {
-    crate::pool::keys::scheme_for(tag, ns)
+/// The pool key scheme for a namespace of `layout` under the manager's key tag and format
+/// (see `pool::keys`): distinct namespaces and layouts never share a key, except in
+/// SGLang's format, which is explicit.
+pub fn pool_key_scheme(cfg: &ManagerConfig, ns: &Namespace, layout: &Layout) -> KeyScheme {
+    crate::pool::keys::scheme_for(&cfg.pool_key_tag, cfg.pool_key_format, ns, layout)
 }

@@ -122,7 +122,7 @@ mod tests {
         .unwrap();
         assert!(m.quiesce(wait));
         let pool = m.pool().unwrap();
-        let keys = pool_key_scheme(&m.config().pool_key_tag, &name);
+        let keys = pool_key_scheme(m.config(), &name, &l);
         let t = transpose_rows(&l, 0).unwrap();
         for (s, h) in hashes.iter().enumerate() {
             for (o, &part) in [Part::K, Part::V].iter().enumerate() {

@@ -65,7 +65,10 @@ fn lookups_finish_while_every_other_table_is_locked() {
         assert_eq!(hit.total(), 3, "{rank:?}");
         assert!(status.tiers[TierKind::Host.index()].complete);
         assert_eq!(layout.object_count(), 2);
-        assert_eq!(scheme, pool_key_scheme("kvtier", &Namespace::model("test")));
+        assert_eq!(
+            scheme,
+            pool_key_scheme(f.m.config(), &Namespace::model("test"), &layout)
+        );
     }
 }
 

@@ -71,6 +71,8 @@ pub struct SharedPool {
     pub pool: PoolConfig,
     /// Pool key tag (`mooncake.key_tag`).
     pub key_tag: String,
+    /// Pool key format (`mooncake.key_format`).
+    pub key_format: crate::pool::keys::KeyFormat,
     /// Discovery of pages other nodes wrote.
     pub remote: manager::RemoteConfig,
 }
@@ -136,6 +138,16 @@ impl ManagedTiers {
             Some(s) => ManagerConfig {
                 pool: s.pool.clone(),
                 pool_key_tag: s.key_tag.clone(),
+                pool_key_format: {
+                    if s.key_format == crate::pool::keys::KeyFormat::Sglang {
+                        tracing::warn!(
+                            "mooncake.key_format = \"sglang\": pool keys carry no TP size, dtype or page size; \
+                             safe only when every engine on this store serves the model with one TP size, PP split, \
+                             dtype, page size and byte order"
+                        );
+                    }
+                    s.key_format
+                },
                 remote: Some(s.remote),
                 ..mcfg
             },

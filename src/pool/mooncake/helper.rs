@@ -267,7 +267,7 @@ fn spawn(l: &Launch, n: u64) -> std::io::Result<(Child, Arc<Conn>)> {
     // Keep the previous helper's log: it says why that one died.
     let log_path = l.run_dir.join("helper.log");
     let _ = std::fs::rename(&log_path, l.run_dir.join("helper.log.1"));
-    let log = std::fs::File::create(&log_path)?;
+    let log = crate::tier::private::replace(&log_path).map_err(std::io::Error::other)?;
     let mut cmd = Command::new(&l.python);
     cmd.arg(&l.script)
         .arg("--socket")

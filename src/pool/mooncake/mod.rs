@@ -24,6 +24,7 @@ pub mod codes;
 mod helper;
 mod master_rpc;
 mod pool;
+pub mod programs;
 mod run_dir;
 pub mod wire;
 
@@ -52,6 +53,10 @@ pub enum MooncakeError {
     Staging(#[from] crate::tier::host::ArenaError),
     #[error("helper files: {0}")]
     Io(#[from] std::io::Error),
+    #[error("helper directory: {0}")]
+    Private(#[from] crate::tier::private::PrivateError),
+    #[error(transparent)]
+    Program(#[from] programs::ProgramError),
     #[error("Mooncake C library: {0}")]
     Library(String),
 }
@@ -147,14 +152,17 @@ impl MooncakeConfig {
         Some(cfg)
     }
 
-    /// Python interpreter that has the wheel. Default: `.venv/bin/python3` when it exists
-    /// in the working directory, else `python3` from `PATH`.
+    /// Python interpreter that has the wheel: an absolute path, or a bare name looked up in
+    /// the absolute entries of `PATH` at start; checked before it runs ([`programs`]). A
+    /// relative path is refused (never resolved against the working directory). Default:
+    /// `python3` from `PATH`.
     pub fn with_python(mut self, python: impl Into<PathBuf>) -> Self {
         self.python = Some(python.into());
         self
     }
 
-    /// Run this helper script instead of the copy embedded in the binary. Default: embedded.
+    /// Run this helper script (an absolute path, checked like the interpreter) instead of
+    /// the copy embedded in the binary. Default: embedded.
     pub fn with_helper_script(mut self, path: impl Into<PathBuf>) -> Self {
         self.helper_script = Some(path.into());
         self
@@ -203,8 +211,10 @@ impl MooncakeConfig {
         self
     }
 
-    /// Directory for the helper's socket, script copy, staging file and log. Default: a fresh
-    /// directory under `/dev/shm` (or the system temporary directory), removed on drop.
+    /// Directory for the helper's socket, script copy, staging file and log: created `0700`,
+    /// or accepted only when it is ours and private. Default: a fresh directory created
+    /// exclusively in `/dev/shm/kvtier-mooncake-<uid>` (or the system temporary directory's),
+    /// removed on drop.
     pub fn with_run_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.run_dir = Some(dir.into());
         self

@@ -20,6 +20,7 @@ use super::wire::{Body, MAX_KEY, Op, Reply};
 use super::{ExistsVia, MooncakeConfig, MooncakeError, RemovePolicy, codes};
 use crate::pool::{PoolBackend, PoolError, PoolHealth, PoolUsage};
 use crate::tier::host::{ArenaOptions, HostArena};
+use crate::tier::private::private_dir;
 
 const HELPER_PY: &str = include_str!("../../../python/kvtier_mooncake_helper.py");
 
@@ -50,18 +51,36 @@ impl MooncakePool {
     /// host arena whose slices move without copies.
     pub fn start(cfg: MooncakeConfig, arena: Option<Arc<HostArena>>) -> Result<Self, MooncakeError> {
         cfg.validate()?;
+        // The programs first: nothing is created for a helper that could never be trusted.
+        let python = super::programs::resolve(
+            cfg.python.as_deref().unwrap_or(Path::new("python3")),
+            "mooncake.python",
+            std::env::var_os("PATH").as_deref(),
+        )?;
+        if let Some(p) = &cfg.helper_script {
+            if !p.is_absolute() {
+                return Err(super::programs::ProgramError::Relative {
+                    what: "helper script",
+                    path: p.clone(),
+                }
+                .into());
+            }
+            super::programs::check(p, "helper script")?;
+        }
         let (run_dir, owns_run_dir) = match &cfg.run_dir {
-            Some(d) => (d.clone(), false),
+            Some(d) => {
+                private_dir(d)?;
+                (d.clone(), false)
+            }
             None => {
-                let base = super::run_dir::base();
+                let base = super::run_dir::base()?;
                 let swept = super::run_dir::sweep_stale(&base);
                 if swept > 0 {
                     tracing::info!(swept, base = %base.display(), "removed Mooncake run directories of daemons that are gone");
                 }
-                (super::run_dir::fresh(&base), true)
+                (super::run_dir::fresh(&base)?, true)
             }
         };
-        std::fs::create_dir_all(&run_dir)?;
         let staging_path = run_dir.join("staging");
         let opts = ArenaOptions {
             lock: false,
@@ -73,15 +92,13 @@ impl MooncakePool {
         let script = match &cfg.helper_script {
             Some(p) => p.clone(),
             None => {
+                // Exclusively, never through whatever name is there already.
                 let p = run_dir.join("kvtier_mooncake_helper.py");
-                std::fs::write(&p, HELPER_PY)?;
+                let mut f = crate::tier::private::replace(&p)?;
+                std::io::Write::write_all(&mut f, HELPER_PY.as_bytes())?;
                 p
             }
         };
-        let python = cfg.python.clone().unwrap_or_else(|| {
-            let venv = PathBuf::from(".venv/bin/python3");
-            if venv.exists() { venv } else { PathBuf::from("python3") }
-        });
         let mut regions = vec![(staging_path, staging.len_bytes())];
         if let Some(a) = &arena {
             regions.push((a.path().to_owned(), a.len_bytes()));
