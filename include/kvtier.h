@@ -209,7 +209,10 @@ int32_t kvtier_register_cuda_tensors(kvtier_client_t *client, uint32_t ordinal, 
  * caches on CPU, SGLang's HiCache host pool): kvtier copies pages directly between them
  * and its arena, with no staging buffer. Addresses as kvtier_register_cuda_tensors
  * (ptrs[p * layers + l] is page 0 of part p, layer l; page s at ptrs[i] + s * page_stride,
- * s < pages). The memory must stay allocated and mapped until the client is closed or
+ * s < pages). With a page-first layout (byte_order 1), n_ptrs = parts instead says each
+ * page of part p is one whole page-first object ([token][layer][head][dim]) at
+ * ptrs[p] + s * page_stride, copied as one run (SGLang's `page_first` host pool). The
+ * memory must stay allocated and mapped until the client is closed or
  * another region is registered. KVTIER_ERR_NULL, KVTIER_ERR_LENGTH_MISMATCH,
  * KVTIER_ERR_INVALID as for the CUDA tensors. */
 int32_t kvtier_register_host_tensors(kvtier_client_t *client, const uint64_t *ptrs, size_t n_ptrs,

@@ -52,3 +52,38 @@ fn sglang_hicache_round_trips_through_kvtier_storage() {
         .collect();
     assert_eq!(sessions, vec![("sg-session", 2)], "{v}");
 }
+
+/// Issue 24 item 4: SGLang's own `HiCacheController` with the dynamic backend, for each
+/// host layout KvtierStorage registers (`layer_first`, `page_first` (SGLang 0.5.23's
+/// default), `page_first_direct`), MHA and MLA: write back, evict, prefetch, every element
+/// equal (`python/tests/sglang_controller.py`).
+#[test]
+fn sglang_hicache_controller_round_trips_every_host_layout() {
+    let Some(py) = engine_python(
+        "sglang",
+        &["sglang", "torch"],
+        "runs SGLang's HiCacheController over kvtier",
+    ) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), 16 << 20, &[]);
+    let mut cmd = script(&py, "sglang_controller.py");
+    cmd.arg(&d.socket);
+    let out = run_ok(cmd, 600, &|| d.log_text());
+    // 6 pages of 3 layers x 4 tokens: MHA K and V of 2 heads x 16 (4608 elements), MLA one
+    // latent of 24 + 8 (2304 elements).
+    let mut want: Vec<String> = Vec::new();
+    for (attn, n) in [("mha", 4608), ("mla", 2304)] {
+        for layout in ["layer_first", "page_first", "page_first_direct"] {
+            want.push(format!(
+                "OK {attn} {layout}: wrote back, evicted and prefetched 6 pages, {n} elements equal"
+            ));
+        }
+    }
+    want.push("OK layer_first pages loaded into a page_first_direct host pool: 4608 elements equal".into());
+    want.push("OK a page_first pool on the layer-first model name is refused".into());
+    want.push("OK done".into());
+    let want: Vec<&str> = want.iter().map(String::as_str).collect();
+    assert_lines(&out, &want);
+}

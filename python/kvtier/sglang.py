@@ -9,7 +9,9 @@ Load it through SGLang's dynamic backend::
 ``batch_get_v1``, ``batch_set_v1``) with ``page_size`` host-pool token indices per key.
 :meth:`KvtierStorage.register_mem_pool_host` registers SGLang's host pool tensors
 themselves with the daemon (``kvtier_register_host_tensors``), so kvtier copies each page
-straight between the host pool and its arena: no staging buffer, no extra copy. Other
+straight between the host pool and its arena: no staging buffer, no extra copy. MHA and
+MLA host pools in the ``page_first`` (SGLang's default), ``page_first_direct`` and
+``layer_first`` host layouts are registered (:func:`host_pool_views`). Other
 configuration comes from the same extra config (keys :data:`EXTRA_KEYS`).
 
 Pages SGLang writes are shared: after each ``batch_set_v1`` the backend asks the daemon to
@@ -28,6 +30,7 @@ import logging
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
 from . import _capi
 from . import tensors as _tensors
@@ -65,6 +68,62 @@ def page_hash(key):
     return hashlib.blake2b(key.encode(), digest_size=32).digest()
 
 
+#: SGLang host pool layouts (``--hicache-mem-layout``) KvtierStorage registers.
+HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+
+
+def _layout_error(msg):
+    return LayoutError(_capi.ERR_LAYOUT, msg, "layout")
+
+
+def host_pool_views(host, tp_size=1):
+    """kvtier's :class:`~kvtier.client.Layout` for an SGLang host pool, and the pool's
+    memory as :func:`kvtier.tensors.register` takes it: ``parts[p][l]`` per (part, layer)
+    of ``[pages, page_size, heads, head_dim]``, or, for ``page_first``, ``parts[p]`` one
+    ``[pages, page_size, layers, heads, head_dim]`` tensor per part.
+
+    The host layout fixes the byte order of a page's objects, and the order is part of
+    the page's layout: ``layer_first`` and ``page_first_direct`` hold each (part, layer)
+    of a page as one run, so objects are layer-first ``[layer][token][head][dim]``;
+    ``page_first`` holds a whole page of a part as ``[token][layer][head][dim]``, which
+    kvtier registers as page-first objects and copies as one run. MHA pools
+    (``MHATokenToKVPoolHost``: K and V) and MLA pools (``MLATokenToKVPoolHost``: one
+    latent of ``kv_lora_rank + qk_rope_head_dim``) are both registered."""
+    kind = getattr(host, "layout", None)
+    if kind not in HOST_LAYOUTS:
+        raise _layout_error(f"host pool layout {kind!r}: KvtierStorage registers {list(HOST_LAYOUTS)} "
+                            "(--hicache-mem-layout)")
+    kv = getattr(host, "kv_buffer", None)
+    if kv is None:
+        raise _layout_error(f"{type(host).__name__} holds no kv_buffer (a dummy host pool); nothing to register")
+    ps, layers = host.page_size, host.layer_num
+    pages = host.size // ps
+    mla = isinstance(host, MLATokenToKVPoolHost)
+    if mla:
+        heads, dim, kparts = 1, host.kv_cache_dim, [kv]
+        rank_heads = 1
+    else:
+        if getattr(host, "head_dim", None) != getattr(host, "v_head_dim", None):
+            raise _layout_error(f"{type(host).__name__}: K head size {getattr(host, 'head_dim', None)} differs from "
+                                f"V head size {getattr(host, 'v_head_dim', None)}; KvtierStorage registers MHA pools "
+                                "with equal K and V head sizes, or MLA pools")
+        heads, dim, kparts = host.head_num, host.head_dim, [kv[0], kv[1]]
+        # kvtier's layout counts the model's KV heads; the host pool holds this rank's share.
+        rank_heads = heads * tp_size
+    layout = Layout(layers=layers, kv_heads=rank_heads, head_dim=dim, dtype_bytes=host.dtype.itemsize,
+                    page_tokens=ps, mla=mla, page_first=kind == "page_first")
+    if kind == "layer_first":
+        # [layers, tokens, heads, dim] per part: a (part, layer) page is page_size tokens.
+        parts = [[t[l][:pages * ps].view(pages, ps, heads, dim) for l in range(layers)] for t in kparts]
+    elif kind == "page_first_direct":
+        # [pages, layers, page_size, heads, dim] per part: the layer's run inside the page.
+        parts = [[t[:pages, l] for l in range(layers)] for t in kparts]
+    else:
+        # [tokens, layers, heads, dim] per part: one page of a part is a whole object.
+        parts = [t[:pages * ps].view(pages, ps, layers, heads, dim) for t in kparts]
+    return layout, parts
+
+
 class KvtierStorage(HiCacheStorage):
     """A HiCache storage backend whose pages live in kvtier's tiers (host arena, pool)."""
 
@@ -91,26 +150,13 @@ class KvtierStorage(HiCacheStorage):
     def register_mem_pool_host(self, mem_pool_host):
         super().register_mem_pool_host(mem_pool_host)
         host = mem_pool_host
-        if getattr(host, "layout", None) != "layer_first":
-            raise LayoutError(_capi.ERR_LAYOUT, f"host pool layout {getattr(host, 'layout', None)!r}: KvtierStorage "
-                              "registers the 'layer_first' layout (--hicache-mem-layout layer_first)", "layout")
-        if not hasattr(host, "v_buffer") or getattr(host, "head_dim", None) != getattr(host, "v_head_dim", None):
-            raise LayoutError(_capi.ERR_LAYOUT, f"{type(host).__name__}: KvtierStorage registers MHA host pools "
-                              "with equal K and V head sizes", "layout")
-        ps = host.page_size
-        pages = host.size // ps
+        layout, parts = host_pool_views(host, self.storage_config.tp_size)
         cfg = self.storage_config
-        # kvtier's layout counts the model's KV heads; the host pool holds this rank's share.
-        layout = Layout(layers=host.layer_num, kv_heads=host.head_num * cfg.tp_size, head_dim=host.head_dim,
-                        dtype_bytes=host.dtype.itemsize, page_tokens=ps)
         self._client = Client(layout, socket=self._socket, instance=self._instance, model=str(self._model),
                               tp_rank=cfg.tp_rank, tp_size=cfg.tp_size, pp_rank=cfg.pp_rank, pp_size=cfg.pp_size,
                               dp_rank=cfg.dp_rank, timeout_ms=self._timeout_ms)
-        kv = host.kv_buffer
-        parts = [[kv[p][l][:pages * ps].view(pages, ps, host.head_num, host.head_dim) for l in range(host.layer_num)]
-                 for p in (0, 1)]
         _tensors.register(self._client, parts)
-        self.page_size = ps
+        self.page_size = host.page_size
 
     def _slots(self, keys, host_indices):
         ps = self.page_size
@@ -193,16 +239,22 @@ class KvtierStorage(HiCacheStorage):
             self._staging.register_emulated(1)
         return self._staging
 
+    def _flat_parts(self):
+        """The parts of a flat page, in order: K then V, or the MLA latent."""
+        return (_capi.PART_LATENT,) if self._lookup_client().layout.mla else (_capi.PART_K, _capi.PART_V)
+
     def set(self, key, value=None, target_location=None, target_sizes=None):
-        """Stores one flat page (``[2, layers, page_size, heads, head_dim]``, K then V)."""
+        """Stores one flat page as SGLang's ``get_data_page`` returns it (K then V, or the
+        MLA latent, each in the host layout's order)."""
         if value is None:
             return False
         try:
             s = self._stage()
             raw = value.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
-            half = len(raw) // 2
-            s.write_object(0, _capi.PART_K, raw[:half])
-            s.write_object(0, _capi.PART_V, raw[half:])
+            parts = self._flat_parts()
+            size = len(raw) // len(parts)
+            for i, part in enumerate(parts):
+                s.write_object(0, part, raw[i * size:(i + 1) * size])
             s.store([page_hash(key)], [0])
             self._share_pages(s, [page_hash(key)])
             return True
@@ -220,7 +272,7 @@ class KvtierStorage(HiCacheStorage):
             s = self._stage()
             if s.load([page_hash(key)], [0], _capi.LOAD_WAIT_COMPLETE) != 1:
                 return None
-            raw = s.read_object(0, _capi.PART_K) + s.read_object(0, _capi.PART_V)
+            raw = b"".join(s.read_object(0, part) for part in self._flat_parts())
         except KvtierError as e:
             logger.warning("kvtier get failed: %s", e)
             return None

@@ -47,11 +47,43 @@ def page_views(layout, parts):
     return ptrs, stride, pages, device
 
 
+def whole_page_views(layout, parts):
+    """``parts[p]`` is part ``p`` as one ``[pages, page_tokens, layers, heads, head_dim]``
+    tensor whose pages may be strided but whose page contents are contiguous: each page is
+    one page-first object. Returns what :func:`page_views` returns, one address per part."""
+    if not layout.page_first:
+        raise _bad("one tensor per part holds page-first objects; the layout is layer-first (page_first=False)")
+    if len(parts) != layout.parts:
+        raise _bad(f"{len(parts)} parts given; the layout has {layout.parts} (K and V, or one MLA latent)")
+    want = (layout.page_tokens, layout.layers, layout.kv_heads, layout.head_dim)
+    ptrs, stride, pages, device = [], None, None, None
+    for p, t in enumerate(parts):
+        if t.dim() != 5 or tuple(t.shape[1:]) != want:
+            raise _bad(f"part {p}: shape {tuple(t.shape)} is not [pages, {', '.join(map(str, want))}]"
+                       " (page_tokens, layers, kv_heads, head_dim)")
+        if t.element_size() != layout.dtype_bytes:
+            raise _bad(f"part {p}: {t.dtype} has {t.element_size()} bytes per element; "
+                       f"the layout has {layout.dtype_bytes}")
+        h, d = layout.kv_heads, layout.head_dim
+        if t.stride()[1:] != (layout.layers * h * d, h * d, d, 1):
+            raise _bad(f"part {p}: strides {t.stride()} leave a page non-contiguous")
+        s = t.stride(0) * t.element_size()
+        if stride is None:
+            stride, pages, device = s, t.shape[0], t.device
+        elif (s, t.shape[0], t.device) != (stride, pages, device):
+            raise _bad(f"part {p}: {t.shape[0]} pages of stride {s} on {t.device}, but the first "
+                       f"tensor has {pages} of stride {stride} on {device}")
+        ptrs.append(t.data_ptr())
+    return ptrs, stride, pages, device
+
+
 def register(client, parts, stream=0):
     """Registers ``parts`` (as :func:`page_views` takes them) as ``client``'s KV memory:
     host tensors directly, CUDA tensors through the device registration (``stream`` is the
-    engine's compute stream, 0 for the default one). Returns the number of pages."""
-    ptrs, stride, pages, device = page_views(client.layout, parts)
+    engine's compute stream, 0 for the default one); ``parts`` of one tensor per part go
+    through :func:`whole_page_views`. Returns the number of pages."""
+    whole = bool(parts) and all(hasattr(t, "dim") for t in parts)
+    ptrs, stride, pages, device = (whole_page_views if whole else page_views)(client.layout, parts)
     if device.type == "cpu":
         client.register_host_tensors(ptrs, stride, pages)
     elif device.type == "cuda":

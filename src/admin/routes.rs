@@ -153,6 +153,35 @@ impl From<ManagerError> for ApiError {
     }
 }
 
+/// The arena's slots and what its stored pages cost: `bytes_per_stored_page` is the
+/// bytes of the slots in use over the pages complete on host, `page_bytes` a page's own
+/// bytes when every registered layout has the same (else null), `overhead` their ratio.
+fn host_arena(ctx: &AdminState, stats: &crate::manager::StatsSnapshot) -> Value {
+    let Some(a) = ctx.manager.arena() else {
+        return Value::Null;
+    };
+    let used_bytes = a.used() as u64 * a.slot_bytes() as u64;
+    let stored = stats
+        .tiers
+        .iter()
+        .find(|t| t.tier == crate::tier::TierKind::Host)
+        .map_or(0, |t| t.complete_pages);
+    let per_page = (stored > 0).then(|| used_bytes as f64 / stored as f64);
+    let sizes: std::collections::BTreeSet<u64> = ctx
+        .manager
+        .namespaces()
+        .iter()
+        .map(|(_, _, l)| l.page_bytes())
+        .collect();
+    let page_bytes = (sizes.len() == 1).then(|| sizes.first().copied().unwrap_or(0));
+    let overhead = per_page.zip(page_bytes).map(|(p, b)| p / b.max(1) as f64);
+    json!({
+        "slot_bytes": a.slot_bytes(), "slots": a.slots(), "used_slots": a.used(),
+        "stored_pages": stored, "bytes_per_stored_page": per_page, "page_bytes": page_bytes,
+        "overhead": overhead,
+    })
+}
+
 fn status(ctx: &AdminState) -> Value {
     let stats = ctx.manager.stats();
     let (held, bytes) = ctx.manager.session_table_size();
@@ -161,9 +190,7 @@ fn status(ctx: &AdminState) -> Value {
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": ctx.started.elapsed().as_secs_f64(),
         "tiers": stats.tiers,
-        "host_arena": ctx.manager.arena().map(|a| json!({
-            "slot_bytes": a.slot_bytes(), "slots": a.slots(), "used_slots": a.used(),
-        })),
+        "host_arena": host_arena(ctx, &stats),
         "pages": stats.pages,
         "open_grants": stats.open_grants,
         "leased_pages": stats.leased_pages,

@@ -46,6 +46,24 @@ pub fn status(v: &Value) -> String {
         s(&v["open_grants"]),
     );
     out.push_str(&tiers(&v["tiers"]));
+    let arena = &v["host_arena"];
+    if arena.is_object() {
+        let _ = write!(
+            out,
+            "\nhost arena  {} slots of {} bytes, {} used  {} pages stored, {} arena bytes per page",
+            s(&arena["slots"]),
+            s(&arena["slot_bytes"]),
+            s(&arena["used_slots"]),
+            s(&arena["stored_pages"]),
+            arena["bytes_per_stored_page"]
+                .as_f64()
+                .map_or("-".into(), |b| format!("{b:.0}")),
+        );
+        if let (Some(o), Some(p)) = (arena["overhead"].as_f64(), arena["page_bytes"].as_u64()) {
+            let _ = write!(out, " ({o:.3}x the page's own {p})");
+        }
+        out.push('\n');
+    }
     let pool = &v["pool"];
     if pool.is_object() {
         let health = match (&pool["health"]["state"], pool["started"].as_bool()) {

@@ -180,13 +180,18 @@ fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
     let (recovered, discarded, bad_records, garbage) = backend.recovery();
     let mut out = std::io::stdout().lock();
     writeln!(out, "kvtier serve: control socket {}", cfg.socket.display())?;
-    // The arena exists from the start: its slot size is configuration (`slot_bytes`).
+    // The arena exists from the start; its slots are `slot_bytes`, or, with 0, fitted to
+    // the first engine's objects when it registers.
     let size = match backend.manager().arena() {
         Some(a) => format!(
             "{} MiB in {} slots of {} bytes (slot_bytes)",
             a.len_bytes() >> 20,
             a.slots(),
             a.slot_bytes()
+        ),
+        None if cfg.slot_bytes == 0 => format!(
+            "{} MiB, slots fitted to the first engine's objects (slot_bytes = 0)",
+            cfg.arena_bytes >> 20
         ),
         None => format!(
             "{} MiB, slots of {} bytes (slot_bytes)",

@@ -26,7 +26,7 @@ pub use super::pool_config::{MooncakeSection, PoolKind};
 /// a 16-token page for Llama 3.1 8B and Mistral 7B (1 MiB), Qwen2.5 7B (448 KiB), Qwen3
 /// 32B (2 MiB), Llama 3.1 70B at TP 2 or more (1.25 MiB at TP 2) and DeepSeek V3's
 /// latent (1.07 MiB), all in bf16. Larger pages (SGLang's 64 tokens, Mooncake's 512)
-/// need `slot_bytes` set.
+/// need `slot_bytes` set; `slot_bytes = 0` fits the slots to the first engine's objects.
 pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
 
 /// Every key the daemon reads.
@@ -54,11 +54,16 @@ pub struct DaemonConfig {
     /// zeros) are discarded and counted. Default: 1 GiB.
     pub arena_bytes: u64,
     /// Size of each host arena slot in bytes (one object of a page per slot: K or V of one
-    /// TP/PP rank, or an MLA latent), rounded up to 64, and of the local pool's slots. The
-    /// arena is created at start with it, whichever engine connects first; a layout whose
-    /// objects are larger is refused at `Connect` (`bad_layout`, naming both sizes and
-    /// this key); a restart with another size starts a fresh arena (the old pages are
-    /// discarded and counted). Default: 2 MiB ([`DEFAULT_SLOT_BYTES`]).
+    /// TP/PP rank, or an MLA latent), rounded up to 64, and of the local pool's slots.
+    /// A set size is used whichever engine connects first, so a tiny or draft layout that
+    /// connects first locks out no larger model. 0 fits the slots to the first engine that
+    /// registers instead: the arena is created at start and cut into slots of that
+    /// layout's largest object (rounded up to 64), for a node that serves one geometry
+    /// (arena bytes per page within 64 bytes per object of the page's own). Either way a
+    /// layout whose objects are larger than the slots is refused at `Connect`
+    /// (`bad_layout`, naming both sizes and this key); a restart with another set size
+    /// starts a fresh arena (the old pages are discarded and counted), a restart with 0
+    /// keeps the manifest's. Default: 2 MiB ([`DEFAULT_SLOT_BYTES`]).
     pub slot_bytes: u64,
     /// Permission bits of the control socket, e.g. `0o660` with `socket_group` for
     /// engines that run as another uid. Default: `0o600`.
@@ -538,10 +543,10 @@ impl DaemonConfig {
         if self.socket_mode > 0o777 {
             return bad("socket_mode must be permission bits (at most 0o777), e.g. 0o660");
         }
-        if self.slot_bytes == 0 || self.slot_bytes > self.arena_bytes {
+        if self.slot_bytes > self.arena_bytes {
             return Err(ConfigError::Invalid(format!(
-                "slot_bytes must be between 1 and arena_bytes ({}), got {}; the default, {}, holds an object \
-                 of most models at 16-token pages",
+                "slot_bytes must be at most arena_bytes ({}), got {}; the default, {}, holds an object of \
+                 most models at 16-token pages, and 0 fits the slots to the first engine's objects",
                 self.arena_bytes, self.slot_bytes, DEFAULT_SLOT_BYTES
             )));
         }
@@ -818,10 +823,9 @@ mod tests {
             set("slot_bytes", &(2u64 << 30).to_string()).is_err(),
             "larger than the arena"
         );
-        // The slot size is configuration with a default, never 0 (the first layout's).
+        // The slot size is configuration with a default; 0 fits it to the first layout.
         assert_eq!(DaemonConfig::default().tiers().slot_bytes, DEFAULT_SLOT_BYTES);
-        let e = set("slot_bytes", "0").unwrap_err().to_string();
-        assert!(e.contains("slot_bytes") && e.contains("got 0"), "{e}");
+        assert_eq!(set("slot_bytes", "0").unwrap().tiers().slot_bytes, 0);
         let e = DaemonConfig::load(
             None,
             Vec::new(),

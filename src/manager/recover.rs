@@ -59,6 +59,19 @@ impl Manager {
         Ok(arena)
     }
 
+    /// Adopts an arena the caller cut itself (an unfitted arena fitted to the first
+    /// layout registered, [`crate::tier::host::Unfitted::fit`]), before any namespace is
+    /// registered.
+    pub fn adopt_arena(&self, arena: HostArena) -> Result<Arc<HostArena>, ManagerError> {
+        let _guard = self.init_lock();
+        if self.inner.arena.get().is_some() {
+            return Err(ManagerError::Config("the host arena is already open".into()));
+        }
+        let arena = Arc::new(arena);
+        let _ = self.inner.arena.set(arena.clone());
+        Ok(arena)
+    }
+
     /// Counts what a start-up recovery found, for operators (`/metrics`): `counts` in
     /// [`crate::manager::RECOVERY_REASONS`] order.
     pub fn record_recovery(&self, counts: [u64; crate::manager::RECOVERY_REASONS.len()]) {

@@ -1,5 +1,11 @@
 //! The host arena: a shared-memory file cut into fixed-size object slots.
 //!
+//! The slot size is either given ([`HostArena::create`]) or fitted to the first layout
+//! that needs it: [`HostArena::create_unfitted`] maps and touches the file at start,
+//! before any engine has said how large its objects are, and [`Unfitted::fit`] cuts it
+//! into slots of one object each, so a slot holds an object with under 64 bytes to
+//! spare instead of a fixed 2 MiB.
+//!
 //! The daemon creates the file (under `/dev/shm` by default) and maps it; engine processes
 //! map the same file to copy device pages in and out without the bytes ever crossing the
 //! control socket. Slots are allocated from a free stack in O(1). The mapping is touched
@@ -59,6 +65,42 @@ pub struct MapReport {
     pub map_time: Duration,
     /// `Ok(())` when locked; otherwise why not (e.g. `RLIMIT_MEMLOCK`).
     pub locked: Result<(), String>,
+}
+
+/// An arena file mapped and touched but not yet cut into slots
+/// ([`HostArena::create_unfitted`]); no slot exists until [`Unfitted::fit`].
+#[derive(Debug)]
+pub struct Unfitted {
+    arena: HostArena,
+}
+
+impl Unfitted {
+    /// Bytes mapped, which [`Unfitted::fit`] cuts into slots.
+    pub fn bytes(&self) -> u64 {
+        self.arena.map.len() as u64
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.arena.path
+    }
+
+    /// Whether slots of `slot_bytes` can be cut (a non-zero multiple of 64, at least one).
+    pub fn fits(&self, slot_bytes: u64) -> Result<(), ArenaError> {
+        slot_count(self.bytes(), slot_bytes).map(|_| ())
+    }
+
+    /// Cuts the mapping into as many `slot_bytes` slots as fit, all free; what is left
+    /// past the last whole slot (less than one slot) stays unused.
+    pub fn fit(self, slot_bytes: u64) -> Result<HostArena, ArenaError> {
+        let slots = slot_count(self.bytes(), slot_bytes)?;
+        let mut arena = self.arena;
+        arena.slot_bytes = slot_bytes as usize;
+        arena.slots = slots as u32;
+        arena.free = Mutex::new((0..slots as u32).rev().collect());
+        arena.report.bytes = slots * slot_bytes;
+        tracing::info!(path = %arena.path.display(), slot_bytes, slots, "host arena slots fitted");
+        Ok(arena)
+    }
 }
 
 /// Options for [`HostArena::create`].
@@ -127,6 +169,33 @@ impl HostArena {
         super::private::share_file(path, &file, opts.group)?;
         file.set_len(slots * slot_bytes).map_err(io)?;
         Self::map(path, file, slot_bytes as usize, slots as u32, opts, start)
+    }
+
+    /// Creates, maps and touches the file as [`HostArena::create`] does, `capacity`
+    /// bytes (rounded down to 64), without cutting it into slots yet: the slot size is
+    /// fitted later to the objects of the first layout registered ([`Unfitted::fit`]),
+    /// while the costly first touch of a large arena stays at start.
+    pub fn create_unfitted(path: &Path, capacity: u64, opts: &ArenaOptions) -> Result<Unfitted, ArenaError> {
+        let bytes = capacity / 64 * 64;
+        if bytes == 0 {
+            return Err(ArenaError::TooSmall {
+                capacity,
+                slot_bytes: 64,
+            });
+        }
+        let start = Instant::now();
+        let file = super::private::replace(path)?;
+        super::private::share_file(path, &file, opts.group)?;
+        file.set_len(bytes).map_err(|source| ArenaError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        // One slot spanning the mapping, taken away below: nothing is allocated until fit.
+        let mut arena = Self::map(path, file, bytes as usize, 1, opts, start)?;
+        arena.slots = 0;
+        arena.slot_bytes = 0;
+        arena.free = Mutex::new(Vec::new());
+        Ok(Unfitted { arena })
     }
 
     /// Reopens the daemon's own arena file after a restart, keeping its bytes, fitted to
@@ -476,6 +545,30 @@ mod tests {
         assert!(matches!(
             HostArena::create(&path, 1000, 100, &ArenaOptions::default()),
             Err(ArenaError::SlotSize(100))
+        ));
+    }
+
+    #[test]
+    fn an_unfitted_arena_is_cut_to_the_object_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("arena");
+        let u = HostArena::create_unfitted(&path, (1 << 20) + 100, &ArenaOptions::default()).unwrap();
+        assert_eq!(u.bytes(), (1 << 20) + 64);
+        assert!(matches!(u.fits(100), Err(ArenaError::SlotSize(100))));
+        assert!(matches!(u.fits(2 << 20), Err(ArenaError::TooSmall { .. })));
+        // 16 KiB objects: 64 slots, none of them larger than the object.
+        let a = u.fit(16 << 10).unwrap();
+        assert_eq!((a.slots(), a.slot_bytes(), a.used()), (64, 16 << 10, 0));
+        assert_eq!(a.len_bytes(), 1 << 20);
+        let s = a.alloc_n(64).unwrap();
+        assert!(a.alloc().is_none());
+        unsafe { a.slot_mut(s[63], 16 << 10).unwrap() }.fill(7);
+        // An engine maps the same file with the fitted slot size and sees the bytes.
+        let b = HostArena::open(&path, 16 << 10, &ArenaOptions::default()).unwrap();
+        assert!(unsafe { b.slot(s[63], 16 << 10).unwrap() }.iter().all(|&x| x == 7));
+        assert!(matches!(
+            HostArena::create_unfitted(&path, 63, &ArenaOptions::default()),
+            Err(ArenaError::TooSmall { .. })
         ));
     }
 }

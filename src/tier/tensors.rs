@@ -10,6 +10,11 @@
 //! contiguous run of `page_tokens * token_bytes` bytes at `base + slot * page_stride`.
 //! [`PageMap`] turns a (slot, part) into those runs for both an owned region (one
 //! allocation cut `[part][layer][page]`) and wrapped engine tensors ([`KvTensors`]).
+//!
+//! SGLang's `page_first` host pool is the other shape: `kv_buffer[part]` is
+//! `[tokens, layers, heads, head_dim]`, so one page of one part is a whole page-first
+//! object, contiguous. A page-first layout registers it with one base per part instead of
+//! one per (part, layer) ([`PageMap::whole_objects`]), and each object copies as one run.
 
 use crate::layout::{ByteOrder, Layout, Part};
 
@@ -21,7 +26,9 @@ use super::device::DeviceError;
 pub struct KvTensors {
     /// Address of page 0 of each (part, layer) of the rank's stage, parts outer, in
     /// [`Layout::rank_parts`] order: `bases[p * layers + l]` (for MHA all K layers, then
-    /// all V layers).
+    /// all V layers). For a [`ByteOrder::PageFirst`] layout, one address per part instead
+    /// says each page of a part is one whole page-first object (SGLang's `page_first`
+    /// host pool).
     pub bases: Vec<u64>,
     /// Bytes from one page to the next inside one (part, layer) tensor.
     pub page_stride: u64,
@@ -32,7 +39,10 @@ pub struct KvTensors {
 /// Why a set of tensors cannot be wrapped.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TensorError {
-    #[error("{got} tensor addresses given; the rank's stage has {parts} part(s) x {layers} layers = {want}")]
+    #[error(
+        "{got} tensor addresses given; the rank's stage has {parts} part(s) x {layers} layers = {want} (or, \
+         for a page-first layout, one per part)"
+    )]
     Count {
         got: usize,
         want: usize,
@@ -76,6 +86,8 @@ pub struct PageMap {
     order: ByteOrder,
     bases: Vec<u64>,
     stride: u64,
+    /// One base per part, each page a whole page-first object ([`PageMap::whole_objects`]).
+    whole: bool,
 }
 
 impl PageMap {
@@ -89,6 +101,7 @@ impl PageMap {
             order: layout.byte_order(),
             bases,
             stride,
+            whole: false,
         }
     }
 
@@ -109,10 +122,13 @@ impl PageMap {
     /// Engine-owned tensors, checked: one non-null address per (part, layer), a stride of
     /// at least one page's run, no page of one tensor overlapping a page of another, and
     /// no address wrapping around.
+    /// With a page-first layout, one address per part wraps memory whose pages are whole
+    /// page-first objects (see [`PageMap::whole_objects`]).
     pub fn wrap(layout: &Layout, pp_rank: u16, t: &KvTensors) -> Result<Self, TensorError> {
-        let map = Self::shape(layout, pp_rank, t.pages, t.bases.clone(), t.page_stride);
+        let mut map = Self::shape(layout, pp_rank, t.pages, t.bases.clone(), t.page_stride);
         let want = map.parts.len() * map.layers as usize;
-        if t.bases.len() != want {
+        map.whole = map.order == ByteOrder::PageFirst && map.layers > 1 && t.bases.len() == map.parts.len();
+        if t.bases.len() != want && !map.whole {
             return Err(TensorError::Count {
                 got: t.bases.len(),
                 want,
@@ -121,14 +137,14 @@ impl PageMap {
             });
         }
         if let Some(index) = t.bases.iter().position(|&b| b == 0) {
-            let layers = map.layers as usize;
+            let layers = if map.whole { 1 } else { map.layers as usize };
             return Err(TensorError::Null {
                 index,
                 part: map.parts[index / layers],
                 layer: (index % layers) as u32,
             });
         }
-        let run = map.run() as u64;
+        let run = map.span() as u64;
         if t.page_stride < run {
             return Err(TensorError::Stride {
                 stride: t.page_stride,
@@ -178,6 +194,17 @@ impl PageMap {
         self.page_tokens * self.token_bytes
     }
 
+    /// Whether each page of a part is one whole page-first object at one base per part
+    /// (SGLang's `page_first` host pool), rather than one run per (part, layer).
+    pub fn whole_objects(&self) -> bool {
+        self.whole
+    }
+
+    /// Bytes one page occupies in one wrapped tensor: a layer's run, or a whole object.
+    fn span(&self) -> usize {
+        if self.whole { self.object_bytes() } else { self.run() }
+    }
+
     /// Bytes of one object (one part of one page across the stage's layers).
     pub fn object_bytes(&self) -> usize {
         self.layers as usize * self.run()
@@ -185,13 +212,13 @@ impl PageMap {
 
     /// One past the highest address any page reaches.
     pub fn end(&self) -> u64 {
-        let last = (self.pages.max(1) as u64 - 1) * self.stride + self.run() as u64;
+        let last = (self.pages.max(1) as u64 - 1) * self.stride + self.span() as u64;
         self.bases.iter().map(|b| b + last).max().unwrap_or(0)
     }
 
     /// The first tensor whose pages reach past `len`, if any.
     pub fn beyond(&self, len: u64) -> Option<usize> {
-        let last = (self.pages.max(1) as u64 - 1) * self.stride + self.run() as u64;
+        let last = (self.pages.max(1) as u64 - 1) * self.stride + self.span() as u64;
         self.bases.iter().position(|b| b + last > len)
     }
 
@@ -202,8 +229,12 @@ impl PageMap {
             .ok_or(DeviceError::BadPart(part))
     }
 
-    /// Address of page `slot` of (part index, layer). Callers check the bounds.
+    /// Address of page `slot` of (part index, layer): where that layer's run starts (in
+    /// whole-object memory, its first token). Callers check the bounds.
     pub fn chunk(&self, part: usize, layer: u32, slot: u32) -> u64 {
+        if self.whole {
+            return self.bases[part] + slot as u64 * self.stride + (layer as usize * self.token_bytes) as u64;
+        }
         self.bases[part * self.layers as usize + layer as usize] + slot as u64 * self.stride
     }
 
@@ -239,6 +270,12 @@ impl PageMap {
                 layers: self.layers,
             });
         }
+        if self.whole {
+            // A layer's tokens are `layers` token rows apart here, not one run.
+            return Err(DeviceError::Copy(
+                "whole page-first objects have no contiguous per-layer run".into(),
+            ));
+        }
         if len != self.run() {
             return Err(DeviceError::WrongSize {
                 got: len,
@@ -249,9 +286,19 @@ impl PageMap {
     }
 
     /// The runs of one object, one per layer, in the layout's byte order: layer-first is
-    /// one contiguous run per layer; page-first interleaves the layers per token.
+    /// one contiguous run per layer; page-first interleaves the layers per token. A whole
+    /// page-first object is one run.
     pub fn plan(&self, slot: u32, part: Part, len: usize, mut f: impl FnMut(Run)) -> Result<(), DeviceError> {
         let p = self.check(slot, part, len)?;
+        if self.whole {
+            f(Run {
+                dev: self.bases[p] + slot as u64 * self.stride,
+                host_off: 0,
+                width: self.object_bytes(),
+                rows: None,
+            });
+            return Ok(());
+        }
         let run = self.run();
         for layer in 0..self.layers {
             let (host_off, width, rows) = match self.order {
@@ -317,6 +364,59 @@ mod tests {
         let m = wrap(vec![l0, l1, l0 + run, l1 + run], 2 * run, 8).unwrap();
         assert_eq!(m.chunk(1, 1, 3), l1 + run + 3 * 2 * run);
         assert_eq!(m.end(), l1 + run + 7 * 2 * run + run);
+    }
+
+    #[test]
+    fn page_first_memory_wraps_one_base_per_part() {
+        // SGLang's page_first host pool: kv[part] is [tokens, layers, heads, dim], so a page
+        // of a part is one whole page-first object of 2 layers x 128 bytes.
+        let l = LayoutSpec::mha(2, 2, 8, 2, 4)
+            .with_byte_order(ByteOrder::PageFirst)
+            .build()
+            .unwrap();
+        let (k, v, obj) = (1u64 << 20, 2u64 << 20, 256u64);
+        let t = KvTensors {
+            bases: vec![k, v],
+            page_stride: obj,
+            pages: 8,
+        };
+        let m = PageMap::wrap(&l, 0, &t).unwrap();
+        assert!(m.whole_objects());
+        assert_eq!(m.end(), v + 8 * obj);
+        let mut runs = Vec::new();
+        m.plan(3, Part::V, obj as usize, |r| runs.push(r)).unwrap();
+        assert_eq!(
+            runs,
+            vec![Run {
+                dev: v + 3 * obj,
+                host_off: 0,
+                width: obj as usize,
+                rows: None
+            }]
+        );
+        // Layer 1's first token sits one token row into the page.
+        assert_eq!(m.chunk(0, 1, 2), k + 2 * obj + 32);
+        // A stride shorter than a whole object overlaps the next page.
+        let short = KvTensors {
+            page_stride: 128,
+            ..t.clone()
+        };
+        assert_eq!(
+            PageMap::wrap(&l, 0, &short).unwrap_err(),
+            TensorError::Stride { stride: 128, run: 256 }
+        );
+        // A layer-first layout takes no per-part bases.
+        assert!(matches!(
+            PageMap::wrap(&layout(), 0, &t),
+            Err(TensorError::Count { got: 2, want: 4, .. })
+        ));
+        // Per-(part, layer) bases keep their meaning under a page-first layout.
+        let per_layer = KvTensors {
+            bases: vec![k, k + 8 * 128, v, v + 8 * 128],
+            page_stride: 128,
+            pages: 8,
+        };
+        assert!(!PageMap::wrap(&l, 0, &per_layer).unwrap().whole_objects());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::clock::Clock;
 use crate::directory::PrefixHit;
 use crate::hints::{Hint, HintOutcome};
-use crate::layout::LayoutSpec;
+use crate::layout::{Layout, LayoutSpec};
 use crate::manager::{self, LookupStep, Manager, ManagerConfig, ManagerError, PendingLookup, PoolConfig, StoreStatus};
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::pool::PoolError;
@@ -26,7 +26,7 @@ use crate::protocol::{
     TicketStatus,
 };
 use crate::tier::TierKind;
-use crate::tier::host::{ArenaOptions, SlotId};
+use crate::tier::host::{ArenaOptions, HostArena, SlotId};
 use crate::tier::private::{self, OwnerLock};
 
 use super::journal::{Journal, Recovered};
@@ -41,9 +41,9 @@ pub struct TiersConfig {
     /// (`.pool`).
     pub arena_path: PathBuf,
     pub arena_bytes: u64,
-    /// Slot size of the host arena, which is created with it at open. `kvtier serve`
-    /// always sets it (`slot_bytes`, never 0); 0, for in-process callers only, sizes the
-    /// slots by the first layout registered.
+    /// Slot size of the host arena, which is created with it at open. 0 (`kvtier serve`'s
+    /// default) creates and touches the arena at open but cuts it into slots of the first
+    /// registered layout's largest object, rounded up to 64 bytes.
     pub slot_bytes: u64,
     /// Local pool size; 0 runs without a pool.
     pub pool_bytes: u64,
@@ -96,6 +96,9 @@ pub struct ManagedTiers {
     owner: OwnerLock,
     traces: Option<Mutex<crate::session::trace_log::TraceLog>>,
     clock: Arc<dyn Clock>,
+    /// The arena, mapped but not yet cut into slots, until the first registration fits
+    /// it (`slot_bytes = 0`).
+    unfitted: Mutex<Option<crate::tier::host::Unfitted>>,
 }
 
 impl ManagedTiers {
@@ -175,8 +178,16 @@ impl ManagedTiers {
             recovered.bad_records,
             recovered.garbage as u64,
         ]);
-        if cfg.slot_bytes != 0 && mgr.arena().is_none() {
-            mgr.create_arena(cfg.slot_bytes)?;
+        let mut unfitted = None;
+        if mgr.arena().is_none() {
+            if cfg.slot_bytes != 0 {
+                mgr.create_arena(cfg.slot_bytes)?;
+            } else {
+                let mc = mgr.config();
+                unfitted = Some(
+                    HostArena::create_unfitted(&mc.host_path, mc.host_bytes, &mc.arena).map_err(ManagerError::from)?,
+                );
+            }
         }
         Ok(Self {
             owner,
@@ -188,6 +199,7 @@ impl ManagedTiers {
             traces,
             clock,
             cfg,
+            unfitted: Mutex::new(unfitted),
         })
     }
 
@@ -244,9 +256,28 @@ impl ManagedTiers {
     }
 }
 
+impl ManagedTiers {
+    /// Cuts an unfitted arena into slots of `layout`'s largest object (rounded up to 64
+    /// bytes), once, at the first registration; later layouts take those slots (larger
+    /// objects are refused at registration, `SlotTooSmall`).
+    fn fit_arena(&self, layout: &Layout) -> Result<(), BackendError> {
+        let mut unfitted = self.unfitted.lock();
+        let Some(u) = unfitted.as_ref() else {
+            return Ok(());
+        };
+        let slot = layout.max_object_bytes().div_ceil(64) * 64;
+        u.fits(slot).map_err(ManagerError::from)?;
+        if let Some(u) = unfitted.take() {
+            self.mgr.adopt_arena(u.fit(slot).map_err(ManagerError::from)?)?;
+        }
+        Ok(())
+    }
+}
+
 impl Backend for ManagedTiers {
     fn register(&self, ns: &Namespace, spec: &LayoutSpec) -> Result<Registered, BackendError> {
         let layout = spec.clone().build().map_err(|e| ManagerError::Config(e.to_string()))?;
+        self.fit_arena(&layout)?;
         let known = self.mgr.namespaces().iter().any(|(_, n, _)| n == ns);
         let id = self.mgr.register_namespace(ns.clone(), layout.clone())?;
         let arena = self.mgr.arena().ok_or(ManagerError::NoNamespace)?;
