@@ -35,6 +35,7 @@ pub mod session;
 pub mod shutdown;
 pub mod tier;
 pub mod transfer;
+pub mod watermarks;
 
 pub use layout::{AttentionKind, ByteOrder, Layout, LayoutError, LayoutSpec, ObjectId, Part};
 pub use page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};

@@ -25,7 +25,6 @@ mod queues;
 mod recover;
 mod remote;
 mod session_events;
-mod sessions;
 mod state;
 mod stats;
 mod store_plan;
@@ -67,6 +66,9 @@ use crate::page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};
 use crate::pool::local::LocalPool;
 use crate::pool::mooncake::{MooncakeError, MooncakePool};
 use crate::pool::{PoolBackend, PoolError};
+pub use crate::session::SessionError;
+pub use crate::session::registry::{DEFAULT_MAX_ID_BYTES, DEFAULT_MAX_SESSIONS};
+use crate::session::registry::{Sessions, Standing};
 use crate::tier::TierKind;
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
@@ -74,8 +76,6 @@ use crate::transfer::{TicketError, Tickets, TransferEngine};
 use grants::GrantTable;
 use locks::{Ordered, Rank};
 use queues::Queues;
-use sessions::Sessions;
-pub use sessions::{DEFAULT_MAX_ID_BYTES, DEFAULT_MAX_SESSIONS, SessionError};
 use state::DirState;
 use timers::Timers;
 use upkeep::Upkeep;
@@ -471,9 +471,9 @@ impl Manager {
     pub(crate) fn session_standing(&self, id: &str, idle: bool, ended: bool) -> Result<u32, ManagerError> {
         let idx = self.session_index(id)?;
         let standing = match (ended, idle) {
-            (true, _) => sessions::Standing::Ended,
-            (false, true) => sessions::Standing::Idle,
-            (false, false) => sessions::Standing::Busy,
+            (true, _) => Standing::Ended,
+            (false, true) => Standing::Idle,
+            (false, false) => Standing::Busy,
         };
         self.sessions_table().set_standing(id, standing);
         Ok(idx)
