@@ -36,6 +36,7 @@ pub mod shutdown;
 pub mod tier;
 pub mod transfer;
 pub mod watermarks;
+pub mod wire;
 
 pub use layout::{AttentionKind, ByteOrder, Layout, LayoutError, LayoutSpec, ObjectId, Part};
 pub use page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};

@@ -24,8 +24,6 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
-use serde::Serialize;
-
 pub use bitset::ObjectSet;
 pub use view::DirView;
 
@@ -33,6 +31,7 @@ use crate::events::{PageEvent, PageEventKind};
 use crate::layout::Layout;
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::tier::TierKind;
+use crate::wire::PrefixHit;
 use evict::{Lists, SessionLists};
 
 const ABSENT: u8 = 0;
@@ -93,30 +92,6 @@ pub enum DirectoryError {
     Full(usize),
     #[error("cannot reserve {0} bytes for the directory's lookup view; lower max_pages")]
     Alloc(usize),
-}
-
-/// Per-tier credit of a contiguous-prefix lookup, in pages. Each page is credited to the
-/// nearest tier that holds it complete, and only while every earlier page is a hit too:
-/// `device + host + pool` is the length of the reusable prefix.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct PrefixHit {
-    pub device: usize,
-    pub host: usize,
-    pub pool: usize,
-}
-
-impl PrefixHit {
-    pub fn total(&self) -> usize {
-        self.device + self.host + self.pool
-    }
-
-    pub fn get(&self, tier: TierKind) -> usize {
-        match tier {
-            TierKind::Device => self.device,
-            TierKind::Host => self.host,
-            TierKind::Pool => self.pool,
-        }
-    }
 }
 
 /// A map keyed by small integers (record indices, tiers): foldhash instead of SipHash,

@@ -58,7 +58,7 @@ pub use session_events::{
 pub use stats::{COPY_BUCKETS_S, CopyLatency, RECOVERY_REASONS, Stats, StatsSnapshot, TierStats};
 
 use crate::clock::Clock;
-use crate::directory::{DirView, Directory, DirectoryError, PrefixHit};
+use crate::directory::{DirView, Directory, DirectoryError};
 use crate::events::EventLog;
 use crate::hints::HintError;
 use crate::layout::Layout;
@@ -73,6 +73,7 @@ use crate::tier::TierKind;
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
 use crate::transfer::{TicketError, Tickets, TransferEngine};
+use crate::wire::PrefixHit;
 use grants::GrantTable;
 use locks::{Ordered, Rank};
 use queues::Queues;
