@@ -17,6 +17,7 @@ pub mod clock;
 pub mod daemon;
 pub mod directory;
 pub mod events;
+pub mod expiry;
 pub mod ffi;
 pub mod hints;
 pub mod layout;

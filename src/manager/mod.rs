@@ -33,6 +33,8 @@ mod timers;
 mod upkeep;
 
 #[cfg(test)]
+mod api_tests;
+#[cfg(test)]
 mod evict_tests;
 #[cfg(test)]
 mod remote_tests;
