@@ -17,6 +17,7 @@ pub mod clock;
 pub mod daemon;
 pub mod directory;
 pub mod events;
+pub mod expiry;
 pub mod ffi;
 pub mod hints;
 pub mod layout;
@@ -35,6 +36,8 @@ pub mod session;
 pub mod shutdown;
 pub mod tier;
 pub mod transfer;
+pub mod watermarks;
+pub mod wire;
 
 pub use layout::{AttentionKind, ByteOrder, Layout, LayoutError, LayoutSpec, ObjectId, Part};
 pub use page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};

@@ -150,10 +150,10 @@ fn tool_ends_are_not_known_early_unless_the_lookahead_variant_is_asked_for() {
 }
 
 fn mooncake_head(lines: usize) -> Workload {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/mooncake_synthetic_trace.jsonl");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/mooncake_synthetic_trace.jsonl");
     let file = File::open(&path).unwrap_or_else(|e| {
         panic!(
-            "this test replays the shared Mooncake trace, expected at {} next to the repository: {e}",
+            "this test replays Mooncake's public trace, kept at {}: {e}",
             path.display()
         )
     });

@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::directory::PrefixHit;
 use crate::hints::{Hint, HintOutcome};
 use crate::layout::{Layout, LayoutError, LayoutSpec};
 use crate::page::PageHash;
@@ -31,6 +30,7 @@ use crate::protocol::{
 };
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
+use crate::wire::PrefixHit;
 
 use conn::Conn;
 

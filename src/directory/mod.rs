@@ -16,23 +16,24 @@
 //! `view.rs`). Everything else is the writer's alone, under its owner's write lock.
 
 mod bitset;
+mod classes;
 mod evict;
 pub(crate) mod index;
+mod objects;
 mod view;
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
-
-use serde::Serialize;
 
 pub use bitset::ObjectSet;
 pub use view::DirView;
 
 use crate::events::{PageEvent, PageEventKind};
+use crate::expiry::ExpiryHeap;
 use crate::layout::Layout;
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::tier::TierKind;
+use crate::wire::PrefixHit;
 use evict::{Lists, SessionLists};
 
 const ABSENT: u8 = 0;
@@ -93,30 +94,6 @@ pub enum DirectoryError {
     Full(usize),
     #[error("cannot reserve {0} bytes for the directory's lookup view; lower max_pages")]
     Alloc(usize),
-}
-
-/// Per-tier credit of a contiguous-prefix lookup, in pages. Each page is credited to the
-/// nearest tier that holds it complete, and only while every earlier page is a hit too:
-/// `device + host + pool` is the length of the reusable prefix.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct PrefixHit {
-    pub device: usize,
-    pub host: usize,
-    pub pool: usize,
-}
-
-impl PrefixHit {
-    pub fn total(&self) -> usize {
-        self.device + self.host + self.pool
-    }
-
-    pub fn get(&self, tier: TierKind) -> usize {
-        match tier {
-            TierKind::Device => self.device,
-            TierKind::Host => self.host,
-            TierKind::Pool => self.pool,
-        }
-    }
 }
 
 /// A map keyed by small integers (record indices, tiers): foldhash instead of SipHash,
@@ -201,10 +178,9 @@ pub struct Directory {
     by_session: SessionLists,
     /// Sessions whose new pages start in the idle class.
     idle_sessions: HashSet<u32>,
-    /// Protected pages and when their protection ends; the heap orders the expiries
+    /// Protected pages and when their protection ends, in the core's expiry heap
     /// (entries whose page was unprotected or reused are skipped when they come up).
-    protected: HashMap<u32, u64>,
-    protect_heap: BinaryHeap<Reverse<(u64, u32)>>,
+    protected: ExpiryHeap<u32>,
 }
 
 impl Directory {
@@ -243,8 +219,7 @@ impl Directory {
             lists: Default::default(),
             by_session: SessionLists::default(),
             idle_sessions: HashSet::new(),
-            protected: HashMap::new(),
-            protect_heap: BinaryHeap::new(),
+            protected: ExpiryHeap::default(),
         })
     }
 
@@ -387,458 +362,6 @@ impl Directory {
 
     pub fn is_pinned(&self, id: PageId, tier: TierKind) -> bool {
         self.records[id.0 as usize].pinned & (1 << tier.index()) != 0
-    }
-
-    fn object_count(&self, id: PageId) -> usize {
-        let ns = self.records[id.0 as usize].ns;
-        self.layouts[ns.0 as usize].1.object_count()
-    }
-
-    /// Whether object `index` of the page is present in `tier`.
-    pub fn has_object(&self, id: PageId, tier: TierKind, index: usize) -> bool {
-        match self.records[id.0 as usize].tier_state(tier) {
-            COMPLETE => index < self.object_count(id),
-            PARTIAL => self.partial.get(&(id.0, tier as u8)).is_some_and(|s| s.contains(index)),
-            _ => false,
-        }
-    }
-
-    /// Objects of the page that are not present in `tier`, in canonical order.
-    pub fn missing_objects(&self, id: PageId, tier: TierKind) -> Vec<usize> {
-        let n = self.object_count(id);
-        match self.records[id.0 as usize].tier_state(tier) {
-            COMPLETE => Vec::new(),
-            PARTIAL => match self.partial.get(&(id.0, tier as u8)) {
-                Some(s) => (0..n).filter(|&i| !s.contains(i)).collect(),
-                None => (0..n).collect(),
-            },
-            _ => (0..n).collect(),
-        }
-    }
-
-    /// Pages with at least one object being written into `tier`.
-    pub fn inflight_pages(&self, tier: TierKind) -> usize {
-        self.inflight_count[tier.index()]
-    }
-
-    /// Objects of the page that are being written into `tier`.
-    pub fn inflight_objects(&self, id: PageId, tier: TierKind) -> Vec<usize> {
-        if !self.is_inflight(id, tier) {
-            return Vec::new();
-        }
-        self.inflight
-            .get(&(id.0, tier as u8))
-            .map(|s| s.iter().collect())
-            .unwrap_or_default()
-    }
-
-    /// Whether object `index` of the page is being written into `tier`. Answers from the
-    /// record's in-flight bit when the page has nothing in flight there.
-    pub fn is_inflight_object(&self, id: PageId, tier: TierKind, index: usize) -> bool {
-        self.is_inflight(id, tier)
-            && self
-                .inflight
-                .get(&(id.0, tier as u8))
-                .is_some_and(|s| s.contains(index))
-    }
-
-    fn check_index(&self, id: PageId, index: usize) -> Result<usize, DirectoryError> {
-        let count = self.object_count(id);
-        if index >= count {
-            return Err(DirectoryError::ObjectOutOfRange { index, count });
-        }
-        Ok(count)
-    }
-
-    /// Marks one object present or gone. Emits `stored` when this completes the page and
-    /// `removed` when it breaks a complete page. Returns whether completeness changed.
-    pub fn set_object(
-        &mut self,
-        id: PageId,
-        tier: TierKind,
-        index: usize,
-        present: bool,
-    ) -> Result<bool, DirectoryError> {
-        let count = self.check_index(id, index)?;
-        let key = (id.0, tier as u8);
-        let state = self.records[id.0 as usize].tier_state(tier);
-        let changed = match (state, present) {
-            (COMPLETE, true) | (ABSENT, false) => false,
-            (ABSENT, true) => {
-                if count == 1 {
-                    self.set_state(id, tier, COMPLETE);
-                    true
-                } else {
-                    let mut s = ObjectSet::new(count);
-                    s.insert(index);
-                    self.partial.insert(key, s);
-                    self.set_state(id, tier, PARTIAL);
-                    false
-                }
-            }
-            (COMPLETE, false) => {
-                if count == 1 {
-                    self.set_state(id, tier, ABSENT);
-                } else {
-                    let mut s = ObjectSet::full(count);
-                    s.remove(index);
-                    self.partial.insert(key, s);
-                    self.set_state(id, tier, PARTIAL);
-                }
-                true
-            }
-            (_, true) => {
-                let s = self.partial.get_mut(&key).expect("partial pages have a set");
-                s.insert(index);
-                if s.is_full() {
-                    self.partial.remove(&key);
-                    self.set_state(id, tier, COMPLETE);
-                    true
-                } else {
-                    false
-                }
-            }
-            (_, false) => {
-                let s = self.partial.get_mut(&key).expect("partial pages have a set");
-                s.remove(index);
-                if s.is_empty() {
-                    self.partial.remove(&key);
-                    self.set_state(id, tier, ABSENT);
-                }
-                false
-            }
-        };
-        self.release_if_empty(id);
-        Ok(changed)
-    }
-
-    /// Marks every object of the page present (`true`) or gone (`false`) in `tier` at once.
-    /// Returns whether completeness changed (at most one event).
-    pub fn set_page(&mut self, id: PageId, tier: TierKind, present: bool) -> bool {
-        let state = self.records[id.0 as usize].tier_state(tier);
-        self.partial.remove(&(id.0, tier as u8));
-        let target = if present { COMPLETE } else { ABSENT };
-        let changed = (state == COMPLETE) != present;
-        if state != target {
-            self.set_state(id, tier, target);
-        }
-        self.release_if_empty(id);
-        changed
-    }
-
-    /// Marks several objects of one page present or gone in `tier` at once, with one
-    /// side-table change instead of one per object. Events and the result are those of
-    /// calling [`Self::set_object`] for each in turn (completeness crosses at most once,
-    /// since every object moves the same way): a page whose objects all arrive in one
-    /// call goes from absent to complete without a partial set.
-    pub fn set_objects(
-        &mut self,
-        id: PageId,
-        tier: TierKind,
-        objs: &[usize],
-        present: bool,
-    ) -> Result<bool, DirectoryError> {
-        let count = self.object_count(id);
-        if let Some(&index) = objs.iter().find(|&&o| o >= count) {
-            return Err(DirectoryError::ObjectOutOfRange { index, count });
-        }
-        let key = (id.0, tier as u8);
-        let state = self.records[id.0 as usize].tier_state(tier);
-        let mut set = match (state, present) {
-            (COMPLETE, true) | (ABSENT, false) => {
-                self.release_if_empty(id);
-                return Ok(false);
-            }
-            _ if objs.is_empty() => return Ok(false),
-            (COMPLETE, false) => ObjectSet::full(count),
-            (ABSENT, true) => ObjectSet::new(count),
-            _ => self.partial.remove(&key).unwrap_or_else(|| ObjectSet::new(count)),
-        };
-        for &o in objs {
-            if present {
-                set.insert(o);
-            } else {
-                set.remove(o);
-            }
-        }
-        let target = if set.is_full() {
-            COMPLETE
-        } else if set.is_empty() {
-            ABSENT
-        } else {
-            self.partial.insert(key, set);
-            PARTIAL
-        };
-        if target != state {
-            self.set_state(id, tier, target);
-        }
-        self.release_if_empty(id);
-        Ok((state == COMPLETE) != (target == COMPLETE))
-    }
-
-    /// Marks several objects of one page as being written into `tier` (or no longer),
-    /// with one side-table change.
-    pub fn set_inflight_objects(
-        &mut self,
-        id: PageId,
-        tier: TierKind,
-        objs: &[usize],
-        on: bool,
-    ) -> Result<(), DirectoryError> {
-        let count = self.object_count(id);
-        if let Some(&index) = objs.iter().find(|&&o| o >= count) {
-            return Err(DirectoryError::ObjectOutOfRange { index, count });
-        }
-        let key = (id.0, tier as u8);
-        let bit = 1u8 << tier.index();
-        if on && !objs.is_empty() {
-            let set = self.inflight.entry(key).or_insert_with(|| {
-                self.inflight_count[tier.index()] += 1;
-                ObjectSet::new(count)
-            });
-            for &o in objs {
-                set.insert(o);
-            }
-            self.records[id.0 as usize].inflight |= bit;
-        } else if !on && let Some(s) = self.inflight.get_mut(&key) {
-            for &o in objs {
-                s.remove(o);
-            }
-            if s.is_empty() {
-                self.inflight.remove(&key);
-                self.inflight_count[tier.index()] -= 1;
-                self.records[id.0 as usize].inflight &= !bit;
-            }
-        }
-        self.release_if_empty(id);
-        Ok(())
-    }
-
-    /// Marks one object as being written into `tier` (or no longer).
-    pub fn set_inflight(&mut self, id: PageId, tier: TierKind, index: usize, on: bool) -> Result<(), DirectoryError> {
-        let count = self.check_index(id, index)?;
-        let key = (id.0, tier as u8);
-        if on {
-            let set = self.inflight.entry(key).or_insert_with(|| {
-                self.inflight_count[tier.index()] += 1;
-                ObjectSet::new(count)
-            });
-            set.insert(index);
-        } else if let Some(s) = self.inflight.get_mut(&key) {
-            s.remove(index);
-            if s.is_empty() {
-                self.inflight.remove(&key);
-                self.inflight_count[tier.index()] -= 1;
-            }
-        }
-        let bit = 1u8 << tier.index();
-        let rec = &mut self.records[id.0 as usize];
-        if self.inflight.contains_key(&key) {
-            rec.inflight |= bit;
-        } else {
-            rec.inflight &= !bit;
-        }
-        self.release_if_empty(id);
-        Ok(())
-    }
-
-    pub fn set_pinned(&mut self, id: PageId, tier: TierKind, on: bool) {
-        let bit = 1u8 << tier.index();
-        let rec = &mut self.records[id.0 as usize];
-        if on {
-            rec.pinned |= bit;
-        } else {
-            rec.pinned &= !bit;
-        }
-        self.release_if_empty(id);
-    }
-
-    pub fn set_retain(&mut self, id: PageId, priority: i8) {
-        self.records[id.0 as usize].retain = priority;
-        self.relink(id, Place::Keep);
-    }
-
-    /// Records the session that last touched the page. Its class follows the session's
-    /// (idle when the session is, see [`Self::set_session_idle`]); protection stays.
-    pub fn set_session(&mut self, id: PageId, session: u32) {
-        let rec = &mut self.records[id.0 as usize];
-        let old = rec.session;
-        if old != session {
-            rec.session = session;
-            self.by_session.remove(old, id.0);
-            self.by_session.add(session, id.0);
-        }
-        let idle = session != 0 && self.idle_sessions.contains(&session);
-        self.set_idle_bit(id, idle);
-    }
-
-    /// Moves every page of `session` into the idle class (or out of it), and makes the
-    /// session's later pages start there. O(pages of the session), no scan.
-    pub fn set_session_idle(&mut self, session: u32, idle: bool) {
-        self.note_session_idle(session, idle);
-        // Least recently used first, so the class they enter keeps their recency order.
-        for id in self.session_pages(session) {
-            self.set_idle_bit(id, idle);
-        }
-    }
-
-    /// Makes `session`'s later pages start in the idle class (or not), leaving its
-    /// existing pages to [`Self::set_session_page_idle`] (a caller that works in chunks).
-    pub fn note_session_idle(&mut self, session: u32, idle: bool) {
-        if session == 0 {
-            return;
-        }
-        if idle {
-            self.idle_sessions.insert(session);
-        } else {
-            self.idle_sessions.remove(&session);
-        }
-    }
-
-    /// Moves one page into the idle class (or out), if it still belongs to `session`.
-    pub fn set_session_page_idle(&mut self, id: PageId, session: u32, idle: bool) {
-        if self.live.get(id.0 as usize) == Some(&true) && self.records[id.0 as usize].session == session {
-            self.set_idle_bit(id, idle);
-        }
-    }
-
-    /// Forgets `session` (it ended): its pages stay in the idle class, so they go first,
-    /// and the directory keeps nothing per ended session.
-    pub fn end_session(&mut self, session: u32) {
-        self.set_session_idle(session, true);
-        self.idle_sessions.remove(&session);
-    }
-
-    /// Pages whose session is `session`, least recently used first: O(k log k) for the
-    /// session's k pages, no scan.
-    pub fn session_pages(&self, session: u32) -> Vec<PageId> {
-        let mut pages = self.by_session.pages(session);
-        pages.sort_by_key(|&i| self.records[i as usize].last_access);
-        pages.into_iter().map(PageId).collect()
-    }
-
-    fn set_idle_bit(&mut self, id: PageId, idle: bool) {
-        let rec = &mut self.records[id.0 as usize];
-        let was = rec.class & CLASS_IDLE != 0;
-        if was != idle {
-            rec.class ^= CLASS_IDLE;
-            self.relink(id, Place::Keep);
-        }
-    }
-
-    /// Moves a page between eviction classes (the session policy's hook). O(1), plus
-    /// O(log n) to schedule a protection's end.
-    pub fn set_class(&mut self, id: PageId, class: EvictClass) {
-        let rec = &mut self.records[id.0 as usize];
-        match class {
-            EvictClass::Normal => rec.class = 0,
-            EvictClass::IdleSession => rec.class = CLASS_IDLE,
-            EvictClass::Protected { until_ms } => {
-                rec.class |= CLASS_PROTECTED;
-                self.protected.insert(id.0, until_ms);
-                self.protect_heap.push(Reverse((until_ms, id.0)));
-            }
-        }
-        if self.records[id.0 as usize].class & CLASS_PROTECTED == 0 {
-            self.protected.remove(&id.0);
-        }
-        self.relink(id, Place::Keep);
-    }
-
-    /// Whether the page is protected from eviction.
-    pub fn is_protected(&self, id: PageId) -> bool {
-        self.records[id.0 as usize].class & CLASS_PROTECTED != 0
-    }
-
-    /// Whether the page is in the idle-session class.
-    pub fn is_idle_class(&self, id: PageId) -> bool {
-        self.records[id.0 as usize].class & CLASS_IDLE != 0
-    }
-
-    /// Ends protection early (the page was loaded).
-    pub fn unprotect(&mut self, id: PageId) {
-        self.end_protection(id, Place::Keep);
-    }
-
-    fn end_protection(&mut self, id: PageId, place: Place) {
-        if self.records[id.0 as usize].class & CLASS_PROTECTED != 0 {
-            self.records[id.0 as usize].class &= !CLASS_PROTECTED;
-            self.protected.remove(&id.0);
-            self.relink(id, place);
-        }
-    }
-
-    /// When the next protection ends (manager clock), if any page is protected. Stale
-    /// entries may make this early, never late.
-    pub fn next_protection_expiry(&self) -> Option<u64> {
-        self.protect_heap.peek().map(|Reverse((at, _))| *at)
-    }
-
-    /// Ends the protections due at `now_ms`: each page goes to the head of its bucket
-    /// (staged, never loaded: the first to go). Returns how many pages it released.
-    pub fn expire_protection(&mut self, now_ms: u64) -> usize {
-        let mut n = 0;
-        while let Some(&Reverse((at, i))) = self.protect_heap.peek() {
-            if at > now_ms {
-                break;
-            }
-            self.protect_heap.pop();
-            if self.protected.get(&i) == Some(&at) {
-                // Staged and never loaded within the TTL: the coldest page of its bucket.
-                self.end_protection(PageId(i), Place::Head);
-                n += 1;
-            }
-        }
-        if self.protected.is_empty() {
-            self.protect_heap.clear();
-        }
-        n
-    }
-
-    /// Protected pages now.
-    pub fn protected_pages(&self) -> usize {
-        self.protected.len()
-    }
-
-    /// Records an access (for LRU) and, when `hit`, a hit. A hit is a load: it ends the
-    /// page's protection. The page moves to the tail of its eviction bucket.
-    pub fn touch(&mut self, id: PageId, hit: bool) {
-        self.access_clock += 1;
-        let rec = &mut self.records[id.0 as usize];
-        rec.last_access = self.access_clock;
-        if hit {
-            rec.hits = rec.hits.saturating_add(1);
-            self.unprotect(id);
-        }
-        self.relink(id, Place::Tail);
-    }
-
-    /// Puts the page in the lists where it belongs now: linked in a listed tier iff live,
-    /// complete there, not pinned there, not in flight anywhere and not protected. A page
-    /// that changes bucket enters at the tail, or where `place` says; `Tail` and `Head`
-    /// move it even when its bucket stays (an access; a protection that ran out).
-    fn relink(&mut self, id: PageId, place: Place) {
-        let i = id.0;
-        let rec = self.records[i as usize];
-        let live = self.live.get(i as usize).copied().unwrap_or(false);
-        for (k, &tier) in LISTED.iter().enumerate() {
-            let evictable = live
-                && rec.tier_state(tier) == COMPLETE
-                && rec.pinned & (1 << tier.index()) == 0
-                && rec.inflight == 0
-                && rec.class & CLASS_PROTECTED == 0;
-            let want = evictable.then(|| evict::bucket(rec.class & CLASS_IDLE != 0, rec.retain));
-            let have = self.lists[k].bucket_of(i);
-            if want == have && (place == Place::Keep || want.is_none()) {
-                continue;
-            }
-            self.lists[k].unlink(i);
-            match (want, place) {
-                (Some(b), Place::Head) => self.lists[k].push_front(i, b),
-                (Some(b), _) => self.lists[k].push_back(i, b),
-                (None, _) => {}
-            }
-        }
     }
 
     /// Up to `n` victims in `tier` in eviction order (idle sessions' pages, then low

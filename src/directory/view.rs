@@ -33,8 +33,9 @@ use std::alloc::Layout as AllocLayout;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64, fence};
 
-use super::{COMPLETE, DirectoryError, PrefixHit};
+use super::{COMPLETE, DirectoryError};
 use crate::page::{MAX_HASH_BYTES, NamespaceId, PageHash};
+use crate::wire::PrefixHit;
 
 /// An empty index slot.
 const EMPTY: u64 = 0;

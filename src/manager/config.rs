@@ -90,8 +90,8 @@ impl Default for Tunables {
             max_pin_ttl_ms: 600_000,
             host_to_pool: WritePolicy::WriteBack,
             stage_protect_ms: 5_000,
-            max_sessions: super::sessions::DEFAULT_MAX_SESSIONS,
-            max_session_id_bytes: super::sessions::DEFAULT_MAX_ID_BYTES,
+            max_sessions: crate::session::registry::DEFAULT_MAX_SESSIONS,
+            max_session_id_bytes: crate::session::registry::DEFAULT_MAX_ID_BYTES,
         }
     }
 }

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use super::Manager;
 use crate::directory::{IdMap, PageId};
 use crate::page::NamespaceId;
 use crate::tier::host::SlotId;
@@ -40,6 +41,22 @@ pub(crate) struct GrantPage {
     pub page: PageId,
     /// (object index, slot) pairs.
     pub objects: Vec<(usize, SlotId)>,
+}
+
+/// A read lease on one page's host slots, held by a caller that reads them outside every
+/// lock. Dropping it gives the lease back (taking the grants lock), so an early return or
+/// an error between the lease and the end of the read cannot leak it. Never drop one while
+/// holding the grants lock or a lock ranked after it.
+#[must_use = "the lease is given back when this drops"]
+pub(crate) struct HostLease<'m> {
+    m: &'m Manager,
+    page: PageId,
+}
+
+impl Drop for HostLease<'_> {
+    fn drop(&mut self) {
+        self.m.grants().unlease(self.page);
+    }
 }
 
 /// Open grants and leases.
@@ -84,6 +101,14 @@ impl GrantTable {
                 self.leases.remove(&page.0);
             }
         }
+    }
+
+    /// Takes a read lease on `page`'s host slots, given back when the returned guard
+    /// drops. Call it in the critical section that saw the page complete in host (the
+    /// directory lock held), so eviction cannot come in between.
+    pub fn lease_scoped<'m>(&mut self, m: &'m Manager, page: PageId) -> HostLease<'m> {
+        self.lease(page);
+        HostLease { m, page }
     }
 
     /// Pages with at least one lease.

@@ -11,7 +11,7 @@ use crate::pool::PoolHealth;
 use crate::tier::TierKind;
 
 impl Manager {
-    /// Applies a hint. See DESIGN.md, "KvHints", for the semantics of each kind.
+    /// Applies a hint. docs/ARCHITECTURE.md, "Hints", gives the semantics of each kind.
     pub fn hint(&self, ns: NamespaceId, hint: Hint) -> Result<HintOutcome, ManagerError> {
         self.validate_hint(&hint)?;
         // Hints are soft: naming only pages (or a session) kvtier does not know is an

@@ -85,7 +85,7 @@ impl Manager {
     ) -> Result<bool, ManagerError> {
         let layout = self.layout(ns)?;
         let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
-        let (id, slot) = {
+        let (lease, slot) = {
             let st = self.read();
             let Some(id) = st.dir.find(ns, hash) else {
                 return Ok(false);
@@ -98,17 +98,16 @@ impl Manager {
             };
             // Leased under the read lock that saw it complete: eviction, which drops
             // host pages under the write lock, cannot run in between.
-            self.grants().lease(id);
-            (id, slot)
+            (self.grants().lease_scoped(self, id), slot)
         };
         let len = layout.object_bytes(obj) as usize;
-        // SAFETY: leased above: not freed or rewritten until unleased.
+        // SAFETY: leased above: not freed or rewritten until the lease drops.
         let res = unsafe { arena.slot(slot, len) }.map(|src| {
             if buf.len() >= len {
                 buf[..len].copy_from_slice(src);
             }
         });
-        self.grants().unlease(id);
+        drop(lease);
         res?;
         if buf.len() < len {
             return Err(ManagerError::ObjectSize {

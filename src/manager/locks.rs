@@ -19,13 +19,14 @@ use parking_lot::{MutexGuard, RwLockReadGuard};
 
 use super::grants::GrantTable;
 use super::queues::Queues;
-use super::sessions::Sessions;
 use super::state::{DirState, DirWrite};
 use super::timers::Timers;
 use super::{DeviceMap, DevicePages, Manager, ManagerError};
-use crate::directory::{DirectoryError, PageId, PageInfo, PrefixHit};
+use crate::directory::{DirectoryError, PageId, PageInfo};
 use crate::page::{NamespaceId, PageHash};
+use crate::session::registry::Sessions;
 use crate::tier::TierKind;
+use crate::wire::PrefixHit;
 
 /// Position of a lock in the nesting order: take them in increasing rank only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

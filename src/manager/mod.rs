@@ -25,7 +25,6 @@ mod queues;
 mod recover;
 mod remote;
 mod session_events;
-mod sessions;
 mod state;
 mod stats;
 mod store_plan;
@@ -33,6 +32,8 @@ mod tiers;
 mod timers;
 mod upkeep;
 
+#[cfg(test)]
+mod api_tests;
 #[cfg(test)]
 mod evict_tests;
 #[cfg(test)]
@@ -59,7 +60,7 @@ pub use session_events::{
 pub use stats::{COPY_BUCKETS_S, CopyLatency, RECOVERY_REASONS, Stats, StatsSnapshot, TierStats};
 
 use crate::clock::Clock;
-use crate::directory::{DirView, Directory, DirectoryError, PrefixHit};
+use crate::directory::{DirView, Directory, DirectoryError};
 use crate::events::EventLog;
 use crate::hints::HintError;
 use crate::layout::Layout;
@@ -67,15 +68,17 @@ use crate::page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};
 use crate::pool::local::LocalPool;
 use crate::pool::mooncake::{MooncakeError, MooncakePool};
 use crate::pool::{PoolBackend, PoolError};
+pub use crate::session::SessionError;
+pub use crate::session::registry::{DEFAULT_MAX_ID_BYTES, DEFAULT_MAX_SESSIONS};
+use crate::session::registry::{Sessions, Standing};
 use crate::tier::TierKind;
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
 use crate::transfer::{TicketError, Tickets, TransferEngine};
+use crate::wire::PrefixHit;
 use grants::GrantTable;
 use locks::{Ordered, Rank};
 use queues::Queues;
-use sessions::Sessions;
-pub use sessions::{DEFAULT_MAX_ID_BYTES, DEFAULT_MAX_SESSIONS, SessionError};
 use state::DirState;
 use timers::Timers;
 use upkeep::Upkeep;
@@ -471,9 +474,9 @@ impl Manager {
     pub(crate) fn session_standing(&self, id: &str, idle: bool, ended: bool) -> Result<u32, ManagerError> {
         let idx = self.session_index(id)?;
         let standing = match (ended, idle) {
-            (true, _) => sessions::Standing::Ended,
-            (false, true) => sessions::Standing::Idle,
-            (false, false) => sessions::Standing::Busy,
+            (true, _) => Standing::Ended,
+            (false, true) => Standing::Idle,
+            (false, false) => Standing::Busy,
         };
         self.sessions_table().set_standing(id, standing);
         Ok(idx)

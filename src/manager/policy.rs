@@ -181,7 +181,8 @@ impl Manager {
             SessionClass::Idle => self.reclass_session(idx, true, false),
             SessionClass::Ended => {
                 // Ended by the policy's idle timeout too: the table frees it first.
-                self.sessions_table().set_standing(id, super::sessions::Standing::Ended);
+                self.sessions_table()
+                    .set_standing(id, crate::session::registry::Standing::Ended);
                 self.reclass_session(idx, true, true);
             }
         }

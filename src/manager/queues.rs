@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::hints::Hint;
 use crate::page::{NamespaceId, PageHash};
-use crate::protocol::MAX_SESSION_ADVICE;
+use crate::wire::MAX_SESSION_ADVICE;
 
 /// Most advice entries kept; beyond that the oldest is dropped.
 pub(crate) const MAX_ADVICE: usize = 4096;

@@ -89,7 +89,7 @@ impl Manager {
     ) -> Option<R> {
         let arena = self.arena()?;
         let layout = self.layout(ns).ok()?;
-        let (id, slots) = {
+        let (lease, slots) = {
             let st = self.read();
             let id = st.dir.find(ns, hash)?;
             if !st.dir.is_complete(id, TierKind::Host) {
@@ -98,17 +98,16 @@ impl Manager {
             let slots: Vec<SlotId> = (0..layout.object_count())
                 .map(|o| st.host_slot(id, o))
                 .collect::<Option<_>>()?;
-            self.grants().lease(id);
-            (id, slots)
+            (self.grants().lease_scoped(self, id), slots)
         };
         let objects: Result<Vec<(SlotId, &[u8])>, _> = slots
             .iter()
             .enumerate()
-            // SAFETY: the page is leased: its slots are not freed or rewritten until unleased.
+            // SAFETY: the page is leased: its slots are not freed or rewritten until the lease drops.
             .map(|(o, &s)| unsafe { arena.slot(s, layout.object_bytes(o) as usize) }.map(|b| (s, b)))
             .collect();
         let out = objects.ok().map(|o| f(&o));
-        self.grants().unlease(id);
+        drop(lease);
         out
     }
 

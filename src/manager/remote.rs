@@ -24,10 +24,10 @@ use serde::Serialize;
 
 use super::Manager;
 use super::locks::{Ordered, Rank};
-use crate::directory::PrefixHit;
 use crate::page::{NamespaceId, PageHash};
 use crate::pool::{KeyBatch, PoolError, PoolHealth};
 use crate::tier::TierKind;
+use crate::wire::PrefixHit;
 
 /// Cache maps keyed by engine-given hashes: foldhash, seeded per process.
 type PageMap<V> = HashMap<(NamespaceId, PageHash), V, foldhash::quality::RandomState>;

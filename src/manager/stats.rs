@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::directory::PrefixHit;
 use crate::hints::{HintKind, HintOutcome};
 use crate::pool::PoolUsage;
 use crate::tier::TierKind;
 use crate::tier::host::HostArena;
+use crate::wire::PrefixHit;
 
 #[derive(Debug, Default)]
 pub struct Stats {

@@ -1,20 +1,15 @@
-//! Pin and retain expiries in a timer heap.
+//! Pin and retain expiries, in the core's one expiry heap (`crate::expiry`).
 //!
-//! The maps hold the one live expiry of each pin (page, tier) and retain (page); the heap
-//! holds every expiry ever scheduled, earliest first. A re-pin that extends a TTL pushes
-//! a new heap entry and leaves the old one behind; an entry whose expiry no longer matches
-//! the map is stale and is skipped when it reaches the top (lazy invalidation). Expiring
-//! k items costs O(k log n) instead of a scan of every pin, and the earliest deadline is
-//! a peek, so upkeep can sleep until it. Stale entries are bounded: when they outnumber
-//! the live ones the heap is rebuilt from the maps.
+//! Each pin (page, tier) and retain (page) has one live expiry, with the hash of the page
+//! it was set on; a re-pin that extends a TTL moves the deadline, a retain replaces it.
+//! Expiring k items costs O(k log n), and the earliest deadline is a peek, so upkeep can
+//! sleep until it. Live pins are counted per tier, so the pin budget and stats are O(1).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
-
+use crate::expiry::ExpiryHeap;
 use crate::page::PageHash;
 use crate::tier::TierKind;
 
-/// What a heap entry refers to.
+/// What an expiry refers to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum TimerKey {
     /// A pin of page (record index) in tier (index).
@@ -34,10 +29,8 @@ pub(crate) struct Expiry {
 /// Pins and retains with their expiries.
 #[derive(Debug, Default)]
 pub(crate) struct Timers {
-    pins: HashMap<(u32, u8), Expiry>,
-    retains: HashMap<u32, Expiry>,
-    heap: BinaryHeap<Reverse<(u64, TimerKey)>>,
-    /// Live pins per tier, so the pin budget and stats are O(1).
+    expiries: ExpiryHeap<TimerKey, PageHash>,
+    /// Live pins per tier.
     pinned: [usize; 3],
 }
 
@@ -45,32 +38,29 @@ impl Timers {
     /// Pins `page` in `tier` until `at_ms`, or extends an existing pin to the later of
     /// its expiry and `at_ms`. Returns whether the pin is new.
     pub fn pin(&mut self, page: u32, tier: TierKind, hash: PageHash, at_ms: u64) -> bool {
-        let key = (page, tier as u8);
-        let new = match self.pins.get_mut(&key) {
-            Some(e) if e.at_ms >= at_ms => return false,
-            Some(e) => {
-                e.at_ms = at_ms;
+        let key = TimerKey::Pin(page, tier as u8);
+        match self.expiries.get(&key) {
+            Some(&(at, _)) if at >= at_ms => false,
+            Some(_) => {
+                self.expiries.reschedule(key, at_ms);
                 false
             }
             None => {
-                self.pins.insert(key, Expiry { at_ms, hash });
+                self.expiries.insert(key, at_ms, hash);
                 self.pinned[tier.index()] += 1;
                 true
             }
-        };
-        self.push(at_ms, TimerKey::Pin(page, tier as u8));
-        new
+        }
     }
 
     /// Whether `page` has a live pin in `tier`.
     pub fn is_pinned(&self, page: u32, tier: TierKind) -> bool {
-        self.pins.contains_key(&(page, tier as u8))
+        self.expiries.contains(&TimerKey::Pin(page, tier as u8))
     }
 
     /// Sets (replaces) the retain expiry of `page`.
     pub fn retain(&mut self, page: u32, hash: PageHash, at_ms: u64) {
-        self.retains.insert(page, Expiry { at_ms, hash });
-        self.push(at_ms, TimerKey::Retain(page));
+        self.expiries.insert(TimerKey::Retain(page), at_ms, hash);
     }
 
     /// Live pins in `tier`.
@@ -78,70 +68,27 @@ impl Timers {
         self.pinned[tier.index()]
     }
 
-    /// The earliest live expiry, if any. Drops stale entries it finds on top.
+    /// The earliest live expiry, if any.
     pub fn next_deadline(&mut self) -> Option<u64> {
-        while let Some(&Reverse((at, key))) = self.heap.peek() {
-            if self.live_at(key) == Some(at) {
-                return Some(at);
-            }
-            self.heap.pop();
-        }
-        None
+        self.expiries.next_deadline()
     }
 
     /// Removes and returns every pin and retain due at `now_ms`, earliest first.
     pub fn expire(&mut self, now_ms: u64) -> Vec<(TimerKey, Expiry)> {
         let mut out = Vec::new();
-        while let Some(&Reverse((at, key))) = self.heap.peek() {
-            if at > now_ms {
-                break;
+        while let Some((key, at_ms, hash)) = self.expiries.pop_due(now_ms) {
+            if let TimerKey::Pin(_, t) = key {
+                self.pinned[usize::from(t)] -= 1;
             }
-            self.heap.pop();
-            if self.live_at(key) != Some(at) {
-                continue;
-            }
-            let e = match key {
-                TimerKey::Pin(p, t) => {
-                    self.pinned[usize::from(t)] -= 1;
-                    self.pins.remove(&(p, t))
-                }
-                TimerKey::Retain(p) => self.retains.remove(&p),
-            };
-            if let Some(e) = e {
-                out.push((key, e));
-            }
+            out.push((key, Expiry { at_ms, hash }));
         }
         out
-    }
-
-    fn live_at(&self, key: TimerKey) -> Option<u64> {
-        match key {
-            TimerKey::Pin(p, t) => self.pins.get(&(p, t)).map(|e| e.at_ms),
-            TimerKey::Retain(p) => self.retains.get(&p).map(|e| e.at_ms),
-        }
-    }
-
-    fn push(&mut self, at_ms: u64, key: TimerKey) {
-        self.heap.push(Reverse((at_ms, key)));
-        let live = self.pins.len() + self.retains.len();
-        if self.heap.len() > 2 * live + 64 {
-            // More stale entries than live ones: rebuild (amortised O(1) per push).
-            let pins = self
-                .pins
-                .iter()
-                .map(|(&(p, t), e)| Reverse((e.at_ms, TimerKey::Pin(p, t))));
-            let retains = self
-                .retains
-                .iter()
-                .map(|(&p, e)| Reverse((e.at_ms, TimerKey::Retain(p))));
-            self.heap = pins.chain(retains).collect();
-        }
     }
 
     /// Heap entries, live and stale (tests: the heap stays bounded).
     #[cfg(test)]
     pub fn heap_len(&self) -> usize {
-        self.heap.len()
+        self.expiries.heap_len()
     }
 }
 

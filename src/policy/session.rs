@@ -36,8 +36,6 @@ const MAX_PARENT_DEPTH: usize = 4096;
 /// Why the policy refused a call. Nothing is changed when it does.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SessionPolicyError {
-    #[error("session id must have 1 to {MAX_SESSION_ID_BYTES} bytes, got {0}")]
-    BadId(usize),
     #[error("session {session:?} cannot have parent {parent:?}: that makes a cycle")]
     ParentCycle { session: String, parent: String },
     #[error(transparent)]
@@ -367,13 +365,9 @@ impl SessionPolicy {
     /// The session's index, opening it (with `parent`) on first use. Checks the ids and
     /// that the parent does not lead back to the session.
     fn open(&mut self, id: &str, parent: Option<&str>) -> Result<u32, SessionPolicyError> {
-        if id.is_empty() || id.len() > MAX_SESSION_ID_BYTES {
-            return Err(SessionPolicyError::BadId(id.len()));
-        }
+        SessionError::check_id(id, MAX_SESSION_ID_BYTES)?;
         if let Some(p) = parent {
-            if p.is_empty() || p.len() > MAX_SESSION_ID_BYTES {
-                return Err(SessionPolicyError::BadId(p.len()));
-            }
+            SessionError::check_id(p, MAX_SESSION_ID_BYTES)?;
             let mut at = Some(p.to_owned());
             for _ in 0..MAX_PARENT_DEPTH {
                 let Some(cur) = at.take() else { break };

@@ -4,10 +4,10 @@
 //! wire is the order of the struct fields below. Request bodies are coded here, response
 //! bodies in `response.rs`.
 
-use crate::directory::PrefixHit;
 use crate::hints::{Hint, HintOutcome};
 use crate::layout::LayoutSpec;
 use crate::page::PageHash;
+use crate::wire::PrefixHit;
 
 use super::codec::{DecodeError, Reader, Writer};
 use super::error::RemoteError;

@@ -22,6 +22,7 @@ pub mod types;
 #[cfg(test)]
 mod tests;
 
+pub use crate::wire::{MAX_SESSION_ADVICE, PrefixHit};
 pub use codec::DecodeError;
 pub use error::{ErrorCode, RemoteError};
 pub use frame::{DEFAULT_MAX_BODY, FrameError, HEADER_BYTES, Header, read_frame};
@@ -30,5 +31,5 @@ pub use frame_codec::{Frame, FrameCodec, Outgoing};
 pub use message::{MAX_ENVELOPE, MAX_PAGE_TOKENS, Request, Response, kind};
 pub use types::{
     AdviceBatch, AdviceKind, ArenaInfo, DaemonStats, DeviceInfo, EngineAdvice, GrantPage, Identity, LoadWait,
-    MAX_ADVICE, MAX_PAGES, MAX_SESSION_ADVICE, MAX_STR, ObjectSlot, SessionPhase, TicketStatus,
+    MAX_ADVICE, MAX_PAGES, MAX_STR, ObjectSlot, SessionPhase, TicketStatus,
 };

@@ -1,6 +1,6 @@
 //! Encoding and decoding of [`Response`] bodies (field order is the wire order).
 
-use crate::directory::PrefixHit;
+use crate::wire::PrefixHit;
 
 use super::codec::{DecodeError, Reader, Writer};
 use super::error::{ErrorCode, RemoteError};

@@ -3,11 +3,11 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::directory::PrefixHit;
 use crate::hints::{Hint, HintOutcome, HintTarget, Reason};
 use crate::layout::{AttentionKind, ByteOrder, LayoutSpec};
 use crate::page::{Namespace, PageHash};
 use crate::tier::TierKind;
+use crate::wire::PrefixHit;
 
 fn hash() -> impl Strategy<Value = PageHash> {
     prop::collection::vec(any::<u8>(), 8..=32).prop_map(|b| PageHash::new(&b).unwrap())

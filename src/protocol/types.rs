@@ -12,9 +12,6 @@ pub const MAX_PAGES: usize = 65_536;
 /// Most advice entries one answer carries (their page hashes together stay within
 /// [`MAX_PAGES`]).
 pub const MAX_ADVICE: usize = 4096;
-/// Most session entries (Pause, Resume) one advice answer carries; more wait for the
-/// next ask (`more`). Bounds the answer's size: session ids are up to 1,024 bytes.
-pub const MAX_SESSION_ADVICE: usize = 64;
 
 /// Who is connecting: one engine rank.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

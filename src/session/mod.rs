@@ -7,10 +7,14 @@
 //! daemon (system time) and `kvtier replay` (simulated time) share the same code.
 //! [`lineage`] keeps the radix tree of page-hash chains, [`pressure`] decides pauses and
 //! resumptions, [`trace`] writes the per-request records that replay reads back, and
-//! [`trace_log`] the daemon's rotated request traces in the Mooncake format.
+//! [`trace_log`] the daemon's rotated request traces in the Mooncake format. `registry` is
+//! the manager's bounded table of every session an engine names (the index pages carry,
+//! busy, idle or ended), kept whether or not the session policy runs. One error type,
+//! [`SessionError`], serves them all.
 
 pub mod lineage;
 pub mod pressure;
+pub(crate) mod registry;
 pub mod trace;
 pub mod trace_log;
 
@@ -27,14 +31,31 @@ pub const MAX_SESSION_ID_BYTES: usize = 1024;
 /// Pause durations kept per session for reporting (older ones are folded into the totals).
 const MAX_PAUSES_KEPT: usize = 256;
 
+/// Why a session call was refused: the one error type of sessions, for the registry, the
+/// policy's table and the policy alike.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SessionError {
-    #[error("session id must have 1 to {MAX_SESSION_ID_BYTES} bytes, got {0}")]
-    BadId(usize),
+    #[error("session id of {len} bytes is over the limit of {max} bytes")]
+    IdTooLong { len: usize, max: usize },
+    #[error("the empty string is not a session id")]
+    EmptyId,
     #[error("unknown session index {0}")]
     Unknown(u32),
     #[error("the session table is full ({0} sessions)")]
     Full(usize),
+}
+
+impl SessionError {
+    /// Checks a session id: 1 to `max` bytes.
+    pub fn check_id(id: &str, max: usize) -> Result<(), SessionError> {
+        if id.is_empty() {
+            return Err(SessionError::EmptyId);
+        }
+        if id.len() > max {
+            return Err(SessionError::IdTooLong { len: id.len(), max });
+        }
+        Ok(())
+    }
 }
 
 /// What a session is doing: generating (reasoning) or waiting on a tool (acting).
@@ -123,9 +144,7 @@ impl SessionTable {
 
     /// Opens a session (reasoning, active) or returns the index of the live one with that id.
     pub fn open(&mut self, id: &str, parent_id: Option<&str>) -> Result<u32, SessionError> {
-        if id.is_empty() || id.len() > MAX_SESSION_ID_BYTES {
-            return Err(SessionError::BadId(id.len()));
-        }
+        SessionError::check_id(id, MAX_SESSION_ID_BYTES)?;
         if let Some(&idx) = self.by_id.get(id) {
             self.touch(idx)?;
             return Ok(idx);
@@ -340,7 +359,7 @@ mod tests {
         t.end(a).unwrap();
         assert_eq!(t.get(b).unwrap().parent, None);
         assert_eq!(t.open("c", None).unwrap(), 1);
-        assert_eq!(t.open("", None), Err(SessionError::BadId(0)));
+        assert_eq!(t.open("", None), Err(SessionError::EmptyId));
         t.open("d", None).unwrap();
         t.open("e", None).unwrap();
         assert_eq!(t.open("f", None), Err(SessionError::Full(4)));

@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Activity, SessionError, SessionTable};
-use crate::policy::{PolicyError, Watermarks};
+use crate::watermarks::{PolicyError, Watermarks};
 
 /// Pressure controller settings.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -15,7 +15,6 @@ use parking_lot::Mutex;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::clock::Clock;
-use crate::directory::PrefixHit;
 use crate::hints::{Hint, HintOutcome};
 use crate::layout::{Layout, LayoutSpec};
 use crate::manager::{self, LookupStep, Manager, ManagerConfig, ManagerError, PendingLookup, PoolConfig, StoreStatus};
@@ -28,6 +27,7 @@ use crate::protocol::{
 use crate::tier::TierKind;
 use crate::tier::host::{ArenaOptions, HostArena, SlotId};
 use crate::tier::private::{self, OwnerLock};
+use crate::wire::PrefixHit;
 
 use super::journal::{Journal, Recovered};
 use super::manifest::ObjectRecord;

@@ -15,7 +15,6 @@ mod tests;
 
 use std::time::Duration;
 
-use crate::directory::PrefixHit;
 use crate::hints::{Hint, HintError, HintOutcome};
 use crate::layout::{Layout, LayoutSpec};
 use crate::manager::{LookupStep, ManagerError, PendingLookup};
@@ -24,6 +23,7 @@ use crate::pool::PoolError;
 use crate::protocol::{
     AdviceBatch, ArenaInfo, DaemonStats, GrantPage, LoadWait, ObjectSlot, SessionPhase, TicketStatus,
 };
+use crate::wire::PrefixHit;
 
 pub use managed::{ManagedTiers, SharedPool, TiersConfig};
 

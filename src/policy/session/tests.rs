@@ -165,7 +165,10 @@ fn bad_ids_and_parent_cycles_are_refused_and_change_nothing() {
     let long = "x".repeat(MAX_SESSION_ID_BYTES + 1);
     assert_eq!(
         p.phase_changed(&long, None, Phase::Acting, usage(0)),
-        Err(SessionPolicyError::BadId(MAX_SESSION_ID_BYTES + 1))
+        Err(SessionPolicyError::Table(SessionError::IdTooLong {
+            len: MAX_SESSION_ID_BYTES + 1,
+            max: MAX_SESSION_ID_BYTES
+        }))
     );
     assert!(matches!(p.page_stored("a", NS, &[]), Ok(())));
     p.phase_changed("b", Some("a"), Phase::Reasoning, usage(0)).unwrap();

@@ -1,7 +1,8 @@
-//! The session table: session ids interned to the small index pages carry, their idle
-//! state (paused, or acting: waiting on a tool) and whether they ended.
+//! The session registry: session ids interned to the small index pages carry, their idle
+//! state (paused, or acting: waiting on a tool) and whether they ended. The manager keeps
+//! it for every session an engine names, with or without the session policy.
 //!
-//! It has its own lock so that listing sessions (an admin render) or a session changing
+//! The manager holds it under its own lock so that listing sessions (an admin render) or a session changing
 //! phase never waits on the directory. It is bounded: ids longer than the configured limit
 //! are refused with a typed error, and when the table is full the oldest ended session is
 //! freed first (then the session idle longest, then the oldest). Indices are never reused,
@@ -13,14 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::Arc;
 
-/// Why a session id was refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum SessionError {
-    #[error("session id of {len} bytes is over the limit of {max} bytes")]
-    IdTooLong { len: usize, max: usize },
-    #[error("the empty string is not a session id")]
-    EmptyId,
-}
+use super::SessionError;
 
 /// Where a session stands; the table's eviction order follows it (ended first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -93,15 +87,7 @@ impl Sessions {
         if let Some(r) = self.ids.get(id) {
             return Ok(r.idx);
         }
-        if id.is_empty() {
-            return Err(SessionError::EmptyId);
-        }
-        if id.len() > self.max_id_bytes {
-            return Err(SessionError::IdTooLong {
-                len: id.len(),
-                max: self.max_id_bytes,
-            });
-        }
+        SessionError::check_id(id, self.max_id_bytes)?;
         while self.ids.len() >= self.max_sessions {
             let Some((_, victim)) = self.order.pop_first() else {
                 break;
