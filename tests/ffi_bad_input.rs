@@ -31,6 +31,8 @@ fn options(socket: &CString, instance: &CString, model: &CString) -> ConnectOpti
         attention: 0,
         byte_order: 0,
         timeout_ms: 2000,
+        dtype: 2,
+        kv_order: 0,
     }
 }
 
@@ -66,10 +68,18 @@ fn null_and_size_errors_have_codes() {
             CString::new("m").unwrap(),
         );
         let mut o = options(&s, &i, &m);
-        o.struct_size -= 8;
+        o.struct_size -= 4;
         assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_INVALID);
         assert!(h.is_null());
-        o.struct_size += 8;
+        // The first version of the struct (no dtype, no kv_order) is still taken: it gets
+        // as far as the missing daemon.
+        o.struct_size = CONNECT_OPTIONS_V1_SIZE;
+        assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_UNAVAILABLE, "{}", last_error());
+        o.struct_size = std::mem::size_of::<ConnectOptions>();
+        o.dtype = 99;
+        assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_INVALID);
+        assert!(last_error().contains("dtype 99"), "{}", last_error());
+        o.dtype = 2;
         o.socket = null();
         assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_NULL);
         assert_eq!(kvtier_close(null_mut()), ffi::OK);

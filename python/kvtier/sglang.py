@@ -102,7 +102,7 @@ class KvtierStorage(HiCacheStorage):
         cfg = self.storage_config
         # kvtier's layout counts the model's KV heads; the host pool holds this rank's share.
         layout = Layout(layers=host.layer_num, kv_heads=host.head_num * cfg.tp_size, head_dim=host.head_dim,
-                        dtype_bytes=host.dtype.itemsize, page_tokens=ps)
+                        dtype_bytes=host.dtype.itemsize, page_tokens=ps, dtype=host.dtype)
         self._client = Client(layout, socket=self._socket, instance=self._instance, model=str(self._model),
                               tp_rank=cfg.tp_rank, tp_size=cfg.tp_size, pp_rank=cfg.pp_rank, pp_size=cfg.pp_size,
                               dp_rank=cfg.dp_rank, timeout_ms=self._timeout_ms)

@@ -208,7 +208,18 @@ pub struct ConnectOptions {
     pub attention: u32,
     pub byte_order: u32,
     pub timeout_ms: u32,
+    /// Since the second version of the struct: `KVTIER_DTYPE_*`.
+    pub dtype: u32,
+    /// Since the second version of the struct: `KVTIER_KV_ORDER_*`.
+    pub kv_order: u32,
 }
+
+/// Where the first version of [`ConnectOptions`] ends: after `timeout_ms`.
+const CONNECT_OPTIONS_V1_END: usize = std::mem::offset_of!(ConnectOptions, timeout_ms) + 4;
+/// `sizeof` the first version of [`ConnectOptions`] (its end, padded to the struct's
+/// alignment): a caller built against it connects with dtype unspecified and NHD order.
+pub const CONNECT_OPTIONS_V1_SIZE: usize =
+    CONNECT_OPTIONS_V1_END.next_multiple_of(std::mem::align_of::<ConnectOptions>());
 
 /// # Safety
 /// `opts` is null or a valid `kvtier_connect_options_t`; `out` is null or writable.
@@ -218,18 +229,32 @@ pub unsafe extern "C" fn kvtier_connect(opts: *const ConnectOptions, out_client:
         // SAFETY: caller contract.
         let slot = unsafe { out(out_client, "the output handle pointer") }?;
         *slot = std::ptr::null_mut();
-        // SAFETY: caller contract.
-        let o = unsafe { opts.as_ref() }.ok_or_else(|| null("the connect options"))?;
-        if o.struct_size != std::mem::size_of::<ConnectOptions>() {
+        if opts.is_null() {
+            return Err(null("the connect options"));
+        }
+        // SAFETY: caller contract: every version of the struct starts with struct_size.
+        let size = unsafe { std::ptr::read_unaligned(opts.cast::<usize>()) };
+        let full = std::mem::size_of::<ConnectOptions>();
+        if size != full && size != CONNECT_OPTIONS_V1_SIZE {
             return Err(FfiError::new(
                 ERR_INVALID,
                 format!(
-                    "connect options of {} bytes; this library expects {}",
-                    o.struct_size,
-                    std::mem::size_of::<ConnectOptions>()
+                    "connect options of {size} bytes; this library expects {full} (or {CONNECT_OPTIONS_V1_SIZE} without dtype and kv_order)"
                 ),
             ));
         }
+        // A first-version struct ends before dtype and kv_order (its tail padding is not
+        // theirs): copy only its fields, so nothing past them is read; the rest stays zero
+        // (dtype unspecified, NHD order).
+        let take = if size == full { full } else { CONNECT_OPTIONS_V1_END };
+        // SAFETY: all-zero is a valid ConnectOptions (null pointers, zero numbers).
+        let mut copy: ConnectOptions = unsafe { std::mem::zeroed() };
+        // SAFETY: the caller's struct holds `size >= take` readable bytes, and `take <= full`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(opts.cast::<u8>(), (&raw mut copy).cast::<u8>(), take);
+        }
+        let o = &copy;
+        let (dtype, kv_order) = (o.dtype, o.kv_order);
         // SAFETY: caller contract: NUL-terminated strings or null.
         let fields = unsafe {
             ConnectFields {
@@ -244,6 +269,8 @@ pub unsafe extern "C" fn kvtier_connect(opts: *const ConnectOptions, out_client:
                 attention: o.attention,
                 byte_order: o.byte_order,
                 timeout_ms: o.timeout_ms as u64,
+                dtype,
+                kv_order,
             }
         };
         let id = super::handle::register(Handle::connect(fields.config()?)?)?;

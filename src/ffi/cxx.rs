@@ -34,6 +34,10 @@ mod bridge {
         byte_order: u32,
         /// Every call's timeout; 0 = 5000.
         timeout_ms: u32,
+        /// `KVTIER_DTYPE_*` (0: unspecified, the byte width alone).
+        dtype: u32,
+        /// `KVTIER_KV_ORDER_*` (0: NHD).
+        kv_order: u32,
     }
 
     /// Contiguous prefix of complete pages, credited to the nearest tier holding them.
@@ -187,6 +191,8 @@ fn connect(o: &ConnectOptions) -> Result<Box<CxxClient>, FfiError> {
             parallel: [o.tp_size, o.pp_size],
             attention: o.attention,
             byte_order: o.byte_order,
+            dtype: o.dtype,
+            kv_order: o.kv_order,
             timeout_ms: o.timeout_ms as u64,
         };
         Ok(Box::new(CxxClient(Handle::connect(fields.config()?)?)))
