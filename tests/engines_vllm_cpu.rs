@@ -33,6 +33,21 @@ use pkg_support::script;
 const ARENA: u64 = 256 << 20;
 /// One object of the test model's page: 8 layers x 32 tokens x 4 heads x 64 dims x 2 bytes.
 const SLOT: &str = "slot_bytes=131072";
+/// The daemon's endpoints in its own directory (tests run side by side).
+const QUIET: [&str; 3] = [
+    "events_endpoint=ipc",
+    "events_replay_endpoint=ipc",
+    "pool_events_endpoint=",
+];
+
+/// A daemon in `dir` with `sets` and the endpoints of [`QUIET`].
+fn daemon(dir: &Path, arena: u64, sets: &[&str]) -> Daemon {
+    let admin = format!("admin_socket={}", dir.join("admin.sock").display());
+    let mut all: Vec<&str> = QUIET.to_vec();
+    all.push(&admin);
+    all.extend_from_slice(sets);
+    Daemon::start_with(dir, arena, &all)
+}
 
 struct Killed(Child);
 
@@ -138,7 +153,7 @@ fn python() -> Option<std::path::PathBuf> {
 fn vllm_cpu_loads_prefixes_from_kvtier_host_bit_identical_and_in_a_second_process() {
     let Some(py) = python() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let mut d = Daemon::start_with(tmp.path(), ARENA, &[SLOT, "pool_bytes=0"]);
+    let mut d = daemon(tmp.path(), ARENA, &[SLOT, "pool_bytes=0"]);
     let out = run_case(&py, "host", &mut d, true, tmp.path(), 900);
     lines_with(
         &out,
@@ -166,7 +181,7 @@ fn vllm_cpu_loads_pages_that_are_only_in_the_pool() {
     let tmp = tempfile::tempdir().unwrap();
     // Host holds 192 objects (96 pages), the pool 512 MiB: the prompt's 63 stored pages
     // leave host for the pool as other prompts come.
-    let mut d = Daemon::start_with(tmp.path(), 192 * 131072, &[SLOT, "pool_bytes=536870912"]);
+    let mut d = daemon(tmp.path(), 192 * 131072, &[SLOT, "pool_bytes=536870912"]);
     let out = run_case(&py, "pool", &mut d, true, tmp.path(), 900);
     lines_with(
         &out,
@@ -182,7 +197,7 @@ fn vllm_cpu_loads_pages_that_are_only_in_the_pool() {
 fn vllm_cpu_serves_with_the_daemon_down_and_killed() {
     let Some(py) = python() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let mut d = Daemon::start_with(tmp.path(), ARENA, &[SLOT, "pool_bytes=0"]);
+    let mut d = daemon(tmp.path(), ARENA, &[SLOT, "pool_bytes=0"]);
     d.signal(libc::SIGKILL);
     d.wait();
     // A dead daemon leaves its socket file behind: vLLM starts against a stale socket.
