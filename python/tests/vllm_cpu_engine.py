@@ -26,7 +26,7 @@ Cases:
   kvtier. Writes the block digests and the output to WORKDIR for ``second``.
 * ``second``: a fresh vLLM process gets the 4,096-token prefix from kvtier: same blocks,
   same output as ``host``'s kvtier hit.
-* ``pool``: the prompt's pages are stored, then demoted to the pool and pushed out of host
+* ``pool``: the prompt's pages are stored, then shared to the pool and pushed out of host
   by other pages (kvtier's lookup reports them in the pool, none on host); the load
   (asynchronous, the daemon staging them from the pool) gives the same blocks and output.
 * ``down``: the daemon is not running when vLLM starts: vLLM starts, serves the prompt
@@ -233,11 +233,15 @@ def case_pool(eng, work, socket):
     hashes = [bytes.fromhex(h) for h, _ in loads]
     layout = eng.worker._link.get().layout
     with kvtier.Client(layout, socket=socket, instance="pool-test", model=eng.worker._model) as c:
-        out = c.hint(kvtier.HINT_DEMOTE, hashes, target=kvtier.TARGET_PAGES, tier=kvtier.TIER_POOL)
-        print(f"demote: {out}", flush=True)
+        out = c.hint(kvtier.HINT_SHARE, hashes, target=kvtier.TARGET_PAGES, tier=kvtier.TIER_POOL)
+        print(f"share: {out}", flush=True)
         # Push the prompt's pages out of host with other prompts' pages.
-        deadline, seed = time.monotonic() + 120, 100
+        deadline, seed = time.monotonic() + 300, 100
         while True:
+            # vLLM does not tell a connector when it reuses a block; its prefix cache was
+            # reset and other prompts ran, so the engine's blocks no longer hold these
+            # pages: its own worker client says so (kvtier then credits no device copy).
+            eng.worker._link.get().removed(hashes)
             hit = c.lookup(hashes)
             if hit.host == 0 and hit.pool == len(hashes):
                 break
