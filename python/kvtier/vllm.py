@@ -260,9 +260,9 @@ class _Link:
             except KvtierError as e:
                 if client is not None:
                     client.close()
+                self._next = now + self.RETRY_S
                 if not _down(e):
                     raise
-                self._next = now + self.RETRY_S
                 if not self._warned:
                     logger.warning("kvtier: no daemon for the %s (%s); vLLM computes locally and connects when the "
                                    "daemon appears", self._what, e)
@@ -392,7 +392,13 @@ class KvtierConnector(KVConnectorBase_V1):
     def _call(self, what, fn, default):
         """``fn(client)``, or ``default`` when no daemon is connected or the call fails
         (logged; a daemon that went away is reconnected later)."""
-        client = self._link.get() if self._link is not None else None
+        try:
+            client = self._link.get() if self._link is not None else None
+        except KvtierError as e:
+            # A daemon that came back refusing this engine (another layout under its
+            # model name): vLLM keeps serving, computing locally.
+            logger.warning("kvtier refused the connection for a %s: %s", what, e)
+            return default
         if client is None:
             return default
         try:
