@@ -13,9 +13,10 @@ prompts of PROMPT_TOKENS tokens and greedy ``max_tokens=1`` (the wall time of th
 * ``vllm_prefix_hit``: the same prompt again (vLLM's own prefix cache);
 * ``kvtier_host_hit``: a prompt stored earlier, after ``reset_prefix_cache()``, its pages
   in kvtier's host tier;
-* ``kvtier_pool_hit``: a prompt stored earlier and demoted to the pool, pushed out of host
-  by the host-hit prompt (the daemon's arena holds about one prompt), after
-  ``reset_prefix_cache()``; the daemon stages it from the pool (an asynchronous load).
+* ``kvtier_pool_hit``: a prompt stored earlier and shared to the pool, pushed out of host
+  by a filler prompt and the host-hit prompt (the daemon's arena holds about one and a
+  half prompts), after ``reset_prefix_cache()``; the daemon stages it from the pool (an
+  asynchronous load).
 
 Prints one JSON object a line: ``{"case", "ttft_s", "round"}``, and ``{"case", "why"}`` for
 a case a round could not measure.
@@ -58,13 +59,18 @@ def main():
     for r in range(rounds):
         fresh = engine.tokens(1000 + r, n)
         pool_p, host_p = engine.tokens(2000 + r, n), engine.tokens(3000 + r, n)
-        # The pool prompt: stored, demoted, then pushed out of host by the host prompt.
+        # The pool prompt: stored, shared to the pool, then pushed out of host by a filler
+        # prompt and the host prompt (the arena holds about one and a half prompts).
         before = len(eng.computed)
         ttft(eng, pool_p)
         pool_hashes = [bytes.fromhex(h) for h in list(eng.computed)[before:before + (n - 1) // engine.BLOCK]]
-        probe.hint(kvtier.HINT_DEMOTE, pool_hashes, target=kvtier.TARGET_PAGES, tier=kvtier.TIER_POOL)
+        probe.hint(kvtier.HINT_SHARE, pool_hashes, target=kvtier.TARGET_PAGES, tier=kvtier.TIER_POOL)
+        ttft(eng, engine.tokens(4000 + r, n))
         ttft(eng, host_p)
         eng.llm.reset_prefix_cache()
+        # vLLM does not tell a connector when it drops a block: after the reset, the
+        # engine's own client says its blocks no longer hold the pool prompt.
+        eng.worker._link.get().removed(pool_hashes)
         row(case="recompute", ttft_s=ttft(eng, fresh), round=r)
         row(case="vllm_prefix_hit", ttft_s=ttft(eng, fresh), round=r)
         eng.llm.reset_prefix_cache()

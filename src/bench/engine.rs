@@ -5,7 +5,7 @@
 //! The Python side (`python/bench/vllm_engine.py`) runs one engine and measures, round by
 //! round, interleaved: `recompute` (a prompt no cache holds), `vllm_prefix_hit` (vLLM's own
 //! prefix cache), `kvtier_host_hit` and `kvtier_pool_hit` (vLLM's prefix cache reset
-//! first; the pool prompt demoted to the pool and pushed out of host). Every case runs in
+//! first; the pool prompt shared to the pool and pushed out of host). Every case runs in
 //! the same engine with the same thread pinning (`VLLM_CPU_OMP_THREADS_BIND`). This side
 //! takes each case's median over the rounds and its ratio to `recompute`'s. The peer row,
 //! `lmcache_hit` (LMCache 0.5.6 in its multiprocess mode), is not measured by this version
