@@ -18,7 +18,8 @@ prompts of PROMPT_TOKENS tokens and greedy ``max_tokens=1`` (the wall time of th
   half prompts), after ``reset_prefix_cache()``; the daemon stages it from the pool (an
   asynchronous load).
 
-Prints one JSON object a line: ``{"case", "ttft_s", "round"}``, and ``{"case", "why"}`` for
+Prints one JSON object a line: ``{"case", "ttft_s", "round", "external_tokens"}`` (the
+tokens vLLM's scheduler counted as loaded from kvtier for that request), and ``{"case", "why"}`` for
 a case a round could not measure.
 """
 
@@ -39,6 +40,14 @@ def ttft(eng, prompt):
     t = time.perf_counter()
     eng.llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
     return time.perf_counter() - t
+
+
+def measured(eng, case, prompt, r):
+    """Prints the case's time to first token with the tokens vLLM's scheduler counted as
+    external hits (loaded from kvtier) for it."""
+    hits = eng.external_hits()
+    t = ttft(eng, prompt)
+    row(case=case, ttft_s=t, round=r, external_tokens=eng.external_hits() - hits)
 
 
 def row(**kw):
@@ -71,14 +80,14 @@ def main():
         # vLLM does not tell a connector when it drops a block: after the reset, the
         # engine's own client says its blocks no longer hold the pool prompt.
         eng.worker._link.get().removed(pool_hashes)
-        row(case="recompute", ttft_s=ttft(eng, fresh), round=r)
-        row(case="vllm_prefix_hit", ttft_s=ttft(eng, fresh), round=r)
+        measured(eng, "recompute", fresh, r)
+        measured(eng, "vllm_prefix_hit", fresh, r)
         eng.llm.reset_prefix_cache()
-        row(case="kvtier_host_hit", ttft_s=ttft(eng, host_p), round=r)
+        measured(eng, "kvtier_host_hit", host_p, r)
         eng.llm.reset_prefix_cache()
         hit = probe.lookup(pool_hashes)
         if hit.host == 0 and hit.pool == len(pool_hashes):
-            row(case="kvtier_pool_hit", ttft_s=ttft(eng, pool_p), round=r)
+            measured(eng, "kvtier_pool_hit", pool_p, r)
         else:
             row(case="kvtier_pool_hit", why=f"round {r}: the pool prompt's pages were not only in the pool ({hit})")
         eng.llm.reset_prefix_cache()
