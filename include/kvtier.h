@@ -58,6 +58,24 @@ extern "C" {
 #define KVTIER_ORDER_LAYER_FIRST 0u
 #define KVTIER_ORDER_PAGE_FIRST 1u
 
+/* Element types (kvtier_connect_options_t.dtype). Unspecified: only dtype_bytes is known;
+ * its pages are an identity of their own, never shared with a named dtype's. */
+#define KVTIER_DTYPE_UNSPECIFIED 0u
+#define KVTIER_DTYPE_F16 1u
+#define KVTIER_DTYPE_BF16 2u
+#define KVTIER_DTYPE_F32 3u
+#define KVTIER_DTYPE_FP8_E4M3 4u
+#define KVTIER_DTYPE_FP8_E5M2 5u
+#define KVTIER_DTYPE_U8 6u
+
+/* Bytes inside one page of one (part, layer) (kvtier_connect_options_t.kv_order): NHD
+ * [token][head][dim]; HND [head][token][dim]; PACKED_*: K and V packed per token and head
+ * ([..][K dims, V dims], vLLM's 4-D blocks), the packed run registered as two halves. */
+#define KVTIER_KV_ORDER_NHD 0u
+#define KVTIER_KV_ORDER_HND 1u
+#define KVTIER_KV_ORDER_PACKED_NHD 2u
+#define KVTIER_KV_ORDER_PACKED_HND 3u
+
 #define KVTIER_PART_K 0u
 #define KVTIER_PART_V 1u
 #define KVTIER_PART_LATENT 2u
@@ -123,6 +141,12 @@ typedef struct kvtier_connect_options {
     uint32_t attention;  /* KVTIER_ATTENTION_* */
     uint32_t byte_order; /* KVTIER_ORDER_* */
     uint32_t timeout_ms; /* every call's timeout; 0 = 5000 */
+    /* Second version of the struct (a first-version struct_size, ending at timeout_ms,
+     * still connects, with dtype unspecified and NHD order). */
+    uint32_t dtype;      /* KVTIER_DTYPE_*: part of a page's identity */
+    uint32_t kv_order;   /* KVTIER_KV_ORDER_*: bytes inside one page of one (part, layer) */
+    /* Third version: the daemon's uid (a second-version struct_size, ending at kv_order,
+     * still connects, expecting this process's uid). */
     uint32_t has_daemon_uid; /* non-zero: daemon_uid is the daemon's uid */
     uint32_t daemon_uid;
 } kvtier_connect_options_t;

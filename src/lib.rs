@@ -23,6 +23,7 @@ pub mod hints;
 pub mod layout;
 pub mod manager;
 pub mod page;
+pub mod paths;
 pub mod policy;
 pub mod pool;
 pub mod protocol;

@@ -44,6 +44,9 @@ enum Bench {
     /// Eviction per victim over a directory at its high watermark, and lookup latency
     /// during eviction against idle.
     Evict(kvtier::bench::evict::EvictArgs),
+    /// Time to first token of a real vLLM (its CPU build) recomputing, hitting its own
+    /// prefix cache, and loading from kvtier's host and pool tiers, round by round.
+    Engine(kvtier::bench::engine::EngineBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -77,6 +80,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Pool(a)) => kvtier::bench::pool::run(a),
         Command::Bench(Bench::Events(a)) => kvtier::bench::events::run(a),
         Command::Bench(Bench::Evict(a)) => kvtier::bench::evict::run(a),
+        Command::Bench(Bench::Engine(a)) => kvtier::bench::engine::run(a),
         Command::Admin(cmd) => std::process::exit(kvtier::cli::run(cmd)?),
     }
 }

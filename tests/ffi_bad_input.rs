@@ -31,6 +31,8 @@ fn options(socket: &CString, instance: &CString, model: &CString) -> ConnectOpti
         attention: 0,
         byte_order: 0,
         timeout_ms: 2000,
+        dtype: 2,
+        kv_order: 0,
         has_daemon_uid: 0,
         daemon_uid: 0,
     }
@@ -71,7 +73,17 @@ fn null_and_size_errors_have_codes() {
         o.struct_size -= 4;
         assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_INVALID);
         assert!(h.is_null());
-        o.struct_size += 4;
+        // The first and second versions of the struct (no dtype and kv_order; no daemon
+        // uid) are still taken: they get as far as the missing daemon.
+        o.struct_size = CONNECT_OPTIONS_V1_SIZE;
+        assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_UNAVAILABLE, "{}", last_error());
+        o.struct_size = CONNECT_OPTIONS_V2_SIZE;
+        assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_UNAVAILABLE, "{}", last_error());
+        o.struct_size = std::mem::size_of::<ConnectOptions>();
+        o.dtype = 99;
+        assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_INVALID);
+        assert!(last_error().contains("dtype 99"), "{}", last_error());
+        o.dtype = 2;
         o.socket = null();
         assert_eq!(kvtier_connect(&o, &mut h), ffi::ERR_NULL);
         assert_eq!(kvtier_close(null_mut()), ffi::OK);
@@ -261,10 +273,21 @@ fn first_version_options_connect_and_a_daemon_of_another_uid_is_untrusted() {
     let mut h = null_mut();
     // A caller built against the first version: the struct ended at `timeout_ms`.
     let mut o = options(&socket, &inst, &model);
-    o.struct_size = CONNECT_OPTIONS_V1;
+    o.struct_size = CONNECT_OPTIONS_V1_SIZE;
+    // The first version has no dtype (unspecified): every connect below gives the same
+    // layout, since the model name binds one.
+    o.dtype = 0;
     o.has_daemon_uid = 1;
     o.daemon_uid = me + 1; // past the first version's end: never read
-    // SAFETY: valid options (the first CONNECT_OPTIONS_V1 bytes are read) and output pointer.
+    // SAFETY: valid options (the first CONNECT_OPTIONS_V1_SIZE bytes are read) and output pointer.
+    unsafe {
+        assert_eq!(kvtier_connect(&o, &mut h), ffi::OK, "{}", last_error());
+        assert_eq!(kvtier_close(h), ffi::OK);
+    }
+    // The second version (dtype and kv_order, no daemon uid): the uid is not read either.
+    o.struct_size = CONNECT_OPTIONS_V2_SIZE;
+    h = null_mut();
+    // SAFETY: valid options (the first CONNECT_OPTIONS_V2_SIZE bytes are read) and output pointer.
     unsafe {
         assert_eq!(kvtier_connect(&o, &mut h), ffi::OK, "{}", last_error());
         assert_eq!(kvtier_close(h), ffi::OK);

@@ -64,6 +64,8 @@ class ConnectOptions(Structure):
         ("attention", c_uint32),
         ("byte_order", c_uint32),
         ("timeout_ms", c_uint32),
+        ("dtype", c_uint32),
+        ("kv_order", c_uint32),
         ("has_daemon_uid", c_uint32),
         ("daemon_uid", c_uint32),
     ]

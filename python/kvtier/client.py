@@ -45,11 +45,43 @@ def default_socket():
     return Path(os.fsdecode(buf.value))
 
 
+#: kvtier's dtype names (``KVTIER_DTYPE_*`` order) and the other names each is known by
+#: (torch's, numpy's).
+DTYPES = {
+    None: (),
+    "f16": ("float16", "half"),
+    "bf16": ("bfloat16",),
+    "f32": ("float32", "float"),
+    "fp8_e4m3": ("float8_e4m3fn", "float8_e4m3"),
+    "fp8_e5m2": ("float8_e5m2",),
+    "u8": ("uint8",),
+}
+#: Orders of the bytes inside one page of one (part, layer) (``KVTIER_KV_ORDER_*`` order).
+KV_ORDERS = ("nhd", "hnd", "packed-nhd", "packed-hnd")
+
+
+def dtype_name(dtype):
+    """kvtier's name of ``dtype``: one of :data:`DTYPES`' keys, from that name, torch's or
+    numpy's name, or a torch or numpy dtype; None stays None (unspecified)."""
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    for key, aliases in DTYPES.items():
+        if key is not None and (name == key or name in aliases):
+            return key
+    raise InvalidArgumentError(_capi.ERR_INVALID, f"dtype {dtype!r} is not one kvtier keys pages by "
+                               f"({[k for k in DTYPES if k]})", "invalid")
+
+
 @dataclass(frozen=True)
 class Layout:
     """The KV geometry of one model as kvtier sees it: a page is ``page_tokens`` tokens of
     ``layers`` x (K and V, or one MLA latent) x ``kv_heads`` x ``head_dim`` elements of
-    ``dtype_bytes`` bytes."""
+    ``dtype_bytes`` bytes.
+
+    ``dtype`` (``"bf16"``, ``"f16"``, a torch dtype, ...; see :func:`dtype_name`) and
+    ``kv_order`` (:data:`KV_ORDERS`) are part of a page's identity: pages written under one
+    are never offered to an engine with another. ``dtype=None`` gives only the width."""
 
     layers: int
     kv_heads: int
@@ -58,6 +90,14 @@ class Layout:
     page_tokens: int
     mla: bool = False
     page_first: bool = False
+    dtype: object = None
+    kv_order: str = "nhd"
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        if self.kv_order not in KV_ORDERS:
+            raise InvalidArgumentError(_capi.ERR_INVALID, f"kv_order {self.kv_order!r} is not one of {KV_ORDERS}",
+                                       "invalid")
 
     @property
     def parts(self):
@@ -102,7 +142,10 @@ class Client:
             layout.layers, layout.kv_heads, layout.head_dim, layout.dtype_bytes, layout.page_tokens,
             _capi.ATTENTION_MLA if layout.mla else _capi.ATTENTION_MHA,
             _capi.ORDER_PAGE_FIRST if layout.page_first else _capi.ORDER_LAYER_FIRST,
-            timeout_ms, 0 if daemon_uid is None else 1, daemon_uid or 0,
+            timeout_ms,
+            list(DTYPES).index(layout.dtype),
+            KV_ORDERS.index(layout.kv_order),
+            0 if daemon_uid is None else 1, daemon_uid or 0,
         )
         self._handle = ctypes.c_void_p()
         self._closed = True

@@ -111,7 +111,7 @@ def host_pool_views(host, tp_size=1):
         # kvtier's layout counts the model's KV heads; the host pool holds this rank's share.
         rank_heads = heads * tp_size
     layout = Layout(layers=layers, kv_heads=rank_heads, head_dim=dim, dtype_bytes=host.dtype.itemsize,
-                    page_tokens=ps, mla=mla, page_first=kind == "page_first")
+                    page_tokens=ps, mla=mla, page_first=kind == "page_first", dtype=host.dtype)
     if kind == "layer_first":
         # [layers, tokens, heads, dim] per part: a (part, layer) page is page_size tokens.
         parts = [[t[l][:pages * ps].view(pages, ps, heads, dim) for l in range(layers)] for t in kparts]

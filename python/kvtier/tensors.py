@@ -2,8 +2,23 @@
 
 A registered region is, for each (part, layer) of the rank's stage, page 0's address and
 one page stride: page ``s`` is the contiguous run of ``page_tokens x heads x head_dim``
-elements at ``base + s * stride``. :func:`page_views` checks that a set of torch tensors
-has exactly that shape against the client's :class:`~kvtier.client.Layout` and raises
+elements at ``base + s * stride``. The order of the bytes inside that run is the layout's
+``kv_order``, part of the page's identity.
+
+Two tensor forms reach it:
+
+* split K and V (:func:`page_views`): per part and layer a ``[pages, page_tokens, heads,
+  head_dim]`` tensor (NHD) or the same shape with heads outside tokens in memory (HND);
+* packed K|V (:func:`packed_views`): per layer vLLM's 4-D ``[blocks, heads, block_size,
+  K dims + V dims]`` view (its ``LBHNC``/``LBNHC``/``BLHNC``/``BLNHC`` layouts), one block
+  of one layer being one contiguous run of ``heads x block_size x 2 x head_dim`` elements.
+  kvtier's page model has two equal objects for MHA, so the run is registered as two
+  halves (the "K" half at the block's address, the "V" half right after it); the halves
+  are bytes of the packed block, never read as K or V, and ``kv_order`` ``packed-*``
+  keeps such pages apart from split ones. MLA's ``[blocks, 1, block_size, latent]`` is
+  one latent run a block.
+
+Both check the tensors against the client's :class:`~kvtier.client.Layout` and raise
 :class:`~kvtier.errors.LayoutError` naming what differs; :func:`register` picks the host or
 the CUDA entry by the tensors' device.
 """
@@ -16,35 +31,57 @@ def _bad(msg):
     return LayoutError(_capi.ERR_LAYOUT, msg, "layout")
 
 
+def _check_dtype(layout, where, t):
+    if t.element_size() != layout.dtype_bytes:
+        raise _bad(f"{where}: {t.dtype} has {t.element_size()} bytes per element; the layout has {layout.dtype_bytes}")
+    if layout.dtype is not None:
+        from .client import dtype_name
+
+        try:
+            name = dtype_name(t.dtype)
+        except ValueError:  # a dtype kvtier has no name for
+            name = str(t.dtype)
+        # fp8 caches are often held as uint8 tensors: the layout's dtype then says which.
+        if name != layout.dtype and not (name == "u8" and layout.dtype.startswith("fp8")):
+            raise _bad(f"{where}: the tensor holds {t.dtype}, the layout says dtype {layout.dtype}")
+
+
+def _same_pages(where, s, n, device, first):
+    if first[0] is None:
+        first[:] = [s, n, device]
+    elif [s, n, device] != first:
+        raise _bad(f"{where}: {n} pages of stride {s} on {device}, but the first tensor has {first[1]} of stride "
+                   f"{first[0]} on {first[2]}")
+
+
 def page_views(layout, parts):
     """``parts[p][l]`` is part ``p`` (K, V; or the MLA latent), layer ``l`` as a tensor of
     ``[pages, page_tokens, heads, head_dim]`` whose pages may be strided but whose page
-    contents are contiguous. Returns ``(addresses, page_stride_bytes, pages, device)``."""
+    contents are contiguous, in the layout's ``kv_order`` (``nhd``: tokens outside heads;
+    ``hnd``: heads outside tokens). Returns ``(addresses, page_stride_bytes, pages,
+    device)``."""
     if len(parts) != layout.parts:
         raise _bad(f"{len(parts)} parts given; the layout has {layout.parts} (K and V, or one MLA latent)")
-    ptrs, stride, pages, device = [], None, None, None
-    want = (layout.page_tokens, layout.kv_heads, layout.head_dim)
+    if layout.kv_order not in ("nhd", "hnd"):
+        raise _bad(f"split K and V tensors given; the layout's kv_order is {layout.kv_order}")
+    ptrs, first = [], [None, None, None]
     for p, layers in enumerate(parts):
         if len(layers) != layout.layers:
             raise _bad(f"part {p} has {len(layers)} layer tensors; the layout has {layout.layers} layers")
         for l, t in enumerate(layers):
-            if t.dim() != 4 or tuple(t.shape[1:]) != want:
-                raise _bad(f"part {p} layer {l}: shape {tuple(t.shape)} is not [pages, {', '.join(map(str, want))}]"
-                           " (page_tokens, kv_heads, head_dim)")
-            if t.element_size() != layout.dtype_bytes:
-                raise _bad(f"part {p} layer {l}: {t.dtype} has {t.element_size()} bytes per element; "
-                           f"the layout has {layout.dtype_bytes}")
-            inner = t.stride()[1:]
-            if inner != (layout.kv_heads * layout.head_dim, layout.head_dim, 1):
-                raise _bad(f"part {p} layer {l}: strides {t.stride()} leave a page's tokens non-contiguous")
-            s = t.stride(0) * t.element_size()
-            if stride is None:
-                stride, pages, device = s, t.shape[0], t.device
-            elif (s, t.shape[0], t.device) != (stride, pages, device):
-                raise _bad(f"part {p} layer {l}: {t.shape[0]} pages of stride {s} on {t.device}, but the first "
-                           f"tensor has {pages} of stride {stride} on {device}")
+            where = f"part {p} layer {l}"
+            if t.dim() != 4 or t.shape[1] != layout.page_tokens or t.shape[3] != layout.head_dim:
+                raise _bad(f"{where}: shape {tuple(t.shape)} is not [pages, {layout.page_tokens}, heads, "
+                           f"{layout.head_dim}] (page_tokens, heads, head_dim)")
+            _check_dtype(layout, where, t)
+            n, h, d = t.shape[1], t.shape[2], t.shape[3]
+            want = (h * d, d, 1) if layout.kv_order == "nhd" else (d, n * d, 1)
+            if t.stride()[1:] != want and not (h == 1 and t.stride()[1] == d and t.stride()[3] == 1):
+                raise _bad(f"{where}: strides {t.stride()} are not a contiguous {layout.kv_order} page "
+                           f"(want {want} after the page stride)")
+            _same_pages(where, t.stride(0) * t.element_size(), t.shape[0], t.device, first)
             ptrs.append(t.data_ptr())
-    return ptrs, stride, pages, device
+    return ptrs, first[0], first[1], first[2]
 
 
 def whole_page_views(layout, parts):
@@ -56,34 +93,71 @@ def whole_page_views(layout, parts):
     if len(parts) != layout.parts:
         raise _bad(f"{len(parts)} parts given; the layout has {layout.parts} (K and V, or one MLA latent)")
     want = (layout.page_tokens, layout.layers, layout.kv_heads, layout.head_dim)
-    ptrs, stride, pages, device = [], None, None, None
+    ptrs, first = [], [None, None, None]
     for p, t in enumerate(parts):
+        where = f"part {p}"
         if t.dim() != 5 or tuple(t.shape[1:]) != want:
-            raise _bad(f"part {p}: shape {tuple(t.shape)} is not [pages, {', '.join(map(str, want))}]"
+            raise _bad(f"{where}: shape {tuple(t.shape)} is not [pages, {', '.join(map(str, want))}]"
                        " (page_tokens, layers, kv_heads, head_dim)")
-        if t.element_size() != layout.dtype_bytes:
-            raise _bad(f"part {p}: {t.dtype} has {t.element_size()} bytes per element; "
-                       f"the layout has {layout.dtype_bytes}")
+        _check_dtype(layout, where, t)
         h, d = layout.kv_heads, layout.head_dim
         if t.stride()[1:] != (layout.layers * h * d, h * d, d, 1):
-            raise _bad(f"part {p}: strides {t.stride()} leave a page non-contiguous")
-        s = t.stride(0) * t.element_size()
-        if stride is None:
-            stride, pages, device = s, t.shape[0], t.device
-        elif (s, t.shape[0], t.device) != (stride, pages, device):
-            raise _bad(f"part {p}: {t.shape[0]} pages of stride {s} on {t.device}, but the first "
-                       f"tensor has {pages} of stride {stride} on {device}")
+            raise _bad(f"{where}: strides {t.stride()} leave a page non-contiguous")
+        _same_pages(where, t.stride(0) * t.element_size(), t.shape[0], t.device, first)
         ptrs.append(t.data_ptr())
-    return ptrs, stride, pages, device
+    return ptrs, first[0], first[1], first[2]
 
 
-def register(client, parts, stream=0):
-    """Registers ``parts`` (as :func:`page_views` takes them) as ``client``'s KV memory:
-    host tensors directly, CUDA tensors through the device registration (``stream`` is the
-    engine's compute stream, 0 for the default one); ``parts`` of one tensor per part go
-    through :func:`whole_page_views`. Returns the number of pages."""
-    whole = bool(parts) and all(hasattr(t, "dim") for t in parts)
-    ptrs, stride, pages, device = (whole_page_views if whole else page_views)(client.layout, parts)
+def packed_order(t):
+    """The order of a packed 4-D ``[blocks, heads, tokens, content]`` block: ``"hnd"``
+    (heads outside tokens), ``"nhd"`` (tokens outside heads), or None when one block of the
+    layer is not one contiguous run. One head (or one token) is both: ``"hnd"``."""
+    _, h, n, c = t.shape
+    s = t.stride()
+    if s[3] != 1:
+        return None
+    if (s[2] == c or n == 1) and (s[1] == n * c or h == 1):
+        return "hnd"
+    if (s[1] == c or h == 1) and (s[2] == h * c or n == 1):
+        return "nhd"
+    return None
+
+
+def packed_views(layout, layers, tp_heads):
+    """``layers[l]`` is vLLM's 4-D view of layer ``l``: ``[blocks, tp_heads, page_tokens,
+    2 x head_dim]`` for MHA (K dims then V dims per token and head), ``[blocks, 1,
+    page_tokens, latent]`` for MLA. Returns ``(parts, page_stride_bytes, pages, device)``
+    where ``parts`` are the addresses :func:`register` takes (MHA: the K halves, then the V
+    halves)."""
+    if len(layers) != layout.layers:
+        raise _bad(f"{len(layers)} layer tensors given; the layout has {layout.layers} layers")
+    content = layout.head_dim if layout.mla else 2 * layout.head_dim
+    heads = 1 if layout.mla else tp_heads
+    order = "hnd" if layout.mla else layout.kv_order.removeprefix("packed-")
+    if not layout.mla and not layout.kv_order.startswith("packed-"):
+        raise _bad(f"packed K|V blocks given; the layout's kv_order is {layout.kv_order}")
+    first, ks, vs = [None, None, None], [], []
+    for l, t in enumerate(layers):
+        where = f"layer {l}"
+        if t.dim() != 4 or tuple(t.shape[1:]) != (heads, layout.page_tokens, content):
+            raise _bad(f"{where}: shape {tuple(t.shape)} is not [blocks, {heads}, {layout.page_tokens}, {content}] "
+                       "(heads of this rank, page_tokens, " + ("latent" if layout.mla else "K + V head dims") + ")")
+        _check_dtype(layout, where, t)
+        got = packed_order(t)
+        if got != order:
+            raise _bad(f"{where}: strides {t.stride()} are " + (f"a packed {got} block" if got else
+                       "not one contiguous run a block") + f"; the layout says {layout.kv_order}")
+        esz = t.element_size()
+        _same_pages(where, t.stride(0) * esz, t.shape[0], t.device, first)
+        ks.append(t.data_ptr())
+        vs.append(t.data_ptr() + heads * layout.page_tokens * content * esz // 2)
+    return (ks if layout.mla else ks + vs), first[0], first[1], first[2]
+
+
+def register_addresses(client, ptrs, stride, pages, device, stream=0):
+    """Registers the (part, layer) addresses ``ptrs`` (parts outer) as ``client``'s KV
+    memory: host memory directly, CUDA memory through the device registration (``stream``
+    is the engine's compute stream, 0 for the default one). Returns the number of pages."""
     if device.type == "cpu":
         client.register_host_tensors(ptrs, stride, pages)
     elif device.type == "cuda":
@@ -91,3 +165,12 @@ def register(client, parts, stream=0):
     else:
         raise _bad(f"tensors on {device}: kvtier registers host (cpu) or cuda tensors")
     return pages
+
+
+def register(client, parts, stream=0):
+    """Registers ``parts`` (as :func:`page_views` takes them, or one tensor per part as
+    :func:`whole_page_views` takes them) as ``client``'s KV memory. Returns the number of
+    pages."""
+    whole = bool(parts) and all(hasattr(t, "dim") for t in parts)
+    ptrs, stride, pages, device = (whole_page_views if whole else page_views)(client.layout, parts)
+    return register_addresses(client, ptrs, stride, pages, device, stream)

@@ -45,6 +45,7 @@ kvtier keys the pages under. The daemon's report per envelope is kept in
 
 import logging
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -63,9 +64,9 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 
 from . import _capi
 from . import tensors as _tensors
-from .client import Client, Layout, default_socket
+from .client import Client, Layout, default_socket, dtype_name
 from .session_hold import DEFAULT_HOLD_MS, SessionHold, default_endpoint
-from .errors import KvtierError, LayoutError
+from .errors import ClosedError, DaemonTimeoutError, KvtierError, LayoutError, UnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -149,9 +150,52 @@ def total_kv_heads(per_rank, tp_size, vllm_config=None):
     return per_rank * tp_size
 
 
+#: vLLM's KV cache layouts (``KVCacheLayout``, logical ``[L, B, H, N, C]``) whose block of
+#: one layer is one contiguous run, and the order of the bytes inside it. The legacy names
+#: ``NHD``/``HND`` are vLLM's aliases of ``LBNHC``/``LBHNC``.
+VLLM_LAYOUTS = {"LBHNC": "packed-hnd", "BLHNC": "packed-hnd", "LBNHC": "packed-nhd", "BLNHC": "packed-nhd",
+                "HND": "packed-hnd", "NHD": "packed-nhd"}
+#: vLLM ``cache_dtype`` values that name the stored KV dtype (its tensors hold fp8 as uint8).
+FP8_CACHE_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+
+
+def vllm_kv_layout(kv_cache_config, vllm_config=None):
+    """The name of the KV cache layout vLLM resolved (``KVCacheConfig.kv_cache_layout``,
+    else ``CacheConfig.kv_cache_layout``), or None for a vLLM without packed 4-D views
+    (its K and V tensors are split, 5-D)."""
+    name = getattr(kv_cache_config, "kv_cache_layout", None)
+    if name is None and vllm_config is not None:
+        name = getattr(getattr(vllm_config, "cache_config", None), "kv_cache_layout", None)
+    return getattr(name, "name", name)
+
+
+def kv_order_of(kv_cache_config, vllm_config=None, mla=False):
+    """kvtier's ``kv_order`` for vLLM's resolved layout: ``packed-hnd``/``packed-nhd`` for
+    the 4-D K|V views, ``nhd`` for split 5-D tensors (no layout resolved) and for MLA (one
+    latent head: no K|V packing, the same bytes in either order)."""
+    name = vllm_kv_layout(kv_cache_config, vllm_config)
+    if name is None or mla:
+        return "nhd"
+    order = VLLM_LAYOUTS.get(str(name).upper())
+    if order is None:
+        raise LayoutError(_capi.ERR_LAYOUT, f"vLLM's KV cache layout {name} keeps one block of one layer in more than "
+                          f"one run (heads outside blocks); kvtier addresses {sorted(VLLM_LAYOUTS)} "
+                          "(set VLLM_KV_CACHE_LAYOUT to one of them)", "layout")
+    return order
+
+
+def kv_dtype(torch_dtype, vllm_config=None):
+    """kvtier's dtype name of vLLM's KV cache: its ``cache_dtype`` when that names an fp8
+    format (the tensors then hold bytes), else the tensors' dtype."""
+    cache_dtype = getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", None)
+    if isinstance(cache_dtype, str) and cache_dtype in FP8_CACHE_DTYPES:
+        return FP8_CACHE_DTYPES[cache_dtype]
+    return dtype_name(torch_dtype)
+
+
 def layout_of(kv_cache_config, tp_size=1, vllm_config=None):
     """The kvtier layout of vLLM's KV cache config: one page per block, every attention
-    layer of one full-attention group."""
+    layer of one full-attention group, in the dtype and byte order vLLM keeps them in."""
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, FullAttentionSpec):
         kinds = [type(g.kv_cache_spec).__name__ for g in groups]
@@ -159,6 +203,10 @@ def layout_of(kv_cache_config, tp_size=1, vllm_config=None):
                           "layout")
     spec = groups[0].kv_cache_spec
     mla = isinstance(spec, MLAAttentionSpec)
+    head_v = getattr(spec, "head_size_v", None)
+    if not mla and head_v not in (None, spec.head_size):
+        raise LayoutError(_capi.ERR_LAYOUT, f"K heads of {spec.head_size} and V heads of {head_v} dims: kvtier's pages "
+                          "hold K and V of one head size", "layout")
     return Layout(
         layers=len(groups[0].layer_names),
         kv_heads=1 if mla else total_kv_heads(spec.num_kv_heads, tp_size, vllm_config),
@@ -166,7 +214,85 @@ def layout_of(kv_cache_config, tp_size=1, vllm_config=None):
         dtype_bytes=torch.empty((), dtype=spec.dtype).element_size(),
         page_tokens=spec.block_size,
         mla=mla,
+        dtype=kv_dtype(spec.dtype, vllm_config),
+        kv_order=kv_order_of(kv_cache_config, vllm_config, mla),
     )
+
+
+def _down(e):
+    """Whether ``e`` means the daemon is gone (not running, restarted, not answering), as
+    opposed to a refusal of this call."""
+    return isinstance(e, (UnavailableError, ClosedError, DaemonTimeoutError)) or e.code == _capi.ERR_PROTOCOL
+
+
+class _Link:
+    """This side's connection to the daemon, made when the daemon is there.
+
+    vLLM keeps serving without kvtier: while no daemon answers, ``get`` returns None (the
+    connector then finds no hits and stores nothing, so vLLM computes locally), trying
+    again at most every :data:`RETRY_S` seconds; the first failure logs one warning, the
+    connection that follows one info line. ``lost`` drops a connection whose daemon went
+    away, so the next use reconnects (and ``on_connect`` registers the KV memory again)."""
+
+    RETRY_S = 1.0
+
+    def __init__(self, connect, what, on_connect=None):
+        self._connect = connect
+        self._what = what
+        self._on_connect = on_connect
+        self._client = None
+        self._next = 0.0
+        self._warned = False
+        self._lock = threading.Lock()
+
+    def get(self):
+        with self._lock:
+            if self._client is not None:
+                return self._client
+            now = time.monotonic()
+            if now < self._next:
+                return None
+            client = None
+            try:
+                client = self._connect()
+                if self._on_connect is not None:
+                    self._on_connect(client)
+            except KvtierError as e:
+                if client is not None:
+                    client.close()
+                self._next = now + self.RETRY_S
+                if not _down(e):
+                    raise
+                if not self._warned:
+                    logger.warning("kvtier: no daemon for the %s (%s); vLLM computes locally and connects when the "
+                                   "daemon appears", self._what, e)
+                    self._warned = True
+                return None
+            if self._warned:
+                logger.info("kvtier: the %s connected to the daemon", self._what)
+                self._warned = False
+            self._client = client
+            return client
+
+    def lost(self, e):
+        """Called with a failed call's error: drops the connection when the daemon is gone."""
+        if not _down(e):
+            return
+        with self._lock:
+            client, self._client = self._client, None
+            self._next = time.monotonic() + self.RETRY_S
+            if not self._warned:
+                logger.warning("kvtier: lost the daemon for the %s (%s); vLLM computes locally until it is back",
+                               self._what, e)
+                self._warned = True
+        if client is not None:
+            client.close()
+
+    def close(self):
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
 
 def _tp():
@@ -226,12 +352,20 @@ class KvtierConnector(KVConnectorBase_V1):
         self._tp_size = vllm_config.parallel_config.tensor_parallel_size
         self._layout = (layout_of(kv_cache_config, self._tp_size, vllm_config)
                         if kv_cache_config is not None else None)
-        self._client = None
+        self._link = None
         #: ``(request_id, report)`` of the envelopes passed to the daemon, newest last.
         self.kv_hint_reports = deque(maxlen=HINT_REPORTS)
         if role == KVConnectorRole.SCHEDULER:
+            # A page kvtier cannot load (its daemon went away between lookup and load) is
+            # recomputed, never the request's error: vLLM's scheduler reads the policy
+            # right after building this connector.
+            transfer = vllm_config.kv_transfer_config
+            if getattr(transfer, "kv_load_failure_policy", "recompute") != "recompute":
+                logger.info("kvtier: kv_load_failure_policy set to 'recompute': a block kvtier cannot load is computed")
+                transfer.kv_load_failure_policy = "recompute"
             # The scheduler only looks pages up; it registers no memory.
-            self._client = self._connect(self._layout, f"{self._instance}-scheduler", 0)
+            self._link = _Link(lambda: self._connect(self._layout, f"{self._instance}-scheduler", 0), "scheduler")
+            self._link.get()
             self._tracked = {}
             self._sessions = set()
             self._events = []
@@ -254,6 +388,25 @@ class KvtierConnector(KVConnectorBase_V1):
             logger.info("kvtier: new requests of paused sessions are not held (no session event endpoint)")
             return None
         return SessionHold(endpoint, hold_ms)
+
+    def _call(self, what, fn, default):
+        """``fn(client)``, or ``default`` when no daemon is connected or the call fails
+        (logged; a daemon that went away is reconnected later)."""
+        try:
+            client = self._link.get() if self._link is not None else None
+        except KvtierError as e:
+            # A daemon that came back refusing this engine (another layout under its
+            # model name): vLLM keeps serving, computing locally.
+            logger.warning("kvtier refused the connection for a %s: %s", what, e)
+            return default
+        if client is None:
+            return default
+        try:
+            return fn(client)
+        except KvtierError as e:
+            logger.warning("kvtier %s failed: %s", what, e)
+            self._link.lost(e)
+            return default
 
     def _connect(self, layout, instance, tp_rank):
         return Client(layout, socket=self._socket, instance=instance, model=str(self._model), tp_rank=tp_rank,
@@ -280,10 +433,8 @@ class KvtierConnector(KVConnectorBase_V1):
         if usable <= start:
             return 0, False
         hashes = [bytes(h) for h in request.block_hashes[:usable]]
-        try:
-            hit = self._client.lookup(hashes)
-        except KvtierError as e:
-            logger.warning("kvtier lookup failed, computing locally: %s", e)
+        hit = self._call("lookup (computing locally)", lambda c: c.lookup(hashes), None)
+        if hit is None:
             return 0, False
         pages = min(hit.device + hit.host + hit.pool, usable)
         if pages <= start:
@@ -364,11 +515,9 @@ class KvtierConnector(KVConnectorBase_V1):
         # The prompt's full blocks (block_hashes also covers full blocks of the output).
         prompt = request.block_hashes[:request.num_prompt_tokens // self._block_size]
         if session and prompt:
-            try:
-                self._client.request_end(session, [bytes(h) for h in prompt], request.num_prompt_tokens,
-                                         request.num_output_tokens)
-            except KvtierError as e:
-                logger.warning("kvtier did not take the end of a request of session %s: %s", session, e)
+            self._call(f"end of a request of session {session}",
+                       lambda c: c.request_end(session, [bytes(h) for h in prompt], request.num_prompt_tokens,
+                                               request.num_output_tokens), None)
         return False, None
 
     def take_events(self):
@@ -378,11 +527,9 @@ class KvtierConnector(KVConnectorBase_V1):
     def _note_session(self, request):
         session = getattr(request, "session_id", None)
         if session and session not in self._sessions:
-            try:
-                self._client.session(session, None, "reasoning")
+            if self._call(f"announcing session {session}", lambda c: c.session(session, None, "reasoning") or True,
+                          False):
                 self._sessions.add(session)
-            except KvtierError as e:
-                logger.warning("kvtier did not take session %s: %s", session, e)
 
     def _forward_kv_hints(self, request):
         """Passes ``request.kv_hints`` (Dynamo's ``KvHintsEnvelope``) to the daemon and keeps
@@ -397,7 +544,14 @@ class KvtierConnector(KVConnectorBase_V1):
         try:
             doc = envelope if isinstance(envelope, dict) else msgspec.to_builtins(envelope)
             doc = _full_hashes(doc, request.block_hashes)
-            report = self._client.kv_hints(doc)
+            client = self._link.get()
+            if client is None:
+                raise UnavailableError(_capi.ERR_UNAVAILABLE, "no kvtier daemon connected")
+            try:
+                report = client.kv_hints(doc)
+            except KvtierError as e:
+                self._link.lost(e)
+                raise
         except (KvtierError, TypeError, ValueError) as e:
             # A hint is advice: a bad one costs the prefetch, never the request.
             logger.warning("kvtier did not take the KV hints of a request: %s", e)
@@ -408,36 +562,80 @@ class KvtierConnector(KVConnectorBase_V1):
     # Worker side
     # ==============================
     def register_kv_caches(self, kv_caches):
+        """Registers vLLM's KV tensors: the 4-D packed K|V views of vLLM's KV cache layouts
+        (``[blocks, heads, block_size, K + V dims]``, MLA ``[blocks, 1, block_size,
+        latent]``), or the split 5-D ``[2, blocks, ...]``/``[blocks, 2, ...]`` and 3-D MLA
+        tensors of earlier vLLMs. The layout comes from the tensors (shape, strides, dtype)
+        and must equal the one of vLLM's KV cache config (block size, heads, head size,
+        dtype, byte order, block count); a mismatch is refused naming both sides. With no
+        daemon yet, vLLM runs on and the tensors register when it appears."""
         names = sorted(kv_caches, key=_layer_index)
-        ks, vs = [], []
-        for name in names:
-            t = kv_caches[name]
-            if t.dim() == 5 and t.shape[0] == 2:  # [2, blocks, block_size, heads, dim]
-                ks.append(t[0])
-                vs.append(t[1])
-            elif t.dim() == 5 and t.shape[1] == 2:  # [blocks, 2, block_size, heads, dim]
-                ks.append(t[:, 0])
-                vs.append(t[:, 1])
-            elif t.dim() == 3:  # MLA: [blocks, block_size, latent]
-                ks.append(t.unsqueeze(2))
-            else:
-                raise LayoutError(_capi.ERR_LAYOUT, f"KV cache {name} has shape {tuple(t.shape)}, which kvtier does not "
-                                  "address ([2, blocks, block, heads, dim], [blocks, 2, ...] or MLA [blocks, block, dim])",
-                                  "layout")
-        k0 = ks[0]
+        tensors = [kv_caches[n] for n in names]
+        t0 = tensors[0]
         # The rank from vLLM's process group; the size from the parallel config, which the
         # scheduler side used too.
         tp_rank = _tp()[0]
-        heads = 1 if not vs else total_kv_heads(k0.shape[2], self._tp_size, self._vllm_config)
-        layout = Layout(layers=len(ks), kv_heads=heads, head_dim=k0.shape[3], dtype_bytes=k0.element_size(),
-                        page_tokens=k0.shape[1], mla=not vs)
-        if self._layout is not None and layout != self._layout:
-            raise LayoutError(_capi.ERR_LAYOUT, f"KV caches {layout} differ from the KV cache config's {self._layout}",
-                              "layout")
-        self._client = self._connect(layout, self._instance, tp_rank)
-        stream = torch.cuda.current_stream(k0.device).cuda_stream if k0.is_cuda else 0
-        self._pages = _tensors.register(self._client, [ks, vs] if vs else [ks], stream)
+        dtype = kv_dtype(t0.dtype, self._vllm_config)
+        if t0.dim() == 4:
+            mla = (self._layout.mla if self._layout is not None
+                   else bool(getattr(self._vllm_config.model_config, "use_mla", False)))
+            order = _tensors.packed_order(t0)
+            if order is None:
+                raise LayoutError(_capi.ERR_LAYOUT, f"KV cache {names[0]} has shape {tuple(t0.shape)} and strides "
+                                  f"{t0.stride()}: one block of one layer is not one contiguous run", "layout")
+            heads, block, content = t0.shape[1], t0.shape[2], t0.shape[3]
+            layout = Layout(layers=len(tensors), kv_heads=1 if mla else total_kv_heads(heads, self._tp_size,
+                                                                                          self._vllm_config),
+                            head_dim=content if mla else content // 2, dtype_bytes=t0.element_size(),
+                            page_tokens=block, mla=mla, dtype=dtype, kv_order="nhd" if mla else f"packed-{order}")
+            self._check_layout(layout, names[0], t0)
+            addresses = _tensors.packed_views(layout, tensors, heads)
+        else:
+            ks, vs = [], []
+            for name, t in zip(names, tensors):
+                if t.dim() == 5 and t.shape[0] == 2:  # [2, blocks, block_size, heads, dim]
+                    ks.append(t[0])
+                    vs.append(t[1])
+                elif t.dim() == 5 and t.shape[1] == 2:  # [blocks, 2, block_size, heads, dim]
+                    ks.append(t[:, 0])
+                    vs.append(t[:, 1])
+                elif t.dim() == 3:  # MLA: [blocks, block_size, latent]
+                    ks.append(t.unsqueeze(2))
+                else:
+                    raise LayoutError(_capi.ERR_LAYOUT, f"KV cache {name} has shape {tuple(t.shape)}, which kvtier does "
+                                      "not address (vLLM's 4-D [blocks, heads, block_size, K+V dims], "
+                                      "[2, blocks, block, heads, dim], [blocks, 2, ...] or MLA [blocks, block, dim])",
+                                      "layout")
+            k0 = ks[0]
+            s = k0.stride()
+            order = "hnd" if (k0.shape[2] > 1 and s[2] == k0.shape[1] * s[1]) else "nhd"
+            heads = 1 if not vs else total_kv_heads(k0.shape[2], self._tp_size, self._vllm_config)
+            layout = Layout(layers=len(ks), kv_heads=heads, head_dim=k0.shape[3], dtype_bytes=k0.element_size(),
+                            page_tokens=k0.shape[1], mla=not vs, dtype=dtype, kv_order=order)
+            self._check_layout(layout, names[0], k0)
+            addresses = _tensors.page_views(layout, [ks, vs] if vs else [ks])
+        stream = torch.cuda.current_stream(t0.device).cuda_stream if t0.is_cuda else 0
+        self._pages = addresses[2]
         self._kv_caches = kv_caches  # kvtier copies into them; keep them referenced
+
+        def connect():
+            return self._connect(layout, self._instance, tp_rank)
+
+        def register(client):
+            _tensors.register_addresses(client, *addresses, stream)
+
+        self._link = _Link(connect, f"worker (TP rank {tp_rank})", register)
+        self._link.get()
+
+    def _check_layout(self, layout, name, t):
+        """Refuses KV tensors that disagree with vLLM's KV cache config, naming both."""
+        if self._layout is not None and layout != self._layout:
+            raise LayoutError(_capi.ERR_LAYOUT, f"KV cache {name} ({tuple(t.shape)}, {t.dtype}) gives {layout}; vLLM's "
+                              f"KV cache config gives {self._layout}", "layout")
+        blocks = getattr(self._kv_cache_config, "num_blocks", None)
+        if blocks is not None and t.shape[0] != blocks:
+            raise LayoutError(_capi.ERR_LAYOUT, f"KV cache {name} has {t.shape[0]} blocks; vLLM's KV cache config has "
+                              f"{blocks} (kernel blocks smaller than vLLM's block size are not addressed)", "layout")
 
     def start_load_kv(self, forward_context, **kwargs):
         meta = self._get_connector_metadata()
@@ -449,11 +647,11 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._load(load)
 
     def _load(self, load):
-        try:
-            n = self._client.load(load.hashes, load.block_ids, _capi.LOAD_WAIT_COMPLETE)
-        except KvtierError as e:
-            logger.warning("kvtier load of %d pages failed: %s", len(load.hashes), e)
-            n = 0
+        # A failed load (the daemon gone since the lookup) leaves its blocks to be computed:
+        # they are reported by get_block_ids_with_load_errors, and the scheduler connector
+        # set kv_load_failure_policy to "recompute".
+        n = self._call(f"load of {len(load.hashes)} pages",
+                       lambda c: c.load(load.hashes, load.block_ids, _capi.LOAD_WAIT_COMPLETE), 0)
         if n < len(load.block_ids):
             with self._lock:
                 self._load_errors.update(load.block_ids[n:])
@@ -468,12 +666,10 @@ class KvtierConnector(KVConnectorBase_V1):
     def wait_for_save(self):
         meta = self._get_connector_metadata()
         for save in meta.saves:
-            try:
-                self._client.store(save.hashes, save.block_ids, save.session, tokens=save.tokens or None,
-                                   parent=save.parent)
-            except KvtierError as e:
-                # A dropped save is a future cache miss, never a wrong answer.
-                logger.warning("kvtier store of %d pages failed: %s", len(save.hashes), e)
+            # A dropped save is a future cache miss, never a wrong answer.
+            self._call(f"store of {len(save.hashes)} pages",
+                       lambda c, save=save: c.store(save.hashes, save.block_ids, save.session,
+                                                    tokens=save.tokens or None, parent=save.parent), None)
 
     def get_finished(self, finished_req_ids):
         with self._lock:
@@ -492,5 +688,5 @@ class KvtierConnector(KVConnectorBase_V1):
             self._pool.shutdown(wait=True)
         elif self._hold is not None:
             self._hold.close()
-        if self._client is not None:
-            self._client.close()
+        if self._link is not None:
+            self._link.close()

@@ -109,10 +109,10 @@ impl AdminConfig {
 }
 
 /// The daemon's default admin socket: `admin.sock` in the runtime directory
-/// ([`crate::client::runtime_dir`]: `$XDG_RUNTIME_DIR/kvtier`, else `/run/user/<uid>/kvtier`
+/// ([`crate::paths::runtime_dir`]: `$XDG_RUNTIME_DIR/kvtier`, else `/run/user/<uid>/kvtier`
 /// when that is ours and private, else `./.kvtier`).
 pub fn default_socket_path() -> PathBuf {
-    crate::client::runtime_dir().join("admin.sock")
+    crate::paths::runtime_dir().join("admin.sock")
 }
 
 /// One connected engine rank, as the daemon knows it.

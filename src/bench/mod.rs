@@ -6,6 +6,7 @@ mod admin_load;
 pub mod arena;
 pub mod control;
 pub mod daemon;
+pub mod engine;
 pub mod events;
 pub mod evict;
 pub mod index;

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use crate::protocol::{ArenaInfo, FrameError, Request, Response, frame, read_frame};
 use crate::tier::host::{ArenaOptions, HostArena};
 
-use super::paths::{self, ArenaRefusal};
 use super::{ClientConfig, ClientError};
+use crate::paths::{self, ArenaRefusal};
 
 /// [`paths::arena_identity`] as a client error.
 fn arena_identity(path: &std::path::Path, expected: u32) -> Result<(u64, u64), ClientError> {

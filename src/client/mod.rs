@@ -9,10 +9,9 @@
 
 mod conn;
 mod copy;
-pub mod paths;
 mod routing;
 
-pub use paths::{default_socket, runtime_dir};
+pub use crate::paths::{default_socket, runtime_dir};
 pub use routing::MAX_PAGE_TOKENS;
 
 use std::path::PathBuf;

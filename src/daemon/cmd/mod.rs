@@ -120,7 +120,7 @@ pub(crate) fn rank(conn: &Conn) -> Result<&Rank, BackendError> {
 pub(crate) fn error_response(e: &BackendError) -> Response {
     let code = match e {
         BackendError::Manager(m) => match m {
-            ManagerError::Directory(DirectoryError::LayoutMismatch(_)) => ErrorCode::LayoutMismatch,
+            ManagerError::Directory(DirectoryError::LayoutMismatch { .. }) => ErrorCode::LayoutMismatch,
             ManagerError::Directory(DirectoryError::Full(_)) | ManagerError::Busy => ErrorCode::NoSpace,
             ManagerError::Config(_) | ManagerError::SlotTooSmall { .. } | ManagerError::ObjectSize { .. } => {
                 ErrorCode::BadLayout

