@@ -72,7 +72,8 @@ fn a_tiny_first_layout_does_not_lock_out_a_real_model_even_after_a_restart() {
 
     let mut d = serve_default_slots(dir.path(), "t", &args).ready();
     assert!(
-        d.banner().contains("32 MiB in 16 slots of 2097152 bytes (slot_bytes)"),
+        d.banner()
+            .contains("32 MiB in 16 slots of 2097152 bytes (host.slot_bytes)"),
         "the banner says the slot size before anyone connects: {}",
         d.banner()
     );
