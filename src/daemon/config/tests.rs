@@ -39,10 +39,10 @@ fn file_env_and_flags_layer_in_order() {
     assert!(set("tiers.pin_budget", "2.0").is_err());
     // The one rule: `section.key` in `--set`, `section-key` as a flag, any case of
     // `SECTION_KEY` in the environment.
-    assert_eq!(set("host.bytes", "16384").unwrap().host.bytes, 16384);
-    assert_eq!(set("host-bytes", "16384").unwrap().host.bytes, 16384);
-    let c = DaemonConfig::load(None, pairs(&[("KVTIER_HOST_BYTES", "16384")]), &[]).unwrap();
-    assert_eq!(c.host.bytes, 16384);
+    assert_eq!(set("host.bytes", "8388608").unwrap().host.bytes, 8388608);
+    assert_eq!(set("host-bytes", "8388608").unwrap().host.bytes, 8388608);
+    let c = DaemonConfig::load(None, pairs(&[("KVTIER_HOST_BYTES", "8388608")]), &[]).unwrap();
+    assert_eq!(c.host.bytes, 8388608);
     // A text key keeps its value as written; a quoted value is the string inside.
     assert_eq!(set("socket", "123").unwrap().socket, PathBuf::from("123"));
     assert_eq!(set("events.endpoint", "\"\"").unwrap().events.endpoint, "");
