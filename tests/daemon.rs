@@ -471,7 +471,7 @@ fn serve_without_configuration_prints_where_things_are() {
     assert!(text.contains("control socket .kvtier/kvtier.sock"), "{text}");
     assert!(text.contains("host arena") && text.contains("1024 MiB"), "{text}");
     assert!(
-        text.contains("512 slots of 2097152 bytes (slot_bytes)"),
+        text.contains("512 slots of 2097152 bytes (host.slot_bytes)"),
         "the default slot size, whatever connects first: {text}"
     );
 }
@@ -515,5 +515,128 @@ fn an_unknown_events_encoding_stops_the_start_and_names_the_allowed_values() {
         Some("binary"),
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("events_encoding = \"vllm-legacy\""));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains("[events]") && printed.contains("encoding = \"vllm-legacy\""),
+        "{printed}"
+    );
+}
+
+/// `kvtier serve --print-config` with `args` and `env`, from a clean environment.
+fn print_config(args: &[&str], env: &[(&str, &str)]) -> (toml::Table, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"));
+    cmd.arg("serve").args(args).arg("--print-config").env_clear();
+    cmd.env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    (printed.parse().unwrap_or_else(|e| panic!("{e}: {printed}")), err)
+}
+
+/// `section.key` of every key in a printed configuration.
+fn printed_keys(t: &toml::Table) -> std::collections::BTreeSet<String> {
+    let mut keys = std::collections::BTreeSet::new();
+    for (s, v) in t {
+        match v.as_table() {
+            Some(inner) => keys.extend(inner.keys().map(|k| format!("{s}.{k}"))),
+            None => {
+                keys.insert(s.clone());
+            }
+        }
+    }
+    keys
+}
+
+#[test]
+fn every_printed_key_is_documented_in_docs_daemon_md_and_every_documented_key_is_printed() {
+    let (printed, _) = print_config(&[], &[]);
+    let printed = printed_keys(&printed);
+    // The key tables of docs/daemon.md's "Configuration", up to its table of old names.
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/daemon.md")).unwrap();
+    let start = doc.find("\n## Configuration\n").expect("a Configuration section");
+    let end = start + doc[start..].find("\n### Old names").expect("an Old names table");
+    let documented: std::collections::BTreeSet<String> = doc[start..end]
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once("` |").map(|(k, _)| k.to_owned()))
+        .collect();
+    let undocumented: Vec<_> = printed.difference(&documented).collect();
+    let unprinted: Vec<_> = documented.difference(&printed).collect();
+    assert!(
+        undocumented.is_empty(),
+        "printed but not in docs/daemon.md: {undocumented:?}"
+    );
+    assert!(unprinted.is_empty(), "in docs/daemon.md but not printed: {unprinted:?}");
+    // And the printed keys are the keys the daemon accepts, section by section.
+    let accepted: std::collections::BTreeSet<String> = kvtier::daemon::config::DaemonConfig::keys()
+        .iter()
+        .map(|k| k.dotted())
+        .collect();
+    assert_eq!(printed, accepted);
+    assert!(printed.len() > 60, "{printed:?}");
+}
+
+#[test]
+fn old_flat_names_keep_working_with_a_warning_naming_the_new_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kvtier.toml");
+    std::fs::write(
+        &file,
+        "pool_bytes = 0\nrequest_trace_files = 3\n[host]\nprefault = false\n",
+    )
+    .unwrap();
+    let config = format!("--config={}", file.display());
+    let (t, err) = print_config(
+        &[
+            &config,
+            "--arena-bytes",
+            "8388608",
+            "--set",
+            "lock_arena=false",
+            "--pool",
+            "none",
+        ],
+        &[("KVTIER_MAX_SESSIONS", "99"), ("RUST_LOG", "warn")],
+    );
+    let get = |s: &str, k: &str| t[s][k].clone();
+    assert_eq!(get("host", "bytes").as_integer(), Some(8388608));
+    assert_eq!(get("host", "lock").as_bool(), Some(false));
+    assert_eq!(get("host", "prefault").as_bool(), Some(false));
+    assert_eq!(get("pool", "bytes").as_integer(), Some(0));
+    assert_eq!(get("pool", "kind").as_str(), Some("none"));
+    assert_eq!(get("trace", "files").as_integer(), Some(3));
+    assert_eq!(get("sessions", "max").as_integer(), Some(99));
+    for (old, new, flag) in [
+        ("`pool_bytes`", "[pool] bytes", "--pool-bytes"),
+        ("`request_trace_files`", "[trace] files", "--trace-files"),
+        ("`arena-bytes`", "[host] bytes", "--host-bytes"),
+        ("`lock_arena`", "[host] lock", "KVTIER_HOST_LOCK"),
+        ("`pool`", "[pool] kind", "--pool-kind"),
+        ("KVTIER_MAX_SESSIONS", "[sessions] max", "KVTIER_SESSIONS_MAX"),
+    ] {
+        assert!(
+            err.lines()
+                .any(|l| l.contains("WARN") && l.contains(old) && l.contains(new) && l.contains(flag)),
+            "no warning for {old} naming {new}: {err}"
+        );
+    }
+    // The new names say nothing.
+    let (t, err) = print_config(
+        &[
+            "--host-bytes",
+            "8388608",
+            "--set",
+            "host.lock=false",
+            "--pool-kind",
+            "none",
+        ],
+        &[("KVTIER_SESSIONS_MAX", "99"), ("RUST_LOG", "warn")],
+    );
+    assert_eq!(t["host"]["bytes"].as_integer(), Some(8388608));
+    assert_eq!(t["sessions"]["max"].as_integer(), Some(99));
+    assert!(!err.contains("deprecated"), "{err}");
 }

@@ -250,6 +250,7 @@ fn kvtier_driver_present() -> bool {
 #[test]
 fn error_names_are_stable() {
     let name = |c| {
+        // SAFETY: kvtier_error_name returns a static NUL-terminated string for any code.
         unsafe { CStr::from_ptr(kvtier_error_name(c)) }
             .to_str()
             .unwrap()

@@ -156,6 +156,7 @@ fn tp2_page_round_trips_with_the_hicache_client() {
     let mut objs = Vec::new();
     for (i, slot) in slots.iter().enumerate() {
         let bytes = pattern(100 + i as u64, l.object_bytes(i) as usize);
+        // SAFETY: the test allocated the slot and is its only user while it writes it.
         unsafe { arena.slot_mut(*slot, bytes.len()).unwrap() }.copy_from_slice(&bytes);
         objs.push(bytes);
     }
@@ -163,6 +164,7 @@ fn tp2_page_round_trips_with_the_hicache_client() {
     let views: Vec<&[u8]> = slots
         .iter()
         .zip(&objs)
+        // SAFETY: the test's own slots, written above and not written while these views live.
         .map(|(s, o)| unsafe { arena.slot(*s, o.len()).unwrap() })
         .collect();
     let w = page::put_missing(&pool, &key_refs, &views).unwrap();
@@ -407,6 +409,8 @@ fn killed_helper_is_restarted_and_the_pool_comes_back() {
     let pool = MooncakePool::start(cfg, None).unwrap();
     healthy(&pool);
     let pid = pool.helper_pid().expect("helper running");
+    // SAFETY: signalling a process by pid has no memory-safety preconditions; it is the
+    // pool's own helper child.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     assert!(
         eventually(Duration::from_secs(5), || pool.health() != PoolHealth::Ok

@@ -72,7 +72,8 @@ fn a_tiny_first_layout_does_not_lock_out_a_real_model_even_after_a_restart() {
 
     let mut d = serve_default_slots(dir.path(), "t", &args).ready();
     assert!(
-        d.banner().contains("32 MiB in 16 slots of 2097152 bytes (slot_bytes)"),
+        d.banner()
+            .contains("32 MiB in 16 slots of 2097152 bytes (host.slot_bytes)"),
         "the banner says the slot size before anyone connects: {}",
         d.banner()
     );
@@ -304,12 +305,12 @@ fn slots_fitted_to_the_first_engine_keep_arena_bytes_per_page_within_a_tenth() {
             "--arena-bytes",
             &bytes,
             "--set",
-            "slot_bytes=0",
+            "host.slot_bytes=0",
         ];
         let mut d = serve_default_slots(dir.path(), name, &args).ready();
         assert!(
             d.banner()
-                .contains("slots fitted to the first engine's objects (slot_bytes = 0)"),
+                .contains("slots fitted to the first engine's objects (host.slot_bytes = 0)"),
             "{}",
             d.banner()
         );
@@ -337,7 +338,7 @@ fn slots_fitted_to_the_first_engine_keep_arena_bytes_per_page_within_a_tenth() {
         let slots = arena_bytes / object;
         assert!(
             d.banner()
-                .contains(&format!("in {slots} slots of {object} bytes (slot_bytes)")),
+                .contains(&format!("in {slots} slots of {object} bytes (host.slot_bytes)")),
             "{}",
             d.banner()
         );

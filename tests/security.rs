@@ -457,7 +457,7 @@ fn an_engine_of_another_uid_maps_the_arena_only_with_engine_group() {
         "control socket"
     );
     assert!(
-        d.banner().contains("mode 0660 for engine_group 65534"),
+        d.banner().contains("mode 0660 for access.engine_group 65534"),
         "{}",
         d.banner()
     );

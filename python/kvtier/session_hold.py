@@ -1,6 +1,6 @@
 """Holding back the new requests of sessions the daemon's pressure controller paused.
 
-:class:`SessionHold` subscribes to the daemon's session events (``session_events_endpoint``,
+:class:`SessionHold` subscribes to the daemon's session events (``events.session_endpoint``,
 by default ``ipc://<the daemon's socket dir>/session-events.ipc``; the wire format is in
 docs/events.md) and keeps which sessions are paused. An engine adapter asks
 :meth:`SessionHold.holds` before admitting a new request of a session: while the session is
@@ -29,13 +29,13 @@ MAX_PAUSED = 65536
 #: Messages read per poll at most, so one call stays short.
 MAX_PER_POLL = 4096
 #: Default bound on how long one request is held, in ms: the daemon's default
-#: forced-resume cap (``policy_forced_resume_ms``), so no hold ends before it would.
+#: forced-resume cap (``policy.forced_resume_ms``), so no hold ends before it would.
 DEFAULT_HOLD_MS = 30 * 60 * 1000
 
 
 def default_endpoint(socket):
     """The daemon's default session event endpoint for a daemon on ``socket``, if that
-    endpoint exists (``session_events_endpoint = "ipc"``, the default), else None."""
+    endpoint exists (``events.session_endpoint = "ipc"``, the default), else None."""
     path = Path(os.fspath(socket)).parent / "session-events.ipc"
     return f"ipc://{path}" if path.exists() else None
 

@@ -16,7 +16,7 @@ configuration comes from the same extra config (keys :data:`EXTRA_KEYS`).
 
 Pages SGLang writes are shared: after each ``batch_set_v1`` the backend asks the daemon to
 copy them to its pool (a Share hint), as HiCache's own Mooncake backend puts every page in
-the store. With ``kvtier serve --pool mooncake`` another SGLang instance on another node's
+the store. With ``kvtier serve --pool-kind mooncake`` another SGLang instance on another node's
 daemon then finds them (``batch_exists``) and loads them. ``"share": false`` keeps pages on
 this node's host tier until the daemon's own policy moves them.
 

@@ -1,7 +1,7 @@
 """Two SGLang 0.5.23 instances on two kvtier daemons that share one Mooncake Store.
 
 Run by tests/sglang_cluster.rs with daemon A's and daemon B's sockets as argv[1] and
-argv[2] (both `kvtier serve --pool mooncake` on one master), in the SGLang venv with the
+argv[2] (both `kvtier serve --pool-kind mooncake` on one master), in the SGLang venv with the
 source package on PYTHONPATH. SGLang's own StorageBackendFactory creates KvtierStorage
 for instance A on daemon A and for instance B on daemon B, each over SGLang's own
 MHATokenToKVPoolHost on CPU. A stores pages with batch_set_v1, which shares them to A's

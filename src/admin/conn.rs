@@ -11,7 +11,6 @@
 use std::convert::Infallible;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -28,12 +27,13 @@ use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::api::{ApiError, Reply};
+use super::deadline::Deadline;
 use super::events::{EventBody, Stream};
 use super::readers::{ReaderGuard, Readers};
 use super::request::Request;
-use super::routes::{self, ApiError, Reply};
-use super::security;
-use super::server::AdminState;
+use super::state::AdminState;
+use super::{routes, security};
 
 /// While an event stream runs, how often the connection looks whether the client hung up
 /// (a stream with no new events writes nothing that would fail).
@@ -44,43 +44,6 @@ const DRAIN_BYTES: usize = 16 << 20;
 const DRAIN_TIME: Duration = Duration::from_secs(2);
 
 type AdminBody = Either<Full<Bytes>, EventBody>;
-
-/// A connection's deadline, which the request handler moves: set at accept, renewed
-/// once the request is in, lifted while an event stream runs. Milliseconds after
-/// `start`; [`NO_DEADLINE`] while streaming.
-pub(crate) struct Deadline {
-    start: Instant,
-    at_ms: AtomicU64,
-}
-
-const NO_DEADLINE: u64 = u64::MAX;
-
-impl Deadline {
-    fn new(after: Duration) -> Self {
-        Self {
-            start: Instant::now(),
-            at_ms: AtomicU64::new(after.as_millis() as u64),
-        }
-    }
-
-    /// The deadline becomes `after` from now.
-    pub(crate) fn extend(&self, after: Duration) {
-        let at = (self.start.elapsed() + after).as_millis() as u64;
-        self.at_ms.store(at, Ordering::Release);
-    }
-
-    fn lift(&self) {
-        self.at_ms.store(NO_DEADLINE, Ordering::Release);
-    }
-
-    /// When the connection must be done, `None` while streaming.
-    fn at(&self) -> Option<Instant> {
-        match self.at_ms.load(Ordering::Acquire) {
-            NO_DEADLINE => None,
-            ms => Some(self.start + Duration::from_millis(ms)),
-        }
-    }
-}
 
 /// What one connection's task holds.
 pub(crate) struct Conn {

@@ -19,8 +19,9 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::conn::Deadline;
-use super::server::AdminState;
+use super::api::Source;
+use super::deadline::Deadline;
+use super::state::AdminState;
 
 /// Events read from the log per chunk of the stream, and how long one read waits (so
 /// cancellation is seen within it).
@@ -41,16 +42,6 @@ impl Body for EventBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         self.rx.poll_recv(cx).map(|c| c.map(|b| Ok(Frame::data(b))))
     }
-}
-
-/// Which log a stream reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Source {
-    /// The page event log (`/v1/events`).
-    Pages,
-    /// The session event log (`/v1/sessions/events`): read from a position, so it takes
-    /// nothing from the advice queues engines and `/v1/sessions/advice` consume.
-    Sessions,
 }
 
 /// One read of either log, as JSON lines.

@@ -10,9 +10,9 @@
 
 use serde_json::{Value, json};
 
+use super::api::ApiError;
 use super::request::Request;
-use super::routes::ApiError;
-use super::server::AdminState;
+use super::state::AdminState;
 use crate::page::NamespaceId;
 use crate::protocol::MAX_PAGES;
 

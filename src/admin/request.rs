@@ -1,9 +1,9 @@
 //! A request as the admin routes see it: method, decoded path, query parameters and the
 //! whole (size-limited) body, read by hyper beforehand.
 //!
-//! hyper parses the wire format; what is left here is the part HTTP libraries leave to
-//! applications: splitting and percent-decoding the query string (`prefix=aa%2Cbb`), so
-//! the routes can stay plain synchronous functions run on the blocking pool.
+//! hyper parses the wire format; the query string (`prefix=aa%2Cbb`) and form bodies are
+//! decoded by `form_urlencoded`, the path by `percent-encoding`, so the routes can stay
+//! plain synchronous functions run on the blocking pool.
 //!
 //! A `POST` whose body is form-encoded (`prefix=aa,bb`, anything not starting like JSON)
 //! adds the body's parameters after the query's: a 4,096-hash `prefix=` (up to 266 KiB
@@ -49,39 +49,17 @@ fn form_body(body: &[u8]) -> Option<&str> {
     (!text.is_empty() && !text.starts_with(['{', '['])).then_some(text)
 }
 
+/// `application/x-www-form-urlencoded` pairs: `%hh` and `+` decoded; a malformed escape
+/// is kept as it is rather than refused, so the route can name the bad value in its answer.
 fn parse_query(q: &str) -> Vec<(String, String)> {
-    q.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.split_once('=') {
-            Some((k, v)) => (percent_decode(k), percent_decode(v)),
-            None => (percent_decode(p), String::new()),
-        })
+    form_urlencoded::parse(q.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()
 }
 
-/// Decodes `%hh` escapes and `+` (a space in form encoding); a malformed escape is kept
-/// as it is rather than refused, so the route can name the bad value in its answer.
+/// Decodes `%hh` escapes of a path (a `+` stays a `+` there).
 fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    while i < b.len() {
-        match b[i] {
-            b'%' => match (b.get(i + 1).and_then(|&c| hex(c)), b.get(i + 2).and_then(|&c| hex(c))) {
-                (Some(h), Some(l)) => {
-                    out.push(h << 4 | l);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
 
 #[cfg(test)]

@@ -24,13 +24,13 @@
 
 use serde_json::{Value, json};
 
-use super::SessionInfo;
-use super::events::Source;
-use super::metrics;
+use super::api::{ApiError, Reply, Source};
+use super::config::SessionInfo;
 use super::request::Request;
-use super::server::AdminState;
+use super::state::AdminState;
+use super::{kv_hints, metrics, session_routes};
 use crate::hints::Hint;
-use crate::manager::{ManagerError, Tunables};
+use crate::manager::Tunables;
 use crate::page::{NamespaceId, PageHash};
 use crate::tier::TierKind;
 
@@ -38,21 +38,6 @@ use crate::tier::TierKind;
 /// may say: a node with a million interned sessions still answers in bounded memory.
 pub const SESSIONS_DEFAULT_LIMIT: usize = 1000;
 pub const SESSIONS_MAX_LIMIT: usize = 10_000;
-
-/// What to answer.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    /// A JSON document with its status.
-    Json(u16, Value),
-    /// Text with its content type (the Prometheus exposition).
-    Text(u16, &'static str, String),
-    /// The live event stream of `source` from sequence `from`, at most `limit` events.
-    Events {
-        source: super::events::Source,
-        from: u64,
-        limit: u64,
-    },
-}
 
 /// Answers one request that has been read completely.
 pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
@@ -63,10 +48,10 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         // POST takes `prefix=` in a form body, for prefixes too long for a request head.
         ("GET" | "POST", "/v1/pages") => pages(ctx, req),
         ("POST", "/v1/hints") => hint(ctx, req),
-        ("POST", "/v1/kv-hints") => namespace(req).and_then(|ns| super::kv_hints::post(ctx, req, ns)),
-        ("GET", "/v1/kv-hints") => super::kv_hints::list(ctx, req),
-        ("POST", "/v1/sessions/phase") => super::session_routes::phase(ctx, req),
-        ("GET", "/v1/sessions/advice") => Ok(super::session_routes::advice(ctx)),
+        ("POST", "/v1/kv-hints") => namespace(req).and_then(|ns| kv_hints::post(ctx, req, ns)),
+        ("GET", "/v1/kv-hints") => kv_hints::list(ctx, req),
+        ("POST", "/v1/sessions/phase") => session_routes::phase(ctx, req),
+        ("GET", "/v1/sessions/advice") => Ok(session_routes::advice(ctx)),
         ("GET", "/v1/config") => Ok(json!(ctx.manager.tunables())),
         ("PUT", "/v1/config") => put_config(ctx, req),
         ("GET", "/v1/events") => return events(ctx, req, Source::Pages).unwrap_or_else(ApiError::reply),
@@ -101,55 +86,6 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
     match r {
         Ok(v) => Reply::Json(200, v),
         Err(e) => e.reply(),
-    }
-}
-
-/// An error answer: status, stable code, message.
-#[derive(Debug)]
-pub(crate) struct ApiError {
-    status: u16,
-    code: &'static str,
-    message: String,
-}
-
-impl ApiError {
-    pub(crate) fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn status(&self) -> u16 {
-        self.status
-    }
-
-    /// The answer `{"code": …, "message": …}` with this error's status.
-    pub(crate) fn reply(self) -> Reply {
-        let (status, v) = self.into_json();
-        Reply::Json(status, v)
-    }
-
-    pub(crate) fn into_json(self) -> (u16, Value) {
-        (self.status, json!({ "code": self.code, "message": self.message }))
-    }
-}
-
-impl From<ManagerError> for ApiError {
-    fn from(e: ManagerError) -> Self {
-        let (status, code) = match &e {
-            ManagerError::Hint(_) => (400, "malformed_hint"),
-            ManagerError::Directory(_) => (404, "unknown_namespace"),
-            ManagerError::Page(_) => (400, "bad_hash"),
-            ManagerError::Config(_) => (422, "invalid_config"),
-            ManagerError::BatchTooLarge { .. } => (413, "batch_too_large"),
-            ManagerError::Busy => (503, "busy"),
-            ManagerError::NoNamespace => (404, "no_namespace"),
-            ManagerError::Session(_) | ManagerError::Policy(_) => (400, "bad_session"),
-            _ => (500, "internal"),
-        };
-        ApiError::new(status, code, e.to_string())
     }
 }
 

@@ -15,7 +15,7 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 
-use super::{AdminConfig, AdminError};
+use super::config::{AdminConfig, AdminError};
 
 /// The credentials of the process at the other end of a Unix socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

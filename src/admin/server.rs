@@ -13,7 +13,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
@@ -23,8 +23,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::config::{AdminConfig, AdminError, EngineView};
 use super::readers::{DISPLACE_AFTER, Readers};
-use super::{AdminConfig, AdminError, EngineView, conn, security};
+use super::state::AdminState;
+use super::{conn, security};
 use crate::manager::Manager;
 
 /// How long the accept loop pauses after a failed accept (e.g. out of descriptors), so
@@ -35,53 +37,27 @@ const HYPER_MIN_BUF: usize = 8192;
 /// How long a newcomer waits for the slot of the connection it displaced to be freed.
 const SLOT_WAIT: Duration = Duration::from_secs(1);
 
-/// What every connection of one admin server shares: its settings, the manager it reads
-/// and the daemon's view of engines and sessions.
-pub struct AdminState {
-    pub(crate) cfg: AdminConfig,
-    pub(crate) manager: Manager,
-    pub(crate) engines: Arc<dyn EngineView>,
-    pub(crate) started: Instant,
-}
-
-impl AdminState {
-    /// The state of a server with these settings; fails when they are invalid.
-    pub fn new(cfg: AdminConfig, manager: Manager, engines: Arc<dyn EngineView>) -> Result<Self, AdminError> {
-        cfg.validate()?;
-        Ok(Self {
-            cfg,
-            manager,
-            engines,
-            started: Instant::now(),
-        })
-    }
-
-    pub fn config(&self) -> &AdminConfig {
-        &self.cfg
-    }
-
-    /// The HTTP/1 settings every connection is served with. hyper cuts a head that
-    /// takes longer than `read_timeout` and answers a bare 431 to one over the hard cap
-    /// (twice `max_header`, at least hyper's minimum buffer); heads between
-    /// `max_header` and that cap get the typed JSON 431 from `conn`.
-    fn http(&self) -> http1::Builder {
-        let cap = (self.cfg.max_header * 2).max(HYPER_MIN_BUF);
-        let mut b = http1::Builder::new();
-        b.timer(TokioTimer::new())
-            .header_read_timeout(self.cfg.read_timeout)
-            .keep_alive(false)
-            .half_close(true)
-            .max_header_size(cap)
-            .max_buf_size(cap);
-        b
-    }
+/// The HTTP/1 settings every connection is served with. hyper cuts a head that
+/// takes longer than `read_timeout` and answers a bare 431 to one over the hard cap
+/// (twice `max_header`, at least hyper's minimum buffer); heads between
+/// `max_header` and that cap get the typed JSON 431 from `conn`.
+fn http(state: &AdminState) -> http1::Builder {
+    let cap = (state.cfg.max_header * 2).max(HYPER_MIN_BUF);
+    let mut b = http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(state.cfg.read_timeout)
+        .keep_alive(false)
+        .half_close(true)
+        .max_header_size(cap)
+        .max_buf_size(cap);
+    b
 }
 
 /// Serves admin requests on `listener` until `cancel` is cancelled, then waits (at most
 /// `read_timeout`) for open connections to finish and returns. The listener must be
 /// bound already ([`spawn`] does it, with the socket's security checks).
 pub async fn serve(listener: UnixListener, state: AdminState, cancel: CancellationToken) -> Result<(), AdminError> {
-    let http = state.http();
+    let http = http(&state);
     let grace = state.cfg.read_timeout;
     let state = Arc::new(state);
     let slots = Arc::new(Semaphore::new(state.cfg.max_connections));

@@ -4,9 +4,9 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::api::ApiError;
 use super::request::Request;
-use super::routes::ApiError;
-use super::server::AdminState;
+use super::state::AdminState;
 use crate::policy::Phase;
 
 /// The body of `POST /v1/sessions/phase`. Unknown fields and phases are refused.

@@ -27,7 +27,7 @@ impl DaemonChild {
     /// Starts `exe serve` with a host arena of `arena_bytes` in slots of `slot_bytes` and
     /// no pool, and waits until both sockets accept connections.
     pub fn start(exe: &Path, arena_bytes: u64, slot_bytes: u64) -> anyhow::Result<Self> {
-        Self::start_with(exe, arena_bytes, slot_bytes, &["--set".into(), "pool_bytes=0".into()])
+        Self::start_with(exe, arena_bytes, slot_bytes, &["--set".into(), "pool.bytes=0".into()])
     }
 
     /// [`DaemonChild::start`] with `pool_args` (flags and `--set`s choosing the pool) in
@@ -43,23 +43,23 @@ impl DaemonChild {
             .arg("serve")
             .arg("--socket")
             .arg(dir.path().join("kvtier.sock"))
-            .arg("--arena-path")
+            .arg("--host-path")
             .arg(dir.path().join("arena"))
-            .arg("--arena-bytes")
+            .arg("--host-bytes")
             .arg(arena_bytes.to_string())
             .arg("--set")
-            .arg(format!("slot_bytes={slot_bytes}"))
+            .arg(format!("host.slot_bytes={slot_bytes}"))
             .args(pool_args)
-            .args(["--set", "recover=false"])
-            .args(["--set", "lock_arena=false", "--set", "events_endpoint=\"\""])
+            .args(["--set", "host.recover=false"])
+            .args(["--set", "host.lock=false", "--set", "events.endpoint=\"\""])
             .args([
                 "--set",
-                "events_replay_endpoint=\"\"",
+                "events.replay_endpoint=\"\"",
                 "--set",
-                "pool_events_endpoint=\"\"",
+                "events.pool_endpoint=\"\"",
             ])
             .arg("--set")
-            .arg(format!("admin_socket={}", quote(dir.path().join("admin.sock"))))
+            .arg(format!("admin.socket={}", quote(dir.path().join("admin.sock"))))
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -3,7 +3,7 @@
 //! wrote every object of every page.
 //!
 //! Two nodes on one master. The writer (node A) is this process's own Mooncake pool
-//! backend; the subject (node B) is a real `kvtier serve --pool mooncake` child, asked
+//! backend; the subject (node B) is a real `kvtier serve --pool-kind mooncake` child, asked
 //! through its control socket by an engine rank (the client library), as an engine asks.
 //! Each round the writer stores 64 fresh TP=2 pages (256 objects); then the subject's
 //! lookup and the reference, the wheel's own `batch_is_exist` over the same 256 keys timed
@@ -60,12 +60,12 @@ fn config(args: &PoolBenchArgs) -> MooncakeConfig {
     }
 }
 
-/// `kvtier serve --pool mooncake` on the bench's master: node B.
+/// `kvtier serve --pool-kind mooncake` on the bench's master: node B.
 fn subject_daemon(args: &PoolBenchArgs, slot_bytes: u64) -> anyhow::Result<DaemonChild> {
     let exe = std::env::current_exe().context("this executable")?;
     let quote = |s: &str| format!("{s:?}");
     let mut pool = vec![
-        "--pool".to_string(),
+        "--pool-kind".to_string(),
         "mooncake".into(),
         "--mooncake-master".into(),
         args.master.clone(),
@@ -74,7 +74,7 @@ fn subject_daemon(args: &PoolBenchArgs, slot_bytes: u64) -> anyhow::Result<Daemo
     set("mooncake.metadata", quote(&args.metadata));
     set("mooncake.key_tag", quote(TAG));
     set("mooncake.global_segment_bytes", (64u64 << 20).to_string());
-    set("max_pages", SUBJECT_MAX_PAGES.to_string());
+    set("tiers.max_pages", SUBJECT_MAX_PAGES.to_string());
     if let Some(p) = &args.python {
         set("mooncake.python", quote(&p.display().to_string()));
     }

@@ -20,66 +20,107 @@ use super::connection::Shared;
 use super::server;
 
 /// Run the per-node daemon.
+///
+/// Every configuration key is also a flag by one rule: key `k` of section `[s]` is
+/// `--s-k` (`[host] bytes` is `--host-bytes`), a root key `k` is `--k`; `--set s.k=value`
+/// takes any key too (docs/daemon.md, "Configuration").
 #[derive(Args, Debug, Default, Clone)]
 pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Control socket path.
-    #[arg(long, value_name = "PATH")]
-    pub socket: Option<PathBuf>,
-    /// Host arena file (shared memory).
-    #[arg(long, value_name = "PATH")]
-    pub arena_path: Option<PathBuf>,
-    /// Host arena size in bytes.
-    #[arg(long, value_name = "BYTES")]
-    pub arena_bytes: Option<u64>,
-    /// Pool backend: none, local or mooncake (key `pool`).
-    #[arg(long, value_name = "KIND")]
-    pub pool: Option<String>,
-    /// Mooncake master, host:port (key `mooncake.master`).
-    #[arg(long, value_name = "HOST:PORT")]
-    pub mooncake_master: Option<String>,
-    /// Any configuration key: `--set max_connections=64`, `--set mooncake.key_tag=""` (repeatable).
+    /// Any configuration key: `--set control.max_connections=64`, `--set mooncake.key_tag=""`
+    /// (repeatable).
     ///
-    /// KV event keys (docs/admin.md): `events_encoding` = `vllm` (vLLM 0.24 to 0.33, the
-    /// default) | `vllm-legacy` (vLLM 0.23 and earlier); `events_replay_protocol` = `auto` |
-    /// `topic` (vLLM 0.26+) | `legacy` (vLLM 0.25 and earlier); `events_hashes` = `int` (low
-    /// 64 bits) | `auto` | `bytes`; `events_endpoint`, `events_replay_endpoint`,
-    /// `pool_events_endpoint`, `session_events_endpoint` = `tcp://HOST:PORT` | `ipc` (a socket in the 0700 runtime dir) |
-    /// empty (off); `events_replay_per_sec`; `pool_events_tenant`.
+    /// KV event keys (docs/admin.md): `events.encoding` = `vllm` (vLLM 0.24 to 0.33, the
+    /// default) | `vllm-legacy` (vLLM 0.23 and earlier); `events.replay_protocol` = `auto` |
+    /// `topic` (vLLM 0.26+) | `legacy` (vLLM 0.25 and earlier); `events.hashes` = `int` (low
+    /// 64 bits) | `auto` | `bytes`; `events.endpoint`, `events.replay_endpoint`,
+    /// `events.pool_endpoint`, `events.session_endpoint` = `tcp://HOST:PORT` | `ipc` (a socket
+    /// in the 0700 runtime dir) | empty (off); `events.replay_per_sec`; `events.pool_tenant`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
+    #[command(flatten)]
+    pub keys: KeyFlags,
+}
+
+/// One flag per configuration key (`--host-bytes`), and hidden ones for the flat names
+/// of the release before sections (`--arena-bytes`), as `(name, value)` in the order of
+/// the keys.
+#[derive(Debug, Default, Clone)]
+pub struct KeyFlags(pub Vec<(String, String)>);
+
+impl KeyFlags {
+    /// The flag names (without `--`), each with whether it is an old name.
+    fn names() -> Vec<(String, bool)> {
+        let keys = DaemonConfig::keys();
+        let mut names: Vec<(String, bool)> = keys.iter().map(|k| (k.flag()[2..].to_owned(), false)).collect();
+        for (old, _, _) in super::config::keys_renamed() {
+            let flag = old.replace('_', "-");
+            // An old name that is also a new key's flag is that key's flag.
+            if !names.iter().any(|(n, _)| *n == flag) {
+                names.push((flag, true));
+            }
+        }
+        names
+    }
+}
+
+impl clap::FromArgMatches for KeyFlags {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut out = Self::default();
+        out.update_from_arg_matches(m)?;
+        Ok(out)
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        for (name, _) in Self::names() {
+            if let Some(v) = m.get_one::<String>(&name) {
+                self.0.push((name, v.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for KeyFlags {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        let keys = DaemonConfig::keys();
+        for (name, old) in Self::names() {
+            let help = match keys.iter().find(|k| k.flag()[2..] == name) {
+                Some(k) if k.section.is_some() => format!("Key `{}` of `[{}]`", k.name, k.section.unwrap_or("")),
+                Some(k) => format!("Key `{}`", k.name),
+                None => String::new(),
+            };
+            cmd = cmd.arg(
+                clap::Arg::new(name.clone())
+                    .long(name)
+                    .value_name("VALUE")
+                    .help(help)
+                    .hide(old)
+                    .action(clap::ArgAction::Set),
+            );
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 impl ServeArgs {
+    /// `--set` pairs first, then the named flags, so a named flag wins over `--set`.
     fn flag_pairs(&self) -> Result<Vec<(String, String)>, ConfigError> {
         let mut out = Vec::new();
         for s in &self.set {
             let (k, v) = s.split_once('=').ok_or_else(|| ConfigError::BadSet(s.clone()))?;
             out.push((k.trim().to_owned(), v.trim().to_owned()));
         }
-        let quote = |p: &Path| format!("{:?}", p.display().to_string());
-        if let Some(p) = &self.socket {
-            out.push(("socket".into(), quote(p)));
-        }
-        if let Some(p) = &self.arena_path {
-            out.push(("arena_path".into(), quote(p)));
-        }
-        if let Some(b) = self.arena_bytes {
-            out.push(("arena_bytes".into(), b.to_string()));
-        }
-        // Quoted, so a value that happens to parse as a TOML number stays a string and
-        // serde names the allowed values when it is not one of them.
-        if let Some(p) = &self.pool {
-            out.push(("pool".into(), format!("{p:?}")));
-        }
-        if let Some(m) = &self.mooncake_master {
-            out.push(("mooncake.master".into(), format!("{m:?}")));
-        }
+        out.extend(self.keys.0.iter().cloned());
         Ok(out)
     }
 }
@@ -98,7 +139,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_tracing();
     let cfg = DaemonConfig::load(args.config.as_deref(), std::env::vars(), &args.flag_pairs()?)?;
     if args.print_config {
-        print!("{}", toml::to_string(&cfg)?);
+        print!("{}", cfg.to_toml()?);
         return Ok(());
     }
     serve(cfg, CancellationToken::new())
@@ -138,13 +179,13 @@ pub fn serve(cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<(
         // kvtier's own directories under /dev/shm: strictly private, whoever made them, or
         // open to the engines' group (enter and read, never write) where one is set.
         let engines = cfg.engine_gid()?;
-        if let Some(kvtier_uid) = cfg.arena_path.parent().and_then(Path::parent)
+        if let Some(kvtier_uid) = cfg.host.path.parent().and_then(Path::parent)
             && kvtier_uid.starts_with("/dev/shm")
             && kvtier_uid != Path::new("/dev/shm")
         {
             private::shared_dir(kvtier_uid, engines).context("the arena's directory")?;
         }
-        private::shared_dir(private::parent_of(&cfg.arena_path), engines).context("the arena's directory")?;
+        private::shared_dir(private::parent_of(&cfg.host.path), engines).context("the arena's directory")?;
     }
     let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).context("opening the tiers")?);
     let listener = bind(&cfg)?;
@@ -152,7 +193,7 @@ pub fn serve(cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<(
     tracing::info!(socket = %cfg.socket.display(), "serving");
     let shared = Arc::new(Shared::new(backend.clone(), cfg.limits()));
     backend.manager().set_upkeep_waker(shared.upkeep_waker());
-    let tick = Duration::from_millis(cfg.tick_ms.max(1));
+    let tick = Duration::from_millis(cfg.tiers.tick_ms.max(1));
     let (extras, served) = rt.block_on(async {
         tokio::spawn(signals);
         let extras = start_side_services(&cfg, backend.manager().clone(), shared.clone(), &shutdown);
@@ -166,7 +207,7 @@ pub fn serve(cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<(
     extras.stop();
     // Commands still on the blocking pool end within `max_wait_ms` (their grants are
     // released as they end); this bounds the wait for them all the same.
-    rt.shutdown_timeout(Duration::from_millis(cfg.max_wait_ms) + Duration::from_secs(1));
+    rt.shutdown_timeout(Duration::from_millis(cfg.control.max_wait_ms) + Duration::from_secs(1));
     let _ = std::fs::remove_file(&cfg.socket);
     backend.shutdown().context("compacting the manifest")?;
     served.context("serving")?;
@@ -184,23 +225,23 @@ fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
     // the first engine's objects when it registers.
     let size = match backend.manager().arena() {
         Some(a) => format!(
-            "{} MiB in {} slots of {} bytes (slot_bytes)",
+            "{} MiB in {} slots of {} bytes (host.slot_bytes)",
             a.len_bytes() >> 20,
             a.slots(),
             a.slot_bytes()
         ),
-        None if cfg.slot_bytes == 0 => format!(
-            "{} MiB, slots fitted to the first engine's objects (slot_bytes = 0)",
-            cfg.arena_bytes >> 20
+        None if cfg.host.slot_bytes == 0 => format!(
+            "{} MiB, slots fitted to the first engine's objects (host.slot_bytes = 0)",
+            cfg.host.bytes >> 20
         ),
         None => format!(
-            "{} MiB, slots of {} bytes (slot_bytes)",
-            cfg.arena_bytes >> 20,
-            cfg.slot_bytes
+            "{} MiB, slots of {} bytes (host.slot_bytes)",
+            cfg.host.bytes >> 20,
+            cfg.host.slot_bytes
         ),
     };
     let size = match cfg.engine_gid()? {
-        Some(g) => format!("{size}, mode 0660 for engine_group {g}"),
+        Some(g) => format!("{size}, mode 0660 for access.engine_group {g}"),
         None => size,
     };
     let mut notes = String::new();
@@ -216,14 +257,14 @@ fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
     writeln!(
         out,
         "kvtier serve: host arena {} ({size}{notes}), manifest {}, owner lock {}",
-        cfg.arena_path.display(),
+        cfg.host.path.display(),
         backend.manifest_path().display(),
         backend.lock_path().display()
     )?;
-    match cfg.pool {
+    match cfg.pool.kind {
         PoolKind::None => writeln!(out, "kvtier serve: pool none")?,
-        PoolKind::Local if cfg.pool_bytes == 0 => writeln!(out, "kvtier serve: pool none (pool_bytes = 0)")?,
-        PoolKind::Local => writeln!(out, "kvtier serve: pool local, {} MiB", cfg.pool_bytes >> 20)?,
+        PoolKind::Local if cfg.pool.bytes == 0 => writeln!(out, "kvtier serve: pool none (pool.bytes = 0)")?,
+        PoolKind::Local => writeln!(out, "kvtier serve: pool local, {} MiB", cfg.pool.bytes >> 20)?,
         PoolKind::Mooncake => {
             let m = &cfg.mooncake;
             let health = if m.master_reachable(Duration::from_secs(1)) {
@@ -285,7 +326,7 @@ fn start_side_services(
     side: &CancellationToken,
 ) -> SideServices {
     let admin_cfg = crate::admin::AdminConfig {
-        socket: cfg.admin_socket.clone(),
+        socket: cfg.admin.socket.clone(),
         ..crate::admin::AdminConfig::default()
     };
     let cancel = side.child_token();
@@ -305,36 +346,36 @@ fn start_side_services(
     });
     let admin = match started.unwrap_or(Err(crate::admin::AdminError::Config("no runtime".into()))) {
         Ok(h) => {
-            println!("kvtier serve: admin socket {}", cfg.admin_socket.display());
+            println!("kvtier serve: admin socket {}", cfg.admin.socket.display());
             Some(h)
         }
         Err(e) => {
-            tracing::warn!(error = %e, socket = %cfg.admin_socket.display(), "admin socket not started");
+            tracing::warn!(error = %e, socket = %cfg.admin.socket.display(), "admin socket not started");
             None
         }
     };
     let mut publishers = Vec::new();
     let run_dir = cfg.socket.parent().map(Path::to_path_buf).unwrap_or_default();
-    if !cfg.events_endpoint.is_empty() {
+    if !cfg.events.endpoint.is_empty() {
         use crate::publish::vllm;
         let vcfg = vllm::VllmConfig {
-            endpoint: super::config::event_endpoint(&cfg.events_endpoint, &run_dir, "kv-events.ipc"),
+            endpoint: super::config::event_endpoint(&cfg.events.endpoint, &run_dir, "kv-events.ipc"),
             replay_endpoint: Some(super::config::event_endpoint(
-                &cfg.events_replay_endpoint,
+                &cfg.events.replay_endpoint,
                 &run_dir,
                 "kv-events-replay.ipc",
             ))
             .filter(|e| !e.is_empty()),
-            encoding: cfg.events_encoding.into(),
-            hashes: cfg.events_hashes,
-            replay: cfg.events_replay_protocol,
+            encoding: cfg.events.encoding.into(),
+            hashes: cfg.events.hashes,
+            replay: cfg.events.replay_protocol,
             replay_limits: vllm::ReplayLimits {
-                per_sec: cfg.events_replay_per_sec,
+                per_sec: cfg.events.replay_per_sec,
                 ..vllm::ReplayLimits::default()
             },
             tokens: Some(shared.tokens.clone()),
             // Pool pages say whether the pool is this node's own or a cluster's store.
-            pool_medium: if cfg.pool == PoolKind::Local {
+            pool_medium: if cfg.pool.kind == PoolKind::Local {
                 vllm::PoolMedium::Local
             } else {
                 vllm::PoolMedium::Shared
@@ -349,22 +390,22 @@ fn start_side_services(
                 }
                 publishers.push(h);
             }
-            Err(e) => tracing::warn!(error = %e, endpoint = %cfg.events_endpoint, "KV event publisher not started"),
+            Err(e) => tracing::warn!(error = %e, endpoint = %cfg.events.endpoint, "KV event publisher not started"),
         }
     }
     // Mooncake-style object events describe objects in a shared store; the node-local
     // pool is none, so they are published only with `pool = "mooncake"` (local pool pages
     // are in the vLLM events above, with the pool tier's medium).
-    if cfg.pool != PoolKind::Mooncake && !cfg.pool_events_endpoint.is_empty() {
+    if cfg.pool.kind != PoolKind::Mooncake && !cfg.events.pool_endpoint.is_empty() {
         println!(
             "kvtier serve: pool object events off (they describe a shared store; pool is {})",
-            cfg.pool.name()
+            cfg.pool.kind.name()
         );
     }
-    if !cfg.pool_events_endpoint.is_empty() && cfg.pool == PoolKind::Mooncake {
+    if !cfg.events.pool_endpoint.is_empty() && cfg.pool.kind == PoolKind::Mooncake {
         let mcfg = crate::publish::mooncake::MooncakeConfig {
-            endpoint: super::config::event_endpoint(&cfg.pool_events_endpoint, &run_dir, "pool-events.ipc"),
-            tenant_id: cfg.pool_events_tenant.clone(),
+            endpoint: super::config::event_endpoint(&cfg.events.pool_endpoint, &run_dir, "pool-events.ipc"),
+            tenant_id: cfg.events.pool_tenant.clone(),
             ..crate::publish::mooncake::MooncakeConfig::default()
         };
         match crate::publish::mooncake::spawn(mcfg, manager.clone(), side.clone()) {
@@ -373,13 +414,13 @@ fn start_side_services(
                 publishers.push(h);
             }
             Err(e) => {
-                tracing::warn!(error = %e, endpoint = %cfg.pool_events_endpoint, "pool event publisher not started")
+                tracing::warn!(error = %e, endpoint = %cfg.events.pool_endpoint, "pool event publisher not started")
             }
         }
     }
-    if !cfg.session_events_endpoint.is_empty() {
+    if !cfg.events.session_endpoint.is_empty() {
         let scfg = crate::publish::sessions::SessionEventsConfig {
-            endpoint: super::config::event_endpoint(&cfg.session_events_endpoint, &run_dir, "session-events.ipc"),
+            endpoint: super::config::event_endpoint(&cfg.events.session_endpoint, &run_dir, "session-events.ipc"),
             ..crate::publish::sessions::SessionEventsConfig::default()
         };
         match crate::publish::sessions::spawn(scfg, manager.clone(), side.clone()) {
@@ -388,7 +429,7 @@ fn start_side_services(
                 publishers.push(h);
             }
             Err(e) => {
-                tracing::warn!(error = %e, endpoint = %cfg.session_events_endpoint, "session event publisher not started")
+                tracing::warn!(error = %e, endpoint = %cfg.events.session_endpoint, "session event publisher not started")
             }
         }
     }

@@ -1,9 +1,9 @@
-//! The daemon's pool keys: which backend (`pool = "none" | "local" | "mooncake"`) and the
+//! The daemon's pool keys: which backend (`[pool] kind = "none" | "local" | "mooncake"`) and the
 //! `[mooncake]` section, validated at start, and the backend built from them.
 //!
 //! Every field is a key like any other: in the file (`[mooncake] master = "…"`), in the
-//! environment (`KVTIER_POOL=mooncake`, `KVTIER_MOONCAKE_MASTER=host:port`), and as flags
-//! (`--pool mooncake --mooncake-master host:port`, or `--set mooncake.master=host:port`).
+//! environment (`KVTIER_POOL_KIND=mooncake`, `KVTIER_MOONCAKE_MASTER=host:port`), and as flags
+//! (`--pool-kind mooncake --mooncake-master host:port`, or `--set mooncake.master=host:port`).
 //! The backend is constructed here, in the daemon, and handed to the manager as a factory
 //! that runs once the host arena exists (Mooncake registers the arena for copy-free moves).
 
@@ -115,7 +115,7 @@ impl Default for MooncakeSection {
 /// Why a pool setting was refused (at start, before anything is created).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PoolConfigError {
-    #[error("pool = \"mooncake\" needs mooncake.master (--mooncake-master host:port)")]
+    #[error("pool.kind = \"mooncake\" needs mooncake.master (--mooncake-master host:port)")]
     NoMaster,
     #[error("mooncake.master {0:?} is not host:port with a port in 1..=65535")]
     BadMaster(String),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::config::{ControlSection, HostSection, PoolSection};
 use super::{DaemonConfig, ManagedTiers, Shared, Shutdown, server};
 use crate::clock::SystemClock;
 use crate::layout::LayoutSpec;
@@ -29,19 +30,28 @@ fn serve(max_connections: usize) -> Served {
 /// the manager's upkeep waker hooked up as `kvtier serve` does.
 fn serve_with(max_connections: usize, arena_bytes: u64, tick: Duration, waker: bool) -> Served {
     let dir = tempfile::tempdir().unwrap();
+    let d = DaemonConfig::default();
     let cfg = DaemonConfig {
         socket: dir.path().join("s.sock"),
-        arena_path: dir.path().join("arena"),
-        arena_bytes,
-        // The largest object of the layouts these tests connect (128 bytes).
-        slot_bytes: 128,
-        pool_bytes: 0,
-        max_connections,
-        max_frame_bytes: 4096,
-        lock_arena: false,
-        prefault: false,
-        recover: false,
-        ..DaemonConfig::default()
+        host: HostSection {
+            path: dir.path().join("arena"),
+            bytes: arena_bytes,
+            // The largest object of the layouts these tests connect (128 bytes).
+            slot_bytes: 128,
+            lock: false,
+            prefault: false,
+            recover: false,
+        },
+        pool: PoolSection {
+            bytes: 0,
+            ..d.pool.clone()
+        },
+        control: ControlSection {
+            max_connections,
+            max_frame_bytes: 4096,
+            ..d.control.clone()
+        },
+        ..d
     };
     let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).unwrap());
     let shared = Arc::new(Shared::new(backend.clone(), cfg.limits()));

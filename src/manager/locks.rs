@@ -5,8 +5,9 @@
 //! and deferred-hint queues, the session table, the tunables and the device maps each
 //! behind their own. Every lock has a [`Rank`]; a thread may only take a lock whose rank
 //! is above every rank it already holds. `Manager`'s lock helpers (`read`, `write`,
-//! `grants`, …) are the only way the manager takes these locks, and in test builds each
-//! helper checks the rule on the calling thread, so an out-of-order nesting fails the
+//! `grants`, …) are the only way the manager takes these locks, and in test and debug builds
+//! (every `cargo build` and `cargo test` without `--release`, the daemon and the integration
+//! tests included) each helper checks the rule on the calling thread, so an out-of-order nesting fails the
 //! first test that reaches it instead of deadlocking one day in production.
 //!
 //! Prefix lookups take none of these locks: [`Manager::view_lookup`] reads the
@@ -53,24 +54,24 @@ pub(crate) enum Rank {
     Remote = 9,
 }
 
-#[cfg(test)]
+#[cfg(any(test, debug_assertions))]
 thread_local! {
     /// Ranks of the manager locks this thread holds, one bit each.
     static HELD: std::cell::Cell<u16> = const { std::cell::Cell::new(0) };
 }
 
-/// A lock guard that knows its rank. In test builds, creating one asserts that the thread
+/// A lock guard that knows its rank. In test and debug builds, creating one asserts that the thread
 /// holds no lock of the same or a later rank, and dropping it clears the mark.
 pub(crate) struct Ordered<G> {
     guard: G,
-    #[cfg(test)]
+    #[cfg(any(test, debug_assertions))]
     rank: Rank,
 }
 
 impl<G> Ordered<G> {
-    /// Takes a lock of rank `rank` through `take`, after checking the order (tests).
+    /// Takes a lock of rank `rank` through `take`, after checking the order (test and debug builds).
     pub(crate) fn take(rank: Rank, take: impl FnOnce() -> G) -> Self {
-        #[cfg(test)]
+        #[cfg(any(test, debug_assertions))]
         HELD.with(|held| {
             let h = held.get();
             assert!(
@@ -79,11 +80,11 @@ impl<G> Ordered<G> {
             );
             held.set(h | 1 << rank as u16);
         });
-        #[cfg(not(test))]
+        #[cfg(not(any(test, debug_assertions)))]
         let _ = rank;
         Self {
             guard: take(),
-            #[cfg(test)]
+            #[cfg(any(test, debug_assertions))]
             rank,
         }
     }
@@ -91,7 +92,7 @@ impl<G> Ordered<G> {
 
 impl<G> Drop for Ordered<G> {
     fn drop(&mut self) {
-        #[cfg(test)]
+        #[cfg(any(test, debug_assertions))]
         HELD.with(|held| held.set(held.get() & !(1 << self.rank as u16)));
     }
 }

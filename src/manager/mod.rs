@@ -114,7 +114,7 @@ pub enum ManagerError {
     #[error("object of {got} bytes where the layout says {want}")]
     ObjectSize { got: usize, want: u64 },
     #[error(
-        "objects of {need} bytes do not fit the host arena's {slot} byte slots; the daemon's slot_bytes \
+        "objects of {need} bytes do not fit the host arena's {slot} byte slots; the daemon's host.slot_bytes \
          must be at least {need}"
     )]
     SlotTooSmall { need: u64, slot: usize },

@@ -167,6 +167,7 @@ mod tests {
         m.adopt_host_page(ns, &h, &[SlotId(3), SlotId(9)]).unwrap();
         assert_eq!(m.lookup(ns, &[h]).unwrap().host, 1);
         assert_eq!(arena.used(), 2);
+        // SAFETY: slot 3 was adopted above and nothing writes it while this test reads it.
         assert_eq!(unsafe { arena.slot(SlotId(3), 4).unwrap() }, &[7, 7, 7, 7]);
         let g = m
             .begin_load(ns, 0, 0, &[h], crate::manager::LoadWait::BestEffort, 1)

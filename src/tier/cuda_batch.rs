@@ -78,6 +78,7 @@ impl CudaDevice {
                 "cuMemcpyDtoHAsync",
             ),
             (None, false) => check(
+                // SAFETY: as above: addresses checked by `plan`, host memory outlives the copy.
                 unsafe { sys::cuMemcpyHtoDAsync_v2(m.dev, m.host.cast_const().cast(), m.width, stream) },
                 "cuMemcpyHtoDAsync",
             ),
@@ -112,6 +113,8 @@ impl CudaDevice {
                     WidthInBytes: m.width,
                     Height: rows,
                 };
+                // SAFETY: `c` describes ranges `plan` checked; the host memory outlives the
+                // copy because `run` waits for it before returning.
                 check(unsafe { sys::cuMemcpy2DAsync_v2(&c, stream) }, "cuMemcpy2DAsync")
             }
         }

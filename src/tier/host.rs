@@ -523,17 +523,22 @@ mod tests {
         let s = a.alloc_n(16).unwrap();
         assert!(a.alloc().is_none());
         assert!(a.alloc_n(1).is_none());
+        // SAFETY: this test allocated s[3] and is its only user; the slice ends with the line.
         unsafe { a.slot_mut(s[3], 5).unwrap() }.copy_from_slice(b"hello");
         // A second mapping of the same file (another process would do the same) sees it.
         let b = HostArena::open(&path, 64 << 10, &ArenaOptions::default()).unwrap();
+        // SAFETY: s[3] is this test's slot and nothing writes it while it is read here.
         assert_eq!(unsafe { b.slot(s[3], 5).unwrap() }, b"hello");
+        // SAFETY: as above; `inside` is only compared, and s[3] is written no more.
         let inside = unsafe { a.slot(s[3], 5).unwrap() };
         assert_eq!(a.offset_of(inside), Some(a.offset(s[3])));
         assert_eq!(a.offset_of(b"hello"), None);
         a.free(s[3]);
         assert_eq!(a.used(), 15);
+        // SAFETY: an out-of-range slot is refused before any memory is touched.
         assert!(matches!(unsafe { a.slot(SlotId(16), 1) }, Err(ArenaError::BadSlot(16))));
         assert!(matches!(
+            // SAFETY: an oversized length is refused before any memory is touched.
             unsafe { a.slot(SlotId(0), (64 << 10) + 1) },
             Err(ArenaError::WrongSize { .. })
         ));

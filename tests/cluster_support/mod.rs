@@ -1,6 +1,6 @@
 //! What the cluster tests share: a `mooncake_master` of a test's own (on fresh loopback
 //! ports, so a test may kill and restart it without touching anyone else's), and
-//! `kvtier serve --pool mooncake` nodes on it, each with its own runtime directory, arena
+//! `kvtier serve --pool-kind mooncake` nodes on it, each with its own runtime directory, arena
 //! and admin socket.
 
 #![allow(dead_code)]
@@ -110,7 +110,7 @@ impl Drop for Master {
     }
 }
 
-/// `kvtier serve --pool mooncake` with its own runtime directory and arena.
+/// `kvtier serve --pool-kind mooncake` with its own runtime directory and arena.
 pub struct Node {
     pub socket: PathBuf,
     pub admin: PathBuf,

@@ -56,7 +56,7 @@ pub struct Daemon {
     pub arena: PathBuf,
     child: Option<Child>,
     pub log: PathBuf,
-    /// The admin socket a test set with `admin_socket=`; without one, `admin.sock` in
+    /// The admin socket a test set with `admin.socket=`; without one, `admin.sock` in
     /// `dir` (the daemon itself then binds its default, in the runtime dir).
     pub admin: PathBuf,
     /// `key=value` pairs passed as `--set` on every (re)start.
@@ -79,7 +79,10 @@ impl Daemon {
         let admin = sets
             .iter()
             .rev()
-            .find_map(|s| s.strip_prefix("admin_socket="))
+            .find_map(|s| {
+                s.strip_prefix("admin.socket=")
+                    .or_else(|| s.strip_prefix("admin_socket="))
+            })
             .map_or_else(|| dir.join("admin.sock"), PathBuf::from);
         let mut d = Self {
             dir: dir.to_owned(),
@@ -119,20 +122,20 @@ impl Daemon {
         let child = Command::new(kvtier_bin())
             .args(["serve", "--socket"])
             .arg(&self.socket)
-            .arg("--arena-path")
+            .arg("--host-path")
             .arg(&self.arena)
-            .args(["--arena-bytes", &arena_bytes.to_string()])
+            .args(["--host-bytes", &arena_bytes.to_string()])
             .args([
                 "--set",
-                "lock_arena=false",
+                "host.lock=false",
                 "--set",
-                "prefault=false",
+                "host.prefault=false",
                 "--set",
-                "pool_bytes=8388608",
+                "pool.bytes=8388608",
                 // The largest object of `spec(1, 1)` (most tests' layout, and more than
                 // any other layout they use needs); a test may set its own.
                 "--set",
-                "slot_bytes=2048",
+                "host.slot_bytes=2048",
             ])
             .args(self.sets.iter().flat_map(|s| ["--set", s.as_str()]))
             .env("RUST_LOG", "info")

@@ -22,7 +22,7 @@ fn serve_default_events(dir: &Path, name: &str, extra: &[&str]) -> Serve {
     let child = Command::new(kvtier_bin())
         .arg("serve")
         .args(["--socket", socket.to_str().unwrap()])
-        .args(["--arena-bytes", "4194304", "--set", "slot_bytes=2048"])
+        .args(["--set", "host.bytes=4194304", "--set", "host.slot_bytes=2048"])
         .args([
             "--set",
             "lock_arena=false",

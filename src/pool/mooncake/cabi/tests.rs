@@ -46,7 +46,9 @@ fn the_c_abi_plumbing_moves_bytes_and_maps_codes() {
     // One object from the arena (direct), one from a plain buffer (staged).
     let slot = arena.alloc().unwrap();
     let a = pattern(1, 4096);
+    // SAFETY: the test allocated the slot and is its only user.
     unsafe { arena.slot_mut(slot, a.len()).unwrap() }.copy_from_slice(&a);
+    // SAFETY: as above; nothing writes the slot while `in_arena` lives.
     let in_arena = unsafe { arena.slot(slot, a.len()).unwrap() };
     let b = pattern(2, 1000);
     assert_eq!(pool.batch_put_from(&[("a", in_arena), ("b", &b)]), vec![Ok(()), Ok(())]);
