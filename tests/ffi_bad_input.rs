@@ -314,10 +314,8 @@ fn first_version_options_connect_and_a_daemon_of_another_uid_is_untrusted() {
     // The default socket the library reports is the daemon's.
     let mut len = 0usize;
     // SAFETY: a null buffer asks for the length.
-    assert_eq!(
-        unsafe { kvtier_default_socket(null_mut(), &mut len) },
-        ffi::ERR_BUFFER_TOO_SMALL
-    );
+    let rc = unsafe { kvtier_default_socket(null_mut(), &mut len) };
+    assert_eq!(rc, ffi::ERR_BUFFER_TOO_SMALL);
     let mut buf = vec![0 as std::ffi::c_char; len];
     // SAFETY: `buf` holds `len` bytes.
     assert_eq!(unsafe { kvtier_default_socket(buf.as_mut_ptr(), &mut len) }, ffi::OK);

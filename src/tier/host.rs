@@ -567,9 +567,11 @@ mod tests {
         assert_eq!(a.len_bytes(), 1 << 20);
         let s = a.alloc_n(64).unwrap();
         assert!(a.alloc().is_none());
+        // SAFETY: slot s[63] was just allocated to this test and nothing else maps it.
         unsafe { a.slot_mut(s[63], 16 << 10).unwrap() }.fill(7);
         // An engine maps the same file with the fitted slot size and sees the bytes.
         let b = HostArena::open(&path, 16 << 10, &ArenaOptions::default()).unwrap();
+        // SAFETY: no writer holds the slot while it is read.
         assert!(unsafe { b.slot(s[63], 16 << 10).unwrap() }.iter().all(|&x| x == 7));
         assert!(matches!(
             HostArena::create_unfitted(&path, 63, &ArenaOptions::default()),
