@@ -254,7 +254,10 @@ fn routers_decode_vllm_and_mooncake_events_and_replay_fills_gaps() {
             want.push(json!([kind, key, "t1", "g1", e.hash.to_hex(), e.seq]));
         }
     }
-    assert_eq!(want[0][1], format!("kvtier_m_{}_0_k", hs[0].to_hex()));
+    // kvtier's key format: the model, then the fingerprint of the whole layout, so engines
+    // whose bytes differ never share an object.
+    let fp = kvtier::pool::keys::layout_fingerprint(&layout);
+    assert_eq!(want[0][1], format!("kvtier_m+g{fp:016x}_{}_0_k", hs[0].to_hex()));
     assert_eq!(flatten(&r["mooncake"], 0), want);
 
     sd.cancel();

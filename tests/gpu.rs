@@ -493,6 +493,8 @@ fn the_c_abi_registers_engine_tensors_and_moves_pages_through_them() {
         attention: 0,
         byte_order: 0,
         timeout_ms: 5000,
+        dtype: 0,
+        kv_order: 0,
         has_daemon_uid: 0,
         daemon_uid: 0,
     };

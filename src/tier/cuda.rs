@@ -96,6 +96,7 @@ pub struct CudaDevice {
 // SAFETY: the raw device address and host pointers are only used under `serial`, on the
 // context bound to the calling thread; cudarc's context and streams are Send + Sync.
 unsafe impl Send for CudaDevice {}
+// SAFETY: as for Send: shared references only reach the raw addresses under `serial`.
 unsafe impl Sync for CudaDevice {}
 
 /// The context of GPU `ordinal`, a copy stream, and whether the driver batches copies.
@@ -364,9 +365,9 @@ impl DeviceRegion for CudaDevice {
         let first = pinned.chunks.len();
         while off < len {
             let n = self.pin_chunk.min(len - off);
+            let chunk = (base as usize + off) as *mut std::ffi::c_void;
             // SAFETY: `base..base+len` is this process's mapping of the arena (caller
             // contract); the driver validates the range.
-            let chunk = (base as usize + off) as *mut std::ffi::c_void;
             let r = unsafe { sys::cuMemHostRegister_v2(chunk, n, 1) };
             if r != CUresult::CUDA_SUCCESS && r != CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED {
                 // Undo this call's chunks, so a retry (say with smaller chunks) starts clean.

@@ -74,6 +74,7 @@ impl CudaDevice {
             // SAFETY (all arms): addresses checked by `plan`; the host memory outlives the
             // call because `run` waits for the copies before returning.
             (None, true) => check(
+                // SAFETY: as above.
                 unsafe { sys::cuMemcpyDtoHAsync_v2(m.host.cast(), m.dev, m.width, stream) },
                 "cuMemcpyDtoHAsync",
             ),
