@@ -44,10 +44,22 @@ fn user_run_dir() -> Option<PathBuf> {
 
 /// The uid of the process at the other end of a connected Unix socket (`SO_PEERCRED`).
 pub fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
-    // SAFETY: all-zero is a valid ucred.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    peer_cred(stream).map(|c| c.uid)
+}
+
+/// The credentials of the process at the other end of a Unix socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCred {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Reads `SO_PEERCRED` of a connected Unix stream (std's or tokio's).
+pub fn peer_cred(stream: &impl AsRawFd) -> std::io::Result<PeerCred> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: a valid descriptor; `cred` and `len` are valid for the size given.
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given; the fd is open.
     let rc = unsafe {
         libc::getsockopt(
             stream.as_raw_fd(),
@@ -60,7 +72,11 @@ pub fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(cred.uid)
+    Ok(PeerCred {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
 }
 
 /// What an arena file must be before an engine maps it: a regular file (not a symlink)

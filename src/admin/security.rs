@@ -17,37 +17,7 @@ use std::path::Path;
 
 use super::config::{AdminConfig, AdminError};
 
-/// The credentials of the process at the other end of a Unix socket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PeerCred {
-    pub pid: i32,
-    pub uid: u32,
-    pub gid: u32,
-}
-
-/// Reads `SO_PEERCRED` of a connected Unix stream (std's or tokio's).
-pub fn peer_cred(stream: &impl AsRawFd) -> std::io::Result<PeerCred> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes of the sizes given; the fd is open.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(PeerCred {
-        pid: cred.pid,
-        uid: cred.uid,
-        gid: cred.gid,
-    })
-}
+pub use crate::paths::{PeerCred, peer_cred};
 
 /// Who may talk to a socket: a peer is allowed when its uid or its gid is listed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
