@@ -132,16 +132,9 @@ pub fn resolve_group(key: &str, group: &str) -> Result<u32, ConfigError> {
     Ok(grp.gr_gid)
 }
 
-/// Where the daemon's sockets go by default: `$XDG_RUNTIME_DIR/kvtier`, else
-/// `/run/user/<uid>/kvtier` when that directory is ours and private, else `.kvtier`; the
-/// clients' default is the same function ([`crate::paths::runtime_dir`]).
-pub fn runtime_dir() -> PathBuf {
-    crate::paths::runtime_dir()
-}
-
 impl Default for DaemonConfig {
     fn default() -> Self {
-        let socket = runtime_dir().join("kvtier.sock");
+        let socket = crate::paths::runtime_dir().join("kvtier.sock");
         Self {
             host: HostSection {
                 path: default_arena_path(&socket, ""),
@@ -414,7 +407,7 @@ impl DaemonConfig {
     /// Whether the control socket's directory is one kvtier names itself (the runtime
     /// directory's `kvtier`, or `.kvtier`): then it must be strictly private.
     pub fn socket_dir_is_default(&self) -> bool {
-        crate::tier::private::parent_of(&self.socket) == runtime_dir()
+        crate::tier::private::parent_of(&self.socket) == crate::paths::runtime_dir()
     }
 
     /// Whether the arena path is the derived default (`/dev/shm/kvtier-<uid>/…`): then its

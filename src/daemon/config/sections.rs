@@ -374,7 +374,7 @@ pub struct AdminSection {
 impl Default for AdminSection {
     fn default() -> Self {
         Self {
-            socket: super::runtime_dir().join("admin.sock"),
+            socket: crate::admin::default_socket_path(),
         }
     }
 }
