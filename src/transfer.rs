@@ -377,21 +377,58 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A gate that holds the jobs waiting on it until it is opened.
+    /// A gate that holds the jobs waiting on it until it is opened. It records
+    /// that a job reached it, so a test knows a worker is taken without
+    /// sleeping, and its `Opener` opens it on drop, so a failed assertion never
+    /// leaves a worker blocked while the engine's drop joins it.
     #[derive(Clone, Default)]
-    struct Gate(Arc<(Mutex<bool>, Condvar)>);
+    struct Gate(Arc<(Mutex<GateState>, Condvar)>);
+
+    #[derive(Default)]
+    struct GateState {
+        reached: usize,
+        open: bool,
+    }
+
+    struct Opener(Gate);
+
+    impl Drop for Opener {
+        fn drop(&mut self) {
+            self.0.open();
+        }
+    }
 
     impl Gate {
         fn wait(&self) {
-            let mut open = self.0.0.lock();
-            while !*open {
-                self.0.1.wait(&mut open);
+            let mut st = self.0.0.lock();
+            st.reached += 1;
+            self.0.1.notify_all();
+            while !st.open {
+                self.0.1.wait(&mut st);
             }
         }
 
         fn open(&self) {
-            *self.0.0.lock() = true;
+            self.0.0.lock().open = true;
             self.0.1.notify_all();
+        }
+
+        fn opener(&self) -> Opener {
+            Opener(self.clone())
+        }
+
+        /// Waits until `n` jobs are held at the gate; a loaded machine may
+        /// take a while to start a worker, so the deadline is generous.
+        fn await_reached(&self, n: usize) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            let mut st = self.0.0.lock();
+            while st.reached < n {
+                assert!(
+                    !self.0.1.wait_until(&mut st, deadline).timed_out() || st.reached >= n,
+                    "{} of {n} jobs reached the gate within 60 s",
+                    st.reached
+                );
+            }
         }
     }
 
@@ -399,11 +436,12 @@ mod tests {
     fn full_queue_hands_the_job_back_and_all_queued_jobs_run() {
         let engine = TransferEngine::new(1, 2);
         let gate = Gate::default();
+        let _opener = gate.opener();
         let ran = Arc::new(AtomicUsize::new(0));
         let g = gate.clone();
         // Block the only worker.
         assert!(engine.try_submit(Box::new(move || g.wait())).is_ok());
-        std::thread::sleep(Duration::from_millis(20));
+        gate.await_reached(1);
         for _ in 0..2 {
             let r = ran.clone();
             assert!(
@@ -428,6 +466,7 @@ mod tests {
     fn wait_idle_returns_when_the_last_job_ends_and_times_out_while_one_runs() {
         let engine = TransferEngine::new(2, 8);
         let gate = Gate::default();
+        let _opener = gate.opener();
         let ran = Arc::new(AtomicUsize::new(0));
         for _ in 0..3 {
             let (g, r) = (gate.clone(), ran.clone());
@@ -481,11 +520,17 @@ mod tests {
             let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
             let threads = Arc::new(Mutex::new(std::collections::HashSet::new()));
             let (r, th) = (runs.clone(), threads.clone());
+            // With 97 items every runner must get a share: an item waits (with
+            // a deadline) until every runner has started, so a loaded machine
+            // that is slow to wake a worker cannot let one runner take them all.
+            let need = if n == 97 { runners.min(3) } else { 0 };
             let ok = shared_run(&engine, n, runners, move |i| {
                 r[i].fetch_add(1, Ordering::SeqCst);
                 th.lock().insert(std::thread::current().id());
-                // Let the other runners start while this one is busy.
-                std::thread::sleep(Duration::from_millis(1));
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                while th.lock().len() < need && std::time::Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
                 i % 7 != 3
             });
             let want: Vec<bool> = (0..n).map(|i| i % 7 != 3).collect();
@@ -500,7 +545,6 @@ mod tests {
                 "n {n}: {used} threads for {runners} runners"
             );
             if n == 97 {
-                // 97 ms of items: every runner queued gets its share.
                 assert_eq!(used, runners, "n {n}: {runners} runners");
             }
         }
@@ -517,10 +561,11 @@ mod tests {
     fn a_shared_batch_that_cannot_be_queued_drops_its_finish_unrun() {
         let engine = TransferEngine::new(1, 1);
         let gate = Gate::default();
+        let _opener = gate.opener();
         let g = gate.clone();
         // The only worker is busy and the one queue slot taken.
         assert!(engine.try_submit(Box::new(move || g.wait())).is_ok());
-        std::thread::sleep(Duration::from_millis(20));
+        gate.await_reached(1);
         assert!(engine.try_submit(Box::new(|| {})).is_ok());
         let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (r, d) = (ran.clone(), Dropped(dropped.clone()));
