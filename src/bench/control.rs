@@ -410,7 +410,7 @@ fn rounds(args: &ControlArgs, req: &Requests<'_>, echo: &mut Raw, per: usize) ->
                 let is_lookup = std::ptr::eq(frame_bytes, lookup_frame);
                 let daemon_once = || {
                     if is_lookup {
-                        time_us(&mut || client.lookup(&hashes).map(drop).map_err(Into::into))
+                        time_us(&mut || client.lookup(hashes).map(drop).map_err(Into::into))
                     } else {
                         time_us(&mut || client.hint(hint.clone()).map(drop).map_err(Into::into))
                     }
