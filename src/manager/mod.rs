@@ -34,6 +34,7 @@ mod timers;
 mod upkeep;
 
 /// Pages per batch of a staging from the pool (the bench sizes its references by it).
+#[cfg(feature = "daemon")]
 pub(crate) use stage::POOL_BATCH as STAGE_BATCH_PAGES;
 
 #[cfg(test)]
