@@ -91,7 +91,10 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
 
 /// The arena's slots and what its stored pages cost: `bytes_per_stored_page` is the
 /// bytes of the slots in use over the pages complete on host, `page_bytes` a page's own
-/// bytes when every registered layout has the same (else null), `overhead` their ratio.
+/// bytes when every registered layout has the same (else null), `overhead` their ratio;
+/// `mapping` is the page size backing the arena's memory (`page_bytes`: 4096, or the huge
+/// page size where the host gave huge pages), its bytes in huge pages, and why it has
+/// none when it has none.
 fn host_arena(ctx: &AdminState, stats: &crate::manager::StatsSnapshot) -> Value {
     let Some(a) = ctx.manager.arena() else {
         return Value::Null;
@@ -111,10 +114,15 @@ fn host_arena(ctx: &AdminState, stats: &crate::manager::StatsSnapshot) -> Value 
         .collect();
     let page_bytes = (sizes.len() == 1).then(|| sizes.first().copied().unwrap_or(0));
     let overhead = per_page.zip(page_bytes).map(|(p, b)| p / b.max(1) as f64);
+    let r = a.report();
     json!({
         "slot_bytes": a.slot_bytes(), "slots": a.slots(), "used_slots": a.used(),
         "stored_pages": stored, "bytes_per_stored_page": per_page, "page_bytes": page_bytes,
         "overhead": overhead,
+        "mapping": {
+            "page_bytes": r.page_bytes, "huge_bytes": r.huge_bytes,
+            "small_pages_why": r.small_pages_why,
+        },
     })
 }
 

@@ -75,6 +75,11 @@ impl DaemonChild {
     }
 
     /// The control socket engines connect to.
+    /// The child's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.dir.path().join("kvtier.sock")
     }

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod events;
 pub mod evict;
 pub mod index;
+pub mod placement;
 pub mod pool;
 mod pool_remote;
 pub mod transfer;

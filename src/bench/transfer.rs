@@ -2,23 +2,32 @@
 //! several object sizes, beside `memcpy` of the same bytes in the same run.
 //!
 //! Each path copies on a known number of threads (the transfer workers, or the caller for
-//! a prefetch), and its reference is `memcpy` of the same bytes in the same object-sized
-//! pieces on that many threads. Every path runs slice by slice (8 MiB by default), each
-//! slice followed at once by its reference (subject, reference, subject, reference, …),
-//! so both meet the same machine. Both are timed from the calling thread: the subject
-//! from its first request to its last result, the reference from handing its parts to
-//! parked copier threads to hearing the last is done, so both pay the same wake-ups. The
-//! ratio is the median of the per-slice ratios against that same-thread-count memcpy; the
-//! single-thread memcpy (the prefetch path's reference) is reported beside it.
+//! a staging too small to share), and it has two references, both `memcpy` of the same
+//! bytes in the same object-sized pieces on that many threads:
 //!
-//! Stores and loads share each batch among the workers (`TransferEngine::runners`), so
-//! their thread count is the workers' even for one batch per slice. The manager's
-//! directory is sized to what the arena and the pool hold, as a daemon's `max_pages` is:
-//! with the default of millions of pages, every new page's slot in the lookup index
-//! lies on memory nobody has touched yet, and its first-touch page fault under the
-//! directory lock was a start-up cost the reference never pays (a third of
-//! device->host's time at 64 KiB, and a swing from run to run with how fast the kernel
-//! hands out fresh pages).
+//! - the like-for-like one (`memcpy_same_mapping_gbps`, the `ratio`'s): between buffers
+//!   of the kinds the path copies between, made the same way. Arena and pool slots are
+//!   shared-memory files mapped by the arena's own code, in the same directory and with
+//!   the same options (so with huge pages exactly where the arena has them); the emulated
+//!   device region is page-aligned private memory.
+//! - the heap one (`memcpy_heap_gbps`, `ratio_heap`): between page-aligned private
+//!   buffers, so what the mapping costs shows beside it.
+//!
+//! Every path runs slice by slice (8 MiB by default), each slice followed at once by its
+//! two references (subject, same mapping, heap, subject, …), so all three meet the same
+//! machine. All are timed from the calling thread: the subject from its first request to
+//! its last result, the references from handing their parts to parked copier threads to
+//! hearing the last is done, so they pay the same wake-ups. A ratio is the median of the
+//! per-slice ratios.
+//!
+//! Stores, loads and stagings share each batch among the workers
+//! (`TransferEngine::runners`), so their thread count is the workers' even for one batch
+//! per slice. The manager's directory is sized to what the arena and the pool hold, as a
+//! daemon's `max_pages` is: with the default of millions of pages, every new page's slot
+//! in the lookup index lies on memory nobody has touched yet, and its first-touch page
+//! fault under the directory lock was a start-up cost the reference never pays (a third
+//! of device->host's time at 64 KiB, and a swing from run to run with how fast the
+//! kernel hands out fresh pages).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +44,7 @@ use crate::manager::{LoadWait, Manager, ManagerConfig};
 use crate::page::{Namespace, PageHash};
 use crate::tier::TierKind;
 use crate::tier::device::EmulatedDevice;
+use crate::tier::host::{ArenaOptions, HostArena, SlotId};
 
 /// Which device region the bench moves pages from and to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -83,28 +93,37 @@ pub struct Row {
     pub pages: usize,
     pub bytes: u64,
     pub gbps: f64,
-    /// The reference: for the emulated device, `memcpy` of the same bytes on as many
-    /// threads as the path copies on, interleaved with it round by round.
+    /// The reference: for the emulated device, `memcpy` of the same bytes between buffers
+    /// mapped as the path's are, on as many threads as the path copies on, interleaved
+    /// with it slice by slice (`memcpy_same_mapping_gbps`).
     pub memcpy_gbps: f64,
     /// For the emulated device, the median over slices of the path's speed over its
-    /// reference's on the same slice.
+    /// like-for-like reference's on the same slice.
     pub ratio: f64,
 }
 
-/// A row with the emulated device's thread-count facts beside it.
+/// A row with the emulated device's references and thread count beside it.
 #[derive(Debug, Serialize)]
 pub struct Figure {
     #[serde(flatten)]
     pub row: Row,
-    /// Threads the path copies on; the reference uses as many.
+    /// Threads the path copies on; the references use as many.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
-    /// `memcpy` of the same bytes on one thread, in the same rounds.
+    /// `memcpy` between buffers of the kinds the path copies between (arena and pool
+    /// slots: shared-memory files mapped as the arena is; the device: private memory).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub memcpy_1t_gbps: Option<f64>,
-    /// `gbps / memcpy_1t_gbps`.
+    pub memcpy_same_mapping_gbps: Option<f64>,
+    /// `memcpy` between page-aligned private (heap) buffers, in the same slices.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ratio_1t: Option<f64>,
+    pub memcpy_heap_gbps: Option<f64>,
+    /// The median over slices of the path's speed over the heap reference's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_heap: Option<f64>,
+    /// Page size backing the host arena and the pool in this run (bytes): 4096, or a huge
+    /// page size where the host allows them (see `tier::mapping`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mapping_page_bytes: Option<u64>,
 }
 
 impl From<Row> for Figure {
@@ -112,8 +131,10 @@ impl From<Row> for Figure {
         Self {
             row,
             threads: None,
-            memcpy_1t_gbps: None,
-            ratio_1t: None,
+            memcpy_same_mapping_gbps: None,
+            memcpy_heap_gbps: None,
+            ratio_heap: None,
+            mapping_page_bytes: None,
         }
     }
 }
@@ -236,17 +257,45 @@ impl Copiers {
 /// The four paths, in the order each round runs them.
 const PATHS: [&str; 4] = ["device->host", "host->device", "host->pool", "pool->host"];
 
-/// Per path: the subject's and its reference's time on every slice of every round.
+/// What a buffer is, for a like-for-like reference.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// Page-aligned private memory: the emulated device region, and the heap reference.
+    Heap,
+    /// A shared-memory file mapped by the arena's code: arena and pool slots.
+    Shm,
+}
+
+/// What each path copies from and to, in the order of [`PATHS`].
+const KINDS: [(Kind, Kind); 4] = [
+    (Kind::Heap, Kind::Shm),
+    (Kind::Shm, Kind::Heap),
+    (Kind::Shm, Kind::Shm),
+    (Kind::Shm, Kind::Shm),
+];
+
+/// Per path: the subject's and its references' times on every slice of every round.
 #[derive(Default)]
 struct Timings {
     subject: Vec<Duration>,
-    reference: Vec<Duration>,
+    same: Vec<Duration>,
+    heap: Vec<Duration>,
 }
 
 fn median<T: Copy + PartialOrd>(v: &[T]) -> T {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     v[v.len() / 2]
+}
+
+/// A reference buffer mapped the way the arena and the pool are: a file of `bytes` in
+/// `dir`, through [`HostArena::create`] with the arena's options, as one slot.
+fn shm_buffer(dir: &std::path::Path, name: &str, bytes: u64, opts: &ArenaOptions) -> anyhow::Result<HostArena> {
+    let opts = ArenaOptions {
+        group: None,
+        ..opts.clone()
+    };
+    HostArena::create(&dir.join(name), bytes, bytes, &opts).with_context(|| format!("reference buffer {name}"))
 }
 
 fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyhow::Result<Vec<Figure>> {
@@ -272,6 +321,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     // cost charged to the subject alone, which at 64 KiB was a third of device->host.
     cfg.max_pages = 16 * (pages + 8);
     let workers = cfg.transfer_threads;
+    let arena_opts = cfg.arena.clone();
     let m = Manager::new(cfg, SystemClock::new())?;
     let ns = m.register_namespace(Namespace::model(format!("bench-{object_kib}k")), layout.clone())?;
     let dev = Arc::new(EmulatedDevice::new(&layout, 0, pages as u32));
@@ -282,49 +332,74 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     let slots: Vec<u32> = (0..pages as u32).collect();
     let bytes = pages as u64 * page;
     // Each path moves its pages slice by slice, and each slice is followed by the
-    // reference copying as many bytes: a slice is at least one batch per worker, so the
+    // references copying as many bytes: a slice is at least one batch per worker, so the
     // path runs as it would whole, and it is short enough (a few ms) that subject and
-    // reference meet the same machine.
+    // references meet the same machine.
     let slice = (((args.slice_mib << 20) / page) as usize)
         .max(args.batch * workers)
         .next_multiple_of(args.batch)
         .min(pages);
     // Where each path copies: stores and loads run on the transfer workers, each batch
     // shared by as many as its bytes are worth (`TransferEngine::runners`); shares run
-    // one job per batch; a prefetch of one batch stages on the calling thread.
+    // one job per batch; a staging shares each of its batches the same way, or copies on
+    // the calling thread when a batch is too small to share.
     let shared = |n: usize| {
         let per_batch = crate::transfer::runners(workers, args.batch.min(n) as u64 * page);
-        workers.min(n.div_ceil(args.batch) * per_batch).max(1)
+        Threads::Workers(workers.min(n.div_ceil(args.batch) * per_batch).max(1))
     };
-    let per_batch = |n: usize| workers.min(n.div_ceil(args.batch)).max(1);
-    let threads = [shared(slice), shared(slice), per_batch(slice), 1];
-    let (on_shared, on) = (
-        |n: usize| Threads::Workers(shared(n)),
-        |n: usize| Threads::Workers(per_batch(n)),
-    );
-    // The reference's buffers: page-aligned and touched before timing, as the arena,
-    // the pool and the device region are, and as large as what the path moves: slice k's
-    // reference copies the k-th slice of them, bytes last touched a round ago, as the
+    let per_batch = |n: usize| Threads::Workers(workers.min(n.div_ceil(args.batch)).max(1));
+    let staged = |n: usize| {
+        let batch = crate::manager::STAGE_BATCH_PAGES;
+        match crate::transfer::runners(workers, batch.min(n) as u64 * page) {
+            1 => Threads::Caller,
+            r => Threads::Workers(workers.min(n.div_ceil(batch) * r)),
+        }
+    };
+    let threads = [shared(slice), shared(slice), per_batch(slice), staged(slice)];
+    // The references' buffers: page-aligned and touched before timing, as the arena, the
+    // pool and the device region are, and as large as what the path moves: slice k's
+    // references copy the k-th slice of them, bytes last touched a round ago, as the
     // path's are. (Reusing one slice-sized buffer would copy from cache.)
-    let mut src = PageAligned::new(bytes as usize, 0);
-    src.copy_from_slice(&crate::tier::device::pattern(1, bytes as usize));
-    let mut dst = PageAligned::new(bytes as usize, 0);
+    let pattern = crate::tier::device::pattern(1, bytes as usize);
+    let mut heap_src = PageAligned::new(bytes as usize, 0);
+    heap_src.copy_from_slice(&pattern);
+    let mut heap_dst = PageAligned::new(bytes as usize, 0);
+    let (shm_src_map, shm_dst_map) = (
+        shm_buffer(dir, "reference-src.arena", bytes, &arena_opts)?,
+        shm_buffer(dir, "reference-dst.arena", bytes, &arena_opts)?,
+    );
+    // SAFETY: the bench owns both reference files' one slot each and nothing else maps
+    // them; `shm_src` is written only here, before any copy reads it.
+    let shm_src = unsafe { shm_src_map.slot_mut(SlotId(0), bytes as usize) }?;
+    shm_src.copy_from_slice(&pattern);
+    let shm_src: &[u8] = shm_src;
+    // SAFETY: as above; only the reference copies write it, one slice at a time.
+    let shm_dst = unsafe { shm_dst_map.slot_mut(SlotId(0), bytes as usize) }?;
     let wait = Duration::from_secs(120);
     let mut hashes = Vec::new();
     let mut t: [Timings; 4] = Default::default();
     std::thread::scope(|scope| -> anyhow::Result<()> {
         let copiers = Copiers::spawn(scope, workers);
-        // Runs one slice of a path, then the reference on the same bytes and threads.
-        let mut measured =
-            |t: &mut Timings, at: usize, n: usize, threads: Threads, op: &mut dyn FnMut() -> anyhow::Result<()>| {
-                let t0 = Instant::now();
-                op()?;
-                t.subject.push(t0.elapsed());
-                let span = at * page as usize..(at + n) * page as usize;
-                t.reference
-                    .push(copiers.time(&src[span.clone()], &mut dst[span], obj as usize, threads)?);
-                anyhow::Ok(())
+        // Runs one slice of a path, then its two references on the same bytes and threads.
+        let mut measured = |p: usize, at: usize, n: usize, op: &mut dyn FnMut() -> anyhow::Result<()>| {
+            let (t, threads) = (&mut t[p], threads[p]);
+            let t0 = Instant::now();
+            op()?;
+            t.subject.push(t0.elapsed());
+            let span = at * page as usize..(at + n) * page as usize;
+            let src: &[u8] = match KINDS[p].0 {
+                Kind::Heap => &heap_src[span.clone()],
+                Kind::Shm => &shm_src[span.clone()],
             };
+            let dst: &mut [u8] = match KINDS[p].1 {
+                Kind::Heap => &mut heap_dst[span.clone()],
+                Kind::Shm => &mut shm_dst[span.clone()],
+            };
+            t.same.push(copiers.time(src, dst, obj as usize, threads)?);
+            t.heap
+                .push(copiers.time(&heap_src[span.clone()], &mut heap_dst[span], obj as usize, threads)?);
+            anyhow::Ok(())
+        };
         for round in 1..=args.runs.max(1) as u64 {
             hashes = (0..pages as u64).map(|i| PageHash::from_u64(round << 40 | i)).collect();
             let slices = || {
@@ -336,7 +411,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             };
             for (at, hs, ss) in slices() {
                 // Device → host.
-                measured(&mut t[0], at, hs.len(), on_shared(hs.len()), &mut || {
+                measured(0, at, hs.len(), &mut || {
                     let tickets: Vec<_> = hs
                         .chunks(args.batch)
                         .zip(ss.chunks(args.batch))
@@ -351,7 +426,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             }
             for (at, hs, ss) in slices() {
                 // Host → device.
-                measured(&mut t[1], at, hs.len(), on_shared(hs.len()), &mut || {
+                measured(1, at, hs.len(), &mut || {
                     let tickets: Vec<_> = hs
                         .chunks(args.batch)
                         .zip(ss.chunks(args.batch))
@@ -366,7 +441,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             }
             for (at, hs, _) in slices() {
                 // Host → pool.
-                measured(&mut t[2], at, hs.len(), on(hs.len()), &mut || {
+                measured(2, at, hs.len(), &mut || {
                     for h in hs.chunks(args.batch) {
                         let target = HintTarget::Pages(h.to_vec());
                         m.hint(ns, Hint::Share { target })?;
@@ -375,23 +450,23 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
                     Ok(())
                 })?;
             }
-            // Pool → host: drop host copies (outside the timing), then prefetch them back.
+            // Pool → host: drop host copies (outside the timing), then prefetch them back,
+            // one hint per slice as an engine names the pages of a request at once.
             m.removed(ns, 0, 0, &hashes)?;
             m.make_host_room(usize::MAX);
             anyhow::ensure!(m.lookup(ns, &hashes)?.pool == pages, "pages not in pool after share");
             for (at, hs, _) in slices() {
-                measured(&mut t[3], at, hs.len(), Threads::Caller, &mut || {
-                    for h in hs.chunks(args.batch) {
-                        let target = HintTarget::Pages(h.to_vec());
-                        m.hint(
-                            ns,
-                            Hint::Prefetch {
-                                target,
-                                to: TierKind::Host,
-                                deadline_ms: None,
-                            },
-                        )?;
-                    }
+                measured(3, at, hs.len(), &mut || {
+                    let target = HintTarget::Pages(hs.to_vec());
+                    let to = TierKind::Host;
+                    m.hint(
+                        ns,
+                        Hint::Prefetch {
+                            target,
+                            to,
+                            deadline_ms: None,
+                        },
+                    )?;
                     Ok(())
                 })?;
             }
@@ -408,35 +483,42 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     let tk = m.load(ns, 0, 0, &hashes[..1], &[0], LoadWait::WaitComplete)?;
     m.wait(tk, wait)?;
     anyhow::ensure!(dev.page_matches(0, 0)?, "bytes changed on the way");
-    anyhow::ensure!(*src == *dst, "the reference copy changed the bytes");
+    anyhow::ensure!(
+        *heap_dst == *pattern && *shm_dst == *pattern,
+        "a reference copy changed the bytes"
+    );
+    let mapping_page_bytes = m.arena().map(|a| a.report().page_bytes);
     let total = |v: &[Duration]| v.iter().sum::<Duration>() / args.runs.max(1) as u32;
-    let memcpy_1t = gbps(bytes, total(&t[3].reference));
+    let ratio = |s: &[Duration], r: &[Duration]| {
+        let v: Vec<f64> = s
+            .iter()
+            .zip(r)
+            .map(|(s, r)| r.as_secs_f64() / s.as_secs_f64())
+            .collect();
+        median(&v)
+    };
     Ok(PATHS
         .iter()
         .zip(&t)
         .zip(threads)
-        .map(|((path, t), threads)| {
-            let ratios: Vec<f64> = t
-                .subject
-                .iter()
-                .zip(&t.reference)
-                .map(|(s, r)| r.as_secs_f64() / s.as_secs_f64())
-                .collect();
-            let g = gbps(bytes, total(&t.subject));
-            Figure {
-                row: Row {
-                    path: (*path).into(),
-                    object_bytes: obj,
-                    pages,
-                    bytes,
-                    gbps: g,
-                    memcpy_gbps: gbps(bytes, total(&t.reference)),
-                    ratio: median(&ratios),
-                },
-                threads: Some(threads),
-                memcpy_1t_gbps: Some(memcpy_1t),
-                ratio_1t: Some(g / memcpy_1t),
-            }
+        .map(|((path, t), threads)| Figure {
+            row: Row {
+                path: (*path).into(),
+                object_bytes: obj,
+                pages,
+                bytes,
+                gbps: gbps(bytes, total(&t.subject)),
+                memcpy_gbps: gbps(bytes, total(&t.same)),
+                ratio: ratio(&t.subject, &t.same),
+            },
+            threads: Some(match threads {
+                Threads::Caller => 1,
+                Threads::Workers(n) => n,
+            }),
+            memcpy_same_mapping_gbps: Some(gbps(bytes, total(&t.same))),
+            memcpy_heap_gbps: Some(gbps(bytes, total(&t.heap))),
+            ratio_heap: Some(ratio(&t.subject, &t.heap)),
+            mapping_page_bytes,
         })
         .collect())
 }
@@ -477,29 +559,29 @@ pub fn run(args: TransferArgs) -> anyhow::Result<()> {
         }
     }
     let reference = match args.device {
-        DeviceKind::Emulated => "memcpy GB/s",
+        DeviceKind::Emulated => "same-mapping",
         DeviceKind::Cuda => "raw cuMemcpy",
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         println!(
-            "{:<14} {:>10} {:>7} {:>10} {:>12} {:>7} {:>10} {:>8}",
-            "path", "object", "threads", "GB/s", reference, "ratio", "1-thread", "ratio_1t"
+            "{:<14} {:>10} {:>7} {:>10} {:>12} {:>7} {:>10} {:>10}",
+            "path", "object", "threads", "GB/s", reference, "ratio", "heap", "ratio_heap"
         );
         let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         for f in &rows {
             let r = &f.row;
             println!(
-                "{:<14} {:>9}K {:>7} {:>10.2} {:>12.2} {:>7.2} {:>10} {:>8}",
+                "{:<14} {:>9}K {:>7} {:>10.2} {:>12.2} {:>7.2} {:>10} {:>10}",
                 r.path,
                 r.object_bytes / 1024,
                 f.threads.map_or("-".into(), |t| t.to_string()),
                 r.gbps,
                 r.memcpy_gbps,
                 r.ratio,
-                opt(f.memcpy_1t_gbps),
-                opt(f.ratio_1t)
+                opt(f.memcpy_heap_gbps),
+                opt(f.ratio_heap)
             );
         }
     }

@@ -36,6 +36,16 @@ fn s(v: &Value) -> String {
     }
 }
 
+/// A page size as people write it: `4 KiB`, `2 MiB`, `1 GiB`.
+fn page_size(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b % 1024 == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
 pub fn status(v: &Value) -> String {
     let mut out = format!(
         "kvtier {}  up {:.1} s  {} pages  event seq {}  open grants {}\n\n",
@@ -61,6 +71,13 @@ pub fn status(v: &Value) -> String {
         );
         if let (Some(o), Some(p)) = (arena["overhead"].as_f64(), arena["page_bytes"].as_u64()) {
             let _ = write!(out, " ({o:.3}x the page's own {p})");
+        }
+        let mapping = &arena["mapping"];
+        if let Some(p) = mapping["page_bytes"].as_u64() {
+            let _ = write!(out, "\n            mapped with {} pages", page_size(p));
+            if let Some(why) = mapping["small_pages_why"].as_str() {
+                let _ = write!(out, " (no huge pages: {why})");
+            }
         }
         out.push('\n');
     }
@@ -91,6 +108,9 @@ pool {}  {}",
         }
         if let Some(via) = pool["exists_via"].as_str() {
             let _ = write!(out, "  (existence via {via})");
+        }
+        if let Some(p) = pool["mapping_page_bytes"].as_u64() {
+            let _ = write!(out, "  mapped with {} pages", page_size(p));
         }
         out.push('\n');
     }

@@ -25,12 +25,17 @@ mod queues;
 mod recover;
 mod remote;
 mod session_events;
+mod stage;
 mod state;
 mod stats;
 mod store_plan;
 mod tiers;
 mod timers;
 mod upkeep;
+
+/// Pages per batch of a staging from the pool (the bench sizes its references by it).
+#[cfg(feature = "daemon")]
+pub(crate) use stage::POOL_BATCH as STAGE_BATCH_PAGES;
 
 #[cfg(test)]
 mod api_tests;

@@ -542,6 +542,10 @@ pub struct PoolReport {
     /// Who answers existence queries, where the backend has a choice (`master`, `helper`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exists_via: Option<&'static str>,
+    /// The page size of the memory holding the pool's objects, where kvtier maps it (the
+    /// local pool): 4096, or the huge page size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mapping_page_bytes: Option<u64>,
 }
 
 impl Manager {
@@ -564,6 +568,7 @@ impl Manager {
             shared: self.inner.remote.is_some(),
             remote: self.remote_stats(),
             exists_via: pool.as_ref().and_then(|p| p.exists_source()),
+            mapping_page_bytes: pool.as_ref().and_then(|p| p.mapping_page_bytes()),
         }
     }
 }

@@ -118,6 +118,10 @@ impl PoolBackend for LocalPool {
         "local"
     }
 
+    fn mapping_page_bytes(&self) -> Option<u64> {
+        Some(self.store.report().page_bytes)
+    }
+
     fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), PoolError>> {
         let items: Vec<PutItem<'_>> = items.iter().map(|&(k, d)| (k, d, None)).collect();
         self.batch_put_ordered(&items)

@@ -116,6 +116,12 @@ pub struct PoolUsage {
 pub trait PoolBackend: Send + Sync {
     fn name(&self) -> &'static str;
 
+    /// The page size of the memory that holds this node's pool objects, where the backend
+    /// maps it itself (the local pool's shared-memory file), for the status.
+    fn mapping_page_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Writes each `(key, bytes)`. Per-item results, in order.
     fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), PoolError>>;
 

@@ -17,8 +17,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use memmap2::{MmapOptions, MmapRaw};
 use parking_lot::Mutex;
+
+use super::mapping::SharedMap;
 
 /// Index of one fixed-size slot in the arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -65,6 +66,13 @@ pub struct MapReport {
     pub map_time: Duration,
     /// `Ok(())` when locked; otherwise why not (e.g. `RLIMIT_MEMLOCK`).
     pub locked: Result<(), String>,
+    /// The page size backing the mapping after its first touch: the huge page size when
+    /// the host handed out huge pages for it (see `tier::mapping`), else 4096.
+    pub page_bytes: u64,
+    /// Bytes mapped by transparent huge pages after the first touch.
+    pub huge_bytes: u64,
+    /// Why the mapping has no huge pages, when it has none.
+    pub small_pages_why: Option<String>,
 }
 
 /// An arena file mapped and touched but not yet cut into slots
@@ -132,7 +140,7 @@ impl Default for ArenaOptions {
 #[derive(Debug)]
 pub struct HostArena {
     path: PathBuf,
-    map: MmapRaw,
+    map: SharedMap,
     slot_bytes: usize,
     slots: u32,
     free: Mutex<Vec<u32>>,
@@ -267,20 +275,21 @@ impl HostArena {
         start: Instant,
     ) -> Result<Self, ArenaError> {
         let bytes = slot_bytes as u64 * slots as u64;
-        let map = MmapOptions::new()
-            .len(bytes as usize)
-            .map_raw(&file)
-            .map_err(|source| ArenaError::Io {
-                path: path.to_owned(),
-                source,
-            })?;
+        let map = SharedMap::map(&file, bytes as usize, true).map_err(|source| ArenaError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
         let threads = opts.touch_threads.max(1);
         let locked = populate(map.as_ptr(), bytes as usize, threads, opts.prefault, opts.lock);
+        let (page_bytes, huge_bytes, small_pages_why) = map.page_size(path, opts.prefault);
         let report = MapReport {
             bytes,
             touch_threads: threads,
             map_time: start.elapsed(),
             locked,
+            page_bytes,
+            huge_bytes,
+            small_pages_why,
         };
         tracing::info!(
             path = %path.display(),
@@ -288,10 +297,15 @@ impl HostArena {
             slots,
             ms = report.map_time.as_millis() as u64,
             locked = report.locked.is_ok(),
+            page_bytes,
+            huge_bytes,
             "host arena mapped"
         );
         if let Err(why) = &report.locked {
             tracing::warn!(%why, "host arena is not locked in memory; pages may be swapped");
+        }
+        if let Some(why) = &report.small_pages_why {
+            tracing::info!(path = %path.display(), %why, "no huge pages for this mapping; it uses 4 KiB pages");
         }
         Ok(Self {
             path: path.to_owned(),

