@@ -7,11 +7,14 @@ mod common;
 #[path = "security/serve.rs"]
 mod serve;
 
-use common::{hashes, small_spec};
+use std::sync::Arc;
+
+use common::{hashes, seed, small_spec};
 use kvtier::client::ClientError;
 use kvtier::layout::LayoutSpec;
 use kvtier::page::PageHash;
-use kvtier::protocol::ErrorCode;
+use kvtier::protocol::{ErrorCode, LoadWait};
+use kvtier::tier::device::EmulatedDevice;
 use serve::*;
 
 #[test]
@@ -347,4 +350,66 @@ fn slots_fitted_to_the_first_engine_keep_arena_bytes_per_page_within_a_tenth() {
         let (per_page, _, _) = arena_per_page(&d);
         assert!(per_page <= 1.1 * page as f64, "{name} after the restart: {per_page}");
     }
+}
+
+/// Issue 28 item 3: pages that the host arena pushed into the local pool survive a
+/// restart. 1,000 pages go through an arena of 32 pages into the local pool; after a
+/// SIGKILL, and again after a SIGTERM, every one of them loads with the bytes stored.
+#[test]
+fn a_thousand_pages_in_the_local_pool_survive_sigkill_and_sigterm() {
+    let dir = tempdir();
+    let arena = dir.path().join("state/arena");
+    // 64 slots of 2 KiB: 32 pages of K and V on host; 8 MiB of pool: 4,096 slots.
+    let args = [
+        "--arena-path",
+        arena.to_str().unwrap(),
+        "--arena-bytes",
+        "131072",
+        "--set",
+        "pool_bytes=8388608",
+    ];
+    let layout = small_spec();
+    let hs = hashes(50_000, 1000);
+    let mut d = serve(dir.path(), "p", &args).ready();
+    let c = d.client("pooled", layout.clone()).unwrap();
+    for chunk in hs.chunks(20) {
+        store(&c, &layout, chunk, 77);
+        c.removed(chunk).unwrap();
+    }
+    let on_host = c.stats().unwrap().host_complete_pages;
+    assert!(on_host <= 32, "the arena holds at most 32 pages: {on_host}");
+    drop(c);
+    let load_all = |d: &Serve, life: &str| {
+        let c = d.client("pooled", layout.clone()).unwrap();
+        let built = layout.clone().build().unwrap();
+        let dev = Arc::new(EmulatedDevice::new(&built, 0, 20));
+        c.register_device(dev.clone()).unwrap();
+        let slots: Vec<u32> = (0..20).collect();
+        let mut loaded = 0;
+        for chunk in hs.chunks(20) {
+            let n = c.load(chunk, &slots, LoadWait::Timeout(10_000)).unwrap();
+            assert_eq!(n, chunk.len(), "{life}: every page of the chunk loads: {}", d.log());
+            for (i, h) in chunk.iter().enumerate() {
+                assert!(
+                    dev.page_matches(i as u32, seed(h, 0, 0) ^ 77).unwrap(),
+                    "{life}: page {} loaded with wrong bytes",
+                    h.to_hex()
+                );
+            }
+            c.removed(chunk).unwrap();
+            loaded += n;
+        }
+        loaded
+    };
+    d.stop(libc::SIGKILL);
+    let mut d = serve(dir.path(), "p", &args).ready();
+    assert_eq!(load_all(&d, "after SIGKILL"), 1000);
+    assert!(
+        d.log().contains("local pool objects booked after a restart"),
+        "{}",
+        d.log()
+    );
+    d.stop(libc::SIGTERM);
+    let d = serve(dir.path(), "p", &args).ready();
+    assert_eq!(load_all(&d, "after SIGTERM"), 1000);
 }

@@ -50,6 +50,8 @@ pub(super) struct Recovered {
     pub bad_records: u64,
     /// The manifest was not a manifest at all.
     pub garbage: bool,
+    /// Pages found again in the local pool.
+    pub pool_pages: u64,
 }
 
 impl Recovered {
@@ -247,6 +249,9 @@ impl Journal {
                 Err(e) => tracing::warn!(error = %e, model = %ns.model, "manifest namespace refused"),
             }
         }
+        // The local pool reopened at the first registration above; its objects are booked
+        // now that their namespaces are known.
+        found.pool_pages = crate::manager::adopt_recovered_pool(mgr).pages;
         let mut pages: HashMap<(NamespaceId, PageHash), Vec<ObjectRecord>> = HashMap::new();
         for o in replay.objects.values() {
             if let Some(&ns) = ids.get(&o.ns) {
@@ -277,6 +282,7 @@ impl Journal {
         self.start(mgr, replay.slot_bytes)?;
         tracing::info!(
             recovered = found.pages,
+            pool_pages = found.pool_pages,
             corrupt = found.corrupt,
             incomplete = found.incomplete,
             outside = found.outside,

@@ -129,6 +129,7 @@ impl ManagedTiers {
                 PoolConfig::Local {
                     path: pool_path.into(),
                     bytes: cfg.pool_bytes,
+                    recover: cfg.recover,
                 }
             },
             max_pages: cfg.max_pages,
@@ -280,6 +281,9 @@ impl Backend for ManagedTiers {
         self.fit_arena(&layout)?;
         let known = self.mgr.namespaces().iter().any(|(_, n, _)| n == ns);
         let id = self.mgr.register_namespace(ns.clone(), layout.clone())?;
+        // A local pool reopened at this first registration (no manifest named a
+        // namespace): book what it holds of this namespace, remove the rest. Once only.
+        manager::adopt_recovered_pool(&self.mgr);
         let arena = self.mgr.arena().ok_or(ManagerError::NoNamespace)?;
         let mut j = self.journal.lock();
         if j.manifest.is_none() || !known {
