@@ -17,6 +17,7 @@ mod engine;
 mod grants;
 mod hints;
 mod host_io;
+mod host_pages;
 mod inproc;
 mod locks;
 mod policy;
@@ -51,6 +52,7 @@ use parking_lot::{Mutex, RwLock};
 pub use config::{ManagerConfig, PoolConfig, PoolFactory, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
+pub use host_pages::host_complete_pages;
 pub use pool_recover::{PoolAdopted, adopt_recovered_pool};
 pub use queues::Advice;
 #[cfg(feature = "daemon")]

@@ -224,6 +224,13 @@ impl ManagedTiers {
         self.cfg.arena_path.with_extension("manifest")
     }
 
+    /// The manifest's upkeep so far: (its bytes, live object records, compactions,
+    /// full resyncs after the event ring lost events).
+    pub fn manifest_upkeep(&self) -> (u64, u64, u64, u64) {
+        let j = self.journal.lock();
+        (j.manifest_bytes(), j.live_objects(), j.compactions, j.resyncs)
+    }
+
     /// (complete on host, on its way to host: some objects there or in flight).
     fn host_state(&self, ns: NamespaceId, h: &PageHash) -> (bool, bool) {
         let count = self.mgr.layout(ns).map_or(0, |l| l.object_count());
@@ -429,7 +436,7 @@ impl Backend for ManagedTiers {
             journal.sync(&self.mgr);
             self.mgr.commit_store(grant, &flags)?;
             journal.record(recs);
-            journal.flush();
+            journal.flush(&self.mgr);
         }
         let complete = self.complete_on_host(info.ns, &info.hashes);
         self.tickets.insert(grant, info.ns, info.hashes);
@@ -574,7 +581,7 @@ impl Backend for ManagedTiers {
             // not at the next tick, so a crash right after the answer keeps them.
             let mut journal = self.journal.lock();
             journal.sync(&self.mgr);
-            journal.flush();
+            journal.flush(&self.mgr);
         }
         Ok(outcome)
     }
@@ -618,7 +625,7 @@ impl Backend for ManagedTiers {
         }
         let mut j = self.journal.lock();
         j.sync(&self.mgr);
-        j.flush();
+        j.flush(&self.mgr);
     }
 
     fn shutdown(&self) -> Result<(), BackendError> {
