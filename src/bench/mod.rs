@@ -12,6 +12,7 @@ pub mod evict;
 pub mod index;
 pub mod pool;
 mod pool_remote;
+pub mod recovery;
 pub mod transfer;
 #[cfg(feature = "cuda")]
 pub mod transfer_cuda;
