@@ -446,3 +446,45 @@ fn the_manifest_stays_bounded_while_the_daemon_stores_and_evicts() {
     assert_eq!(c.stats().unwrap().recovered_pages, on_host);
     assert_eq!(load_verified(&c, &layout, last, 3), 20);
 }
+
+/// Issue 28 item 7: a killed daemon's arena under `/dev/shm` is reclaimed by the next
+/// daemon that starts once the killed one's runtime directory is gone, and logged; the
+/// arena of a daemon whose runtime directory still exists is kept.
+#[test]
+fn an_orphaned_arena_is_reclaimed_at_start_once_its_runtime_dir_is_gone() {
+    use kvtier::daemon::orphans::{MARKER, dir_name};
+    // SAFETY: geteuid has no preconditions.
+    let base = std::path::PathBuf::from(format!("/dev/shm/kvtier-{}", unsafe { libc::geteuid() }));
+    let (gone_rt, kept_rt, next_rt) = (tempdir(), tempdir(), tempdir());
+    let arena_of = |rt: &tempfile::TempDir| base.join(dir_name(rt.path()));
+    let (gone, kept, next) = (arena_of(&gone_rt), arena_of(&kept_rt), arena_of(&next_rt));
+    // The default arena path (no --arena-path), 1 MiB, untouched.
+    let args = ["--set", "host.bytes=1048576"];
+    let mut a = serve(gone_rt.path(), "a", &args).ready();
+    let mut b = serve(kept_rt.path(), "b", &args).ready();
+    for (dir, rt) in [(&gone, &gone_rt), (&kept, &kept_rt)] {
+        let marker = std::fs::read_to_string(dir.join(MARKER)).unwrap();
+        assert_eq!(
+            std::path::Path::new(&marker),
+            rt.path(),
+            "the marker names the runtime dir"
+        );
+        assert!(dir.join("arena").exists());
+    }
+    a.stop(libc::SIGKILL);
+    b.stop(libc::SIGKILL);
+    drop(gone_rt);
+    let mut c = serve(next_rt.path(), "c", &args).ready();
+    assert!(!gone.exists(), "the orphan's arena directory is reclaimed: {}", c.log());
+    assert!(kept.join("arena").exists(), "a runtime dir that exists keeps its arena");
+    assert!(
+        c.log()
+            .contains("reclaimed the arena of a daemon whose runtime directory is gone"),
+        "{}",
+        c.log()
+    );
+    c.stop(libc::SIGTERM);
+    for d in [&kept, &next] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
