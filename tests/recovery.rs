@@ -414,6 +414,62 @@ fn a_thousand_pages_in_the_local_pool_survive_sigkill_and_sigterm() {
     assert_eq!(load_all(&d, "after SIGTERM"), 1000);
 }
 
+/// Issue 27 break 6: an engine's copy was in flight when the daemon died. The restarted
+/// daemon reopens the same arena file; the slots of that store grant stay quarantined
+/// (`host.fence_timeout_ms`), so another page stored after the restart never gets them,
+/// and the late copy landing in them afterwards changes no byte anyone loads.
+#[test]
+fn a_copy_that_lands_after_a_restart_never_becomes_another_pages_bytes() {
+    use kvtier::tier::host::{ArenaOptions, HostArena, SlotId};
+    let dir = tempdir();
+    let arena = dir.path().join("state/arena");
+    // 64 slots of 2 KiB.
+    let args = [
+        "--arena-path",
+        arena.to_str().unwrap(),
+        "--arena-bytes",
+        "131072",
+        "--set",
+        "host.fence_timeout_ms=600000",
+    ];
+    let layout = small_spec();
+    let mut d = serve(dir.path(), "f", &args).ready();
+    let a = d.client("fenced", layout.clone()).unwrap();
+    let kept = hashes(70_000, 2);
+    store(&a, &layout, &kept, 5);
+    // Engine A's store is granted; its copy has not landed when the daemon dies.
+    let plan = a.begin_store(&hashes(71_000, 4), "").unwrap();
+    let granted: Vec<u32> = plan.pages.iter().flat_map(|p| p.slots.iter().map(|s| s.slot)).collect();
+    assert_eq!(granted.len(), 8);
+    d.stop(libc::SIGKILL);
+
+    let d = serve(dir.path(), "f", &args).ready();
+    let b = d.client("fenced", layout.clone()).unwrap();
+    assert_eq!(b.stats().unwrap().recovered_pages, 2);
+    let other = hashes(72_000, 20);
+    store(&b, &layout, &other, 9);
+    // The late copy lands, through a mapping of the same file (as A's own is).
+    let late = HostArena::open(
+        &arena,
+        2048,
+        &ArenaOptions {
+            lock: false,
+            prefault: false,
+            touch_threads: 1,
+            group: None,
+        },
+    )
+    .unwrap();
+    for &s in &granted {
+        // SAFETY: the test plays the engine whose grant named these slots.
+        unsafe { late.slot_mut(SlotId(s), 128).unwrap() }.fill(0xee);
+    }
+    assert_eq!(load_verified(&b, &layout, &other, 9), 20, "0 wrong bytes");
+    assert_eq!(load_verified(&b, &layout, &kept, 5), 2);
+    assert!(d.log().contains("quarantined until the fence timeout"), "{}", d.log());
+    drop(a);
+}
+
 /// Issue 28 item 4, through the daemon: 2,000 pages stored through an arena of 32 pages
 /// (every store evicts, every eviction appends release records) keep the manifest under
 /// twice its live records plus 64 KiB, where the log alone would pass 300 KB; a SIGKILL

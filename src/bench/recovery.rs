@@ -65,6 +65,7 @@ fn config(dir: &std::path::Path, arena_bytes: u64, slot_bytes: u64, pages: usize
         max_pages: pages + 1024,
         max_wait: Duration::from_millis(200),
         recover,
+        fence_timeout: Duration::from_secs(30),
         arena: ArenaOptions {
             lock: false,
             prefault: false,

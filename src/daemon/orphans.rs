@@ -20,8 +20,9 @@ use crate::tier::private::{self, OwnerLock, PrivateError};
 /// The marker file naming the runtime directory an arena belongs to.
 pub const MARKER: &str = "runtime";
 /// What a daemon keeps in its arena directory besides the marker (the lock goes last).
-const FILES: [&str; 6] = [
+const FILES: [&str; 7] = [
     "arena",
+    "arena.fence",
     "arena.manifest",
     "arena.manifest.tmp",
     "arena.pool",

@@ -5,6 +5,7 @@
 //! say when a store is complete across ranks, and crash recovery of the host arena
 //! through a checksummed [`manifest`] ([`journal`]).
 
+mod fence;
 mod journal;
 pub mod managed;
 pub mod manifest;

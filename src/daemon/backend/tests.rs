@@ -20,6 +20,7 @@ fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
         max_pages: 1024,
         max_wait: Duration::from_millis(200),
         recover,
+        fence_timeout: Duration::from_secs(30),
         arena: ArenaOptions {
             lock: false,
             prefault: false,
