@@ -467,7 +467,65 @@ fn a_copy_that_lands_after_a_restart_never_becomes_another_pages_bytes() {
     assert_eq!(load_verified(&b, &layout, &other, 9), 20, "0 wrong bytes");
     assert_eq!(load_verified(&b, &layout, &kept, 5), 2);
     assert!(d.log().contains("quarantined until the fence timeout"), "{}", d.log());
+    // The admin socket reports the 8 quarantined slots and the manifest's upkeep.
+    let (keep, status) = host_keep(&d);
+    assert_eq!(keep["fenced_slots"], 8, "{keep}");
+    assert!(keep["manifest_live_records"].as_u64().unwrap() >= 22, "{keep}");
+    assert!(keep["manifest_bytes"].as_u64().unwrap() > 0, "{keep}");
+    assert!(status.contains("8 fenced slots"), "{status}");
+    let metrics = d.admin_get("/metrics");
+    assert!(metrics.contains("\nkvtier_host_fenced_slots 8\n"), "{metrics}");
+    assert!(metrics.contains("\nkvtier_manifest_compactions_total "), "{metrics}");
     drop(a);
+    drop(b);
+    // The marks outlive another SIGKILL; a restart with a short timeout quarantines the
+    // same 8 slots and frees them once it has passed.
+    let mut d = d;
+    d.stop(libc::SIGKILL);
+    let mut short = args;
+    short[5] = "host.fence_timeout_ms=300";
+    let d = serve(dir.path(), "f", &short).ready();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut seen = Vec::new();
+    loop {
+        let (keep, _) = host_keep(&d);
+        seen.push(keep["fenced_slots"].as_u64().unwrap());
+        if seen.last() == Some(&0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still fenced: {seen:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let log = d.log();
+    assert!(
+        log.contains("quarantined until the fence timeout") && log.contains("fence timeout passed"),
+        "{log}"
+    );
+    let metrics = d.admin_get("/metrics");
+    assert!(metrics.contains("\nkvtier_host_fenced_slots 0\n"), "{metrics}");
+}
+
+/// `host_keep` from `/v1/status` on the daemon's admin socket, and `kvtier status`'s text.
+fn host_keep(d: &Serve) -> (serde_json::Value, String) {
+    let admin = d.socket.with_extension("admin.sock");
+    let r = kvtier::cli::client::request(
+        &admin,
+        "GET",
+        "/v1/status",
+        None,
+        Some(std::time::Duration::from_secs(10)),
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&r.body().unwrap()).unwrap();
+    let out = std::process::Command::new(common::kvtier_bin())
+        .args(["status", "--socket", admin.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    (
+        v["host_keep"].clone(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 /// Issue 28 item 4, through the daemon: 2,000 pages stored through an arena of 32 pages
@@ -492,6 +550,11 @@ fn the_manifest_stays_bounded_while_the_daemon_stores_and_evicts() {
     }
     // 64 live object records of about 50 bytes: 2 x 3.2 KB + 64 KiB, and one store's records.
     assert!(largest < 96 << 10, "the manifest reached {largest} bytes");
+    // The admin socket shows the compactions that kept it there.
+    let (keep, status) = host_keep(&d);
+    assert!(keep["manifest_compactions"].as_u64().unwrap() >= 1, "{keep}");
+    assert!(keep["manifest_bytes"].as_u64().unwrap() < 96 << 10, "{keep}");
+    assert!(status.contains("host keep  manifest "), "{status}");
     let last = &hs[hs.len() - 20..];
     assert_eq!(load_verified(&c, &layout, last, 3), 20);
     let on_host = c.stats().unwrap().host_complete_pages;

@@ -668,6 +668,17 @@ impl Backend for ManagedTiers {
         self.mgr.until_next_deadline()
     }
 
+    fn host_keep(&self) -> Option<crate::admin::HostKeep> {
+        let (manifest_bytes, manifest_live_records, manifest_compactions, manifest_resyncs) = self.manifest_upkeep();
+        Some(crate::admin::HostKeep {
+            manifest_bytes,
+            manifest_live_records,
+            manifest_compactions,
+            manifest_resyncs,
+            fenced_slots: self.fenced_slots() as u64,
+        })
+    }
+
     fn tick(&self) {
         if let Err(e) = self.mgr.tick() {
             tracing::warn!(error = %e, "background work failed");
