@@ -47,6 +47,9 @@ enum Bench {
     /// Time to first token of a real vLLM (its CPU build) recomputing, hitting its own
     /// prefix cache, and loading from kvtier's host and pool tiers, round by round.
     Engine(kvtier::bench::engine::EngineBenchArgs),
+    /// Time for a restarted daemon to recover its host arena from the manifest (100,000
+    /// pages by default) against reading the manifest file alone.
+    Recovery(kvtier::bench::recovery::RecoveryArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -81,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(Bench::Events(a)) => kvtier::bench::events::run(a),
         Command::Bench(Bench::Evict(a)) => kvtier::bench::evict::run(a),
         Command::Bench(Bench::Engine(a)) => kvtier::bench::engine::run(a),
+        Command::Bench(Bench::Recovery(a)) => kvtier::bench::recovery::run(a),
         Command::Admin(cmd) => std::process::exit(kvtier::cli::run(cmd)?),
     }
 }

@@ -7,11 +7,14 @@ mod common;
 #[path = "security/serve.rs"]
 mod serve;
 
-use common::{hashes, small_spec};
+use std::sync::Arc;
+
+use common::{hashes, seed, small_spec};
 use kvtier::client::ClientError;
 use kvtier::layout::LayoutSpec;
 use kvtier::page::PageHash;
-use kvtier::protocol::ErrorCode;
+use kvtier::protocol::{ErrorCode, LoadWait};
+use kvtier::tier::device::EmulatedDevice;
 use serve::*;
 
 #[test]
@@ -346,5 +349,261 @@ fn slots_fitted_to_the_first_engine_keep_arena_bytes_per_page_within_a_tenth() {
         assert_eq!(load_verified(&c, &spec, &hs, 5), 8, "{name}: recovered, byte for byte");
         let (per_page, _, _) = arena_per_page(&d);
         assert!(per_page <= 1.1 * page as f64, "{name} after the restart: {per_page}");
+    }
+}
+
+/// Issue 28 item 3: pages that the host arena pushed into the local pool survive a
+/// restart. 1,000 pages go through an arena of 32 pages into the local pool; after a
+/// SIGKILL, and again after a SIGTERM, every one of them loads with the bytes stored.
+#[test]
+fn a_thousand_pages_in_the_local_pool_survive_sigkill_and_sigterm() {
+    let dir = tempdir();
+    let arena = dir.path().join("state/arena");
+    // 64 slots of 2 KiB: 32 pages of K and V on host; 8 MiB of pool: 4,096 slots.
+    let args = [
+        "--arena-path",
+        arena.to_str().unwrap(),
+        "--arena-bytes",
+        "131072",
+        "--set",
+        "pool_bytes=8388608",
+    ];
+    let layout = small_spec();
+    let hs = hashes(50_000, 1000);
+    let mut d = serve(dir.path(), "p", &args).ready();
+    let c = d.client("pooled", layout.clone()).unwrap();
+    for chunk in hs.chunks(20) {
+        store(&c, &layout, chunk, 77);
+        c.removed(chunk).unwrap();
+    }
+    let on_host = c.stats().unwrap().host_complete_pages;
+    assert!(on_host <= 32, "the arena holds at most 32 pages: {on_host}");
+    drop(c);
+    let load_all = |d: &Serve, life: &str| {
+        let c = d.client("pooled", layout.clone()).unwrap();
+        let built = layout.clone().build().unwrap();
+        let dev = Arc::new(EmulatedDevice::new(&built, 0, 20));
+        c.register_device(dev.clone()).unwrap();
+        let slots: Vec<u32> = (0..20).collect();
+        let mut loaded = 0;
+        for chunk in hs.chunks(20) {
+            let n = c.load(chunk, &slots, LoadWait::Timeout(10_000)).unwrap();
+            assert_eq!(n, chunk.len(), "{life}: every page of the chunk loads: {}", d.log());
+            for (i, h) in chunk.iter().enumerate() {
+                assert!(
+                    dev.page_matches(i as u32, seed(h, 0, 0) ^ 77).unwrap(),
+                    "{life}: page {} loaded with wrong bytes",
+                    h.to_hex()
+                );
+            }
+            c.removed(chunk).unwrap();
+            loaded += n;
+        }
+        loaded
+    };
+    d.stop(libc::SIGKILL);
+    let mut d = serve(dir.path(), "p", &args).ready();
+    assert_eq!(load_all(&d, "after SIGKILL"), 1000);
+    assert!(
+        d.log().contains("local pool objects booked after a restart"),
+        "{}",
+        d.log()
+    );
+    d.stop(libc::SIGTERM);
+    let d = serve(dir.path(), "p", &args).ready();
+    assert_eq!(load_all(&d, "after SIGTERM"), 1000);
+}
+
+/// Issue 27 break 6: an engine's copy was in flight when the daemon died. The restarted
+/// daemon reopens the same arena file; the slots of that store grant stay quarantined
+/// (`host.fence_timeout_ms`), so another page stored after the restart never gets them,
+/// and the late copy landing in them afterwards changes no byte anyone loads.
+#[test]
+fn a_copy_that_lands_after_a_restart_never_becomes_another_pages_bytes() {
+    use kvtier::tier::host::{ArenaOptions, HostArena, SlotId};
+    let dir = tempdir();
+    let arena = dir.path().join("state/arena");
+    // 64 slots of 2 KiB.
+    let args = [
+        "--arena-path",
+        arena.to_str().unwrap(),
+        "--arena-bytes",
+        "131072",
+        "--set",
+        "host.fence_timeout_ms=600000",
+    ];
+    let layout = small_spec();
+    let mut d = serve(dir.path(), "f", &args).ready();
+    let a = d.client("fenced", layout.clone()).unwrap();
+    let kept = hashes(70_000, 2);
+    store(&a, &layout, &kept, 5);
+    // Engine A's store is granted; its copy has not landed when the daemon dies.
+    let plan = a.begin_store(&hashes(71_000, 4), "").unwrap();
+    let granted: Vec<u32> = plan.pages.iter().flat_map(|p| p.slots.iter().map(|s| s.slot)).collect();
+    assert_eq!(granted.len(), 8);
+    d.stop(libc::SIGKILL);
+
+    let d = serve(dir.path(), "f", &args).ready();
+    let b = d.client("fenced", layout.clone()).unwrap();
+    assert_eq!(b.stats().unwrap().recovered_pages, 2);
+    let other = hashes(72_000, 20);
+    store(&b, &layout, &other, 9);
+    // The late copy lands, through a mapping of the same file (as A's own is).
+    let late = HostArena::open(
+        &arena,
+        2048,
+        &ArenaOptions {
+            lock: false,
+            prefault: false,
+            touch_threads: 1,
+            group: None,
+        },
+    )
+    .unwrap();
+    for &s in &granted {
+        // SAFETY: the test plays the engine whose grant named these slots.
+        unsafe { late.slot_mut(SlotId(s), 128).unwrap() }.fill(0xee);
+    }
+    assert_eq!(load_verified(&b, &layout, &other, 9), 20, "0 wrong bytes");
+    assert_eq!(load_verified(&b, &layout, &kept, 5), 2);
+    assert!(d.log().contains("quarantined until the fence timeout"), "{}", d.log());
+    // The admin socket reports the 8 quarantined slots and the manifest's upkeep.
+    let (keep, status) = host_keep(&d);
+    assert_eq!(keep["fenced_slots"], 8, "{keep}");
+    assert!(keep["manifest_live_records"].as_u64().unwrap() >= 22, "{keep}");
+    assert!(keep["manifest_bytes"].as_u64().unwrap() > 0, "{keep}");
+    assert!(status.contains("8 fenced slots"), "{status}");
+    let metrics = d.admin_get("/metrics");
+    assert!(metrics.contains("\nkvtier_host_fenced_slots 8\n"), "{metrics}");
+    assert!(metrics.contains("\nkvtier_manifest_compactions_total "), "{metrics}");
+    drop(a);
+    drop(b);
+    // The marks outlive another SIGKILL; a restart with a short timeout quarantines the
+    // same 8 slots and frees them once it has passed.
+    let mut d = d;
+    d.stop(libc::SIGKILL);
+    let mut short = args;
+    short[5] = "host.fence_timeout_ms=300";
+    let d = serve(dir.path(), "f", &short).ready();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut seen = Vec::new();
+    loop {
+        let (keep, _) = host_keep(&d);
+        seen.push(keep["fenced_slots"].as_u64().unwrap());
+        if seen.last() == Some(&0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still fenced: {seen:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let log = d.log();
+    assert!(
+        log.contains("quarantined until the fence timeout") && log.contains("fence timeout passed"),
+        "{log}"
+    );
+    let metrics = d.admin_get("/metrics");
+    assert!(metrics.contains("\nkvtier_host_fenced_slots 0\n"), "{metrics}");
+}
+
+/// `host_keep` from `/v1/status` on the daemon's admin socket, and `kvtier status`'s text.
+fn host_keep(d: &Serve) -> (serde_json::Value, String) {
+    let admin = d.socket.with_extension("admin.sock");
+    let r = kvtier::cli::client::request(
+        &admin,
+        "GET",
+        "/v1/status",
+        None,
+        Some(std::time::Duration::from_secs(10)),
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&r.body().unwrap()).unwrap();
+    let out = std::process::Command::new(common::kvtier_bin())
+        .args(["status", "--socket", admin.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    (
+        v["host_keep"].clone(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// Issue 28 item 4, through the daemon: 2,000 pages stored through an arena of 32 pages
+/// (every store evicts, every eviction appends release records) keep the manifest under
+/// twice its live records plus 64 KiB, where the log alone would pass 300 KB; a SIGKILL
+/// then recovers exactly the pages on host.
+#[test]
+fn the_manifest_stays_bounded_while_the_daemon_stores_and_evicts() {
+    let dir = tempdir();
+    let arena = dir.path().join("state/arena");
+    let args = ["--arena-path", arena.to_str().unwrap(), "--arena-bytes", "131072"];
+    let layout = small_spec();
+    let manifest = dir.path().join("state/arena.manifest");
+    let mut d = serve(dir.path(), "m", &args).ready();
+    let c = d.client("bounded", layout.clone()).unwrap();
+    let hs = hashes(90_000, 2000);
+    let mut largest = 0;
+    for chunk in hs.chunks(20) {
+        store(&c, &layout, chunk, 3);
+        c.removed(chunk).unwrap();
+        largest = largest.max(std::fs::metadata(&manifest).unwrap().len());
+    }
+    // 64 live object records of about 50 bytes: 2 x 3.2 KB + 64 KiB, and one store's records.
+    assert!(largest < 96 << 10, "the manifest reached {largest} bytes");
+    // The admin socket shows the compactions that kept it there.
+    let (keep, status) = host_keep(&d);
+    assert!(keep["manifest_compactions"].as_u64().unwrap() >= 1, "{keep}");
+    assert!(keep["manifest_bytes"].as_u64().unwrap() < 96 << 10, "{keep}");
+    assert!(status.contains("host keep  manifest "), "{status}");
+    let last = &hs[hs.len() - 20..];
+    assert_eq!(load_verified(&c, &layout, last, 3), 20);
+    let on_host = c.stats().unwrap().host_complete_pages;
+    drop(c);
+    d.stop(libc::SIGKILL);
+    let d = serve(dir.path(), "m", &args).ready();
+    let c = d.client("bounded", layout.clone()).unwrap();
+    assert_eq!(c.stats().unwrap().recovered_pages, on_host);
+    assert_eq!(load_verified(&c, &layout, last, 3), 20);
+}
+
+/// Issue 28 item 7: a killed daemon's arena under `/dev/shm` is reclaimed by the next
+/// daemon that starts once the killed one's runtime directory is gone, and logged; the
+/// arena of a daemon whose runtime directory still exists is kept.
+#[test]
+fn an_orphaned_arena_is_reclaimed_at_start_once_its_runtime_dir_is_gone() {
+    use kvtier::daemon::orphans::{MARKER, dir_name};
+    // SAFETY: geteuid has no preconditions.
+    let base = std::path::PathBuf::from(format!("/dev/shm/kvtier-{}", unsafe { libc::geteuid() }));
+    let (gone_rt, kept_rt, next_rt) = (tempdir(), tempdir(), tempdir());
+    let arena_of = |rt: &tempfile::TempDir| base.join(dir_name(rt.path()));
+    let (gone, kept, next) = (arena_of(&gone_rt), arena_of(&kept_rt), arena_of(&next_rt));
+    // The default arena path (no --arena-path), 1 MiB, untouched.
+    let args = ["--set", "host.bytes=1048576"];
+    let mut a = serve(gone_rt.path(), "a", &args).ready();
+    let mut b = serve(kept_rt.path(), "b", &args).ready();
+    for (dir, rt) in [(&gone, &gone_rt), (&kept, &kept_rt)] {
+        let marker = std::fs::read_to_string(dir.join(MARKER)).unwrap();
+        assert_eq!(
+            std::path::Path::new(&marker),
+            rt.path(),
+            "the marker names the runtime dir"
+        );
+        assert!(dir.join("arena").exists());
+    }
+    a.stop(libc::SIGKILL);
+    b.stop(libc::SIGKILL);
+    drop(gone_rt);
+    let mut c = serve(next_rt.path(), "c", &args).ready();
+    assert!(!gone.exists(), "the orphan's arena directory is reclaimed: {}", c.log());
+    assert!(kept.join("arena").exists(), "a runtime dir that exists keeps its arena");
+    assert!(
+        c.log()
+            .contains("reclaimed the arena of a daemon whose runtime directory is gone"),
+        "{}",
+        c.log()
+    );
+    c.stop(libc::SIGTERM);
+    for d in [&kept, &next] {
+        let _ = std::fs::remove_dir_all(d);
     }
 }

@@ -138,6 +138,23 @@ pub trait EngineView: Send + Sync {
     fn kv_hints(&self) -> Option<&crate::router_hint::KvHintLog> {
         None
     }
+
+    /// How the host tier is kept across restarts, where the daemon keeps it.
+    fn host_keep(&self) -> Option<HostKeep> {
+        None
+    }
+}
+
+/// How the host tier is kept across restarts: the manifest's upkeep (its bytes, live
+/// object records, compactions, full resyncs after the event ring lost events) and the
+/// host slots the restart fence quarantines right now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HostKeep {
+    pub manifest_bytes: u64,
+    pub manifest_live_records: u64,
+    pub manifest_compactions: u64,
+    pub manifest_resyncs: u64,
+    pub fenced_slots: u64,
 }
 
 /// An [`EngineView`] with no engines and no sessions (tests, a daemon without engines).

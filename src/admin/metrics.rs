@@ -334,6 +334,46 @@ pub fn render_pool(o: &mut String, p: &crate::manager::PoolReport) {
     sample(o, "kvtier_pool_exists_seconds_total", &[], r.exists_ns as f64 / 1e9);
 }
 
+/// The manifest's upkeep (bytes, live object records, compactions, resyncs) and the host
+/// slots the restart fence quarantines.
+pub fn render_host_keep(o: &mut String, k: &crate::admin::HostKeep) {
+    for (name, kind, help, v) in [
+        (
+            "kvtier_manifest_bytes",
+            "gauge",
+            "Bytes of the host arena's manifest file.",
+            k.manifest_bytes,
+        ),
+        (
+            "kvtier_manifest_live_records",
+            "gauge",
+            "Object records of pages on host that the manifest holds.",
+            k.manifest_live_records,
+        ),
+        (
+            "kvtier_manifest_compactions_total",
+            "counter",
+            "Times the manifest was rewritten from its live records.",
+            k.manifest_compactions,
+        ),
+        (
+            "kvtier_manifest_resyncs_total",
+            "counter",
+            "Times the manifest was rebuilt from the directory after the event ring lost events.",
+            k.manifest_resyncs,
+        ),
+        (
+            "kvtier_host_fenced_slots",
+            "gauge",
+            "Host slots quarantined by the restart fence (store grants open when the daemon stopped).",
+            k.fenced_slots,
+        ),
+    ] {
+        family(o, name, kind, help);
+        sample(o, name, &[], v as f64);
+    }
+}
+
 fn family(o: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }

@@ -34,6 +34,8 @@ pub mod server;
 mod session_routes;
 mod state;
 
-pub use config::{AdminConfig, AdminError, EngineInfo, EngineView, NoEngines, SessionInfo, default_socket_path};
+pub use config::{
+    AdminConfig, AdminError, EngineInfo, EngineView, HostKeep, NoEngines, SessionInfo, default_socket_path,
+};
 pub use server::{AdminHandle, serve, spawn};
 pub use state::AdminState;

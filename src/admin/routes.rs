@@ -60,6 +60,9 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
             let mut text = metrics::render(&ctx.manager.stats(), ctx.started.elapsed(), ctx.engines.engines().len());
             metrics::render_pool(&mut text, &ctx.manager.pool_report());
             metrics::render_session_events(&mut text, ctx.manager.session_events());
+            if let Some(k) = ctx.engines.host_keep() {
+                metrics::render_host_keep(&mut text, &k);
+            }
             return Reply::Text(200, "text/plain; version=0.0.4; charset=utf-8", text);
         }
         (
@@ -141,6 +144,7 @@ fn status(ctx: &AdminState) -> Value {
         "deferred_hints": stats.deferred_hints,
         "event_seq": stats.event_seq,
         "pool": ctx.manager.pool_report(),
+        "host_keep": ctx.engines.host_keep(),
         "engines": ctx.engines.engines(),
     })
 }

@@ -13,6 +13,7 @@ pub mod index;
 pub mod placement;
 pub mod pool;
 mod pool_remote;
+pub mod recovery;
 pub mod transfer;
 #[cfg(feature = "cuda")]
 pub mod transfer_cuda;

@@ -81,6 +81,18 @@ pub fn status(v: &Value) -> String {
         }
         out.push('\n');
     }
+    let keep = &v["host_keep"];
+    if keep.is_object() {
+        let _ = writeln!(
+            out,
+            "\nhost keep  manifest {} bytes, {} live records, {} compactions, {} resyncs  {} fenced slots",
+            s(&keep["manifest_bytes"]),
+            s(&keep["manifest_live_records"]),
+            s(&keep["manifest_compactions"]),
+            s(&keep["manifest_resyncs"]),
+            s(&keep["fenced_slots"]),
+        );
+    }
     let pool = &v["pool"];
     if pool.is_object() {
         let health = match (&pool["health"]["state"], pool["started"].as_bool()) {

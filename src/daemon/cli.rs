@@ -185,7 +185,14 @@ pub fn serve(cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<(
         {
             private::shared_dir(kvtier_uid, engines).context("the arena's directory")?;
         }
-        private::shared_dir(private::parent_of(&cfg.host.path), engines).context("the arena's directory")?;
+        let arena_dir = private::parent_of(&cfg.host.path);
+        private::shared_dir(arena_dir, engines).context("the arena's directory")?;
+        if let Some(kvtier_uid) = arena_dir.parent().filter(|d| d.starts_with("/dev/shm")) {
+            // Say whose arena this is, then reclaim those whose runtime directory is gone.
+            super::orphans::mark_runtime_dir(arena_dir, private::parent_of(&cfg.socket))
+                .context("the arena's runtime marker")?;
+            super::orphans::reclaim(kvtier_uid, arena_dir);
+        }
     }
     let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).context("opening the tiers")?);
     let listener = bind(&cfg)?;

@@ -28,4 +28,8 @@ impl EngineView for Shared {
     fn kv_hints(&self) -> Option<&crate::router_hint::KvHintLog> {
         Some(&self.kv_hints)
     }
+
+    fn host_keep(&self) -> Option<crate::admin::HostKeep> {
+        self.backend.host_keep()
+    }
 }

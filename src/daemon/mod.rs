@@ -11,6 +11,7 @@ mod cmd;
 pub mod config;
 pub mod connection;
 mod engines;
+pub mod orphans;
 pub mod pool_config;
 pub mod server;
 pub mod upkeep;

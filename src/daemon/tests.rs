@@ -41,6 +41,7 @@ fn serve_with(max_connections: usize, arena_bytes: u64, tick: Duration, waker: b
             lock: false,
             prefault: false,
             recover: false,
+            ..d.host.clone()
         },
         pool: PoolSection {
             bytes: 0,

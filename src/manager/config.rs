@@ -29,8 +29,10 @@ pub enum PoolConfig {
     /// The embedded node-local pool in a shared-memory file. Default, with 2 GiB.
     #[default]
     LocalDefault,
-    /// The embedded node-local pool at `path` with `bytes` of capacity.
-    Local { path: PathBuf, bytes: u64 },
+    /// The embedded node-local pool at `path` with `bytes` of capacity. With `recover`,
+    /// the pool an earlier life left at `path` is reopened with its objects (their pages
+    /// are booked once their namespaces are registered); otherwise it starts empty.
+    Local { path: PathBuf, bytes: u64, recover: bool },
     /// A backend built by the caller.
     Backend(Arc<dyn PoolBackend>),
     /// A backend the caller builds when the host arena exists.
@@ -45,7 +47,9 @@ impl std::fmt::Debug for PoolConfig {
         match self {
             PoolConfig::None => f.write_str("None"),
             PoolConfig::LocalDefault => f.write_str("LocalDefault"),
-            PoolConfig::Local { path, bytes } => write!(f, "Local({}, {bytes})", path.display()),
+            PoolConfig::Local { path, bytes, recover } => {
+                write!(f, "Local({}, {bytes}, recover: {recover})", path.display())
+            }
             PoolConfig::Backend(b) => write!(f, "Backend({})", b.name()),
             PoolConfig::Build(b) => write!(f, "Build({})", b.label),
             PoolConfig::Mooncake(c) => write!(f, "Mooncake({c:?})"),
@@ -190,6 +194,7 @@ impl ManagerConfig {
                 Some(bytes) => PoolConfig::Local {
                     path: dir.join("pool.arena"),
                     bytes,
+                    recover: false,
                 },
                 None => PoolConfig::None,
             },

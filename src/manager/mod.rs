@@ -17,10 +17,12 @@ mod engine;
 mod grants;
 mod hints;
 mod host_io;
+mod host_pages;
 mod inproc;
 mod locks;
 mod policy;
 mod pool_layout;
+mod pool_recover;
 mod queues;
 mod recover;
 mod remote;
@@ -55,6 +57,8 @@ use parking_lot::{Mutex, RwLock};
 pub use config::{ManagerConfig, PoolConfig, PoolFactory, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
+pub use host_pages::host_complete_pages;
+pub use pool_recover::{PoolAdopted, adopt_recovered_pool};
 pub use queues::Advice;
 #[cfg(feature = "daemon")]
 pub use remote::{LookupStep, PendingLookup};
@@ -299,17 +303,18 @@ impl Manager {
             group: None,
             ..cfg.arena.clone()
         };
-        let local = |path: &std::path::Path, bytes| -> Result<Option<Arc<dyn PoolBackend>>, ManagerError> {
-            Ok(Some(Arc::new(LocalPool::create(path, bytes, slot_bytes, &pool_opts)?)))
+        let local = |path: &std::path::Path, bytes, recover| -> Result<Option<Arc<dyn PoolBackend>>, ManagerError> {
+            let (pool, _) = LocalPool::open(path, bytes, slot_bytes, &pool_opts, recover)?;
+            Ok(Some(Arc::new(pool)))
         };
         let pool = match &cfg.pool {
             PoolConfig::None => None,
             PoolConfig::LocalDefault => {
                 let mut p = cfg.host_path.clone().into_os_string();
                 p.push(".pool");
-                local(std::path::Path::new(&p), 2 << 30)?
+                local(std::path::Path::new(&p), 2 << 30, false)?
             }
-            PoolConfig::Local { path, bytes } => local(path, *bytes)?,
+            PoolConfig::Local { path, bytes, recover } => local(path, *bytes, *recover)?,
             PoolConfig::Backend(b) => Some(b.clone()),
             PoolConfig::Build(f) => Some((f.build)(arena.clone()).map_err(ManagerError::Config)?),
             PoolConfig::Mooncake(m) => {

@@ -5,7 +5,7 @@
 //! are in place, and a slot being read is never reused until the reader is done, so a
 //! reader can never see a torn or recycled object.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 
@@ -13,8 +13,11 @@ use super::{GetItem, PoolBackend, PoolError, PoolHealth, PoolUsage, PutItem, reo
 use crate::tier::host::{ArenaError, ArenaOptions, HostArena, SlotId};
 
 mod index;
+mod reopen;
+mod slots;
 
 use index::{Freed, Index, key_hash};
+pub use reopen::Reopened;
 
 /// The embedded default pool.
 ///
@@ -25,22 +28,52 @@ use index::{Freed, Index, key_hash};
 /// are taken before the lock, and the index allocates nothing per object (see `index`).
 /// A reordered item (a layer-first object stored page-first) is transposed straight
 /// between the caller's buffer and the pool slot, with no staging copy.
+///
+/// Each slot's object is also recorded in a slot table beside the pool file
+/// (`<path>.slots`, see `slots`), so that [`LocalPool::open`] with `recover` finds the
+/// pool's objects again after the daemon restarts, SIGKILL included.
 #[derive(Debug)]
 pub struct LocalPool {
     store: HostArena,
     index: Mutex<Index>,
+    /// The objects (key, length) found at open, until the manager takes them.
+    recovered: Mutex<Vec<(String, usize)>>,
+}
+
+/// The slot table's path for a pool at `path`.
+pub fn slot_table_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".slots");
+    PathBuf::from(p)
 }
 
 impl LocalPool {
-    /// A pool at `path` of `capacity` bytes in slots of `slot_bytes`.
+    /// A fresh, empty pool at `path` of `capacity` bytes in slots of `slot_bytes`.
     pub fn create(path: &Path, capacity: u64, slot_bytes: u64, opts: &ArenaOptions) -> Result<Self, ArenaError> {
         let store = HostArena::create(path, capacity, slot_bytes, opts)?;
-        let index = Mutex::new(Index::new(store.slots()));
-        Ok(Self { store, index })
+        let mut index = Index::new(store.slots());
+        let table = slot_table_path(path);
+        index.attach(
+            slots::SlotTable::create(&table, store.slots(), slot_bytes).map_err(|source| ArenaError::Io {
+                path: table.clone(),
+                source,
+            })?,
+        );
+        Ok(Self {
+            store,
+            index: Mutex::new(index),
+            recovered: Mutex::new(Vec::new()),
+        })
     }
 
     pub fn slots(&self) -> u32 {
         self.store.slots()
+    }
+
+    /// Objects put whose key was too long for the slot table: they are served, but not
+    /// found again after a restart.
+    pub fn unrecorded(&self) -> u64 {
+        self.index.lock().unrecorded()
     }
 
     /// Whether evicted keys were lost because nobody took them in time.
@@ -88,9 +121,9 @@ impl LocalPool {
                 Ok(dst) => match order {
                     None => {
                         dst.copy_from_slice(data);
-                        written.push((i, s));
+                        written.push((i, s, slots::object_sum(dst)));
                     }
-                    Some(t) if t.to_pool(data, dst) => written.push((i, s)),
+                    Some(t) if t.to_pool(data, dst) => written.push((i, s, slots::object_sum(dst))),
                     Some(t) => {
                         self.store.free(s);
                         results[i] = Err(reorder_shape(data.len(), &t));
@@ -103,8 +136,8 @@ impl LocalPool {
             }
         }
         let mut idx = self.index.lock();
-        for &(i, s) in &written {
-            if let Some(old) = idx.publish(items[i].0, hashes[i], s, items[i].1.len()) {
+        for &(i, s, sum) in &written {
+            if let Some(old) = idx.publish(items[i].0, hashes[i], s, items[i].1.len(), sum) {
                 self.store.free(old);
             }
             results[i] = Ok(());
@@ -217,6 +250,10 @@ impl PoolBackend for LocalPool {
 
     fn take_evicted(&self) -> Vec<String> {
         self.index.lock().take_evicted()
+    }
+
+    fn take_recovered(&self) -> Vec<(String, usize)> {
+        std::mem::take(&mut *self.recovered.lock())
     }
 
     fn max_object_bytes(&self) -> usize {

@@ -220,6 +220,13 @@ pub trait PoolBackend: Send + Sync {
     /// Keys the backend dropped on its own (its own eviction) since the last call.
     fn take_evicted(&self) -> Vec<String>;
 
+    /// The objects (key, length) the backend found when it reopened its storage after a
+    /// restart (the local pool), once: the manager books them or removes them. Default:
+    /// none.
+    fn take_recovered(&self) -> Vec<(String, usize)> {
+        Vec::new()
+    }
+
     /// Largest object the backend accepts.
     fn max_object_bytes(&self) -> usize;
 

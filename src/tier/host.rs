@@ -21,6 +21,10 @@ use parking_lot::Mutex;
 
 use super::mapping::SharedMap;
 
+mod free_list;
+
+use free_list::FreeList;
+
 /// Index of one fixed-size slot in the arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct SlotId(pub u32);
@@ -104,7 +108,7 @@ impl Unfitted {
         let mut arena = self.arena;
         arena.slot_bytes = slot_bytes as usize;
         arena.slots = slots as u32;
-        arena.free = Mutex::new((0..slots as u32).rev().collect());
+        arena.free = Mutex::new(FreeList::new(slots as u32));
         arena.report.bytes = slots * slot_bytes;
         tracing::info!(path = %arena.path.display(), slot_bytes, slots, "host arena slots fitted");
         Ok(arena)
@@ -143,7 +147,7 @@ pub struct HostArena {
     map: SharedMap,
     slot_bytes: usize,
     slots: u32,
-    free: Mutex<Vec<u32>>,
+    free: Mutex<FreeList>,
     report: MapReport,
 }
 
@@ -202,7 +206,7 @@ impl HostArena {
         let mut arena = Self::map(path, file, bytes as usize, 1, opts, start)?;
         arena.slots = 0;
         arena.slot_bytes = 0;
-        arena.free = Mutex::new(Vec::new());
+        arena.free = Mutex::new(FreeList::default());
         Ok(Unfitted { arena })
     }
 
@@ -312,7 +316,7 @@ impl HostArena {
             map,
             slot_bytes,
             slots,
-            free: Mutex::new((0..slots).rev().collect()),
+            free: Mutex::new(FreeList::new(slots)),
             report,
         })
     }
@@ -349,36 +353,18 @@ impl HostArena {
 
     /// Allocates `n` slots, all or none.
     pub fn alloc_n(&self, n: usize) -> Option<Vec<SlotId>> {
-        let mut free = self.free.lock();
-        if free.len() < n {
-            return None;
-        }
-        let at = free.len() - n;
-        Some(free.drain(at..).map(SlotId).collect())
+        Some(self.free.lock().pop_n(n)?.into_iter().map(SlotId).collect())
     }
 
-    /// Takes a specific slot out of the free stack (recovery after a restart). O(n); only
-    /// for start-up.
+    /// Takes a specific slot out of the free stack (recovery after a restart), O(1):
+    /// false when it is not free (adopted twice, or outside the arena).
     pub fn claim(&self, slot: SlotId) -> bool {
-        let mut free = self.free.lock();
-        match free.iter().position(|&s| s == slot.0) {
-            Some(i) => {
-                free.swap_remove(i);
-                true
-            }
-            None => false,
-        }
+        self.free.lock().take(slot.0)
     }
 
     /// Replaces the free stack with every slot not in `used` (recovery, O(slots)).
     pub fn reset_free(&self, used: &[SlotId]) {
-        let mut taken = vec![false; self.slots as usize];
-        for s in used {
-            if let Some(t) = taken.get_mut(s.0 as usize) {
-                *t = true;
-            }
-        }
-        *self.free.lock() = (0..self.slots).rev().filter(|&s| !taken[s as usize]).collect();
+        *self.free.lock() = FreeList::without(self.slots, used.iter().map(|s| s.0));
     }
 
     pub fn free(&self, slot: SlotId) {
@@ -388,7 +374,9 @@ impl HostArena {
 
     pub fn free_all(&self, slots: impl IntoIterator<Item = SlotId>) {
         let mut free = self.free.lock();
-        free.extend(slots.into_iter().map(|s| s.0));
+        for s in slots {
+            free.push(s.0);
+        }
     }
 
     /// Total mapped bytes (slots times slot size).

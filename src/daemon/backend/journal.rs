@@ -8,6 +8,13 @@
 //! catches up with the event stream, so a slot freed by eviction and granted again is
 //! released before it is recorded anew. A restart replays the manifest, verifies each
 //! object against the arena and hands intact complete pages back to the manager.
+//!
+//! The manifest stays bounded: after each flush, a manifest larger than
+//! [`COMPACT_FACTOR`] times its live records plus [`COMPACT_SLACK`] is rewritten with the
+//! live records only. Each rewrite costs O(live records) and comes after at least a
+//! quarter of that in appended bytes, so the cost per store or release stays constant.
+//! When the event ring dropped events the journal had not read, the records are rebuilt
+//! from the directory's host pages (a full resync) instead of trusting a partial stream.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,6 +34,12 @@ use super::manifest::{Manifest, ObjectRecord};
 /// Most discarded hashes named in the log; the count is always complete.
 const LOG_HASHES: usize = 32;
 
+/// The manifest is compacted when it passes this many times the bytes of its live
+/// records, plus [`COMPACT_SLACK`].
+pub(super) const COMPACT_FACTOR: u64 = 2;
+/// Bytes a manifest may hold beyond [`COMPACT_FACTOR`] times its live records.
+pub(super) const COMPACT_SLACK: u64 = 64 << 10;
+
 #[derive(Default)]
 pub(super) struct Journal {
     pub path: PathBuf,
@@ -35,6 +48,11 @@ pub(super) struct Journal {
     pub live: HashMap<(NamespaceId, PageHash), Vec<ObjectRecord>>,
     /// Next event sequence number to read.
     pub next_seq: u64,
+    /// Object records in `live`.
+    objects: u64,
+    /// Compactions since start, and full resyncs after the event ring lost events.
+    pub compactions: u64,
+    pub resyncs: u64,
 }
 
 /// What a recovery found.
@@ -50,6 +68,8 @@ pub(super) struct Recovered {
     pub bad_records: u64,
     /// The manifest was not a manifest at all.
     pub garbage: bool,
+    /// Pages found again in the local pool.
+    pub pool_pages: u64,
 }
 
 impl Recovered {
@@ -77,15 +97,31 @@ impl Journal {
     /// Starts a fresh manifest for an arena of `slot_bytes` slots.
     pub fn start(&mut self, mgr: &Manager, slot_bytes: u64) -> Result<(), BackendError> {
         let recs: Vec<ObjectRecord> = self.live.values().flatten().copied().collect();
+        self.objects = recs.len() as u64;
         self.manifest = Some(Manifest::create(&self.path, slot_bytes, &Self::spaces(mgr), &recs)?);
         Ok(())
     }
 
+    /// Object records the journal holds for pages on host.
+    pub fn live_objects(&self) -> u64 {
+        self.objects
+    }
+
     /// Applies the manager's host changes since the last call: removals release their
-    /// records, pages that became complete without a commit are recorded.
+    /// records, pages that became complete without a commit are recorded. When the ring
+    /// dropped events this journal had not read, the records are rebuilt from the
+    /// directory instead ([`Self::resync`]).
     pub fn sync(&mut self, mgr: &Manager) {
         loop {
             let batch = mgr.events().read_from(self.next_seq, 4096, Duration::ZERO);
+            if batch.lost > 0 {
+                tracing::warn!(
+                    lost = batch.lost,
+                    "the event ring dropped events the journal had not read; rebuilding the manifest from the directory"
+                );
+                self.resync(mgr);
+                return;
+            }
             if batch.events.is_empty() {
                 self.next_seq = batch.next.max(self.next_seq);
                 return;
@@ -104,11 +140,53 @@ impl Journal {
         }
     }
 
-    fn release(&mut self, ns: NamespaceId, hash: PageHash) {
-        if let Some(recs) = self.live.remove(&(ns, hash))
-            && let Some(m) = self.manifest.as_mut()
+    /// Rebuilds the records from the pages complete on host now, reading each object's
+    /// checksum from its slot (a record of the same object in the same slot is kept as
+    /// it is), and rewrites the manifest. Events from before this call are skipped: the
+    /// directory already shows them; any after it are applied as usual (a removal of a
+    /// page not recorded, or a store of one recorded, changes nothing).
+    pub fn resync(&mut self, mgr: &Manager) {
+        self.resyncs += 1;
+        self.next_seq = mgr.events().last_seq() + 1;
+        let old = std::mem::take(&mut self.live);
+        for (ns, hash) in crate::manager::host_complete_pages(mgr) {
+            let known = old.get(&(ns, hash));
+            let recs = mgr.read_host_page(ns, &hash, |objects| {
+                objects
+                    .iter()
+                    .enumerate()
+                    .map(|(o, &(slot, bytes))| {
+                        known
+                            .and_then(|k| k.iter().find(|r| r.object as usize == o && r.slot == slot.0))
+                            .copied()
+                            .unwrap_or_else(|| ObjectRecord {
+                                ns: ns.0,
+                                hash,
+                                object: o as u16,
+                                slot: slot.0,
+                                len: bytes.len() as u64,
+                                checksum: xxh3_64(bytes),
+                            })
+                    })
+                    .collect::<Vec<_>>()
+            });
+            if let Some(recs) = recs {
+                self.live.insert((ns, hash), recs);
+            }
+        }
+        if let Some(arena) = mgr.arena()
+            && let Err(e) = self.start(mgr, arena.slot_bytes() as u64)
         {
-            recs.iter().for_each(|r| m.release(r.slot, &hash));
+            tracing::warn!(error = %e, "manifest rewrite after a resync failed; recovery may miss pages");
+        }
+    }
+
+    pub fn release(&mut self, ns: NamespaceId, hash: PageHash) {
+        if let Some(recs) = self.live.remove(&(ns, hash)) {
+            self.objects -= recs.len() as u64;
+            if let Some(m) = self.manifest.as_mut() {
+                recs.iter().for_each(|r| m.release(r.slot, &hash));
+            }
         }
     }
 
@@ -149,6 +227,7 @@ impl Journal {
             let old: Vec<ObjectRecord> = page.iter().filter(|o| o.object == r.object).copied().collect();
             page.retain(|o| o.object != r.object);
             page.push(r);
+            self.objects = self.objects + 1 - old.len() as u64;
             if let Some(m) = self.manifest.as_mut() {
                 for o in old.iter().filter(|o| o.slot != r.slot) {
                     m.release(o.slot, &o.hash);
@@ -158,12 +237,31 @@ impl Journal {
         }
     }
 
-    pub fn flush(&mut self) {
-        if let Some(m) = self.manifest.as_mut()
-            && let Err(e) = m.flush()
-        {
+    /// Writes the buffered records, then compacts the manifest when it passed its bound
+    /// ([`COMPACT_FACTOR`] times the live records plus [`COMPACT_SLACK`]).
+    pub fn flush(&mut self, mgr: &Manager) {
+        let Some(m) = self.manifest.as_mut() else { return };
+        if let Err(e) = m.flush() {
             tracing::warn!(error = %e, "manifest append failed; recovery may miss recent pages");
         }
+        let live = self.objects * m.object_record_bytes().max(1);
+        if m.bytes() > COMPACT_FACTOR * live + COMPACT_SLACK
+            && let Some(arena) = mgr.arena()
+        {
+            let before = m.bytes();
+            match self.start(mgr, arena.slot_bytes() as u64) {
+                Ok(()) => {
+                    self.compactions += 1;
+                    tracing::debug!(before, after = self.manifest_bytes(), "manifest compacted");
+                }
+                Err(e) => tracing::warn!(error = %e, "manifest compaction failed; it keeps growing"),
+            }
+        }
+    }
+
+    /// The manifest's size in bytes (0 before it exists).
+    pub fn manifest_bytes(&self) -> u64 {
+        self.manifest.as_ref().map_or(0, Manifest::bytes)
     }
 
     /// Rewrites the manifest with the live records only (clean shutdown).
@@ -247,6 +345,9 @@ impl Journal {
                 Err(e) => tracing::warn!(error = %e, model = %ns.model, "manifest namespace refused"),
             }
         }
+        // The local pool reopened at the first registration above; its objects are booked
+        // now that their namespaces are known.
+        found.pool_pages = crate::manager::adopt_recovered_pool(mgr).pages;
         let mut pages: HashMap<(NamespaceId, PageHash), Vec<ObjectRecord>> = HashMap::new();
         for o in replay.objects.values() {
             if let Some(&ns) = ids.get(&o.ns) {
@@ -277,6 +378,7 @@ impl Journal {
         self.start(mgr, replay.slot_bytes)?;
         tracing::info!(
             recovered = found.pages,
+            pool_pages = found.pool_pages,
             corrupt = found.corrupt,
             incomplete = found.incomplete,
             outside = found.outside,

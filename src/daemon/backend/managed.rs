@@ -29,6 +29,7 @@ use crate::tier::host::{ArenaOptions, HostArena, SlotId};
 use crate::tier::private::{self, OwnerLock};
 use crate::wire::PrefixHit;
 
+use super::fence::Fence;
 use super::journal::{Journal, Recovered};
 use super::manifest::ObjectRecord;
 use super::tickets::Tickets;
@@ -52,6 +53,9 @@ pub struct TiersConfig {
     pub max_wait: Duration,
     /// Reopen the arena and re-adopt its pages from the manifest at start.
     pub recover: bool,
+    /// How long slots that open store grants held when the daemon stopped stay
+    /// quarantined after a restart that reopened the arena (`host.fence_timeout_ms`).
+    pub fence_timeout: Duration,
     pub arena: ArenaOptions,
     pub tunables: manager::Tunables,
     /// Page events kept for replay (the ring's bound; its memory grows to it).
@@ -89,6 +93,8 @@ pub struct ManagedTiers {
     mgr: Manager,
     cfg: TiersConfig,
     journal: Mutex<Journal>,
+    /// Marks of the slots open store grants hold, for the next life's quarantine.
+    fence: Mutex<Fence>,
     stores: Mutex<HashMap<u64, StoreInfo>>,
     tickets: Tickets,
     recovered: Recovered,
@@ -129,6 +135,7 @@ impl ManagedTiers {
                 PoolConfig::Local {
                     path: pool_path.into(),
                     bytes: cfg.pool_bytes,
+                    recover: cfg.recover,
                 }
             },
             max_pages: cfg.max_pages,
@@ -165,6 +172,9 @@ impl ManagedTiers {
             None => None,
         };
         let mut journal = Journal::new(cfg.arena_path.with_extension("manifest"));
+        let fence_path = cfg.arena_path.with_extension("fence");
+        let marked = Fence::read_marked(&fence_path);
+        let mut fence = Fence::new(fence_path);
         let recovered = if cfg.recover {
             journal.recover(&mgr, &cfg.arena_path, cfg.slot_bytes)?
         } else {
@@ -178,10 +188,21 @@ impl ManagedTiers {
             recovered.bad_records,
             recovered.garbage as u64,
         ]);
+        let fence_io = |source| BackendError::Manifest {
+            path: cfg.arena_path.with_extension("fence").display().to_string(),
+            source,
+        };
+        // Only a reopened arena can receive an earlier life's late copies.
+        if let Some(reopened) = mgr.arena() {
+            fence
+                .attach(&reopened, Some(marked), cfg.fence_timeout)
+                .map_err(fence_io)?;
+        }
         let mut unfitted = None;
         if mgr.arena().is_none() {
             if cfg.slot_bytes != 0 {
-                mgr.create_arena(cfg.slot_bytes)?;
+                let arena = mgr.create_arena(cfg.slot_bytes)?;
+                fence.attach(&arena, None, cfg.fence_timeout).map_err(fence_io)?;
             } else {
                 let mc = mgr.config();
                 unfitted = Some(
@@ -193,6 +214,7 @@ impl ManagedTiers {
             owner,
             mgr,
             journal: Mutex::new(journal),
+            fence: Mutex::new(fence),
             stores: Mutex::new(HashMap::new()),
             tickets: Tickets::default(),
             recovered,
@@ -221,6 +243,13 @@ impl ManagedTiers {
 
     pub fn manifest_path(&self) -> PathBuf {
         self.cfg.arena_path.with_extension("manifest")
+    }
+
+    /// The manifest's upkeep so far: (its bytes, live object records, compactions,
+    /// full resyncs after the event ring lost events).
+    pub fn manifest_upkeep(&self) -> (u64, u64, u64, u64) {
+        let j = self.journal.lock();
+        (j.manifest_bytes(), j.live_objects(), j.compactions, j.resyncs)
     }
 
     /// (complete on host, on its way to host: some objects there or in flight).
@@ -257,6 +286,19 @@ impl ManagedTiers {
 }
 
 impl ManagedTiers {
+    /// Every slot of a store grant.
+    fn grant_slots(info: &StoreInfo) -> Vec<SlotId> {
+        info.pages
+            .iter()
+            .flat_map(|(_, objects)| objects.iter().map(|&(_, s)| s))
+            .collect()
+    }
+
+    /// Host slots quarantined by the restart fence right now.
+    pub fn fenced_slots(&self) -> usize {
+        self.fence.lock().quarantined()
+    }
+
     /// Cuts an unfitted arena into slots of `layout`'s largest object (rounded up to 64
     /// bytes), once, at the first registration; later layouts take those slots (larger
     /// objects are refused at registration, `SlotTooSmall`).
@@ -268,7 +310,14 @@ impl ManagedTiers {
         let slot = layout.max_object_bytes().div_ceil(64) * 64;
         u.fits(slot).map_err(ManagerError::from)?;
         if let Some(u) = unfitted.take() {
-            self.mgr.adopt_arena(u.fit(slot).map_err(ManagerError::from)?)?;
+            let arena = self.mgr.adopt_arena(u.fit(slot).map_err(ManagerError::from)?)?;
+            self.fence
+                .lock()
+                .attach(&arena, None, self.cfg.fence_timeout)
+                .map_err(|source| BackendError::Manifest {
+                    path: self.cfg.arena_path.with_extension("fence").display().to_string(),
+                    source,
+                })?;
         }
         Ok(())
     }
@@ -280,6 +329,9 @@ impl Backend for ManagedTiers {
         self.fit_arena(&layout)?;
         let known = self.mgr.namespaces().iter().any(|(_, n, _)| n == ns);
         let id = self.mgr.register_namespace(ns.clone(), layout.clone())?;
+        // A local pool reopened at this first registration (no manifest named a
+        // namespace): book what it holds of this namespace, remove the rest. Once only.
+        manager::adopt_recovered_pool(&self.mgr);
         let arena = self.mgr.arena().ok_or(ManagerError::NoNamespace)?;
         let mut j = self.journal.lock();
         if j.manifest.is_none() || !known {
@@ -368,6 +420,10 @@ impl Backend for ManagedTiers {
             let _ = self.mgr.abort(g.id);
             return Err(BackendError::NoSpace);
         }
+        // Marked before the engine learns the slots: a restart fences them.
+        self.fence
+            .lock()
+            .hold(pages.iter().flat_map(|(_, objects)| objects.iter().map(|&(_, s)| s)));
         self.stores.lock().insert(
             g.id,
             StoreInfo {
@@ -425,8 +481,9 @@ impl Backend for ManagedTiers {
             journal.sync(&self.mgr);
             self.mgr.commit_store(grant, &flags)?;
             journal.record(recs);
-            journal.flush();
+            journal.flush(&self.mgr);
         }
+        self.fence.lock().release(Self::grant_slots(&info));
         let complete = self.complete_on_host(info.ns, &info.hashes);
         self.tickets.insert(grant, info.ns, info.hashes);
         self.tickets.bump();
@@ -434,8 +491,11 @@ impl Backend for ManagedTiers {
     }
 
     fn abort_store(&self, grant: u64) -> Result<(), BackendError> {
-        self.stores.lock().remove(&grant);
+        let info = self.stores.lock().remove(&grant);
         self.mgr.abort(grant)?;
+        if let Some(info) = info {
+            self.fence.lock().release(Self::grant_slots(&info));
+        }
         self.tickets.bump();
         Ok(())
     }
@@ -570,7 +630,7 @@ impl Backend for ManagedTiers {
             // not at the next tick, so a crash right after the answer keeps them.
             let mut journal = self.journal.lock();
             journal.sync(&self.mgr);
-            journal.flush();
+            journal.flush(&self.mgr);
         }
         Ok(outcome)
     }
@@ -608,13 +668,27 @@ impl Backend for ManagedTiers {
         self.mgr.until_next_deadline()
     }
 
+    fn host_keep(&self) -> Option<crate::admin::HostKeep> {
+        let (manifest_bytes, manifest_live_records, manifest_compactions, manifest_resyncs) = self.manifest_upkeep();
+        Some(crate::admin::HostKeep {
+            manifest_bytes,
+            manifest_live_records,
+            manifest_compactions,
+            manifest_resyncs,
+            fenced_slots: self.fenced_slots() as u64,
+        })
+    }
+
     fn tick(&self) {
         if let Err(e) = self.mgr.tick() {
             tracing::warn!(error = %e, "background work failed");
         }
+        if let Some(arena) = self.mgr.arena() {
+            self.fence.lock().expire(&arena);
+        }
         let mut j = self.journal.lock();
         j.sync(&self.mgr);
-        j.flush();
+        j.flush(&self.mgr);
     }
 
     fn shutdown(&self) -> Result<(), BackendError> {

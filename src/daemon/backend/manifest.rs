@@ -72,6 +72,10 @@ pub struct Manifest {
     path: PathBuf,
     file: File,
     buf: Vec<u8>,
+    /// Bytes in the file, and in the buffer not yet written.
+    bytes: u64,
+    /// Bytes of the last object record (every object record of one hash size has it).
+    object_bytes: u64,
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> BackendError + '_ {
@@ -95,9 +99,12 @@ impl Manifest {
             path: path.to_owned(),
             file: crate::tier::private::replace(&tmp).map_err(private(path))?,
             buf: Vec::with_capacity(4096),
+            bytes: 0,
+            object_bytes: 0,
         };
         m.buf.extend_from_slice(MAGIC);
         m.buf.extend_from_slice(&slot_bytes.to_le_bytes());
+        m.bytes = m.buf.len() as u64;
         for (id, ns, spec) in namespaces {
             m.namespace(*id, ns, spec);
         }
@@ -119,7 +126,23 @@ impl Manifest {
         &self.path
     }
 
+    /// The file's size once the buffered records are written.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Bytes of one object record (0 before the first).
+    pub fn object_record_bytes(&self) -> u64 {
+        self.object_bytes
+    }
+
     fn record(&mut self, body: impl FnOnce(&mut Writer)) {
+        let before = self.buf.len();
+        self.record_inner(body);
+        self.bytes += (self.buf.len() - before) as u64;
+    }
+
+    fn record_inner(&mut self, body: impl FnOnce(&mut Writer)) {
         let start = self.buf.len();
         self.buf.extend_from_slice(MARK);
         self.buf.extend_from_slice(&[0u8; HEAD - 4]);
@@ -144,6 +167,7 @@ impl Manifest {
 
     /// Buffers an object record.
     pub fn object(&mut self, o: &ObjectRecord) {
+        let before = self.bytes;
         self.record(|w| {
             w.u8(2);
             w.u16(o.ns);
@@ -153,6 +177,7 @@ impl Manifest {
             w.u64(o.len);
             w.u64(o.checksum);
         });
+        self.object_bytes = self.bytes - before;
     }
 
     /// Buffers a release record: the slot no longer holds `hash`'s object.

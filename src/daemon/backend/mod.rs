@@ -5,6 +5,7 @@
 //! say when a store is complete across ranks, and crash recovery of the host arena
 //! through a checksummed [`manifest`] ([`journal`]).
 
+mod fence;
 mod journal;
 pub mod managed;
 pub mod manifest;
@@ -134,6 +135,11 @@ pub trait Backend: Send + Sync + 'static {
     fn take_advice(&self, ns: NamespaceId, max_pages: usize) -> AdviceBatch;
     /// Counters (the daemon adds its connection count).
     fn stats(&self) -> DaemonStats;
+    /// The manifest's upkeep and the restart fence, for the admin socket (a backend
+    /// without a manifest has none).
+    fn host_keep(&self) -> Option<crate::admin::HostKeep> {
+        None
+    }
     /// Periodic work: TTLs, watermark eviction, deferred hints, manifest upkeep.
     fn tick(&self);
     /// How long until the earliest pin or retain expires, if any, so upkeep can sleep

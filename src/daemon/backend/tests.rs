@@ -20,6 +20,7 @@ fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
         max_pages: 1024,
         max_wait: Duration::from_millis(200),
         recover,
+        fence_timeout: Duration::from_secs(30),
         arena: ArenaOptions {
             lock: false,
             prefault: false,
@@ -202,4 +203,117 @@ fn a_page_staged_back_from_the_pool_is_journalled_and_recovered_then_released() 
     drop(b);
     let b = ManagedTiers::open(cfg, SystemClock::new()).unwrap();
     assert_eq!((b.stats().recovered_pages, b.stats().discarded_pages), (0, 0));
+}
+
+/// Issue 28 item 4: one million store/release cycles through the journal (64 pages live
+/// at any time) never take the manifest past its bound, and what it replays is exactly
+/// the live pages.
+#[test]
+fn the_manifest_stays_bounded_over_a_million_store_release_cycles() {
+    use super::journal::{COMPACT_FACTOR, COMPACT_SLACK, Journal};
+    use super::manifest::{Manifest, ObjectRecord};
+    let dir = tempfile::tempdir().unwrap();
+    let b = ManagedTiers::open(config(dir.path(), false), SystemClock::new()).unwrap();
+    let reg = b
+        .register(&Namespace::model("m"), &LayoutSpec::mha(1, 1, 16, 2, 4))
+        .unwrap();
+    let mgr = b.manager();
+    let path = dir.path().join("bounded.manifest");
+    let mut j = Journal::new(path.clone());
+    j.start(mgr, reg.arena.slot_bytes).unwrap();
+    const LIVE: u64 = 64;
+    const FLUSH_EVERY: u64 = 16;
+    let rec = |i: u64| ObjectRecord {
+        ns: reg.ns.0,
+        hash: PageHash::from_u64(i),
+        object: 0,
+        slot: (i % (2 * LIVE)) as u32,
+        len: 128,
+        checksum: i,
+    };
+    let (mut largest, mut record_bytes) = (0, 0);
+    for i in 0..1_000_000u64 {
+        j.record(vec![rec(i)]);
+        if i >= LIVE {
+            j.release(reg.ns, PageHash::from_u64(i - LIVE));
+        }
+        if i % FLUSH_EVERY == FLUSH_EVERY - 1 {
+            j.flush(mgr);
+            largest = largest.max(j.manifest_bytes());
+            record_bytes = j.manifest.as_ref().unwrap().object_record_bytes();
+        }
+    }
+    j.flush(mgr);
+    assert_eq!(j.live_objects(), LIVE);
+    // Between two flushes at most FLUSH_EVERY stores and releases are appended.
+    let bound = COMPACT_FACTOR * LIVE * record_bytes + COMPACT_SLACK + 2 * FLUSH_EVERY * record_bytes;
+    assert!(record_bytes > 0);
+    assert!(largest <= bound, "the manifest reached {largest} bytes; bound {bound}");
+    assert!(j.compactions > 100, "compacted {} times", j.compactions);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), j.manifest_bytes());
+    let r = Manifest::replay(&path).unwrap().unwrap();
+    let mut live: Vec<u64> = r.objects.values().map(|o| o.hash.prefix_u64()).collect();
+    live.sort();
+    assert_eq!(live, (1_000_000 - LIVE..1_000_000).collect::<Vec<_>>());
+    assert_eq!(r.bad_records, 0);
+}
+
+/// Issue 28 item 4: when the event ring drops events the journal had not read, the
+/// journal rebuilds its records from the directory, so a crash then recovers exactly
+/// the pages on host, not the ones whose removal was lost.
+#[test]
+fn a_journal_that_missed_events_resyncs_and_recovers_exactly_the_host_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = LayoutSpec::mha(1, 1, 16, 2, 4);
+    let ns_name = Namespace::model("m");
+    let hashes: Vec<PageHash> = (0..48).map(|i| PageHash::from_u64(500 + i)).collect();
+    let small_ring = |recover| TiersConfig {
+        event_ring: 4,
+        ..config(dir.path(), recover)
+    };
+    let on_host: Vec<bool>;
+    {
+        let b = ManagedTiers::open(small_ring(true), SystemClock::new()).unwrap();
+        let reg = b.register(&ns_name, &spec).unwrap();
+        let arena = b.manager().arena().unwrap();
+        // Batches of 8 pages: each evicts 8 older ones, far more events than the ring holds.
+        for (n, batch) in hashes.chunks(8).enumerate() {
+            let (grant, pages) = b.begin_store(reg.ns, 0, 0, batch, "", 1).unwrap();
+            for p in &pages {
+                for s in &p.slots {
+                    // SAFETY: the grant gives us the slot until commit.
+                    unsafe { arena.slot_mut(SlotId(s.slot), 128).unwrap() }.fill((n * 8) as u8 + p.index as u8);
+                }
+            }
+            b.commit_store(grant, &vec![true; pages.len()]).unwrap();
+        }
+        b.tick();
+        on_host = hashes.iter().map(|h| host_complete(&b, reg.ns, h)).collect();
+        let kept = on_host.iter().filter(|&&x| x).count();
+        assert!((8..48).contains(&kept), "eviction ran: {kept} of 48 on host");
+        let (_, live, _, resyncs) = b.manifest_upkeep();
+        assert!(resyncs > 0, "the journal saw the loss");
+        assert_eq!(
+            live,
+            2 * kept as u64,
+            "two records per page on host, none for evicted ones"
+        );
+    }
+    let b = ManagedTiers::open(config(dir.path(), true), SystemClock::new()).unwrap();
+    let s = b.stats();
+    assert_eq!(s.recovered_pages, on_host.iter().filter(|&&x| x).count() as u64);
+    assert_eq!(s.discarded_pages, 0);
+    let reg = b.register(&ns_name, &spec).unwrap();
+    let arena = b.manager().arena().unwrap();
+    for (i, h) in hashes.iter().enumerate() {
+        assert_eq!(host_complete(&b, reg.ns, h), on_host[i], "page {i}");
+        if on_host[i] {
+            let (_, pages) = b.begin_load(reg.ns, 0, 0, &[*h], LoadWait::BestEffort, 2).unwrap();
+            for s in &pages[0] {
+                // SAFETY: the load grant leases the page.
+                let bytes = unsafe { arena.slot(SlotId(s.slot), 128).unwrap() };
+                assert!(bytes.iter().all(|&x| x == i as u8), "page {i} bytes survived");
+            }
+        }
+    }
 }

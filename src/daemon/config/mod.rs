@@ -488,6 +488,7 @@ impl DaemonConfig {
             max_pages: tiers.max_pages,
             max_wait: Duration::from_millis(self.control.max_wait_ms),
             recover: host.recover,
+            fence_timeout: Duration::from_millis(host.fence_timeout_ms),
             arena: ArenaOptions {
                 lock: host.lock,
                 prefault: host.prefault,

@@ -89,6 +89,10 @@ pub struct HostSection {
     pub slot_bytes: u64,
     /// Recover the arena from its manifest at start. Default: true.
     pub recover: bool,
+    /// After a restart that recovered the arena, how long the slots that store grants
+    /// held when the daemon stopped stay quarantined (never granted), so that an engine's
+    /// copy still landing in them cannot become another page's bytes. Default: 30000.
+    pub fence_timeout_ms: u64,
     /// Lock the arena in memory (failure is reported, not fatal). Default: true.
     pub lock: bool,
     /// Touch the arena at start so first copies do not fault. Default: true.
@@ -103,6 +107,7 @@ impl Default for HostSection {
             bytes: 1 << 30,
             slot_bytes: DEFAULT_SLOT_BYTES,
             recover: true,
+            fence_timeout_ms: 30_000,
             lock: true,
             prefault: true,
         }

@@ -19,6 +19,8 @@ use std::collections::VecDeque;
 use crate::directory::index::PageIndex;
 use crate::tier::host::SlotId;
 
+use super::slots::SlotTable;
+
 /// Keys evicted by the pool are kept for the manager until taken, up to this many; beyond
 /// that the oldest are dropped and the overflow flag says a resync is due.
 const EVICTED_LOG_MAX: usize = 1 << 20;
@@ -93,6 +95,8 @@ pub(super) struct Index {
     used_bytes: u64,
     evicted: VecDeque<String>,
     overflow: bool,
+    /// The persistent record of each slot's object, written in step with the index.
+    slots: Option<SlotTable>,
 }
 
 impl Index {
@@ -106,6 +110,16 @@ impl Index {
             tail: NIL,
             ..Self::default()
         }
+    }
+
+    /// Keeps every slot's object in `table` from now on ([`SlotTable`]).
+    pub fn attach(&mut self, table: SlotTable) {
+        self.slots = Some(table);
+    }
+
+    /// Objects whose key was too long for the slot table (lost on a restart).
+    pub fn unrecorded(&self) -> u64 {
+        self.slots.as_ref().map_or(0, |t| t.unrecorded)
     }
 
     /// Objects in the index.
@@ -161,6 +175,9 @@ impl Index {
     /// Takes the live object in slot `s` out of the index and the LRU order.
     fn drop_live(&mut self, s: u32) -> Freed {
         self.unlink_lru(s);
+        if let Some(t) = self.slots.as_mut() {
+            t.clear(s);
+        }
         let r = &mut self.records[s as usize];
         let hash = r.hash;
         self.used_bytes -= r.len as u64;
@@ -205,11 +222,23 @@ impl Index {
         Some(SlotId(s))
     }
 
-    /// Makes a written slot the object of `key`, replacing any older one. Returns the
-    /// older object's slot when it may be freed now (one still being read is freed by
-    /// its last reader).
-    pub fn publish(&mut self, key: &str, hash: u64, slot: SlotId, len: usize) -> Option<SlotId> {
-        let old = self.remove(key, hash).and_then(|(s, f)| (f == Freed::Now).then_some(s));
+    /// Makes a written slot the object of `key` (whose bytes hash to `sum`), replacing
+    /// any older one. Returns the older object's slot when it may be freed now (one still
+    /// being read is freed by its last reader). The new slot's record is written before
+    /// the old one's is cleared, so a crash between the two keeps one of them.
+    pub fn publish(&mut self, key: &str, hash: u64, slot: SlotId, len: usize, sum: u64) -> Option<SlotId> {
+        if let Some(t) = self.slots.as_mut() {
+            t.set(slot.0, key, len, sum);
+        }
+        self.restore(key, hash, slot, len)
+    }
+
+    /// [`Self::publish`] without writing the slot table: an object read back from it.
+    pub fn restore(&mut self, key: &str, hash: u64, slot: SlotId, len: usize) -> Option<SlotId> {
+        let old = self
+            .find(key, hash)
+            .filter(|&s| s != slot.0)
+            .and_then(|s| (self.drop_live(s) == Freed::Now).then_some(SlotId(s)));
         let s = slot.0;
         if s as usize >= self.records.len() {
             self.records.resize_with(s as usize + 1, Record::default);
@@ -272,7 +301,7 @@ mod tests {
     use super::*;
 
     fn put(ix: &mut Index, key: &str, slot: u32, len: usize) -> Option<SlotId> {
-        ix.publish(key, key_hash(key), SlotId(slot), len)
+        ix.publish(key, key_hash(key), SlotId(slot), len, 0)
     }
 
     #[test]
@@ -323,8 +352,8 @@ mod tests {
     fn keys_whose_hashes_collide_stay_apart() {
         let mut ix = Index::new(2);
         // Same hash, different keys: the stored key decides.
-        assert_eq!(ix.publish("x", 42, SlotId(0), 1), None);
-        assert_eq!(ix.publish("y", 42, SlotId(1), 2), None);
+        assert_eq!(ix.publish("x", 42, SlotId(0), 1, 0), None);
+        assert_eq!(ix.publish("y", 42, SlotId(1), 2, 0), None);
         assert_eq!(ix.fence("x", 42, 8), Ok((SlotId(0), 1)));
         assert_eq!(ix.fence("y", 42, 8), Ok((SlotId(1), 2)));
         assert!(!ix.contains("z", 42));
