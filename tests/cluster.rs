@@ -317,14 +317,14 @@ fn pool_index_answers_lookups_from_peer_events() {
     let b1 = Rank::new(&b, 1);
     assert!(in_sync(&b), "B's index in sync: {}", index_of(&b).0);
 
-    // A stores 8 complete TP=2 pages and shares them: B credits them from A's events.
-    let hs = hashes(0x1de_0000_0000, 8);
+    // A stores 12 complete TP=2 pages and shares them: B credits them from A's events.
+    let hs = hashes(0x1de_0000_0000, 12);
     let mut ranks: Vec<RankProc> = (0..2)
         .map(|r| RankProc::spawn(&a.socket, "a-engine", r, 0, 2, 1))
         .collect();
     for r in &mut ranks {
         assert_eq!(r.cmd("ready"), "ready");
-        assert_eq!(r.nums(&format!("store {} 8", hs[0].prefix_u64()))[0], 8);
+        assert_eq!(r.nums(&format!("store {} 12", hs[0].prefix_u64()))[0], 12);
     }
     let ctl = a.client("a-ctl", 0);
     let (_, queries_before) = index_of(&b);
@@ -333,15 +333,15 @@ fn pool_index_answers_lookups_from_peer_events() {
     let credited = eventually(Duration::from_secs(10), || {
         b0.client
             .lookup(&hs)
-            .is_ok_and(|h| (h.device, h.host, h.pool) == (0, 0, 8))
+            .is_ok_and(|h| (h.device, h.host, h.pool) == (0, 0, 12))
     });
     assert!(credited, "B credits A's pages from events: {}", index_of(&b).0);
     eprintln!(
-        "pool index: B credited A's 8 pages {:?} after A's pages were pooled",
+        "pool index: B credited A's 12 pages {:?} after A's pages were pooled",
         t.elapsed()
     );
     for _ in 0..20 {
-        assert_eq!(b0.client.lookup(&hs).unwrap().pool, 8);
+        assert_eq!(b0.client.lookup(&hs).unwrap().pool, 12);
     }
     let (ix, queries_after) = index_of(&b);
     assert_eq!(
@@ -349,7 +349,7 @@ fn pool_index_answers_lookups_from_peer_events() {
         "no master query on B's lookup path in sync: {ix}"
     );
     assert!(ix["index_lookups"].as_u64().unwrap() >= 21, "{ix}");
-    assert!(ix["keys"].as_u64().unwrap() >= 32, "8 pages x 4 objects: {ix}");
+    assert!(ix["keys"].as_u64().unwrap() >= 48, "12 pages x 4 objects: {ix}");
     assert_eq!(b0.load(&hs[..4]), (4, 4), "rank 0 loads A's rank-0 bytes");
     assert_eq!(b1.load(&hs[..4]), (4, 4), "rank 1 loads A's rank-1 bytes");
 
@@ -359,7 +359,7 @@ fn pool_index_answers_lookups_from_peer_events() {
     let keys = scheme_for("kvtier", KeyFormat::Kvtier, &Namespace::model("test-model"), &layout);
     store_client(&python, &master, "remove", &keys.page_keys(&layout, &hs[6]), 0);
     assert_eq!(b0.load(&hs[4..8]), (2, 2), "the load stops at the vanished page");
-    assert_eq!(b0.client.lookup(&hs[4..8]).unwrap().pool, 2, "the index learned");
+    assert_eq!(b0.client.lookup(&hs[4..8]).unwrap().total(), 2, "the index learned");
     assert!(index_of(&b).0["forgotten_pages"].as_u64().unwrap() >= 1);
 
     // A page with only TP rank 0's objects, written behind the index's back, and a node
@@ -391,9 +391,11 @@ fn pool_index_answers_lookups_from_peer_events() {
     .unwrap();
     assert!(text.contains("pool index in sync"), "{text}");
 
-    // The master killed: the index is out of sync and nothing gets pool credit; restarted
-    // (it lost every object): in sync again, the old pages earn nothing, pages A writes
-    // now are credited from its events.
+    // The master killed: the index is out of sync and nothing gets pool credit. Restarted
+    // (it lost every object): in sync again and the old pages earn nothing; A's resync
+    // finds its pages gone from the store, stops believing the pool holds them (they stay
+    // in its host), and shares them again for real: B credits them and loads A's bytes.
+    let rest = &hs[8..12];
     master.kill();
     assert!(
         eventually(Duration::from_secs(30), || index_of(&b).0["mode"] == "syncing"),
@@ -401,23 +403,31 @@ fn pool_index_answers_lookups_from_peer_events() {
         index_of(&b).0
     );
     assert!(eventually(Duration::from_secs(30), || {
-        b0.client.lookup(&hs[..4]).is_ok_and(|h| h.pool == 0)
+        b0.client.lookup(rest).is_ok_and(|h| h.total() == 0)
     }));
     master.restart();
     assert!(in_sync(&b), "B resynced after the restart: {}", index_of(&b).0);
+    assert!(in_sync(&a), "A resynced after the restart: {}", index_of(&a).0);
     let stale = eventually(Duration::from_secs(30), || {
-        b0.client.lookup(&hs[..4]).is_ok_and(|h| h.pool == 0)
+        b0.client.lookup(rest).is_ok_and(|h| h.total() == 0)
     });
     assert!(stale, "pages the old master held earn no credit");
-    let fresh = hashes(0x1de_0001_0000, 4);
-    for r in &mut ranks {
-        assert_eq!(r.nums(&format!("store {} 4", fresh[0].prefix_u64()))[0], 4);
-    }
-    share_until_pooled(&a, &ctl, &fresh, 0);
+    let prefix: Vec<String> = rest.iter().map(PageHash::to_hex).collect();
+    let a_view = || a.admin(&["pages", "--ns", "0", "--prefix", &prefix.join(",")])["complete_prefix"].clone();
+    let relearned = eventually(Duration::from_secs(30), || {
+        let v = a_view();
+        v["pool"] == 0 && v["host"] == 4
+    });
+    assert!(
+        relearned,
+        "A no longer believes the store holds its pages: {}",
+        a_view()
+    );
+    share_until_pooled(&a, &ctl, rest, 0);
     let again = eventually(Duration::from_secs(30), || {
-        b0.client.lookup(&fresh).is_ok_and(|h| h.pool == 4)
+        b0.client.lookup(rest).is_ok_and(|h| h.pool == 4)
     });
     assert!(again, "credit after the restart: {}", index_of(&b).0);
-    assert_eq!(b1.load(&fresh), (4, 4));
+    assert_eq!(b1.load(rest), (4, 4), "A's bytes, nothing lost");
     drop(ranks);
 }

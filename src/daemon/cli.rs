@@ -339,8 +339,12 @@ fn start_pool_index(
     };
     let m = manager.clone();
     let healthy = Box::new(move || m.pool().is_some_and(|p| p.health() == crate::pool::PoolHealth::Ok));
+    let m = manager.clone();
+    let on_resync = Box::new(move |ix: &PoolIndex| {
+        m.reconcile_pool(ix);
+    });
     let shown = format!("{} sources, master admin {}", icfg.sources.len(), icfg.admin);
-    match sync::spawn(icfg, index.clone(), healthy, cancel.clone()) {
+    match sync::spawn(icfg, index.clone(), healthy, on_resync, cancel.clone()) {
         Ok(_) if manager.set_pool_index(index) => println!("kvtier serve: pool index on ({shown})"),
         Ok(_) => tracing::warn!("pool index not used: the pool is not shared"),
         Err(e) => tracing::warn!(error = %e, "pool index not started; lookups ask the master"),

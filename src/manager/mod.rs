@@ -21,6 +21,7 @@ mod inproc;
 mod locks;
 mod policy;
 mod pool_layout;
+mod pool_sync;
 mod queues;
 mod recover;
 mod remote;

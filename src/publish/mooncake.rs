@@ -8,18 +8,23 @@
 //!
 //! Wire format: ZMQ PUB `[topic, seq (8 bytes big-endian, from 1 as Mooncake's own
 //! publisher counts, no gaps), payload]`; `payload` is msgpack
-//! `[timestamp_ms, [event, …], dp_rank]` and each event a map with a superset of the
-//! fields Mooncake's own store publisher sends:
+//! `[timestamp_ms, [event, …], dp_rank]` and each event a map with the fields of Mooncake's
+//! store publisher (`kv_event_publisher.cpp`, legacy-compat fields on), in its order, then
+//! kvtier's two:
 //!
-//! - Mooncake's: `event_id` (per object event, from 1), `timestamp` (ms), `type` and
-//!   `event_type` (`stored` / `removed` / `cleared`), `object_key`, `tenant_id`
-//!   (`default` unless configured), `group_id`, `backend_id` (`kvtier`), `medium`
-//!   (`SHARED`), `seq_hashes` and `block_hashes` (the page hash's low 64 bits, as vLLM
-//!   renders a wide hash; `[]` for a clear), `base_block_idx`, `parent_hash`, `token_ids`
-//!   (nil: an object is not a position in a token chain), `model_name`, `block_size`
-//!   (page tokens), `lora_name`, `additional_salt` (the namespace's, nil when empty),
-//!   `dp_rank`;
+//! - Mooncake's: `event_id` (per object event, from 1), `timestamp` (ms), `event_type`
+//!   (`stored` / `removed` / `cleared`), `type` (`BlockStored` / `BlockRemoved` /
+//!   `AllBlocksCleared`), `model_name`, `block_size` (page tokens), `additional_salt`,
+//!   `lora_name` (the namespace's, nil when empty or unknown; Mooncake's master sends nil),
+//!   `tenant_id` (`default` unless configured), `backend_id` (`kvtier`), `group_id` (nil
+//!   when empty), `medium` ([`MEDIUM`]), `dp_rank`, `object_key`, `seq_hashes` and
+//!   `block_hashes` (the page hash's low 64 bits, as vLLM renders a wide hash; `[]` for a
+//!   clear), `base_block_idx` (0 on stored, nil otherwise) and, on stored only,
+//!   `parent_hash`, `token_ids` and `parent_block_hash` (nil: an object is not a position
+//!   in a token chain);
 //! - kvtier's: `page_hash` (the full hash, hex) and `seq` (the page event's sequence).
+//!
+//! Other nodes' pool indexes read these ([`crate::pool::index`]), as they read a master's.
 
 use std::collections::HashMap;
 use std::sync::Arc;

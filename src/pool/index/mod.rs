@@ -257,6 +257,12 @@ impl PoolIndex {
         Some(out)
     }
 
+    /// Whether every one of `keys` is in the index (whatever its mode).
+    pub fn contains_all(&self, keys: &[String]) -> bool {
+        let st = self.state.read();
+        keys.iter().all(|k| st.keys.contains(k.as_str()))
+    }
+
     /// A get found one of a page's objects gone: none of `keys` is believed present now.
     pub fn forget(&self, keys: &[String]) {
         let mut st = self.state.write();

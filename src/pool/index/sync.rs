@@ -11,7 +11,8 @@
 //!   request counters went down has restarted (it lost every object). When a resync is
 //!   wanted and the master answers, it lists the store (`GET /get_all_keys` on the
 //!   master's admin port, one bounded request with a deadline) and hands the listing to
-//!   [`PoolIndex::finish_resync`].
+//!   [`PoolIndex::finish_resync`], then calls the daemon back (its directory stops
+//!   believing the store holds pages the listing lacks).
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -40,11 +41,15 @@ pub struct IndexConfig {
 /// Is the pool backend healthy (the daemon asks its manager).
 pub type Healthy = Box<dyn Fn() -> bool + Send>;
 
+/// Runs after each completed resync (the daemon brings its directory in line).
+pub type OnResync = Box<dyn Fn(&PoolIndex) + Send>;
+
 /// Starts the subscribers and the supervisor; they stop with `cancel`.
 pub fn spawn(
     cfg: IndexConfig,
     index: Arc<PoolIndex>,
     healthy: Healthy,
+    on_resync: OnResync,
     cancel: CancellationToken,
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
     let ctx = zmq::Context::new();
@@ -66,7 +71,7 @@ pub fn spawn(
     threads.push(
         std::thread::Builder::new()
             .name("kvtier-index-sync".into())
-            .spawn(move || supervise(&cfg, &index, &*healthy, &cancel))?,
+            .spawn(move || supervise(&cfg, &index, &*healthy, &*on_resync, &cancel))?,
     );
     Ok(threads)
 }
@@ -109,7 +114,13 @@ fn subscribe(sock: zmq::Socket, ep: &str, index: &PoolIndex, cancel: &Cancellati
     }
 }
 
-fn supervise(cfg: &IndexConfig, index: &PoolIndex, healthy: &dyn Fn() -> bool, cancel: &CancellationToken) {
+fn supervise(
+    cfg: &IndexConfig,
+    index: &PoolIndex,
+    healthy: &dyn Fn() -> bool,
+    on_resync: &dyn Fn(&PoolIndex),
+    cancel: &CancellationToken,
+) {
     let mut requests: Option<u64> = None;
     let mut retry_at = Instant::now();
     while !cancel.is_cancelled() {
@@ -143,7 +154,9 @@ fn supervise(cfg: &IndexConfig, index: &PoolIndex, healthy: &dyn Fn() -> bool, c
             Ok(body) => {
                 let text = String::from_utf8_lossy(&body);
                 let keys = text.lines().filter(|l| !l.is_empty()).map(str::to_owned);
-                if !index.finish_resync(keys, started) {
+                if index.finish_resync(keys, started) {
+                    on_resync(index);
+                } else {
                     retry_at = Instant::now() + Duration::from_millis(500);
                 }
             }
