@@ -63,7 +63,7 @@ impl Manager {
                 let Some(ans) = answers.get(at..at + n) else { break };
                 at += n;
                 // Only a clear "not there" from the store drops the record; an error keeps it.
-                if ans.iter().any(|a| *a == Ok(false)) && ans.iter().all(Result::is_ok) {
+                if ans.contains(&Ok(false)) && ans.iter().all(Result::is_ok) {
                     lost.push((ns, h));
                 }
             }
