@@ -14,6 +14,10 @@
 //! while ([`RemoteConfig::positive_ttl_ms`], [`RemoteConfig::negative_ttl_ms`]). The query
 //! runs with no manager lock held; the cache has its own lock ([`Rank::Remote`]), always
 //! taken alone. While the pool is not healthy (master unreachable) nothing gets pool credit.
+//!
+//! With a pool index ([`Manager::set_pool_index`], [`crate::pool::index`]) in sync, the
+//! window is answered from the index instead: no query and no cache. Pages this node wrote
+//! stay the directory's to judge; pages found in the pool follow the index.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -245,6 +245,73 @@ fn content_length(head: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// A subscriber applies a stream's events in order and loses sync on a gap in its
+    /// sequence and on a publisher that restarted (its sequence went down).
+    #[test]
+    fn subscriber_applies_events_and_loses_sync_on_gaps() {
+        use std::time::Instant;
+        let ctx = zmq::Context::new();
+        // XPUB: the subscription arrives as a message, so nothing is sent before the
+        // subscriber listens (no fixed sleep for ZMQ's slow joiner).
+        let publ = ctx.socket(zmq::XPUB).unwrap();
+        publ.bind("tcp://127.0.0.1:*").unwrap();
+        let ep = publ.get_last_endpoint().unwrap().unwrap();
+        let index = Arc::new(PoolIndex::new(100));
+        index.begin_resync();
+        assert!(index.finish_resync(Vec::<String>::new(), Instant::now()));
+        let sub = ctx.socket(zmq::SUB).unwrap();
+        sub.set_subscribe(b"").unwrap();
+        sub.set_rcvtimeo(100).unwrap();
+        sub.connect(&ep).unwrap();
+        let cancel = CancellationToken::new();
+        let (ix, c, e) = (index.clone(), cancel.clone(), ep.clone());
+        let t = std::thread::spawn(move || subscribe(sub, &e, &ix, &c));
+        publ.set_rcvtimeo(10_000).unwrap();
+        assert_eq!(publ.recv_bytes(0).unwrap(), vec![1u8], "subscription arrived");
+        let send = |seq: u64, kind: &str, key: &str| {
+            let mut p = Vec::new();
+            rmp::encode::write_array_len(&mut p, 3).unwrap();
+            rmp::encode::write_uint(&mut p, 1).unwrap();
+            rmp::encode::write_array_len(&mut p, 1).unwrap();
+            rmp::encode::write_map_len(&mut p, 2).unwrap();
+            for (f, v) in [("type", kind), ("object_key", key)] {
+                rmp::encode::write_str(&mut p, f).unwrap();
+                rmp::encode::write_str(&mut p, v).unwrap();
+            }
+            rmp::encode::write_uint(&mut p, 0).unwrap();
+            publ.send_multipart([&b""[..], &seq.to_be_bytes()[..], &p[..]], 0)
+                .unwrap();
+        };
+        let until = |f: &dyn Fn() -> bool| {
+            let end = Instant::now() + Duration::from_secs(10);
+            while !f() {
+                assert!(Instant::now() < end, "condition not met in time");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        };
+        send(1, "BlockStored", "k1");
+        send(2, "BlockStored", "k2");
+        send(3, "BlockRemoved", "k1");
+        until(&|| index.snapshot().events == 3);
+        assert!(index.contains_all(&["k2".into()]) && !index.contains_all(&["k1".into()]));
+        assert_eq!(
+            (index.mode(), index.snapshot().sync_losses),
+            (super::super::IndexMode::InSync, 0)
+        );
+        send(5, "BlockStored", "k3");
+        until(&|| index.snapshot().events == 4);
+        assert_eq!(index.mode(), super::super::IndexMode::Syncing, "gap 3 -> 5");
+        assert_eq!(index.snapshot().sync_losses, 1);
+        index.take_resync_wanted();
+        index.begin_resync();
+        assert!(index.finish_resync(Vec::<String>::new(), Instant::now()));
+        send(1, "BlockStored", "k4");
+        until(&|| index.snapshot().events == 5);
+        assert_eq!(index.mode(), super::super::IndexMode::Syncing, "publisher restarted");
+        cancel.cancel();
+        t.join().unwrap();
+    }
+
     #[test]
     fn request_count_sums_only_request_counters() {
         let m = b"# HELP x\nmaster_put_start_requests_total 3\nmaster_key_count 99\nmaster_remove_requests_total 4\nother_requests_total 100\n";
