@@ -134,6 +134,7 @@ stop() {
 env_lines() {
     echo "export KVTIER_MOONCAKE_MASTER=127.0.0.1:$RPC_PORT"
     echo "export KVTIER_MOONCAKE_METADATA=http://127.0.0.1:$HTTP_PORT/metadata"
+    echo "export KVTIER_MOONCAKE_MASTER_ADMIN=127.0.0.1:$METRICS_PORT"
     echo "export KVTIER_MOONCAKE_PYTHON=$VENV/bin/python3"
     echo "export KVTIER_MOONCAKE_MASTER_BIN=$VENV/bin/mooncake_master"
     echo "export KVTIER_MOONCAKE_MASTER_PIDFILE=$PIDFILE"

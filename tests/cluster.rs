@@ -265,3 +265,171 @@ fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
     }
     drop(ranks);
 }
+
+/// `kvtier status --json`'s pool index, and the master queries made on the lookup path.
+fn index_of(node: &Node) -> (serde_json::Value, u64) {
+    let pool = node.admin(&["status"])["pool"].clone();
+    let queries = pool["remote"]["exists_queries"].as_u64().unwrap();
+    (pool["index"].clone(), queries)
+}
+
+fn in_sync(node: &Node) -> bool {
+    eventually(Duration::from_secs(30), || index_of(node).0["mode"] == "in_sync")
+}
+
+/// The pool index: nodes on one master subscribe to each other's object events and answer
+/// lookups from them with no master query; a load of a page the index believed present
+/// but gone loads fewer pages and the index learns; the master killed and restarted
+/// takes the index out of sync (no credit) and back; a node started against a populated
+/// pool credits what is there after its resync, and never a page missing one rank.
+#[test]
+fn pool_index_answers_lookups_from_peer_events() {
+    if !require(
+        "mooncake",
+        "the pool index needs mooncake_master and the wheel's Python",
+    ) {
+        return;
+    }
+    let (bin, python) = cluster_support::mooncake_tools();
+    let dir = tempfile::tempdir().unwrap();
+    let mut master = Master::start(bin, dir.path());
+    let ports: Vec<String> = (0..3)
+        .map(|_| format!("tcp://127.0.0.1:{}", cluster_support::free_port()))
+        .collect();
+    let sources = format!("{:?}", ports);
+    let start = |name: &str, own: &str| {
+        Node::start_with(
+            &dir.path().join(name),
+            &master,
+            &python,
+            &[
+                ("pool_events_endpoint", format!("{own:?}")),
+                ("mooncake.index_sources", sources.clone()),
+                ("mooncake.master_admin", format!("{:?}", master.admin())),
+            ],
+        )
+    };
+    let a = start("a", &ports[0]);
+    let b = start("b", &ports[1]);
+    // The pool starts with a node's first namespace: connect B's engine, then wait for
+    // B's index to list the (empty) store.
+    let b0 = Rank::new(&b, 0);
+    let b1 = Rank::new(&b, 1);
+    assert!(in_sync(&b), "B's index in sync: {}", index_of(&b).0);
+
+    // A stores 12 complete TP=2 pages and shares them: B credits them from A's events.
+    let hs = hashes(0x1de_0000_0000, 12);
+    let mut ranks: Vec<RankProc> = (0..2)
+        .map(|r| RankProc::spawn(&a.socket, "a-engine", r, 0, 2, 1))
+        .collect();
+    for r in &mut ranks {
+        assert_eq!(r.cmd("ready"), "ready");
+        assert_eq!(r.nums(&format!("store {} 12", hs[0].prefix_u64()))[0], 12);
+    }
+    let ctl = a.client("a-ctl", 0);
+    let (_, queries_before) = index_of(&b);
+    share_until_pooled(&a, &ctl, &hs, 0);
+    let t = std::time::Instant::now();
+    let credited = eventually(Duration::from_secs(10), || {
+        b0.client
+            .lookup(&hs)
+            .is_ok_and(|h| (h.device, h.host, h.pool) == (0, 0, 12))
+    });
+    assert!(credited, "B credits A's pages from events: {}", index_of(&b).0);
+    eprintln!(
+        "pool index: B credited A's 12 pages {:?} after A's pages were pooled",
+        t.elapsed()
+    );
+    for _ in 0..20 {
+        assert_eq!(b0.client.lookup(&hs).unwrap().pool, 12);
+    }
+    let (ix, queries_after) = index_of(&b);
+    assert_eq!(
+        queries_after, queries_before,
+        "no master query on B's lookup path in sync: {ix}"
+    );
+    assert!(ix["index_lookups"].as_u64().unwrap() >= 21, "{ix}");
+    assert!(ix["keys"].as_u64().unwrap() >= 48, "12 pages x 4 objects: {ix}");
+    assert_eq!(b0.load(&hs[..4]), (4, 4), "rank 0 loads A's rank-0 bytes");
+    assert_eq!(b1.load(&hs[..4]), (4, 4), "rank 1 loads A's rank-1 bytes");
+
+    // Objects removed behind every node's back (the wheel's own client publishes nothing):
+    // the load stops at the gone page, never wrong bytes, and the index learns.
+    let layout = spec(2, 1).build().unwrap();
+    let keys = scheme_for("kvtier", KeyFormat::Kvtier, &Namespace::model("test-model"), &layout);
+    store_client(&python, &master, "remove", &keys.page_keys(&layout, &hs[6]), 0);
+    assert_eq!(b0.load(&hs[4..8]), (2, 2), "the load stops at the vanished page");
+    assert_eq!(b0.client.lookup(&hs[4..8]).unwrap().total(), 2, "the index learned");
+    // (The index learns from the load's not-found, or from B's own `removed` event of the
+    // page, whichever comes first: either way hs[6] is no longer credited, which the lookup
+    // above shows; were it still believed present, hs[6] and hs[7] would be credited.)
+
+    // A page with only TP rank 0's objects, written behind the index's back, and a node
+    // started now: its resync lists both; it credits A's pages and never the half page.
+    let lone = PageHash::from_u64(0x10e_0000_0002);
+    let rank0: Vec<String> = keys.page_keys(&layout, &lone)[..2].to_vec();
+    store_client(&python, &master, "put", &rank0, layout.object_bytes(0) as usize);
+    let c = start("c", &ports[2]);
+    let c0 = Rank::new(&c, 0);
+    assert!(in_sync(&c), "C's index in sync: {}", index_of(&c).0);
+    let (cix, c_queries) = index_of(&c);
+    assert!(cix["resyncs"].as_u64().unwrap() >= 1, "{cix}");
+    assert_eq!(c0.client.lookup(&hs[..6]).unwrap().pool, 6, "{}", index_of(&c).0);
+    assert_eq!(c0.client.lookup(&[lone]).unwrap().total(), 0);
+    assert_eq!(c0.load(&hs[..2]), (2, 2));
+    assert_eq!(
+        index_of(&c).1,
+        c_queries,
+        "C asked the master nothing on its lookup path"
+    );
+    let text = String::from_utf8(
+        Command::new(common::kvtier_bin())
+            .args(["status", "--socket"])
+            .arg(&c.admin)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(text.contains("pool index in sync"), "{text}");
+
+    // The master killed: the index is out of sync and nothing gets pool credit. Restarted
+    // (it lost every object): in sync again and the old pages earn nothing; A's resync
+    // finds its pages gone from the store, stops believing the pool holds them (they stay
+    // in its host), and shares them again for real: B credits them and loads A's bytes.
+    let rest = &hs[8..12];
+    master.kill();
+    assert!(
+        eventually(Duration::from_secs(30), || index_of(&b).0["mode"] == "syncing"),
+        "{}",
+        index_of(&b).0
+    );
+    assert!(eventually(Duration::from_secs(30), || {
+        b0.client.lookup(rest).is_ok_and(|h| h.total() == 0)
+    }));
+    master.restart();
+    assert!(in_sync(&b), "B resynced after the restart: {}", index_of(&b).0);
+    assert!(in_sync(&a), "A resynced after the restart: {}", index_of(&a).0);
+    let stale = eventually(Duration::from_secs(30), || {
+        b0.client.lookup(rest).is_ok_and(|h| h.total() == 0)
+    });
+    assert!(stale, "pages the old master held earn no credit");
+    let prefix: Vec<String> = rest.iter().map(PageHash::to_hex).collect();
+    let a_view = || a.admin(&["pages", "--ns", "0", "--prefix", &prefix.join(",")])["complete_prefix"].clone();
+    let relearned = eventually(Duration::from_secs(30), || {
+        let v = a_view();
+        v["pool"] == 0 && v["host"] == 4
+    });
+    assert!(
+        relearned,
+        "A no longer believes the store holds its pages: {}",
+        a_view()
+    );
+    share_until_pooled(&a, &ctl, rest, 0);
+    let again = eventually(Duration::from_secs(30), || {
+        b0.client.lookup(rest).is_ok_and(|h| h.pool == 4)
+    });
+    assert!(again, "credit after the restart: {}", index_of(&b).0);
+    assert_eq!(b1.load(rest), (4, 4), "A's bytes, nothing lost");
+    drop(ranks);
+}

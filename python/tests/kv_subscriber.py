@@ -24,11 +24,17 @@ MEDIA = {"GPU", "CPU_PINNED", "SHARED"}
 END_SEQ = b"\xff" * 8
 STORED_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"]
 REMOVED_KEYS = ["type", "block_hashes", "medium"]
-MOONCAKE_KEYS = [
-    "event_id", "timestamp", "type", "event_type", "object_key", "tenant_id", "group_id", "backend_id", "medium",
-    "seq_hashes", "block_hashes", "base_block_idx", "parent_hash", "token_ids", "model_name", "block_size",
-    "lora_name", "additional_salt", "dp_rank", "page_hash", "seq",
+MOONCAKE_BASE = [
+    "event_id", "timestamp", "event_type", "type", "model_name", "block_size", "additional_salt", "lora_name",
+    "tenant_id", "backend_id", "group_id", "medium", "dp_rank", "object_key", "seq_hashes", "block_hashes",
+    "base_block_idx",
 ]
+# Mooncake's publisher's fields with its legacy ones on, in its order; kvtier's two at the end.
+MOONCAKE_KEYS = {
+    "stored": MOONCAKE_BASE + ["parent_hash", "token_ids", "parent_block_hash", "page_hash", "seq"],
+    "removed": MOONCAKE_BASE + ["page_hash", "seq"],
+}
+LEGACY = {"stored": "BlockStored", "removed": "BlockRemoved"}
 EVENT_IDS = []
 
 
@@ -89,14 +95,18 @@ def decode_mooncake(payload):
     assert isinstance(dp, int) and isinstance(events, list) and events, b
     out = []
     for e in events:
-        assert isinstance(e, dict) and list(e.keys()) == MOONCAKE_KEYS, e
-        assert e["event_type"] in ("stored", "removed", "cleared") and e["type"] == e["event_type"], e
+        assert isinstance(e, dict) and e.get("event_type") in MOONCAKE_KEYS, e
+        assert list(e.keys()) == MOONCAKE_KEYS[e["event_type"]] and e["type"] == LEGACY[e["event_type"]], e
         assert all(isinstance(e[k], str) for k in ("object_key", "tenant_id", "group_id", "backend_id")), e
-        assert isinstance(e["seq"], int) and e["medium"] == "SHARED" and e["backend_id"] == "kvtier", e
+        assert isinstance(e["seq"], int) and e["medium"] == "cpu" and e["backend_id"] == "kvtier", e
         assert e["timestamp"] == ts_ms and e["dp_rank"] == dp, e
         low64 = int(e["page_hash"][-16:], 16)
         assert e["seq_hashes"] == [low64] and e["block_hashes"] == [low64], e
-        assert e["base_block_idx"] is None and e["parent_hash"] is None and e["token_ids"] is None, e
+        if e["event_type"] == "stored":
+            assert e["base_block_idx"] == 0 and e["parent_hash"] is None and e["token_ids"] is None, e
+            assert e["parent_block_hash"] is None, e
+        else:
+            assert e["base_block_idx"] is None, e
         assert e["model_name"] == "m" and e["block_size"] == 16, e
         EVENT_IDS.append(e["event_id"])
         out.append([e["event_type"], e["object_key"], e["tenant_id"], e["group_id"], e["page_hash"], e["seq"]])

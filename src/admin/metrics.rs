@@ -268,6 +268,9 @@ pub fn render_pool(o: &mut String, p: &crate::manager::PoolReport) {
         );
         sample(o, "kvtier_pool_exists_via", &[("via", via)], 1.0);
     }
+    if let Some(ix) = &p.index {
+        pool_index(o, ix);
+    }
     let Some(r) = &p.remote else { return };
     let counters: [(&str, &str, u64); 10] = [
         (
@@ -372,6 +375,82 @@ pub fn render_host_keep(o: &mut String, k: &crate::admin::HostKeep) {
         family(o, name, kind, help);
         sample(o, name, &[], v as f64);
     }
+}
+
+/// The pool index: its mode (`in_sync`: lookups answered here; `syncing`: they ask the
+/// master) and its counters.
+fn pool_index(o: &mut String, ix: &crate::pool::index::IndexSnapshot) {
+    use crate::pool::index::IndexMode;
+    family(
+        o,
+        "kvtier_pool_index_mode",
+        "gauge",
+        "The pool index's mode (1): in_sync answers lookups itself, syncing falls back to the master.",
+    );
+    for (mode, name) in [(IndexMode::InSync, "in_sync"), (IndexMode::Syncing, "syncing")] {
+        let v = f64::from(u8::from(ix.mode == Some(mode)));
+        sample(o, "kvtier_pool_index_mode", &[("mode", name)], v);
+    }
+    family(
+        o,
+        "kvtier_pool_index_keys",
+        "gauge",
+        "Object keys the pool index holds.",
+    );
+    sample(o, "kvtier_pool_index_keys", &[], ix.keys as f64);
+    let counters: [(&str, &str, u64); 7] = [
+        (
+            "kvtier_pool_index_events_total",
+            "Store/Remove object events applied to the index.",
+            ix.events,
+        ),
+        (
+            "kvtier_pool_index_sync_losses_total",
+            "Times the index lost sync (gap, restart, unreachable master).",
+            ix.sync_losses,
+        ),
+        (
+            "kvtier_pool_index_resyncs_total",
+            "Resyncs of the index from the store's listing.",
+            ix.resyncs,
+        ),
+        (
+            "kvtier_pool_index_resync_failures_total",
+            "Resyncs that failed (retried).",
+            ix.resync_failures,
+        ),
+        (
+            "kvtier_pool_index_lookups_total",
+            "Lookups answered from the index, with no master query.",
+            ix.index_lookups,
+        ),
+        (
+            "kvtier_pool_index_pages_total",
+            "Pages those lookups asked about.",
+            ix.index_pages,
+        ),
+        (
+            "kvtier_pool_index_forgotten_pages_total",
+            "Pages dropped from the index because a get found an object gone.",
+            ix.forgotten_pages,
+        ),
+    ];
+    for (name, help, v) in counters {
+        family(o, name, "counter", help);
+        sample(o, name, &[], v as f64);
+    }
+    family(
+        o,
+        "kvtier_pool_index_last_resync_seconds",
+        "gauge",
+        "How long the last resync took.",
+    );
+    sample(
+        o,
+        "kvtier_pool_index_last_resync_seconds",
+        &[],
+        ix.last_resync_us as f64 / 1e6,
+    );
 }
 
 fn family(o: &mut String, name: &str, kind: &str, help: &str) {

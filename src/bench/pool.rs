@@ -63,6 +63,13 @@ pub struct PoolBenchArgs {
     /// from `PATH`.
     #[arg(long, env = "KVTIER_MOONCAKE_PYTHON", value_parser = absolute_path)]
     pub python: Option<PathBuf>,
+    /// The master's admin HTTP address (its `--metrics_port`), where the subject's pool
+    /// index lists the store.
+    #[arg(long, env = "KVTIER_MOONCAKE_MASTER_ADMIN", default_value = "127.0.0.1:9003")]
+    pub master_admin: String,
+    /// Pages in the store for the `index_resync` row (4 objects each); 0 skips the row.
+    #[arg(long, default_value_t = 100_000)]
+    pub resync_pages: usize,
     /// Directory for the benchmark's shared-memory files.
     #[arg(long, default_value = "/dev/shm")]
     pub dir: PathBuf,
@@ -111,6 +118,9 @@ pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
     }
     if args.backend == Backend::Mooncake {
         rows.push(super::pool_remote::remote_lookup(&args).context("remote lookup")?);
+        if args.resync_pages > 0 {
+            rows.push(super::pool_remote::index_resync(&args).context("index resync")?);
+        }
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);

@@ -1,31 +1,28 @@
 //! The `remote_lookup` row of `kvtier bench pool --backend mooncake`: a 64-page prefix
 //! lookup that misses in a node's directory and hits in the store, where another node
-//! wrote every object of every page.
+//! wrote every object of every page, answered from the subject's pool index.
 //!
 //! Two nodes on one master. The writer (node A) is this process's own Mooncake pool
-//! backend; the subject (node B) is a real `kvtier serve --pool-kind mooncake` child, asked
-//! through its control socket by an engine rank (the client library), as an engine asks.
-//! Each round the writer stores 64 fresh TP=2 pages (256 objects); then the subject's
-//! lookup and the reference, the wheel's own `batch_is_exist` over the same 256 keys timed
-//! inside the writer's helper (the Python client as HiCache calls it), run one after the
-//! other, alternating which goes first. Medians over rounds; the goal is a ratio of at
-//! most 1.5.
+//! backend, which announces its puts and removes as a kvtier node does, in Mooncake's
+//! object event format on a ZMQ PUB socket of its own; the subject (node B) is a real
+//! `kvtier serve --pool-kind mooncake` child with `mooncake.index_sources` on that socket,
+//! asked through its control socket by an engine rank (the client library), as an engine
+//! asks. Each round the writer stores 64 fresh TP=2 pages (256 objects) and announces
+//! them; once the subject's index has applied the events, the subject's lookup and the
+//! reference, the wheel's own `batch_is_exist` over the same 256 keys timed inside the
+//! writer's helper (the Python client as HiCache calls it), run one after the other,
+//! alternating which goes first. Medians over rounds; the goal is a ratio of at most 0.1.
 //!
-//! The subject's cache never answers for it: every round's pages are new (hashes no round
-//! used before, so the daemon has neither a directory record nor a cached answer for
-//! them), and a round fails unless the daemon's own counters show exactly one existence
-//! query for its lookup. What the row leaves out is a freshly started daemon's first
-//! touches of memory: the subject's directory is sized to its arena
-//! (`max_pages = 65536`, as an operator sizes it), and a few uncounted warm-up rounds
-//! let its lookup view's pages become resident, as they are in a daemon that has served
-//! for a while. Without them each new page's record and index slot is a page fault, and
-//! on the shared development VM those faults, not the lookup, were a fifth of the row.
+//! A round fails unless the subject's own counters show no existence query to the master
+//! and one more lookup answered from its index. Every round's pages are new (hashes no
+//! round used before), so the lookup finds them through the index, not the directory.
+//! A few uncounted warm-up rounds let the subject's directory and lookup view become
+//! resident, as in a daemon that has served for a while.
 //!
-//! Beside the two figures the row breaks the subject's time down, from the daemon's own
-//! counters read between rounds (`GET /v1/status`): `daemon_exists_p50_us` is its
-//! existence query as the daemon timed it (by default the master's own `BatchExistKey`,
-//! asked from the daemon's thread; with `mooncake.exists_via = "helper"` through the
-//! helper), the rest of `kvtier_p50_us` is the control socket and the daemon's own work.
+//! The `index_resync` row starts a second subject against a store that holds
+//! `--resync-pages` pages (4 objects each) and reports how long its index took to list
+//! the store and come in sync, as the daemon timed it, against the wheel's
+//! `batch_is_exist` over the same keys.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -51,6 +48,52 @@ const WARM_WAIT: Duration = Duration::from_secs(60);
 const WARM_ROUNDS: usize = 4;
 /// The subject's directory size: 16 times the pages its 64 MiB arena holds.
 const SUBJECT_MAX_PAGES: usize = 65_536;
+/// How long the subject's index may take to apply a round's events.
+const EVENT_WAIT: Duration = Duration::from_secs(10);
+
+/// The writer's announcements: object Store/Remove events in Mooncake's format (the
+/// fields a master sends with `--kv_events_emit_object_key`), sequence from 1.
+struct Announcer {
+    sock: zmq::Socket,
+    endpoint: String,
+    seq: u64,
+}
+
+impl Announcer {
+    fn bind() -> anyhow::Result<Self> {
+        let sock = zmq::Context::new().socket(zmq::PUB)?;
+        sock.set_sndhwm(100_000)?;
+        sock.bind("tcp://127.0.0.1:*")?;
+        let endpoint = sock.get_last_endpoint()?.map_err(|_| anyhow::anyhow!("no endpoint"))?;
+        Ok(Self { sock, endpoint, seq: 1 })
+    }
+
+    fn send(&mut self, stored: bool, keys: &[&str]) -> anyhow::Result<()> {
+        for chunk in keys.chunks(4096) {
+            let mut p = Vec::with_capacity(chunk.len() * 96 + 16);
+            rmp::encode::write_array_len(&mut p, 3)?;
+            rmp::encode::write_uint(&mut p, 1)?;
+            rmp::encode::write_array_len(&mut p, chunk.len() as u32)?;
+            let (rfc, legacy) = if stored {
+                ("stored", "BlockStored")
+            } else {
+                ("removed", "BlockRemoved")
+            };
+            for k in chunk {
+                rmp::encode::write_map_len(&mut p, 3)?;
+                for (f, v) in [("event_type", rfc), ("type", legacy), ("object_key", k)] {
+                    rmp::encode::write_str(&mut p, f)?;
+                    rmp::encode::write_str(&mut p, v)?;
+                }
+            }
+            rmp::encode::write_uint(&mut p, 0)?;
+            self.sock
+                .send_multipart([&b""[..], &self.seq.to_be_bytes()[..], &p[..]], 0)?;
+            self.seq += 1;
+        }
+        Ok(())
+    }
+}
 
 fn config(args: &PoolBenchArgs) -> MooncakeConfig {
     let c = MooncakeConfig::new(&args.master, &args.metadata).with_segment_bytes(256 << 20);
@@ -61,7 +104,7 @@ fn config(args: &PoolBenchArgs) -> MooncakeConfig {
 }
 
 /// `kvtier serve --pool-kind mooncake` on the bench's master: node B.
-fn subject_daemon(args: &PoolBenchArgs, slot_bytes: u64) -> anyhow::Result<DaemonChild> {
+fn subject_daemon(args: &PoolBenchArgs, slot_bytes: u64, events: &str) -> anyhow::Result<DaemonChild> {
     let exe = std::env::current_exe().context("this executable")?;
     let quote = |s: &str| format!("{s:?}");
     let mut pool = vec![
@@ -75,20 +118,56 @@ fn subject_daemon(args: &PoolBenchArgs, slot_bytes: u64) -> anyhow::Result<Daemo
     set("mooncake.key_tag", quote(TAG));
     set("mooncake.global_segment_bytes", (64u64 << 20).to_string());
     set("tiers.max_pages", SUBJECT_MAX_PAGES.to_string());
+    set("mooncake.index_sources", format!("[{}]", quote(events)));
+    set("mooncake.master_admin", quote(&args.master_admin));
     if let Some(p) = &args.python {
         set("mooncake.python", quote(&p.display().to_string()));
     }
     DaemonChild::start_with(&exe, 64 << 20, slot_bytes, &pool)
 }
 
-/// The daemon's existence-query counters: (queries, nanoseconds).
-fn exists_counters(admin: &Path) -> anyhow::Result<(u64, u64)> {
+/// The subject's counters: master existence queries, and its index's mode, events
+/// applied, lookups answered, last resync (µs) and keys listed then.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Counters {
+    queries: u64,
+    in_sync: bool,
+    events: u64,
+    index_lookups: u64,
+    resync_us: u64,
+    resync_keys: u64,
+}
+
+fn counters(admin: &Path) -> anyhow::Result<Counters> {
     let r = crate::cli::client::request(admin, "GET", "/v1/status", None, Some(Duration::from_secs(10)))?;
     let v: serde_json::Value = serde_json::from_slice(&r.body()?)?;
-    let remote = &v["pool"]["remote"];
-    match (remote["exists_queries"].as_u64(), remote["exists_ns"].as_u64()) {
-        (Some(q), Some(ns)) => Ok((q, ns)),
-        _ => bail!("the subject's status has no discovery counters: {}", v["pool"]),
+    let (remote, ix) = (&v["pool"]["remote"], &v["pool"]["index"]);
+    let n = |x: &serde_json::Value| x.as_u64();
+    match (n(&remote["exists_queries"]), n(&ix["events"]), n(&ix["index_lookups"])) {
+        (Some(queries), Some(events), Some(index_lookups)) => Ok(Counters {
+            queries,
+            in_sync: ix["mode"] == "in_sync",
+            events,
+            index_lookups,
+            resync_us: n(&ix["last_resync_us"]).unwrap_or(0),
+            resync_keys: n(&ix["last_resync_keys"]).unwrap_or(0),
+        }),
+        _ => bail!("the subject's status has no index counters: {}", v["pool"]),
+    }
+}
+
+/// Polls the subject's counters until `ok` holds, for at most `limit`.
+fn wait_for(admin: &Path, limit: Duration, what: &str, ok: impl Fn(&Counters) -> bool) -> anyhow::Result<Counters> {
+    let end = Instant::now() + limit;
+    loop {
+        let c = counters(admin)?;
+        if ok(&c) {
+            return Ok(c);
+        }
+        if Instant::now() >= end {
+            bail!("the subject never reached: {what} ({c:?})");
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -103,7 +182,8 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Row> {
             writer.run_dir().display()
         );
     }
-    let daemon = subject_daemon(args, layout.max_object_bytes()).context("the subject daemon")?;
+    let mut announce = Announcer::bind()?;
+    let daemon = subject_daemon(args, layout.max_object_bytes(), &announce.endpoint).context("the subject daemon")?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -125,7 +205,9 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Row> {
     let scheme = crate::pool::keys::scheme_for(TAG, crate::pool::keys::KeyFormat::Kvtier, &ns, &layout);
     let zeros = vec![0u8; obj];
     let base = (std::process::id() as u64) << 32;
-    let (mut k, mut r, mut d) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut k, mut r) = (Vec::new(), Vec::new());
+    // The pool starts with the subject's first namespace; its index then lists the store.
+    let mut seen = wait_for(&admin, WARM_WAIT, "index in sync", |c| c.in_sync)?.events;
     // A round takes milliseconds, and one lookup crosses the engine, the daemon and the
     // master, whose wake-ups a shared machine delays at random: five times the put/get
     // rounds, so one slow wake-up moves the median little.
@@ -142,19 +224,14 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Row> {
         if let Some(e) = writer.batch_put_from(&items).into_iter().find_map(Result::err) {
             bail!("writer put: {e}");
         }
-        if round == 0 {
-            let end = Instant::now() + WARM_WAIT;
-            while client.lookup(&hs)?.pool != PAGES {
-                if Instant::now() >= end {
-                    bail!("the subject never credited the writer's pages (is its pool healthy?)");
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            writer.remove_batch(&refs, true);
-            continue;
-        }
+        announce.send(true, &refs)?;
+        let want = seen + refs.len() as u64;
+        seen = wait_for(&admin, EVENT_WAIT, "the round's events applied", |c| c.events >= want)?.events;
         let counted = round > WARM_ROUNDS;
-        let before = exists_counters(&admin)?;
+        let before = counters(&admin)?;
+        if !before.in_sync {
+            bail!("the subject's index fell out of sync: {before:?}");
+        }
         let subject = || -> anyhow::Result<f64> {
             let t = Instant::now();
             let hit = client.lookup(&hs)?;
@@ -178,21 +255,20 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Row> {
             let ks = subject()?;
             (ks, reference()?)
         };
-        let after = exists_counters(&admin)?;
-        if after.0 != before.0 + 1 {
-            bail!(
-                "the subject sent {} existence queries for one lookup, not 1",
-                after.0 - before.0
-            );
+        let after = counters(&admin)?;
+        if after.queries != before.queries || after.index_lookups != before.index_lookups + 1 {
+            bail!("the lookup was not answered from the index alone: before {before:?}, after {after:?}");
         }
         if counted {
             k.push(ks);
             r.push(rs);
-            d.push((after.1 - before.1) as f64 * 1e-9);
         }
         writer.remove_batch(&refs, true);
+        announce.send(false, &refs)?;
+        let want = seen + refs.len() as u64;
+        seen = wait_for(&admin, EVENT_WAIT, "the round's removals applied", |c| c.events >= want)?.events;
     }
-    let (kp, rp, dp) = (median(k) * 1e6, median(r) * 1e6, median(d) * 1e6);
+    let (kp, rp) = (median(k) * 1e6, median(r) * 1e6);
     Ok(Row {
         backend: "mooncake",
         op: "remote_lookup",
@@ -203,12 +279,92 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Row> {
         kvtier_gbps: 0.0,
         raw_gbps: 0.0,
         ratio: kp / rp.max(1e-9),
-        reference: "wheel python client batch_is_exist, same keys; subject: a second kvtier serve, \
-                    through its socket (goal: ratio <= 1.5)",
+        reference: "wheel python client batch_is_exist, same keys; subject: a second kvtier serve \
+                    answering from its pool index, through its socket (goal: ratio <= 0.1)",
         failed: 0,
         corrupt: 0,
         kvtier_p50_us: Some(kp),
         raw_p50_us: Some(rp),
-        daemon_exists_p50_us: Some(dp),
+        daemon_exists_p50_us: None,
     })
+}
+
+/// The `index_resync` row: a subject started against a store holding `--resync-pages`
+/// TP=2 pages (4 small objects each) lists it at start; the daemon's own timing of that
+/// resync, against the wheel's `batch_is_exist` over the same keys.
+pub(super) fn index_resync(args: &PoolBenchArgs) -> anyhow::Result<Row> {
+    let spec = LayoutSpec::mha(1, 2, 8, 2, 16).with_parallel(2, 1);
+    let layout = spec.clone().build()?;
+    let obj = layout.object_bytes(0) as usize;
+    let writer = MooncakePool::start(config(args), None)?;
+    if writer.wait_healthy(Duration::from_secs(30)) != PoolHealth::Ok {
+        bail!("writer's pool not healthy");
+    }
+    let tag = format!("{}-resync", std::process::id());
+    let ns = Namespace::model(format!("bench-{tag}"));
+    let scheme = crate::pool::keys::scheme_for(TAG, crate::pool::keys::KeyFormat::Kvtier, &ns, &layout);
+    let base = (std::process::id() as u64) << 40;
+    let keys: Vec<String> = (0..args.resync_pages as u64)
+        .flat_map(|i| scheme.page_keys(&layout, &PageHash::from_u64(base + i)))
+        .collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let zeros = vec![0u8; obj];
+    for chunk in refs.chunks(4096) {
+        let items: Vec<(&str, &[u8])> = chunk.iter().map(|&k| (k, zeros.as_slice())).collect();
+        if let Some(e) = writer.batch_put_from(&items).into_iter().find_map(Result::err) {
+            bail!("writer put: {e}");
+        }
+    }
+    let result = (|| -> anyhow::Result<Row> {
+        let mut raw = 0.0;
+        for chunk in refs.chunks(65_536) {
+            let r = writer.raw_exists(chunk)?;
+            if r.failed > 0 {
+                bail!("raw client: {} of {} keys missing", r.failed, chunk.len());
+            }
+            raw += r.seconds;
+        }
+        let announce = Announcer::bind()?;
+        let daemon = subject_daemon(args, layout.max_object_bytes().max(65_536), &announce.endpoint)?;
+        let identity = Identity {
+            instance: format!("bench-c-{tag}"),
+            namespace: ns.clone(),
+            tp_rank: 0,
+            tp_size: 2,
+            pp_rank: 0,
+            pp_size: 1,
+            dp_rank: 0,
+        };
+        let _client = Client::connect(
+            ClientConfig::new(daemon.socket(), identity, spec.clone()).with_timeout(Duration::from_secs(20)),
+        )?;
+        let want = keys.len() as u64;
+        let c = wait_for(&daemon.admin_socket(), Duration::from_secs(300), "index in sync", |c| {
+            c.in_sync && c.resync_keys >= want
+        })?;
+        let (kp, rp) = (c.resync_us as f64, raw * 1e6);
+        Ok(Row {
+            backend: "mooncake",
+            op: "index_resync",
+            object_bytes: obj,
+            objects: keys.len(),
+            batch: keys.len(),
+            rounds: 1,
+            kvtier_gbps: 0.0,
+            raw_gbps: 0.0,
+            ratio: kp / rp.max(1e-9),
+            reference: "a kvtier serve started against the populated store: its index's resync \
+                        (listing over the master's admin HTTP, as the daemon timed it) against the \
+                        wheel python client batch_is_exist over the same keys",
+            failed: 0,
+            corrupt: 0,
+            kvtier_p50_us: Some(kp),
+            raw_p50_us: Some(rp),
+            daemon_exists_p50_us: None,
+        })
+    })();
+    for chunk in refs.chunks(4096) {
+        writer.remove_batch(chunk, true);
+    }
+    result
 }

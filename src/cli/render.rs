@@ -124,6 +124,24 @@ pool {}  {}",
         if let Some(p) = pool["mapping_page_bytes"].as_u64() {
             let _ = write!(out, "  mapped with {} pages", page_size(p));
         }
+        if let Some(ix) = pool["index"].as_object() {
+            let g = |k: &str| ix.get(k).and_then(Value::as_u64).unwrap_or(0);
+            let mode = match ix.get("mode").and_then(Value::as_str) {
+                Some("in_sync") => "in sync: lookups answered here".to_string(),
+                _ => format!(
+                    "SYNCING ({}): lookups ask the master",
+                    ix.get("last_loss").and_then(Value::as_str).unwrap_or("")
+                ),
+            };
+            let _ = write!(
+                out,
+                "\npool index {mode}; {} keys, {} events, {} resyncs, {} index lookups",
+                g("keys"),
+                g("events"),
+                g("resyncs"),
+                g("index_lookups")
+            );
+        }
         out.push('\n');
     }
     let engines = v["engines"].as_array().cloned().unwrap_or_default();

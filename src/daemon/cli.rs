@@ -323,6 +323,41 @@ impl SideServices {
     }
 }
 
+/// Starts the pool index (`mooncake.index_sources`): its subscribers, this node's own
+/// object events among them, and its supervisor. A failure is logged; lookups then keep
+/// asking the master.
+fn start_pool_index(
+    cfg: &DaemonConfig,
+    manager: &crate::manager::Manager,
+    own: Option<String>,
+    cancel: &CancellationToken,
+) {
+    use crate::pool::index::{PoolIndex, sync};
+    let mut sources = cfg.mooncake.index_sources.clone();
+    if let Some(own) = own.filter(|o| !sources.contains(o)) {
+        sources.push(own);
+    }
+    let index = Arc::new(PoolIndex::new(cfg.mooncake.index_max_keys));
+    let icfg = sync::IndexConfig {
+        sources,
+        admin: cfg.mooncake.admin_addr(),
+        poll: Duration::from_millis(50),
+        http_timeout: Duration::from_secs(5),
+    };
+    let m = manager.clone();
+    let healthy = Box::new(move || m.pool().is_some_and(|p| p.health() == crate::pool::PoolHealth::Ok));
+    let m = manager.clone();
+    let on_resync = Box::new(move |ix: &PoolIndex| {
+        m.reconcile_pool(ix);
+    });
+    let shown = format!("{} sources, master admin {}", icfg.sources.len(), icfg.admin);
+    match sync::spawn(icfg, index.clone(), healthy, on_resync, cancel.clone()) {
+        Ok(_) if manager.set_pool_index(index) => println!("kvtier serve: pool index on ({shown})"),
+        Ok(_) => tracing::warn!("pool index not used: the pool is not shared"),
+        Err(e) => tracing::warn!(error = %e, "pool index not started; lookups ask the master"),
+    }
+}
+
 /// Starts the admin socket and publishers. A failure to start one is logged and the daemon
 /// keeps serving engines: losing the admin view or an event stream must not take the KV
 /// cache of a running fleet down with it.
@@ -409,6 +444,7 @@ fn start_side_services(
             cfg.pool.kind.name()
         );
     }
+    let mut own_pool_events = None;
     if !cfg.events.pool_endpoint.is_empty() && cfg.pool.kind == PoolKind::Mooncake {
         let mcfg = crate::publish::mooncake::MooncakeConfig {
             endpoint: super::config::event_endpoint(&cfg.events.pool_endpoint, &run_dir, "pool-events.ipc"),
@@ -418,12 +454,16 @@ fn start_side_services(
         match crate::publish::mooncake::spawn(mcfg, manager.clone(), side.clone()) {
             Ok(h) => {
                 println!("kvtier serve: pool object events {}", h.endpoint());
+                own_pool_events = Some(h.endpoint().to_owned());
                 publishers.push(h);
             }
             Err(e) => {
                 tracing::warn!(error = %e, endpoint = %cfg.events.pool_endpoint, "pool event publisher not started")
             }
         }
+    }
+    if cfg.pool.kind == PoolKind::Mooncake && !cfg.mooncake.index_sources.is_empty() {
+        start_pool_index(cfg, &manager, own_pool_events, &cancel);
     }
     if !cfg.events.session_endpoint.is_empty() {
         let scfg = crate::publish::sessions::SessionEventsConfig {

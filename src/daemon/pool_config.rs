@@ -87,6 +87,18 @@ pub struct MooncakeSection {
     /// Who answers existence queries: `master` (its RPC, from the daemon's thread) or
     /// `helper` (the wheel's client). Default: `master`.
     pub exists_via: ExistsVia,
+    /// Object event streams that feed the pool index: every peer's `events.pool_endpoint`
+    /// (this node's own is added), and/or a master's `--kv_events_bind_endpoint`. Non-empty
+    /// turns the index on: lookups are answered from it, with no master query, while it is
+    /// in sync (docs/pool.md, "The pool index"). Default: empty (off).
+    pub index_sources: Vec<String>,
+    /// The master's admin HTTP address (its `--metrics_port`), `host:port`: the index lists
+    /// the store there (`/get_all_keys`) to resync, and watches it for restarts. Empty:
+    /// `{master host}:9003`, the master's default. Default: empty.
+    pub master_admin: String,
+    /// Most object keys the pool index holds; past it the index stops answering and
+    /// lookups ask the master. Default: 4,194,304.
+    pub index_max_keys: usize,
 }
 
 impl Default for MooncakeSection {
@@ -108,6 +120,9 @@ impl Default for MooncakeSection {
             exists_cache_ms: remote.positive_ttl_ms,
             missing_cache_ms: remote.negative_ttl_ms,
             exists_via: ExistsVia::Master,
+            index_sources: Vec::new(),
+            master_admin: String::new(),
+            index_max_keys: 4 << 20,
         }
     }
 }
@@ -171,6 +186,7 @@ impl MooncakeSection {
             ("global_segment_bytes", self.global_segment_bytes),
             ("local_buffer_bytes", self.local_buffer_bytes),
             ("lookup_budget_pages", self.lookup_budget_pages as u64),
+            ("index_max_keys", self.index_max_keys as u64),
         ] {
             if v == 0 {
                 return Err(PoolConfigError::Zero(name));
@@ -178,6 +194,9 @@ impl MooncakeSection {
         }
         if !(1..=16).contains(&self.replicas) {
             return Err(PoolConfigError::Replicas(self.replicas));
+        }
+        if !self.master_admin.is_empty() {
+            check_master(&self.master_admin)?;
         }
         let p = &self.python;
         if p.is_relative() && p.components().count() > 1 {
@@ -205,6 +224,16 @@ impl MooncakeSection {
             c = c.with_python(self.python.clone());
         }
         c
+    }
+
+    /// The master's admin HTTP address (`master_admin`, or the master's host and port 9003).
+    pub fn admin_addr(&self) -> String {
+        if self.master_admin.is_empty() {
+            let host = self.master.rsplit_once(':').map_or(self.master.as_str(), |(h, _)| h);
+            format!("{host}:9003")
+        } else {
+            self.master_admin.clone()
+        }
     }
 
     /// Discovery tunables.

@@ -23,6 +23,7 @@ mod locks;
 mod policy;
 mod pool_layout;
 mod pool_recover;
+mod pool_sync;
 mod queues;
 mod recover;
 mod remote;

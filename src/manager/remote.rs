@@ -14,8 +14,13 @@
 //! while ([`RemoteConfig::positive_ttl_ms`], [`RemoteConfig::negative_ttl_ms`]). The query
 //! runs with no manager lock held; the cache has its own lock ([`Rank::Remote`]), always
 //! taken alone. While the pool is not healthy (master unreachable) nothing gets pool credit.
+//!
+//! With a pool index ([`Manager::set_pool_index`], [`crate::pool::index`]) in sync, the
+//! window is answered from the index instead: no query and no cache. Pages this node wrote
+//! stay the directory's to judge; pages found in the pool follow the index.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
@@ -25,6 +30,7 @@ use serde::Serialize;
 use super::Manager;
 use super::locks::{Ordered, Rank};
 use crate::page::{NamespaceId, PageHash};
+use crate::pool::index::{IndexMode, IndexSnapshot, PoolIndex};
 use crate::pool::{KeyBatch, PoolError, PoolHealth};
 use crate::tier::TierKind;
 use crate::wire::PrefixHit;
@@ -129,11 +135,13 @@ impl Cache {
     }
 }
 
-/// Discovery state: configuration, cache, counters.
+/// Discovery state: configuration, cache, counters, and the pool index once the daemon
+/// sets one ([`Manager::set_pool_index`]).
 pub(crate) struct Remote {
     cfg: RemoteConfig,
     cache: Mutex<Cache>,
     n: Counters,
+    index: std::sync::OnceLock<Arc<PoolIndex>>,
 }
 
 impl Remote {
@@ -142,6 +150,7 @@ impl Remote {
             cfg,
             cache: Mutex::new(Cache::default()),
             n: Counters::default(),
+            index: std::sync::OnceLock::new(),
         }
     }
 
@@ -199,6 +208,17 @@ impl Manager {
         Some(Ordered::take(Rank::Remote, || r.cache.lock()))
     }
 
+    /// Lookups past device and host are answered from `index` while it is in sync (no
+    /// master query on the lookup path). Set once; `false` when the pool is not shared
+    /// or an index is set already.
+    pub fn set_pool_index(&self, index: Arc<PoolIndex>) -> bool {
+        self.inner.remote.as_ref().is_some_and(|r| r.index.set(index).is_ok())
+    }
+
+    fn pool_index(&self) -> Option<&Arc<PoolIndex>> {
+        self.inner.remote.as_ref()?.index.get()
+    }
+
     /// Discovery counters, when the pool is shared.
     pub fn remote_stats(&self) -> Option<RemoteSnapshot> {
         self.inner.remote.as_ref().map(Remote::snapshot)
@@ -232,6 +252,9 @@ impl Manager {
         if let Some(mut c) = self.remote_cache() {
             c.answers.remove(&(ns, *hash));
             c.found.remove(&(ns, *hash));
+        }
+        if let (Some(index), Ok(scheme), Ok(layout)) = (self.pool_index(), self.key_scheme(ns), self.layout(ns)) {
+            index.forget(&scheme.page_keys(&layout, hash));
         }
     }
 
@@ -293,9 +316,46 @@ impl Manager {
                 .collect();
             (known, layout, st.keys[ns.0 as usize].clone())
         };
-        // Cached answers; the walk stops at the first cached "no".
         let now = self.inner.clock.now_ms();
         let mut answer: Vec<Option<bool>> = known.iter().map(|k| (*k == Known::Near).then_some(true)).collect();
+        let per_page = layout.object_count();
+        // The pool index, while in sync, answers every page here: no query, no cache.
+        // Pages this node wrote stay the directory's to judge (a node's own lookup may run
+        // before its own events reach its index); pages found in the pool follow the index.
+        if let Some(index) = self.pool_index().filter(|i| i.mode() == IndexMode::InSync) {
+            if known.contains(&Known::Pool)
+                && let Some(cache) = self.remote_cache()
+            {
+                for (i, h) in window.iter().enumerate() {
+                    if known[i] == Known::Pool && !cache.found.contains_key(&(ns, *h)) {
+                        answer[i] = Some(true);
+                    }
+                }
+            }
+            let ask: Vec<usize> = (0..window.len()).filter(|&i| answer[i].is_none()).collect();
+            let mut keys = KeyBatch::with_capacity(ask.len() * per_page, scheme.key_capacity());
+            for &i in &ask {
+                keys.push_page(&scheme, &layout, &window[i]);
+            }
+            if let Some(present) = index.pages_present(&keys, per_page) {
+                for (j, &i) in ask.iter().enumerate() {
+                    answer[i] = Some(present[j]);
+                }
+                let d = Discovery {
+                    ns,
+                    hit,
+                    start,
+                    end,
+                    known,
+                    answer,
+                    ask: Vec::new(),
+                    per_page,
+                    now,
+                };
+                return Ok((d, None));
+            }
+        }
+        // Cached answers; the walk stops at the first cached "no".
         {
             let Some(cache) = self.remote_cache() else {
                 return Err(hit);
@@ -320,7 +380,6 @@ impl Manager {
         }
         let cut = answer.iter().position(|a| *a == Some(false)).unwrap_or(window.len());
         let ask: Vec<usize> = (0..cut).filter(|&i| answer[i].is_none()).collect();
-        let per_page = layout.object_count();
         let keys = (!ask.is_empty()).then(|| {
             // Every key in one buffer: a 64-page query names 256 objects.
             let mut keys = KeyBatch::with_capacity(ask.len() * per_page, scheme.key_capacity());
@@ -539,6 +598,9 @@ pub struct PoolReport {
     pub shared: bool,
     /// Discovery counters on a shared pool.
     pub remote: Option<RemoteSnapshot>,
+    /// The pool index's mode and counters, when the daemon runs one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<IndexSnapshot>,
     /// Who answers existence queries, where the backend has a choice (`master`, `helper`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exists_via: Option<&'static str>,
@@ -567,6 +629,7 @@ impl Manager {
             health: pool.as_ref().map(|p| p.health()),
             shared: self.inner.remote.is_some(),
             remote: self.remote_stats(),
+            index: self.pool_index().map(|i| i.snapshot()),
             exists_via: pool.as_ref().and_then(|p| p.exists_source()),
             mapping_page_bytes: pool.as_ref().and_then(|p| p.mapping_page_bytes()),
         }

@@ -6,6 +6,7 @@
 //! implement the same trait. The pool is object-addressed: pages become pool-complete only
 //! in the directory, when every object key of their layout exists.
 
+pub mod index;
 pub mod keys;
 pub mod local;
 pub mod mooncake;
@@ -76,6 +77,21 @@ impl KeyBatch {
         hash: &crate::page::PageHash,
     ) {
         scheme.push_page_keys(layout, hash, &mut self.buf, &mut self.ends);
+    }
+
+    /// How many keys the batch holds.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Key `i` (panics past [`Self::len`], like a slice).
+    pub fn get(&self, i: usize) -> &str {
+        let a = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.buf[a..self.ends[i]]
     }
 
     /// The keys, in the order they were pushed.

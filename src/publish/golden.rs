@@ -98,17 +98,19 @@ fn mooncake_case(tenant: &str, key_len: usize, objects: usize, dp_rank: u32) -> 
         .iter()
         .enumerate()
         .map(|(i, e)| ObjectEvent {
-            event_type: if i % 2 == 0 { "stored" } else { "removed" },
             key: format!("{:x>1$}_{i}", "k", key_len),
             ev: e,
             ns: None,
         })
         .collect();
-    if let Some(first) = evs.first() {
+    let cleared = evs.first().map(|e| PageEvent {
+        kind: PageEventKind::Cleared,
+        ..*e
+    });
+    if let Some(c) = &cleared {
         objs.push(ObjectEvent {
-            event_type: "cleared",
             key: String::new(),
-            ev: first,
+            ev: c,
             ns: None,
         });
     }

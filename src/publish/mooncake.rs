@@ -8,18 +8,23 @@
 //!
 //! Wire format: ZMQ PUB `[topic, seq (8 bytes big-endian, from 1 as Mooncake's own
 //! publisher counts, no gaps), payload]`; `payload` is msgpack
-//! `[timestamp_ms, [event, …], dp_rank]` and each event a map with a superset of the
-//! fields Mooncake's own store publisher sends:
+//! `[timestamp_ms, [event, …], dp_rank]` and each event a map with the fields of Mooncake's
+//! store publisher (`kv_event_publisher.cpp`, legacy-compat fields on), in its order, then
+//! kvtier's two:
 //!
-//! - Mooncake's: `event_id` (per object event, from 1), `timestamp` (ms), `type` and
-//!   `event_type` (`stored` / `removed` / `cleared`), `object_key`, `tenant_id`
-//!   (`default` unless configured), `group_id`, `backend_id` (`kvtier`), `medium`
-//!   (`SHARED`), `seq_hashes` and `block_hashes` (the page hash's low 64 bits, as vLLM
-//!   renders a wide hash; `[]` for a clear), `base_block_idx`, `parent_hash`, `token_ids`
-//!   (nil: an object is not a position in a token chain), `model_name`, `block_size`
-//!   (page tokens), `lora_name`, `additional_salt` (the namespace's, nil when empty),
-//!   `dp_rank`;
+//! - Mooncake's: `event_id` (per object event, from 1), `timestamp` (ms), `event_type`
+//!   (`stored` / `removed` / `cleared`), `type` (`BlockStored` / `BlockRemoved` /
+//!   `AllBlocksCleared`), `model_name`, `block_size` (page tokens), `additional_salt`,
+//!   `lora_name` (the namespace's, nil when empty or unknown; Mooncake's master sends nil),
+//!   `tenant_id` (`default` unless configured), `backend_id` (`kvtier`), `group_id` (nil
+//!   when empty), `medium` ([`MEDIUM`]), `dp_rank`, `object_key`, `seq_hashes` and
+//!   `block_hashes` (the page hash's low 64 bits, as vLLM renders a wide hash; `[]` for a
+//!   clear), `base_block_idx` (0 on stored, nil otherwise) and, on stored only,
+//!   `parent_hash`, `token_ids` and `parent_block_hash` (nil: an object is not a position
+//!   in a token chain);
 //! - kvtier's: `page_hash` (the full hash, hex) and `seq` (the page event's sequence).
+//!
+//! Other nodes' pool indexes read these ([`crate::pool::index`]), as they read a master's.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -71,12 +76,15 @@ impl Default for MooncakeConfig {
 
 /// One object event before encoding.
 pub(super) struct ObjectEvent<'a> {
-    pub(super) event_type: &'static str,
     pub(super) key: String,
     pub(super) ev: &'a PageEvent,
     /// The page's namespace and page tokens, when known.
     pub(super) ns: Option<(&'a Namespace, u32)>,
 }
+
+/// The `medium` of every event: the store's objects live in its memory segments, which
+/// Mooncake's master names `cpu`.
+pub const MEDIUM: &str = "cpu";
 
 /// Encodes a batch; event ids continue from `*event_id` (the next one to give).
 pub(super) fn encode(
@@ -95,26 +103,48 @@ pub(super) fn encode(
         None => w.nil(),
     };
     for o in objs {
-        w.map(21);
+        let (rfc, legacy) = match o.ev.kind {
+            PageEventKind::Stored => ("stored", "BlockStored"),
+            PageEventKind::Removed => ("removed", "BlockRemoved"),
+            PageEventKind::Cleared => ("cleared", "AllBlocksCleared"),
+        };
+        let stored = o.ev.kind == PageEventKind::Stored;
+        // Mooncake's 16 fields with the legacy ones on, then by kind: stored adds
+        // base_block_idx, parent_hash, token_ids, parent_block_hash; others add
+        // base_block_idx. kvtier adds page_hash and seq.
+        w.map(if stored { 22 } else { 19 });
         w.str("event_id");
         w.uint(*event_id);
         *event_id += 1;
         w.str("timestamp");
         w.uint(ts_ms);
-        w.str("type");
-        w.str(o.event_type);
         w.str("event_type");
-        w.str(o.event_type);
-        w.str("object_key");
-        w.str(&o.key);
+        w.str(rfc);
+        w.str("type");
+        w.str(legacy);
+        w.str("model_name");
+        opt_str(&mut w, o.ns.map(|(n, _)| n.model.as_str()));
+        w.str("block_size");
+        match o.ns {
+            Some((_, tokens)) => w.uint(tokens.into()),
+            None => w.nil(),
+        }
+        w.str("additional_salt");
+        opt_str(&mut w, o.ns.map(|(n, _)| n.salt.as_str()));
+        w.str("lora_name");
+        opt_str(&mut w, o.ns.map(|(n, _)| n.lora.as_str()));
         w.str("tenant_id");
         w.str(&cfg.tenant_id);
-        w.str("group_id");
-        w.str(&cfg.group_id);
         w.str("backend_id");
         w.str(&cfg.backend_id);
+        w.str("group_id");
+        opt_str(&mut w, Some(cfg.group_id.as_str()));
         w.str("medium");
-        w.str(TierKind::Pool.medium());
+        w.str(MEDIUM);
+        w.str("dp_rank");
+        w.uint(cfg.dp_rank as u64);
+        w.str("object_key");
+        w.str(&o.key);
         let cleared = o.ev.kind == PageEventKind::Cleared;
         for name in ["seq_hashes", "block_hashes"] {
             w.str(name);
@@ -125,23 +155,17 @@ pub(super) fn encode(
                 w.uint(super::vllm::low_u64(&o.ev.hash));
             }
         }
-        for name in ["base_block_idx", "parent_hash", "token_ids"] {
-            w.str(name);
+        w.str("base_block_idx");
+        if stored {
+            // A pool object is a standalone block: depth 0, as Mooncake's master sends.
+            w.uint(0);
+            for name in ["parent_hash", "token_ids", "parent_block_hash"] {
+                w.str(name);
+                w.nil();
+            }
+        } else {
             w.nil();
         }
-        w.str("model_name");
-        opt_str(&mut w, o.ns.map(|(n, _)| n.model.as_str()));
-        w.str("block_size");
-        match o.ns {
-            Some((_, tokens)) => w.uint(tokens.into()),
-            None => w.nil(),
-        }
-        w.str("lora_name");
-        opt_str(&mut w, o.ns.map(|(n, _)| n.lora.as_str()));
-        w.str("additional_salt");
-        opt_str(&mut w, o.ns.map(|(n, _)| n.salt.as_str()));
-        w.str("dp_rank");
-        w.uint(cfg.dp_rank as u64);
         w.str("page_hash");
         w.hex_str(o.ev.hash.as_bytes());
         w.str("seq");
@@ -202,30 +226,20 @@ fn run(
         }
         let mut objs = Vec::new();
         for ev in pool() {
-            let event_type = match ev.kind {
-                PageEventKind::Stored => "stored",
-                PageEventKind::Removed => "removed",
-                PageEventKind::Cleared => {
-                    objs.push(ObjectEvent {
-                        event_type: "cleared",
-                        key: String::new(),
-                        ev,
-                        ns: None,
-                    });
-                    continue;
-                }
-            };
+            if ev.kind == PageEventKind::Cleared {
+                objs.push(ObjectEvent {
+                    key: String::new(),
+                    ev,
+                    ns: None,
+                });
+                continue;
+            }
             let Some((scheme, layout)) = scheme_of(&manager, &mut schemes, ev.ns) else {
                 continue;
             };
             let ns = names.get(&ev.ns).map(|n| (n, layout.page_tokens()));
             for key in scheme.page_keys(layout, &ev.hash) {
-                objs.push(ObjectEvent {
-                    event_type,
-                    key,
-                    ev,
-                    ns,
-                });
+                objs.push(ObjectEvent { key, ev, ns });
             }
         }
         for chunk in objs.chunks(cfg.max_batch_objects) {
@@ -293,7 +307,6 @@ mod tests {
             salt: "s".into(),
         };
         let objs = [ObjectEvent {
-            event_type: "stored",
             key: "k_0_k".into(),
             ev: &ev,
             ns: Some((&name, 16)),
@@ -314,29 +327,61 @@ mod tests {
         let want = [
             ("event_id", "1"),
             ("timestamp", "1234"),
-            ("type", "\"stored\""),
             ("event_type", "\"stored\""),
-            ("object_key", "\"k_0_k\""),
-            ("tenant_id", "\"t\""),
-            ("group_id", "\"g\""),
-            ("backend_id", "\"kvtier\""),
-            ("seq_hashes", "[1]"),
-            ("block_hashes", "[1]"),
-            ("base_block_idx", "nil"),
-            ("parent_hash", "nil"),
-            ("token_ids", "nil"),
+            ("type", "\"BlockStored\""),
             ("model_name", "\"m\""),
             ("block_size", "16"),
-            ("lora_name", "nil"),
             ("additional_salt", "\"s\""),
+            ("lora_name", "nil"),
+            ("tenant_id", "\"t\""),
+            ("backend_id", "\"kvtier\""),
+            ("group_id", "\"g\""),
+            ("medium", "\"cpu\""),
             ("dp_rank", "2"),
+            ("object_key", "\"k_0_k\""),
+            ("seq_hashes", "[1]"),
+            ("block_hashes", "[1]"),
+            ("base_block_idx", "0"),
+            ("parent_hash", "nil"),
+            ("token_ids", "nil"),
+            ("parent_block_hash", "nil"),
             ("page_hash", "\"0000000000000001\""),
             ("seq", "9"),
         ];
+        let names: Vec<&str> = pairs.iter().map(|(n, _)| n.as_str()).collect();
+        let order: Vec<&str> = want.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, order, "Mooncake's field order, then kvtier's");
         for (k, v) in want {
             assert_eq!(field(k), v, "{k}");
         }
-        assert_eq!(pairs.len(), 21);
+        // A removal: base_block_idx nil and no chain fields; an empty group_id is nil.
+        let gone = PageEvent {
+            kind: PageEventKind::Removed,
+            ..ev
+        };
+        let objs = [ObjectEvent {
+            key: "k_0_k".into(),
+            ev: &gone,
+            ns: None,
+        }];
+        let mut buf = Vec::new();
+        let plain = MooncakeConfig::default();
+        encode(&mut buf, &plain, 1, &objs, &mut event_id);
+        let v = rmpv::decode::read_value(&mut buf.as_slice()).unwrap();
+        let m = v.as_array().unwrap()[1].as_array().unwrap()[0]
+            .as_map()
+            .unwrap()
+            .clone();
+        let get = |k: &str| {
+            m.iter()
+                .find(|(n, _)| n.as_str() == Some(k))
+                .map(|(_, v)| v.to_string())
+        };
+        assert_eq!(m.len(), 19);
+        assert_eq!(get("type").as_deref(), Some("\"BlockRemoved\""));
+        assert_eq!(get("base_block_idx").as_deref(), Some("nil"));
+        assert_eq!(get("group_id").as_deref(), Some("nil"));
+        assert_eq!(get("parent_block_hash"), None);
         assert_eq!(MooncakeConfig::default().tenant_id, "default");
     }
 }

@@ -44,6 +44,7 @@ pub struct Master {
     bin: PathBuf,
     rpc: u16,
     http: u16,
+    metrics: u16,
     log: PathBuf,
     child: Option<Child>,
 }
@@ -54,6 +55,7 @@ impl Master {
             bin,
             rpc: free_port(),
             http: free_port(),
+            metrics: free_port(),
             log: dir.join("master.log"),
             child: None,
         };
@@ -74,7 +76,7 @@ impl Master {
                 "--http_metadata_server_host=127.0.0.1",
             ])
             .arg(format!("--http_metadata_server_port={}", self.http))
-            .arg(format!("--metrics_port={}", free_port()))
+            .arg(format!("--metrics_port={}", self.metrics))
             .arg("--client_ttl=3")
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -84,6 +86,7 @@ impl Master {
         let up = eventually(Duration::from_secs(20), || {
             std::net::TcpStream::connect(("127.0.0.1", self.rpc)).is_ok()
                 && std::net::TcpStream::connect(("127.0.0.1", self.http)).is_ok()
+                && std::net::TcpStream::connect(("127.0.0.1", self.metrics)).is_ok()
         });
         assert!(up, "mooncake_master did not come up; log {}", self.log.display());
     }
@@ -97,6 +100,11 @@ impl Master {
 
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.rpc)
+    }
+
+    /// The master's admin HTTP address (its metrics port: `/get_all_keys`, `/metrics`).
+    pub fn admin(&self) -> String {
+        format!("127.0.0.1:{}", self.metrics)
     }
 
     pub fn metadata(&self) -> String {
@@ -120,6 +128,11 @@ pub struct Node {
 
 impl Node {
     pub fn start(dir: &Path, master: &Master, python: &Path) -> Self {
+        Self::start_with(dir, master, python, &[])
+    }
+
+    /// [`Node::start`] with more `--set key=value` pairs, after (and over) the usual ones.
+    pub fn start_with(dir: &Path, master: &Master, python: &Path, extra: &[(&str, String)]) -> Self {
         std::fs::create_dir_all(dir).unwrap();
         let log = dir.join("daemon.log");
         let out = std::fs::File::create(dir.join("stdout.log")).unwrap();
@@ -146,7 +159,12 @@ impl Node {
             .args(set("recover", "false"))
             .args(set("events_endpoint", "\"\""))
             .args(set("events_replay_endpoint", "\"\""))
-            .args(set("pool_events_endpoint", "\"\""))
+            .args(if extra.iter().any(|(k, _)| *k == "pool_events_endpoint") {
+                Vec::new()
+            } else {
+                set("pool_events_endpoint", "\"\"").to_vec()
+            })
+            .args(extra.iter().flat_map(|(k, v)| set(k, v)))
             .env("RUST_LOG", "info")
             .stdout(out)
             .stderr(std::fs::File::create(&log).unwrap())

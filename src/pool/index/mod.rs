@@ -1,0 +1,301 @@
+//! A local index of a shared pool's objects, fed by Store/Remove events.
+//!
+//! On a Mooncake Store shared by a cluster, every node's lookups used to ask the master,
+//! in one batched existence query per lookup, whether each candidate page's objects exist.
+//! The index keeps, on this node, the set of object keys the pool holds, learned from the
+//! pool's Store/Remove events (its peers' kvtier object event streams, or a master that
+//! publishes its own, in Mooncake's format: see [`events`]) and from a full listing of the
+//! store at start and after any loss of sync (a resync, see [`sync`]).
+//!
+//! The index knows object keys, not pages: a lookup renders every object key of each
+//! candidate page (TP × PP × K/V, or MLA latents, from the namespace's [`KeyScheme`] and
+//! [`Layout`](crate::layout::Layout), which also carries the layout's fingerprint) and the
+//! page counts only when every one of them is present. So a page is credited only when all
+//! its objects are present, for every namespace, layout and key format alike, and a page
+//! missing one rank's objects never is.
+//!
+//! Consistency: the index answers only while [`IndexMode::InSync`]. A gap in an event
+//! stream's sequence, a publisher that restarted, a `cleared` event, a master that went
+//! away or restarted, or a listing past [`PoolIndex::max_keys`] makes it
+//! [`IndexMode::Syncing`] until a resync completes; meanwhile lookups fall back to the
+//! master query (the existence path of [`crate::manager::RemoteConfig`]). Events that arrive
+//! during a resync are journalled and replayed over the listing, so none is lost to the
+//! race between the listing and the stream. A load that finds an object gone (an eviction
+//! the master made, of which no peer published anything) returns fewer pages and removes
+//! the page's keys here ([`PoolIndex::forget`]).
+//!
+//! [`KeyScheme`]: crate::page::KeyScheme
+
+#[cfg(feature = "daemon")]
+pub mod events;
+#[cfg(feature = "daemon")]
+pub mod sync;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use parking_lot::RwLock;
+use serde::Serialize;
+
+use super::KeyBatch;
+
+type KeySet = HashSet<Box<str>, foldhash::quality::RandomState>;
+
+/// Whether the index may answer lookups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexMode {
+    /// Not (or no longer) known to match the store: lookups fall back to the master.
+    Syncing,
+    /// Matches the store as of the last event: lookups are answered here.
+    InSync,
+}
+
+/// The index's state and counters, for `kvtier status` and `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct IndexSnapshot {
+    /// `in_sync`, or `syncing` (lookups fall back to the master).
+    pub mode: Option<IndexMode>,
+    /// Why the index last lost sync (empty when it never did).
+    pub last_loss: String,
+    /// Object keys the index holds.
+    pub keys: u64,
+    /// Store/Remove object events applied (or journalled during a resync).
+    pub events: u64,
+    /// Times the index lost sync (sequence gaps, restarts, unreachable master, overflow).
+    pub sync_losses: u64,
+    /// Resyncs completed, and the last one's listing size and time.
+    pub resyncs: u64,
+    pub resync_failures: u64,
+    pub last_resync_keys: u64,
+    pub last_resync_us: u64,
+    /// Lookups answered from the index (no master query), and the pages they asked about.
+    pub index_lookups: u64,
+    pub index_pages: u64,
+    /// Pages whose keys were dropped because a get found an object gone.
+    pub forgotten_pages: u64,
+}
+
+struct State {
+    keys: KeySet,
+    mode: IndexMode,
+    last_loss: String,
+    /// Events that arrived during a resync, replayed over its listing (`None`: no resync
+    /// under way).
+    journal: Option<Vec<(bool, Box<str>)>>,
+}
+
+/// The set of object keys a shared pool holds, as this node knows it.
+pub struct PoolIndex {
+    state: RwLock<State>,
+    max_keys: usize,
+    resync_wanted: AtomicBool,
+    events: AtomicU64,
+    sync_losses: AtomicU64,
+    resyncs: AtomicU64,
+    resync_failures: AtomicU64,
+    last_resync_keys: AtomicU64,
+    last_resync_us: AtomicU64,
+    index_lookups: AtomicU64,
+    index_pages: AtomicU64,
+    forgotten_pages: AtomicU64,
+}
+
+impl PoolIndex {
+    /// An empty index that holds at most `max_keys` keys; it starts [`IndexMode::Syncing`]
+    /// with a resync wanted (the pool may already hold objects).
+    pub fn new(max_keys: usize) -> Self {
+        Self {
+            state: RwLock::new(State {
+                keys: KeySet::default(),
+                mode: IndexMode::Syncing,
+                last_loss: String::new(),
+                journal: None,
+            }),
+            max_keys: max_keys.max(1),
+            resync_wanted: AtomicBool::new(true),
+            events: AtomicU64::new(0),
+            sync_losses: AtomicU64::new(0),
+            resyncs: AtomicU64::new(0),
+            resync_failures: AtomicU64::new(0),
+            last_resync_keys: AtomicU64::new(0),
+            last_resync_us: AtomicU64::new(0),
+            index_lookups: AtomicU64::new(0),
+            index_pages: AtomicU64::new(0),
+            forgotten_pages: AtomicU64::new(0),
+        }
+    }
+
+    /// Most keys the index holds; past it the index loses sync (lookups fall back).
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    pub fn mode(&self) -> IndexMode {
+        self.state.read().mode
+    }
+
+    /// One Store (`stored = true`) or Remove event of object `key`.
+    pub fn apply(&self, stored: bool, key: &str) {
+        self.events.fetch_add(1, Relaxed);
+        let mut st = self.state.write();
+        if let Some(j) = st.journal.as_mut() {
+            if j.len() < self.max_keys {
+                j.push((stored, key.into()));
+            }
+            return;
+        }
+        if stored {
+            if st.keys.len() >= self.max_keys && !st.keys.contains(key) {
+                drop(st);
+                self.lose_sync("index full (mooncake.index_max_keys)");
+                return;
+            }
+            st.keys.insert(key.into());
+        } else {
+            st.keys.remove(key);
+        }
+    }
+
+    /// The index may no longer match the store: stop answering until a resync completes.
+    pub fn lose_sync(&self, why: &str) {
+        let mut st = self.state.write();
+        if st.mode == IndexMode::InSync || st.journal.is_some() {
+            self.sync_losses.fetch_add(1, Relaxed);
+            tracing::warn!(
+                reason = why,
+                "pool index lost sync; lookups ask the master until it resyncs"
+            );
+        }
+        st.mode = IndexMode::Syncing;
+        st.journal = None;
+        st.last_loss = why.to_owned();
+        self.resync_wanted.store(true, Relaxed);
+    }
+
+    /// Whether a resync is wanted (taken: the caller runs it).
+    pub fn take_resync_wanted(&self) -> bool {
+        self.resync_wanted.swap(false, Relaxed)
+    }
+
+    /// A resync starts: events from here on are journalled until [`Self::finish_resync`].
+    pub fn begin_resync(&self) {
+        let mut st = self.state.write();
+        st.mode = IndexMode::Syncing;
+        st.journal = Some(Vec::new());
+    }
+
+    /// The store's listing, taken after [`Self::begin_resync`]: it replaces the index, the
+    /// journalled events are replayed over it, and the index is in sync again. `false`
+    /// (still syncing) when sync was lost meanwhile or the listing is too large.
+    pub fn finish_resync(&self, listing: impl IntoIterator<Item = String>, started: Instant) -> bool {
+        let mut keys = KeySet::default();
+        for k in listing {
+            if keys.len() >= self.max_keys {
+                self.resync_failures.fetch_add(1, Relaxed);
+                self.lose_sync("store listing larger than mooncake.index_max_keys");
+                return false;
+            }
+            keys.insert(k.into_boxed_str());
+        }
+        let mut st = self.state.write();
+        let Some(journal) = st.journal.take() else {
+            // Sync was lost during the listing: another resync is already wanted.
+            self.resync_failures.fetch_add(1, Relaxed);
+            return false;
+        };
+        for (stored, k) in journal {
+            if stored {
+                keys.insert(k);
+            } else {
+                keys.remove(&k);
+            }
+        }
+        let n = keys.len() as u64;
+        st.keys = keys;
+        st.mode = IndexMode::InSync;
+        drop(st);
+        self.resyncs.fetch_add(1, Relaxed);
+        self.last_resync_keys.store(n, Relaxed);
+        self.last_resync_us
+            .store(started.elapsed().as_micros().min(u64::MAX as u128) as u64, Relaxed);
+        tracing::info!(keys = n, "pool index in sync");
+        true
+    }
+
+    /// A resync that could not list the store; another is wanted.
+    pub fn fail_resync(&self, why: &str) {
+        self.resync_failures.fetch_add(1, Relaxed);
+        let mut st = self.state.write();
+        st.journal = None;
+        st.mode = IndexMode::Syncing;
+        st.last_loss = why.to_owned();
+        self.resync_wanted.store(true, Relaxed);
+    }
+
+    /// Per page of `keys` (`per_page` keys each, in page order): whether every object of
+    /// the page is present. Stops after the first page that is not (the rest are `false`).
+    /// `None` while not in sync: the caller falls back to the master.
+    pub fn pages_present(&self, keys: &KeyBatch, per_page: usize) -> Option<Vec<bool>> {
+        let st = self.state.read();
+        if st.mode != IndexMode::InSync || per_page == 0 {
+            return None;
+        }
+        let pages = keys.len() / per_page;
+        let mut out = vec![false; pages];
+        for (p, slot) in out.iter_mut().enumerate() {
+            let all = (p * per_page..(p + 1) * per_page).all(|i| st.keys.contains(keys.get(i)));
+            if !all {
+                break;
+            }
+            *slot = true;
+        }
+        drop(st);
+        self.index_lookups.fetch_add(1, Relaxed);
+        self.index_pages.fetch_add(pages as u64, Relaxed);
+        Some(out)
+    }
+
+    /// Whether every one of `keys` is in the index (whatever its mode).
+    pub fn contains_all(&self, keys: &[String]) -> bool {
+        let st = self.state.read();
+        keys.iter().all(|k| st.keys.contains(k.as_str()))
+    }
+
+    /// A get found one of a page's objects gone: none of `keys` is believed present now.
+    pub fn forget(&self, keys: &[String]) {
+        let mut st = self.state.write();
+        let mut any = false;
+        for k in keys {
+            any |= st.keys.remove(k.as_str());
+        }
+        if let Some(j) = st.journal.as_mut() {
+            j.extend(keys.iter().map(|k| (false, k.as_str().into())));
+        }
+        if any {
+            self.forgotten_pages.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn snapshot(&self) -> IndexSnapshot {
+        let st = self.state.read();
+        IndexSnapshot {
+            mode: Some(st.mode),
+            last_loss: st.last_loss.clone(),
+            keys: st.keys.len() as u64,
+            events: self.events.load(Relaxed),
+            sync_losses: self.sync_losses.load(Relaxed),
+            resyncs: self.resyncs.load(Relaxed),
+            resync_failures: self.resync_failures.load(Relaxed),
+            last_resync_keys: self.last_resync_keys.load(Relaxed),
+            last_resync_us: self.last_resync_us.load(Relaxed),
+            index_lookups: self.index_lookups.load(Relaxed),
+            index_pages: self.index_pages.load(Relaxed),
+            forgotten_pages: self.forgotten_pages.load(Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

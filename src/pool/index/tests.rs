@@ -1,0 +1,91 @@
+use std::time::Instant;
+
+use super::*;
+use crate::layout::LayoutSpec;
+use crate::page::{KeyScheme, PageHash};
+
+fn batch(scheme: &KeyScheme, layout: &crate::layout::Layout, pages: &[PageHash]) -> KeyBatch {
+    let mut b = KeyBatch::with_capacity(pages.len() * layout.object_count(), scheme.key_capacity());
+    for h in pages {
+        b.push_page(scheme, layout, h);
+    }
+    b
+}
+
+fn tp2() -> crate::layout::Layout {
+    LayoutSpec {
+        tp_size: 2,
+        ..LayoutSpec::mha(2, 2, 8, 2, 16)
+    }
+    .build()
+    .unwrap()
+}
+
+#[test]
+fn credits_a_page_only_with_every_object_and_only_in_sync() {
+    let layout = tp2();
+    let scheme = KeyScheme::with_prefix("kvtier", "m");
+    let pages: Vec<PageHash> = (1..=3).map(PageHash::from_u64).collect();
+    let idx = PoolIndex::new(1000);
+    let q = batch(&scheme, &layout, &pages);
+    assert_eq!(idx.pages_present(&q, layout.object_count()), None, "starts syncing");
+    assert!(idx.take_resync_wanted());
+    idx.begin_resync();
+    // Page 1 complete in the listing; page 2's rank-1 V arrives during the resync.
+    let mut listing = scheme.page_keys(&layout, &pages[0]);
+    let p2 = scheme.page_keys(&layout, &pages[1]);
+    listing.extend(p2[..3].iter().cloned());
+    idx.apply(true, &p2[3]);
+    assert!(idx.finish_resync(listing, Instant::now()));
+    assert_eq!(idx.mode(), IndexMode::InSync);
+    assert_eq!(idx.pages_present(&q, 4), Some(vec![true, true, false]));
+    // Page 3 with one rank's objects only: never credited.
+    for k in &scheme.page_keys(&layout, &pages[2])[..2] {
+        idx.apply(true, k);
+    }
+    assert_eq!(idx.pages_present(&q, 4), Some(vec![true, true, false]));
+    // A remove of one object drops the page and stops the run there.
+    idx.apply(false, &scheme.page_keys(&layout, &pages[0])[1]);
+    assert_eq!(idx.pages_present(&q, 4), Some(vec![false, false, false]));
+    idx.lose_sync("test");
+    assert_eq!(idx.pages_present(&q, 4), None);
+    let s = idx.snapshot();
+    assert_eq!(
+        (s.mode, s.sync_losses, s.resyncs, s.last_resync_keys),
+        (Some(IndexMode::Syncing), 1, 1, 8)
+    );
+}
+
+#[test]
+fn journal_replays_removes_and_loss_during_resync_fails_it() {
+    let idx = PoolIndex::new(1000);
+    idx.begin_resync();
+    idx.apply(false, "a");
+    assert!(idx.finish_resync(["a".to_string(), "b".to_string()], Instant::now()));
+    assert_eq!(idx.snapshot().keys, 1);
+    idx.begin_resync();
+    idx.lose_sync("gap");
+    assert!(!idx.finish_resync(Vec::<String>::new(), Instant::now()));
+    assert_eq!(idx.mode(), IndexMode::Syncing);
+    assert!(idx.take_resync_wanted());
+}
+
+#[test]
+fn bounded_and_forget_learns() {
+    let idx = PoolIndex::new(2);
+    idx.begin_resync();
+    assert!(!idx.finish_resync(["a", "b", "c"].map(String::from), Instant::now()));
+    idx.begin_resync();
+    assert!(idx.finish_resync(["a", "b"].map(String::from), Instant::now()));
+    idx.apply(true, "c");
+    assert_eq!(
+        idx.mode(),
+        IndexMode::Syncing,
+        "past max_keys the index stops answering"
+    );
+    idx.begin_resync();
+    assert!(idx.finish_resync(["a", "b"].map(String::from), Instant::now()));
+    idx.forget(&["a".into()]);
+    let s = idx.snapshot();
+    assert_eq!((s.keys, s.forgotten_pages), (1, 1));
+}
