@@ -72,6 +72,24 @@ def tokens(seed, n):
     return [r.randrange(3, VOCAB) for _ in range(n)]
 
 
+def llm_args(model):
+    """The engine arguments every vLLM of these scripts shares (its connector aside)."""
+    return dict(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", block_size=BLOCK, max_model_len=8192,
+                max_num_batched_tokens=8192, enable_prefix_caching=True, seed=0, disable_log_stats=False)
+
+
+def reset_prefix_cache(llm, secs=60):
+    """``llm.reset_prefix_cache()`` until vLLM says it reset. vLLM refuses while a block is
+    still held, as a connector that saves asynchronously holds a finished request's blocks
+    until an engine step hears the save is done: the engine is stepped meanwhile (a step
+    with only such requests runs no model)."""
+    deadline = time.monotonic() + secs
+    while not llm.reset_prefix_cache():
+        assert time.monotonic() < deadline, f"vLLM's prefix cache was not reset in {secs} s"
+        llm.llm_engine.step()
+        time.sleep(0.005)  # the connector's saves run in another process
+
+
 class Engine:
     """One vLLM engine with the kvtier connector, and what its connector moved."""
 
@@ -79,12 +97,9 @@ class Engine:
         from vllm import LLM
         from vllm.config import KVTransferConfig
 
-        self.llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", block_size=BLOCK,
-                       max_model_len=8192, max_num_batched_tokens=8192, enable_prefix_caching=True, seed=0,
-                       disable_log_stats=False,
-                       kv_transfer_config=KVTransferConfig(
-                           kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
-                           kv_connector_extra_config={"socket": socket, "timeout_ms": 5000, "session_events": ""}))
+        self.llm = LLM(**llm_args(model), kv_transfer_config=KVTransferConfig(
+            kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
+            kv_connector_extra_config={"socket": socket, "timeout_ms": 5000, "session_events": ""}))
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
         self.worker = get_kv_transfer_group()
