@@ -69,7 +69,7 @@ def main():
     socket, work, n, rounds = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     model = work / "model"
     engine.build_model(model)
-    eng = engine.Engine(socket, model)
+    eng = engine.Engine(socket, model, digests=False)
     layout = eng.worker._link.get().layout
     probe = kvtier.Client(layout, socket=socket, instance="bench-probe", model=eng.worker._model)
     warm = engine.tokens(999, n)
