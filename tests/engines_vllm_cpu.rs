@@ -14,7 +14,11 @@
 //! - the daemon down when vLLM starts (vLLM serves, connects when it appears), and killed
 //!   between the lookup and the load (the request recomputes and completes).
 //!
-//! Threads are pinned the same way in every case (`VLLM_CPU_OMP_THREADS_BIND`).
+//! - `tensor_parallel_size=2`: a page is complete only once both ranks stored it, and a
+//!   hit loads both ranks' blocks bit-identical.
+//!
+//! Threads are pinned the same way in every case (`VLLM_CPU_OMP_THREADS_BIND`; TP=2 binds
+//! one core to each rank).
 
 mod common;
 mod pkg_support;
@@ -208,6 +212,23 @@ fn vllm_cpu_serves_with_the_daemon_down_and_killed() {
             "OK vLLM served without a daemon (computed locally)",
             "OK the daemon appeared: connected, then 2016 tokens loaded, 63 blocks bit-identical",
             "OK daemon killed between lookup and load: request completed, 63 blocks recomputed bit-identical",
+            "OK done",
+        ],
+    );
+}
+
+#[test]
+fn vllm_cpu_tensor_parallel_2_pages_complete_after_both_ranks() {
+    let Some(py) = python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut d = daemon(tmp.path(), ARENA, &[SLOT, "pool_bytes=0"]);
+    let out = run_case(&py, "tp2", &mut d, true, tmp.path(), 1200);
+    lines_with(
+        &out,
+        &[
+            "OK TP=2: 127 pages stored by rank 0 only are not complete (lookup 0, vLLM recomputed)",
+            "OK TP=2 kvtier hit: 4064 external tokens, 127 blocks bit-identical on each of 2 ranks",
+            "OK TP=2 output of the kvtier hit equals vLLM's own prefix hit (32 tokens)",
             "OK done",
         ],
     );

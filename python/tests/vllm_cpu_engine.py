@@ -34,6 +34,13 @@ Cases:
   from kvtier. Then the daemon is killed between the lookup and the load: the request
   completes, recomputed (the connector set ``kv_load_failure_policy`` to ``recompute``),
   with the blocks and output of a full computation.
+* ``tp2``: ``tensor_parallel_size=2`` (one core per rank, ``VLLM_CPU_OMP_THREADS_BIND=0|1``;
+  the scheduler here, each rank's worker connector in a worker process, its KV tensors
+  read through ``collective_rpc``). With rank 1's stores dropped, the pages rank 0 stored
+  are not complete (kvtier's lookup counts none, vLLM recomputes); with both ranks
+  storing they are, and after ``reset_prefix_cache()`` the hit loads every block on both
+  ranks bit-identical to what each rank computed, with the output of vLLM's own prefix
+  hit.
 """
 
 import hashlib
@@ -72,19 +79,36 @@ def tokens(seed, n):
     return [r.randrange(3, VOCAB) for _ in range(n)]
 
 
+def llm_args(model):
+    """The engine arguments every vLLM of these scripts shares (its connector aside)."""
+    return dict(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", block_size=BLOCK, max_model_len=8192,
+                max_num_batched_tokens=8192, enable_prefix_caching=True, seed=0, disable_log_stats=False)
+
+
+def reset_prefix_cache(llm, secs=60):
+    """``llm.reset_prefix_cache()`` until vLLM says it reset. vLLM refuses while a block is
+    still held, as a connector that saves asynchronously holds a finished request's blocks
+    until an engine step hears the save is done: the engine is stepped meanwhile (a step
+    with only such requests runs no model)."""
+    deadline = time.monotonic() + secs
+    while not llm.reset_prefix_cache():
+        assert time.monotonic() < deadline, f"vLLM's prefix cache was not reset in {secs} s"
+        llm.llm_engine.step()
+        time.sleep(0.005)  # the connector's saves run in another process
+
+
 class Engine:
     """One vLLM engine with the kvtier connector, and what its connector moved."""
 
-    def __init__(self, socket, model):
+    def __init__(self, socket, model, digests=True):
+        """``digests``: hash each newly stored block's bytes (the tests); off, only the
+        stored pages' hashes are kept (the bench: no hashing inside its timings)."""
         from vllm import LLM
         from vllm.config import KVTransferConfig
 
-        self.llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", block_size=BLOCK,
-                       max_model_len=8192, max_num_batched_tokens=8192, enable_prefix_caching=True, seed=0,
-                       disable_log_stats=False,
-                       kv_transfer_config=KVTransferConfig(
-                           kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
-                           kv_connector_extra_config={"socket": socket, "timeout_ms": 5000, "session_events": ""}))
+        self.llm = LLM(**llm_args(model), kv_transfer_config=KVTransferConfig(
+            kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
+            kv_connector_extra_config={"socket": socket, "timeout_ms": 5000, "session_events": ""}))
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
         self.worker = get_kv_transfer_group()
@@ -99,7 +123,8 @@ class Engine:
             meta = self.worker._get_connector_metadata()
             for s in meta.saves:
                 for h, b in zip(s.hashes, s.block_ids):
-                    self.computed.setdefault(h.hex(), self.digest(b))
+                    if h.hex() not in self.computed:
+                        self.computed[h.hex()] = self.digest(b) if digests else None
             return save()
 
         def start_load_kv(forward_context, **kw):
@@ -293,10 +318,133 @@ def case_down(eng, work):
           "output equals the full computation", flush=True)
 
 
+def _rank_digests(worker, blocks):
+    """Run on each TP worker (``collective_rpc``): this rank and the SHA-256 of each of
+    ``blocks`` over every layer of its own KV tensors (its share of the heads)."""
+    import hashlib as _hashlib
+
+    import torch
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    conn = get_kv_transfer_group()
+    caches = [conn._kv_caches[n] for n in sorted(conn._kv_caches, key=lambda n: int(n.split(".")[2]))]
+    out = {}
+    for b in blocks:
+        h = _hashlib.sha256()
+        for t in caches:
+            h.update(t[b].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        out[b] = h.hexdigest()
+    return get_tensor_model_parallel_rank(), out
+
+
+def _rank_drops_stores(worker, rank, drop):
+    """Run on each TP worker: on rank ``rank`` the worker connector's ``wait_for_save``
+    stores nothing (``drop``) or is its own again. Returns whether this was that rank."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    if get_tensor_model_parallel_rank() != rank:
+        return False
+    conn = get_kv_transfer_group()
+    if drop:
+        conn.wait_for_save = lambda: None
+    else:
+        conn.__dict__.pop("wait_for_save", None)
+    return True
+
+
+class EngineTP:
+    """vLLM with ``tensor_parallel_size=2``: the scheduler (and its connector) in this
+    process, each rank's worker connector in a worker process of its own, read through
+    ``collective_rpc``."""
+
+    def __init__(self, socket, model):
+        from vllm import LLM
+        from vllm.config import KVTransferConfig
+
+        self.llm = LLM(**llm_args(model), tensor_parallel_size=2, kv_transfer_config=KVTransferConfig(
+            kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
+            kv_connector_extra_config={"socket": socket, "timeout_ms": 5000, "session_events": ""}))
+        self.sched = self.llm.llm_engine.engine_core.engine_core.scheduler.connector
+        self.saves, self.loads = {}, []  # page hash hex -> block id; (hash hex, block id)
+        build = self.sched.build_connector_meta
+
+        def build_connector_meta(out):
+            meta = build(out)
+            for s in meta.saves:
+                self.saves.update((h.hex(), b) for h, b in zip(s.hashes, s.block_ids))
+            for ld in meta.loads:
+                self.loads.extend((h.hex(), b) for h, b in zip(ld.hashes, ld.block_ids))
+            return meta
+
+        self.sched.build_connector_meta = build_connector_meta
+
+    def digests(self, blocks):
+        """{rank: {block: digest}} of both ranks."""
+        return dict(self.llm.collective_rpc(_rank_digests, args=(list(blocks),)))
+
+    def run(self, prompt):
+        from vllm import SamplingParams
+
+        hits0, n0 = Engine.external_hits(self), len(self.loads)
+        out = self.llm.generate([{"prompt_token_ids": prompt}],
+                                SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, ignore_eos=True),
+                                use_tqdm=False)
+        return list(out[0].outputs[0].token_ids), Engine.external_hits(self) - hits0, self.loads[n0:]
+
+    def complete_pages(self, hashes):
+        hit = self.sched._link.get().lookup([bytes.fromhex(h) for h in hashes])
+        return hit.device + hit.host + hit.pool
+
+
+def case_tp2(socket, model):
+    eng = EngineTP(socket, model)
+    prompt, want = tokens(6, PROMPT), (PROMPT - 1) // BLOCK
+    # Rank 1 stores nothing: rank 0's halves of the pages alone are never complete.
+    assert eng.llm.collective_rpc(_rank_drops_stores, args=(1, True)) == [False, True]
+    out1, hits, _ = eng.run(prompt)
+    hashes = list(eng.saves)[:want]
+    assert len(hashes) == want and hits == 0, (len(hashes), hits)
+    assert eng.complete_pages(hashes) == 0, "pages only rank 0 stored are reported complete"
+    reset_prefix_cache(eng.llm)
+    _, hits, loads = eng.run(prompt)
+    assert hits == 0 and not loads, (hits, loads)
+    print(f"OK TP=2: {want} pages stored by rank 0 only are not complete (lookup 0, vLLM recomputed)", flush=True)
+    # Both ranks store: the pages are complete, and a load fills both ranks' blocks.
+    assert eng.llm.collective_rpc(_rank_drops_stores, args=(1, False)) == [False, True]
+    reset_prefix_cache(eng.llm)
+    eng.saves.clear()
+    eng.run(prompt)
+    assert eng.complete_pages(hashes) == want, eng.complete_pages(hashes)
+    computed = {r: {h: d[eng.saves[h]] for h in hashes} for r, d in eng.digests(eng.saves[h] for h in hashes).items()}
+    reset_prefix_cache(eng.llm)
+    out2, hits, loads = eng.run(prompt)
+    assert hits == want * BLOCK and len(loads) == want, (hits, len(loads))
+    loaded = eng.digests(b for _, b in loads)
+    assert sorted(loaded) == [0, 1], sorted(loaded)
+    for rank in (0, 1):
+        for h, b in loads:
+            assert loaded[rank][b] == computed[rank][h], f"rank {rank}: block {b} (page {h[:16]}) differs"
+    assert computed[0] != computed[1], "both ranks hold the same bytes: not a head split"
+    print(f"OK TP=2 kvtier hit: {hits} external tokens, {want} blocks bit-identical on each of 2 ranks", flush=True)
+    out3, hits3, loads3 = eng.run(prompt)
+    assert hits3 == 0 and not loads3, (hits3, loads3)
+    assert out2 == out3, f"kvtier hit output {out2} != vLLM prefix hit output {out3}"
+    print(f"OK TP=2 output of the kvtier hit equals vLLM's own prefix hit ({len(out2)} tokens)", flush=True)
+
+
 def main():
     case, socket, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     model = work / "model"
     build_model(model)
+    if case == "tp2":
+        # One core per rank, the same for both: vLLM's CPU build binds rank i's threads
+        # to the i-th '|'-separated set.
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+        case_tp2(socket, model)
+        print("OK done", flush=True)
+        os._exit(0)
     eng = Engine(socket, model)
     if case == "host":
         case_host(eng, work)

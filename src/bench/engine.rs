@@ -6,10 +6,13 @@
 //! round, interleaved: `recompute` (a prompt no cache holds), `vllm_prefix_hit` (vLLM's own
 //! prefix cache), `kvtier_host_hit` and `kvtier_pool_hit` (vLLM's prefix cache reset
 //! first; the pool prompt shared to the pool and pushed out of host). Every case runs in
-//! the same engine with the same thread pinning (`VLLM_CPU_OMP_THREADS_BIND`). This side
-//! takes each case's median over the rounds and its ratio to `recompute`'s. The peer row,
-//! `lmcache_hit` (LMCache 0.5.6 in its multiprocess mode), is not measured by this version
-//! of the bench; its row says so in `why`.
+//! the same engine with the same thread pinning (`VLLM_CPU_OMP_THREADS_BIND`). The peer
+//! row, `lmcache_hit`, is LMCache 0.5.6 in its multiprocess mode with shared memory
+//! (`python/bench/lmcache_peer.py`: LMCache's server and a second vLLM engine process with
+//! `LMCacheMPConnector`, the same model, prompt length and pinning, measured in the same
+//! rounds). This side takes each case's median over the rounds, its ratio to
+//! `recompute`'s, and for the kvtier rows the ratio to LMCache's hit (and, for the host
+//! hit, to vLLM's own prefix hit); a case with no sample says why.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -52,6 +55,9 @@ pub struct EngineBenchArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 1800)]
     pub timeout_s: u64,
+    /// Leave the LMCache peer row out (it starts LMCache's server and a second engine).
+    #[arg(long)]
+    pub no_lmcache: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -66,6 +72,16 @@ pub struct EngineRow {
     pub ratio: Option<f64>,
     /// Samples behind the median.
     pub rounds: usize,
+    /// Median of the tokens vLLM's scheduler counted as loaded from outside (kvtier's or
+    /// LMCache's hit) for this case's request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_tokens: Option<f64>,
+    /// This row's time over `lmcache_hit`'s (the kvtier rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vs_lmcache: Option<f64>,
+    /// This row's time over `vllm_prefix_hit`'s (`kvtier_host_hit`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vs_vllm_prefix_hit: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
 }
@@ -88,12 +104,12 @@ fn median(v: &mut [f64]) -> Option<f64> {
 }
 
 /// The report rows from the script's JSON lines: each case's median and its ratio to
-/// `recompute`'s; a case with no sample carries the script's last `why` (or this
-/// bench's own).
+/// `recompute`'s; the kvtier rows' ratios to `lmcache_hit` (and the host hit's to
+/// `vllm_prefix_hit`); a case with no sample carries the script's last `why`.
 pub fn rows(lines: &str) -> Vec<EngineRow> {
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); CASES.len()];
+    let mut external: Vec<Vec<f64>> = vec![Vec::new(); CASES.len()];
     let mut why: Vec<Option<String>> = vec![None; CASES.len()];
-    why[4] = Some("not measured: this version of `kvtier bench engine` does not start LMCache's server".into());
     for line in lines.lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -103,25 +119,70 @@ pub fn rows(lines: &str) -> Vec<EngineRow> {
         };
         if let Some(t) = v["ttft_s"].as_f64() {
             samples[i].push(t);
+            if let Some(x) = v["external_tokens"].as_f64() {
+                external[i].push(x);
+            }
         } else if let Some(w) = v["why"].as_str() {
             why[i] = Some(w.to_owned());
         }
     }
-    let base = median(&mut samples[0].clone());
+    let medians: Vec<Option<f64>> = samples.iter().map(|s| median(&mut s.clone())).collect();
+    let (base, vllm_hit, lmcache) = (medians[0], medians[1], medians[4]);
+    let over = |t: Option<f64>, b: Option<f64>| t.zip(b).map(|(t, b)| t / b);
     CASES
         .iter()
         .enumerate()
         .map(|(i, &case)| {
-            let ttft = median(&mut samples[i]);
+            let ttft = medians[i];
+            let kvtier = case.starts_with("kvtier_");
             EngineRow {
                 case,
                 ttft_s: ttft,
-                ratio: ttft.zip(base).map(|(t, b)| t / b),
+                ratio: over(ttft, base),
                 rounds: samples[i].len(),
-                why: if ttft.is_some() { None } else { why[i].clone() },
+                external_tokens: median(&mut external[i]),
+                vs_lmcache: if kvtier { over(ttft, lmcache) } else { None },
+                vs_vllm_prefix_hit: if case == "kvtier_host_hit" {
+                    over(ttft, vllm_hit)
+                } else {
+                    None
+                },
+                why: match ttft {
+                    Some(_) => None,
+                    None => Some(why[i].clone().unwrap_or_else(|| "no sample".into())),
+                },
             }
         })
         .collect()
+}
+
+/// The text report: one line a case, then the kvtier rows against the peer and vLLM.
+fn print_text(rows: &[EngineRow]) {
+    println!("case               ttft_s    ratio  rounds  external_tokens");
+    for r in rows {
+        match (r.ttft_s, r.ratio) {
+            (Some(t), Some(x)) => println!(
+                "{:<18} {t:>7.4} {x:>8.3} {:>7}  {}",
+                r.case,
+                r.rounds,
+                r.external_tokens.map_or("-".into(), |e| format!("{e:.0}"))
+            ),
+            _ => println!("{:<18} {}", r.case, r.why.as_deref().unwrap_or("no sample")),
+        }
+    }
+    let show = |x: Option<f64>| x.map_or("not measured".to_string(), |x| format!("{x:.3}"));
+    println!(
+        "kvtier host hit / lmcache hit: {} (goal <= 1.0)",
+        show(rows[2].vs_lmcache)
+    );
+    println!(
+        "kvtier host hit / vllm prefix hit: {} (goal <= 1.5)",
+        show(rows[2].vs_vllm_prefix_hit)
+    );
+    println!(
+        "kvtier pool hit / lmcache hit: {} (goal <= 2.0)",
+        show(rows[3].vs_lmcache)
+    );
 }
 
 pub fn run(args: EngineBenchArgs) -> anyhow::Result<()> {
@@ -164,6 +225,7 @@ pub fn run(args: EngineBenchArgs) -> anyhow::Result<()> {
         .arg(work.path())
         .arg(args.prompt_tokens.to_string())
         .arg(args.rounds.to_string())
+        .args(args.no_lmcache.then_some("nolmcache"))
         .env("PYTHONPATH", repo().join("python"))
         .env("KVTIER_LIB", &lib)
         .env("PYTHONUNBUFFERED", "1")
@@ -206,13 +268,7 @@ pub fn run(args: EngineBenchArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!("case               ttft_s    ratio  rounds");
-        for r in &rows {
-            match (r.ttft_s, r.ratio) {
-                (Some(t), Some(x)) => println!("{:<18} {t:>7.4} {x:>8.3} {:>7}", r.case, r.rounds),
-                _ => println!("{:<18} {}", r.case, r.why.as_deref().unwrap_or("no sample")),
-            }
-        }
+        print_text(&rows);
     }
     Ok(())
 }
@@ -227,17 +283,35 @@ mod tests {
             r#"{"case":"recompute","ttft_s":1.0,"round":0}"#,
             r#"{"case":"recompute","ttft_s":3.0,"round":1}"#,
             r#"{"case":"recompute","ttft_s":2.0,"round":2}"#,
-            r#"{"case":"kvtier_host_hit","ttft_s":0.05,"round":0}"#,
+            r#"{"case":"vllm_prefix_hit","ttft_s":0.04,"round":0}"#,
+            r#"{"case":"kvtier_host_hit","ttft_s":0.05,"round":0,"external_tokens":4064}"#,
             r#"{"case":"kvtier_pool_hit","why":"round 0: not in the pool"}"#,
+            r#"{"case":"lmcache_hit","ttft_s":0.125,"round":0,"external_tokens":3840}"#,
+            r#"{"case":"lmcache_hit","ttft_s":0.375,"round":1,"external_tokens":3840}"#,
             "not json",
         ]
         .join("\n");
         let r = rows(&lines);
         assert_eq!(r.len(), 5);
         assert_eq!((r[0].ttft_s, r[0].ratio, r[0].rounds), (Some(2.0), Some(1.0), 3));
+        assert_eq!(r[0].vs_lmcache, None);
         assert_eq!(r[2].ratio, Some(0.025));
-        assert_eq!(r[1].ttft_s, None);
-        assert_eq!(r[3].why.as_deref(), Some("round 0: not in the pool"));
-        assert!(r[4].why.as_deref().unwrap().contains("LMCache"));
+        assert_eq!(r[2].external_tokens, Some(4064.0));
+        assert!((r[2].vs_lmcache.unwrap() - 0.05 / 0.25).abs() < 1e-12);
+        assert!((r[2].vs_vllm_prefix_hit.unwrap() - 1.25).abs() < 1e-12);
+        assert_eq!(r[3].ttft_s, None);
+        assert_eq!(
+            (r[3].vs_lmcache, r[3].why.as_deref()),
+            (None, Some("round 0: not in the pool"))
+        );
+        assert_eq!(
+            (r[4].ttft_s, r[4].rounds, r[4].external_tokens),
+            (Some(0.25), 2, Some(3840.0))
+        );
+        assert_eq!((r[4].vs_lmcache, r[4].vs_vllm_prefix_hit), (None, None));
+        // A case without samples or a reason still says so.
+        let r = rows(r#"{"case":"recompute","ttft_s":1.0}"#);
+        assert_eq!(r[4].why.as_deref(), Some("no sample"));
+        assert_eq!(r[2].vs_lmcache, None);
     }
 }
