@@ -60,6 +60,7 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
             let mut text = metrics::render(&ctx.manager.stats(), ctx.started.elapsed(), ctx.engines.engines().len());
             metrics::render_pool(&mut text, &ctx.manager.pool_report());
             metrics::render_session_events(&mut text, ctx.manager.session_events());
+            metrics::render_policy_moves(&mut text, &ctx.manager.policy_move_counts());
             return Reply::Text(200, "text/plain; version=0.0.4; charset=utf-8", text);
         }
         (

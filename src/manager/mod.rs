@@ -19,6 +19,7 @@ mod hints;
 mod host_io;
 mod inproc;
 mod locks;
+mod moves;
 mod policy;
 mod pool_layout;
 mod queues;
@@ -50,6 +51,7 @@ use parking_lot::{Mutex, RwLock};
 pub use config::{ManagerConfig, PoolConfig, PoolFactory, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
+pub use moves::{MOVE_QUEUE, MoveCounts};
 pub use queues::Advice;
 #[cfg(feature = "daemon")]
 pub use remote::{LookupStep, PendingLookup};
@@ -184,6 +186,8 @@ pub(crate) struct Inner {
     /// Pauses and resumes for routers, read from a sequence (a leaf lock).
     session_events: SessionEventLog,
     xfer: TransferEngine,
+    /// The session policy's pool moves, queued for one transfer worker at a time.
+    moves: moves::PolicyMoves,
     tickets: Arc<Tickets<OpResult>>,
     stats: Stats,
     arena: OnceLock<Arc<HostArena>>,
@@ -214,6 +218,7 @@ impl Manager {
                 events: EventLog::new(cfg.event_ring),
                 session_events: SessionEventLog::default(),
                 xfer: TransferEngine::new(cfg.transfer_threads, cfg.transfer_queue),
+                moves: moves::PolicyMoves::default(),
                 tickets: Tickets::new(cfg.max_outstanding),
                 stats: Stats::default(),
                 arena: OnceLock::new(),
@@ -312,6 +317,15 @@ impl Manager {
                 Some(pool)
             }
         };
+        // Fault injection (benches, tests): the same pool, answering later.
+        let delay = cfg.tunables.pool_fault_delay_ms;
+        let pool = pool.map(|p| match delay {
+            0 => p,
+            ms => Arc::new(crate::pool::delayed::DelayedPool::new(
+                p,
+                std::time::Duration::from_millis(ms),
+            )) as Arc<dyn PoolBackend>,
+        });
         let _ = self.inner.pool.set(pool);
         Ok(())
     }

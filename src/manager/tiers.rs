@@ -221,6 +221,7 @@ impl Manager {
                     at.push(i);
                 }
             }
+            crate::pool::io_guard::check("put");
             let t = std::time::Instant::now();
             for (r, i) in pool.batch_put_ordered(&items).into_iter().zip(at) {
                 results[i] = Some(r);
@@ -417,6 +418,7 @@ impl Manager {
                         at.push(i);
                     }
                 }
+                crate::pool::io_guard::check("get");
                 let t = std::time::Instant::now();
                 for (r, i) in pool.batch_get_ordered(&mut items).into_iter().zip(at) {
                     results[i] = Some(r);
