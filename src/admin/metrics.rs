@@ -258,6 +258,23 @@ pub fn render_policy_moves(o: &mut String, c: &crate::manager::MoveCounts) {
     sample(o, "kvtier_policy_move_queue", &[], c.depth as f64);
 }
 
+/// What a full session table of the policy did with new sessions: freed the session idle
+/// longest, or refused the new one (every session was active).
+pub fn render_session_table(o: &mut String, p: &crate::policy::PolicyStats) {
+    family(
+        o,
+        "kvtier_session_table_full_total",
+        "counter",
+        "New sessions that found the policy's session table full: an idle session was freed for them, or they were refused (every session active).",
+    );
+    for (what, n) in [
+        ("freed_idle", p.sessions_freed_full),
+        ("refused", p.sessions_refused_full),
+    ] {
+        sample(o, "kvtier_session_table_full_total", &[("outcome", what)], n as f64);
+    }
+}
+
 /// The pool's backend and health, and on a shared pool the discovery counters: existence
 /// queries and their latency, the answer cache, pages found in the pool and credited from
 /// it, pages that vanished, gets that found nothing.

@@ -61,6 +61,9 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
             metrics::render_pool(&mut text, &ctx.manager.pool_report());
             metrics::render_session_events(&mut text, ctx.manager.session_events());
             metrics::render_policy_moves(&mut text, &ctx.manager.policy_move_counts());
+            if let Some(p) = ctx.manager.policy_stats() {
+                metrics::render_session_table(&mut text, &p);
+            }
             return Reply::Text(200, "text/plain; version=0.0.4; charset=utf-8", text);
         }
         (
