@@ -179,7 +179,12 @@ impl Handler {
         let req = Request::new(parts.method.as_str(), parts.uri.path(), parts.uri.query(), body);
         tracing::debug!(method = %req.method, path = %req.path, "admin request");
         let st = self.state.clone();
-        let reply = match tokio::task::spawn_blocking(move || routes::handle(&st, &req)).await {
+        let reply = match tokio::task::spawn_blocking(move || {
+            let _blocking = crate::pool::io_guard::allow_blocking();
+            routes::handle(&st, &req)
+        })
+        .await
+        {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "admin: a handler failed");

@@ -111,7 +111,10 @@ impl Stream {
         while sent < self.limit && !self.cancel.is_cancelled() && !tx.is_closed() {
             let want = (self.limit - sent).min(EVENTS_PER_READ as u64) as usize;
             let (st, source) = (self.state.clone(), self.source);
-            let read = tokio::task::spawn_blocking(move || read(&st, source, next, want));
+            let read = tokio::task::spawn_blocking(move || {
+                let _blocking = crate::pool::io_guard::allow_blocking();
+                read(&st, source, next, want)
+            });
             let Ok(Read { lines, events, next: n }) = read.await else {
                 return;
             };

@@ -231,6 +231,50 @@ pub fn render_session_events(o: &mut String, log: &crate::manager::SessionEventL
     sample(o, "kvtier_session_events_last_seq", &[], log.last_seq() as f64);
 }
 
+/// The session policy's move queue: calls queued, done, that waited for room or were
+/// dropped (back-pressure), drained on the caller's thread, and the queue's depth.
+pub fn render_policy_moves(o: &mut String, c: &crate::manager::MoveCounts) {
+    family(
+        o,
+        "kvtier_policy_moves_total",
+        "counter",
+        "Session-policy calls whose pool moves (demote, stage) were queued, done, waited for room, dropped on a full queue, or drained on the caller's thread.",
+    );
+    for (what, n) in [
+        ("queued", c.queued),
+        ("done", c.done),
+        ("waited", c.waited),
+        ("dropped", c.dropped),
+        ("inline", c.inline),
+    ] {
+        sample(o, "kvtier_policy_moves_total", &[("outcome", what)], n as f64);
+    }
+    family(
+        o,
+        "kvtier_policy_move_queue",
+        "gauge",
+        "Session-policy calls whose pool moves wait for the drainer.",
+    );
+    sample(o, "kvtier_policy_move_queue", &[], c.depth as f64);
+}
+
+/// What a full session table of the policy did with new sessions: freed the session idle
+/// longest, or refused the new one (every session was active).
+pub fn render_session_table(o: &mut String, p: &crate::policy::PolicyStats) {
+    family(
+        o,
+        "kvtier_session_table_full_total",
+        "counter",
+        "New sessions that found the policy's session table full: an idle session was freed for them, or they were refused (every session active).",
+    );
+    for (what, n) in [
+        ("freed_idle", p.sessions_freed_full),
+        ("refused", p.sessions_refused_full),
+    ] {
+        sample(o, "kvtier_session_table_full_total", &[("outcome", what)], n as f64);
+    }
+}
+
 /// The pool's backend and health, and on a shared pool the discovery counters: existence
 /// queries and their latency, the answer cache, pages found in the pool and credited from
 /// it, pages that vanished, gets that found nothing.

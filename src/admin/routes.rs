@@ -63,6 +63,10 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
             if let Some(k) = ctx.engines.host_keep() {
                 metrics::render_host_keep(&mut text, &k);
             }
+            metrics::render_policy_moves(&mut text, &ctx.manager.policy_move_counts());
+            if let Some(p) = ctx.manager.policy_stats() {
+                metrics::render_session_table(&mut text, &p);
+            }
             return Reply::Text(200, "text/plain; version=0.0.4; charset=utf-8", text);
         }
         (

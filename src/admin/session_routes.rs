@@ -40,5 +40,6 @@ pub(super) fn advice(ctx: &AdminState) -> Value {
     json!({
         "advice": ctx.manager.take_session_advice(),
         "stats": ctx.manager.policy_stats(),
+        "moves": ctx.manager.policy_move_counts(),
     })
 }

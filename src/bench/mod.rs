@@ -5,6 +5,7 @@
 mod admin_load;
 pub mod arena;
 pub mod control;
+mod control_slow;
 pub mod daemon;
 pub mod engine;
 pub mod events;

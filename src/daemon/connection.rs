@@ -332,6 +332,7 @@ async fn offload(shared: &Arc<Shared>, slot: &mut Option<Box<Conn>>, req: Reques
     let (tx, mut rx) = oneshot::channel::<(Box<Conn>, Response)>();
     let sh = shared.clone();
     tokio::task::spawn_blocking(move || {
+        let _blocking = crate::pool::io_guard::allow_blocking();
         let resp = cmd::dispatch(&sh, &mut conn, req);
         if let Err((mut conn, _)) = tx.send((conn, resp)) {
             tracing::warn!(

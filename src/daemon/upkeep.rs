@@ -31,7 +31,10 @@ pub async fn run(shared: Arc<Shared>, tick: Duration, shutdown: CancellationToke
             _ = tokio::time::sleep(next_sleep(&shared, tick)) => {}
         }
         let backend = shared.backend.clone();
-        let mut task = tokio::task::spawn_blocking(move || backend.tick());
+        let mut task = tokio::task::spawn_blocking(move || {
+            let _blocking = crate::pool::io_guard::allow_blocking();
+            backend.tick()
+        });
         // Never two runs at once: a slow run is waited for (and reported each deadline)
         // unless shutdown comes first.
         loop {

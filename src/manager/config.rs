@@ -82,6 +82,9 @@ pub struct Tunables {
     pub max_sessions: usize,
     /// Longest session id in bytes; longer ids are refused. Default: 1 024.
     pub max_session_id_bytes: usize,
+    /// Fault injection: every pool batch call waits this long first (read when the pool
+    /// is created). 0 (the default) adds nothing.
+    pub pool_fault_delay_ms: u64,
 }
 
 impl Default for Tunables {
@@ -96,6 +99,7 @@ impl Default for Tunables {
             stage_protect_ms: 5_000,
             max_sessions: crate::session::registry::DEFAULT_MAX_SESSIONS,
             max_session_id_bytes: crate::session::registry::DEFAULT_MAX_ID_BYTES,
+            pool_fault_delay_ms: 0,
         }
     }
 }

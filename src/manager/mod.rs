@@ -20,6 +20,7 @@ mod host_io;
 mod host_pages;
 mod inproc;
 mod locks;
+mod moves;
 mod policy;
 mod pool_layout;
 mod pool_recover;
@@ -59,6 +60,7 @@ pub use config::{ManagerConfig, PoolConfig, PoolFactory, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
 pub use host_pages::host_complete_pages;
+pub use moves::{MOVE_QUEUE, MoveCounts};
 pub use pool_recover::{PoolAdopted, adopt_recovered_pool};
 pub use queues::Advice;
 #[cfg(feature = "daemon")]
@@ -194,6 +196,8 @@ pub(crate) struct Inner {
     /// Pauses and resumes for routers, read from a sequence (a leaf lock).
     session_events: SessionEventLog,
     xfer: TransferEngine,
+    /// The session policy's pool moves, queued for one transfer worker at a time.
+    moves: moves::PolicyMoves,
     tickets: Arc<Tickets<OpResult>>,
     stats: Stats,
     arena: OnceLock<Arc<HostArena>>,
@@ -224,6 +228,7 @@ impl Manager {
                 events: EventLog::new(cfg.event_ring),
                 session_events: SessionEventLog::default(),
                 xfer: TransferEngine::new(cfg.transfer_threads, cfg.transfer_queue),
+                moves: moves::PolicyMoves::default(),
                 tickets: Tickets::new(cfg.max_outstanding),
                 stats: Stats::default(),
                 arena: OnceLock::new(),
@@ -323,6 +328,15 @@ impl Manager {
                 Some(pool)
             }
         };
+        // Fault injection (benches, tests): the same pool, answering later.
+        let delay = cfg.tunables.pool_fault_delay_ms;
+        let pool = pool.map(|p| match delay {
+            0 => p,
+            ms => Arc::new(crate::pool::delayed::DelayedPool::new(
+                p,
+                std::time::Duration::from_millis(ms),
+            )) as Arc<dyn PoolBackend>,
+        });
         let _ = self.inner.pool.set(pool);
         Ok(())
     }

@@ -83,9 +83,9 @@ impl Manager {
         match decisions {
             Some(d) => {
                 self.session_standing(id, idle, ended)?;
-                let advice = d.advice.clone();
-                self.apply_decisions(d);
-                self.record_session_events(&advice, AdviceCause::Phase, usage);
+                // A resume waits for its staging (see `moves`); a demotion does not.
+                let resume = phase == Phase::Reasoning;
+                self.apply_decisions_then(d, Some((AdviceCause::Phase, usage)), resume);
             }
             None => {
                 self.session_changed(id, idle, ended)?;
@@ -111,7 +111,7 @@ impl Manager {
             Some(mut p) => p.policy.page_hit(session, ns, hashes, loaded),
             None => return,
         };
-        self.apply_decisions(d);
+        self.apply_decisions(d, None);
     }
 
     /// A request ended: its chain becomes its session's (lineage).
@@ -121,7 +121,7 @@ impl Manager {
             Some(mut p) => p.policy.request_ended(end)?,
             None => return Ok(()),
         };
-        self.apply_decisions(d);
+        self.apply_decisions(d, None);
         Ok(())
     }
 
@@ -132,9 +132,9 @@ impl Manager {
             Some(mut p) => p.policy.tick(usage),
             None => return,
         };
-        let advice = d.advice.clone();
-        self.apply_decisions(d);
-        self.record_session_events(&advice, AdviceCause::Tick, usage);
+        // The tick runs on the upkeep task's blocking thread and waits for its moves, so
+        // watermark eviction after it sees the room a demotion made.
+        self.apply_decisions_then(d, Some((AdviceCause::Tick, usage)), true);
     }
 
     /// Sessions the policy keeps, sorted by id (empty with the policy off).
@@ -188,43 +188,82 @@ impl Manager {
         }
     }
 
-    /// Carries out the class changes and moves, then keeps the advice for routers. No
-    /// lock is held here.
-    fn apply_decisions(&self, d: Decisions) {
+    /// Carries out the class changes and the moves that only touch the directory here,
+    /// and hands the pool moves (demote, stage) to the move queue (`moves`), which keeps
+    /// the advice and session `events` until they are done: a resumed session's pages are
+    /// staged by the time anyone hears of it. Without pool moves the advice is kept now.
+    /// No lock is held here.
+    fn apply_decisions(&self, d: Decisions, events: Option<(AdviceCause, Usage)>) {
+        self.apply_decisions_then(d, events, false);
+    }
+
+    /// [`Manager::apply_decisions`]; with `wait`, returns once the pool moves are done (or
+    /// the move queue's wait has passed).
+    fn apply_decisions_then(&self, d: Decisions, events: Option<(AdviceCause, Usage)>, wait: bool) {
         for c in &d.classes {
             self.apply_class(&c.session_id, c.class);
         }
+        let mut pool_moves = Vec::new();
         for m in d.moves {
             match m {
-                Move::Demote { ns, hashes } => self.demote_pages(ns, &hashes),
-                Move::Stage { ns, hashes } => self.stage_and_advise(ns, &hashes),
-                Move::DropHost { ns, hashes } => self.drop_host_copies(ns, &hashes),
-                Move::Retain {
-                    ns,
-                    hashes,
-                    priority,
-                    disown,
-                } => {
-                    let mut st = self.write();
-                    for h in &hashes {
-                        if let Some(id) = st.dir.find(ns, h) {
-                            st.dir.set_retain(id, priority);
-                            if disown {
-                                st.dir.set_session(id, 0);
-                            }
+                Move::Demote { .. } | Move::Stage { .. } => pool_moves.push(m),
+                other => self.apply_pool_move(other),
+            }
+        }
+        if pool_moves.is_empty() {
+            self.finish_moves(d.advice, events);
+        } else {
+            self.queue_moves(
+                super::moves::MoveBatch {
+                    moves: pool_moves,
+                    advice: d.advice,
+                    events,
+                },
+                wait,
+            );
+        }
+    }
+
+    /// Carries out one move on the calling thread (demote and stage do pool I/O: the move
+    /// queue's drainer calls them).
+    pub(super) fn apply_pool_move(&self, m: Move) {
+        match m {
+            Move::Demote { ns, hashes } => self.demote_pages(ns, &hashes),
+            Move::Stage { ns, hashes } => self.stage_and_advise(ns, &hashes),
+            Move::DropHost { ns, hashes } => self.drop_host_copies(ns, &hashes),
+            Move::Retain {
+                ns,
+                hashes,
+                priority,
+                disown,
+            } => {
+                let mut st = self.write();
+                for h in &hashes {
+                    if let Some(id) = st.dir.find(ns, h) {
+                        st.dir.set_retain(id, priority);
+                        if disown {
+                            st.dir.set_session(id, 0);
                         }
                     }
                 }
             }
         }
-        if d.advice.is_empty() {
+    }
+
+    /// Keeps a policy call's advice for routers and engines and numbers its pauses and
+    /// resumes as session events, once its moves are done.
+    pub(super) fn finish_moves(&self, advice: Vec<Advice>, events: Option<(AdviceCause, Usage)>) {
+        if let Some((cause, usage)) = events {
+            self.record_session_events(&advice, cause, usage);
+        }
+        if advice.is_empty() {
             return;
         }
         // Routers read the advice at the admin socket; engines in their advice stream,
         // in the namespace the session's pages are in.
-        let mut to_engines = Vec::with_capacity(d.advice.len());
+        let mut to_engines = Vec::with_capacity(advice.len());
         if let Some(mut p) = self.policy_lock() {
-            for a in d.advice {
+            for a in advice {
                 let (id, pause) = match &a {
                     Advice::Pause { session_id } => (session_id, true),
                     Advice::Resume { session_id, .. } => (session_id, false),

@@ -268,6 +268,7 @@ impl Manager {
             Ok((d, None)) => self.discover_apply(hashes, d, None),
             Ok((d, Some(keys))) => {
                 let Some(pool) = self.pool() else { return d.hit };
+                crate::pool::io_guard::check("exists");
                 let t = Instant::now();
                 let res = pool.batch_exists(&keys.refs());
                 self.discover_apply(hashes, d, Some((res, t.elapsed())))

@@ -79,6 +79,7 @@ impl StageBatch {
             }
         }
         let mut out: Vec<ObjResult> = vec![None; moves.len()];
+        crate::pool::io_guard::check("get");
         let t = Instant::now();
         for (r, i) in self.pool.batch_get_ordered(&mut items).into_iter().zip(at) {
             out[i] = Some(r);

@@ -196,6 +196,7 @@ impl Manager {
                     at.push(i);
                 }
             }
+            crate::pool::io_guard::check("put");
             let t = std::time::Instant::now();
             for (r, i) in pool.batch_put_ordered(&items).into_iter().zip(at) {
                 results[i] = Some(r);

@@ -273,6 +273,10 @@ pub struct PolicyStats {
     pub demoted_pages: u64,
     pub staged_pages: u64,
     pub paused_ms_total: u64,
+    /// Idle sessions a full session table freed for a new one.
+    pub sessions_freed_full: u64,
+    /// New sessions refused because every session in the full table was active.
+    pub sessions_refused_full: u64,
 }
 
 #[derive(Debug, Default)]
@@ -292,6 +296,9 @@ pub struct SessionPolicy {
     pressure: PressureController,
     chains: HashMap<u32, Chain>,
     stats: PolicyStats,
+    /// What freeing idle sessions for new ones decided, returned with the next call's
+    /// decisions.
+    freed: Decisions,
 }
 
 mod calls;
@@ -304,6 +311,7 @@ impl SessionPolicy {
             pressure: PressureController::new(cfg.pressure)?,
             chains: HashMap::new(),
             stats: PolicyStats::default(),
+            freed: Decisions::default(),
             cfg,
         })
     }
@@ -384,7 +392,24 @@ impl SessionPolicy {
                     .and_then(|s| s.parent_id.clone());
             }
         }
+        if self.table.index_of(id).is_none() && self.table.is_full() {
+            // A full table frees the session idle longest; only when every session is
+            // active is the new one refused (`Full`, counted).
+            match self.table.oldest_idle() {
+                Some(old) => {
+                    let d = self.end(old);
+                    self.freed.extend(d);
+                    self.stats.sessions_freed_full += 1;
+                }
+                None => self.stats.sessions_refused_full += 1,
+            }
+        }
         Ok(self.table.open(id, parent)?)
+    }
+
+    /// Decisions of sessions freed for new ones since the last call that returned some.
+    fn take_freed(&mut self) -> Decisions {
+        std::mem::take(&mut self.freed)
     }
 
     /// The pages of the session's chain that no other live session holds.

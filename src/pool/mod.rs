@@ -6,7 +6,9 @@
 //! implement the same trait. The pool is object-addressed: pages become pool-complete only
 //! in the directory, when every object key of their layout exists.
 
+pub mod delayed;
 pub mod index;
+pub mod io_guard;
 pub mod keys;
 pub mod local;
 pub mod mooncake;

@@ -188,6 +188,20 @@ impl SessionTable {
         self.by_id.len()
     }
 
+    /// Whether a new session would find the table full.
+    pub fn is_full(&self) -> bool {
+        self.len() >= self.max_sessions
+    }
+
+    /// The idle (acting or paused) session with the oldest activity: the one a full table
+    /// frees for a new session. `None` when every session is active.
+    pub fn oldest_idle(&self) -> Option<u32> {
+        self.iter()
+            .filter(|(_, s)| s.is_idle())
+            .min_by_key(|(i, s)| (s.last_activity_ms, *i))
+            .map(|(i, _)| i)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
     }

@@ -26,32 +26,46 @@ use super::backend::BackendError;
 use super::connection::{Conn, Rank, Shared};
 
 /// Whether a request may block for longer than a lookup: it waits (a ticket, a load with
-/// a wait policy), makes room or stages pages (a store may evict, a prefetch hint stages
-/// from the pool), reads every byte it commits (a commit checksums its pages), or does
-/// file I/O (connecting a rank may create the arena and start the manifest). With
-/// `remote` discovery (a shared pool in cluster mode), a lookup and a best-effort load may
-/// ask the pool over the network, for up to its op timeout, so they leave the connection
-/// task too. Everything else is a short call under the manager's locks and runs inline.
+/// a wait policy), makes room or stages pages (a store may evict), reads every byte it
+/// commits (a commit checksums its pages), does file I/O (connecting a rank may create
+/// the arena and start the manifest), may do pool I/O or wait for room in the policy's
+/// move queue (a session's phase change or a request's end may demote or stage its pages;
+/// a demote hint writes to the pool, a prefetch stages from it, a share queues pool
+/// writes, and a hint that names a session walks all of its pages). Pin and retain hints
+/// that name pages only mark at most a batch of directory records, like `Removed`, and
+/// stay inline. With `remote` discovery (a shared pool in cluster mode),
+/// a lookup and a best-effort load may ask the pool over the network, for up to its op
+/// timeout, so they leave the connection task too. Everything else is a short call under
+/// the manager's locks and runs inline.
 pub(crate) fn blocks(req: &Request, remote: bool) -> bool {
     match req {
-        Request::Connect { .. } | Request::Store { .. } | Request::Commit { .. } | Request::Wait { .. } => true,
+        Request::Connect { .. }
+        | Request::Store { .. }
+        | Request::Commit { .. }
+        | Request::Wait { .. }
+        | Request::Session { .. }
+        | Request::RequestEnd { .. }
+        | Request::KvHints { .. } => true,
+        Request::Hint(h) => hint_blocks(h),
         Request::Load { wait, .. } => remote || *wait != crate::protocol::LoadWait::BestEffort,
         Request::Lookup { .. } => remote,
-        Request::Hint(h) => matches!(h, crate::hints::Hint::Prefetch { .. }),
-        // An envelope's one action kind today is a prefetch.
-        Request::KvHints { .. } => true,
         Request::RegisterDevice(_)
         | Request::Abort { .. }
         | Request::LoadDone { .. }
         | Request::Poll { .. }
         | Request::Removed { .. }
-        | Request::Session { .. }
-        | Request::RequestEnd { .. }
         | Request::TakeAdvice { .. }
         | Request::Stats
         | Request::Tokens { .. }
         | Request::Ping { .. } => false,
     }
+}
+
+/// Whether a hint may do pool I/O or walk a session's pages (see [`blocks`]).
+fn hint_blocks(h: &crate::hints::Hint) -> bool {
+    use crate::hints::{Hint, HintTarget};
+    matches!(h.target(), HintTarget::Session(_))
+        || matches!(h, Hint::Share { .. } | Hint::Prefetch { .. } | Hint::Demote { .. })
 }
 
 pub(crate) fn dispatch(shared: &Shared, conn: &mut Conn, req: Request) -> Response {
@@ -180,9 +194,68 @@ mod tests {
             [true, true, false]
         );
         let waiting = Request::Load {
-            hashes,
+            hashes: hashes.clone(),
             wait: LoadWait::WaitComplete,
         };
         assert!(blocks(&waiting, false));
+    }
+
+    /// Anything that may do pool I/O or wait for the move queue leaves the connection
+    /// task, whatever the discovery mode: a phase change, a request's end, a hint that
+    /// moves pages or names a session. Pin and retain on named pages stay inline.
+    #[test]
+    fn sessions_request_ends_and_moving_hints_leave_the_connection_task() {
+        use crate::hints::{Hint, HintTarget};
+        use crate::protocol::SessionPhase;
+        use crate::tier::TierKind;
+        let target = || HintTarget::Pages(vec![PageHash::from_u64(1)]);
+        let reqs = [
+            Request::Session {
+                id: "s".into(),
+                parent: None,
+                phase: SessionPhase::Acting,
+            },
+            Request::RequestEnd {
+                session: "s".into(),
+                parent: None,
+                input_length: 1,
+                output_length: 1,
+                hashes: vec![PageHash::from_u64(1)],
+            },
+            Request::Hint(Hint::Retain {
+                target: HintTarget::Session("s".into()),
+                priority: 1,
+                ttl_ms: 1,
+            }),
+            Request::Hint(Hint::Demote {
+                target: target(),
+                to: TierKind::Pool,
+            }),
+            Request::Hint(Hint::Share { target: target() }),
+            Request::Hint(Hint::Prefetch {
+                target: target(),
+                to: TierKind::Host,
+                deadline_ms: None,
+            }),
+        ];
+        for r in &reqs {
+            assert!(blocks(r, false), "{r:?}");
+        }
+        let inline = [
+            Request::Hint(Hint::Pin {
+                target: target(),
+                tier: TierKind::Host,
+                ttl_ms: 1,
+            }),
+            Request::Hint(Hint::Retain {
+                target: target(),
+                priority: 1,
+                ttl_ms: 1,
+            }),
+            Request::TakeAdvice { max_pages: 1 },
+        ];
+        for r in &inline {
+            assert!(!blocks(r, false), "{r:?}");
+        }
     }
 }

@@ -501,6 +501,7 @@ impl DaemonConfig {
                 stage_protect_ms: tiers.stage_protect_ms,
                 max_sessions: self.sessions.max,
                 max_session_id_bytes: self.sessions.max_id_bytes,
+                pool_fault_delay_ms: self.pool.fault_delay_ms,
                 ..Tunables::default()
             },
             event_ring: self.events.ring,

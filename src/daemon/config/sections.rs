@@ -196,6 +196,10 @@ pub struct PoolSection {
     /// Local shared-memory pool size in bytes, beside the arena (`<arena>.pool`); 0 runs
     /// without a pool. Used with `kind = "local"`. Default: 2 GiB.
     pub bytes: u64,
+    /// Fault injection for benches and failure tests: every pool batch call (put, get,
+    /// exists, remove) waits this many milliseconds before it runs. Never set it in
+    /// production. Default: 0 (off).
+    pub fault_delay_ms: u64,
 }
 
 impl Default for PoolSection {
@@ -203,6 +207,7 @@ impl Default for PoolSection {
         Self {
             kind: PoolKind::Local,
             bytes: 2 << 30,
+            fault_delay_ms: 0,
         }
     }
 }

@@ -69,7 +69,7 @@ impl SessionPolicy {
         usage: Usage,
     ) -> Result<Decisions, SessionPolicyError> {
         let idx = self.open(session, parent)?;
-        let mut d = Decisions::default();
+        let mut d = self.take_freed();
         match phase {
             Phase::Reasoning => {
                 let was_paused = self.table.get(idx).is_some_and(|s| s.paused);
@@ -123,7 +123,7 @@ impl SessionPolicy {
         c.ns = end.ns;
         c.hashes.clone_from(&end.hashes);
         self.lineage.insert(idx, &end.hashes);
-        let mut d = Decisions::default();
+        let mut d = self.take_freed();
         if self.cfg.signals.lineage {
             let stats = self.lineage.stats(&end.hashes);
             let shared: Vec<PageHash> = end
@@ -150,7 +150,7 @@ impl SessionPolicy {
     /// target and high watermarks) acting sessions' private pages are demoted and
     /// reasoning sessions are marked to pause at their next tool boundary.
     pub fn tick(&mut self, usage: Usage) -> Decisions {
-        let mut d = Decisions::default();
+        let mut d = self.take_freed();
         for (idx, s) in self.table.expire_idle() {
             d.extend(self.forget(idx, &s.id));
         }
@@ -276,7 +276,7 @@ impl SessionPolicy {
     }
 
     /// An explicit end.
-    fn end(&mut self, idx: u32) -> Decisions {
+    pub(super) fn end(&mut self, idx: u32) -> Decisions {
         let was_paused = self.table.get(idx).is_some_and(|s| s.paused);
         match self.table.end(idx) {
             Ok(s) => {

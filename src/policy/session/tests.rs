@@ -256,3 +256,42 @@ fn idle_pages_go_first_only_where_a_pool_takes_them_and_ended_pages_always() {
     let d = q.phase_changed("c", None, Phase::Ended, usage(10)).unwrap();
     assert_eq!(d.classes, vec![class("c", SessionClass::Normal)]);
 }
+
+/// A full table of idle (acting, paused) sessions frees the one idle longest for a new
+/// session, and its pages go to the ended class; only when every session is active is
+/// the new one refused with `Full`. Both are counted.
+#[test]
+fn a_full_table_frees_the_oldest_idle_session_and_refuses_only_when_all_are_active() {
+    let clock = SimClock::new();
+    let cfg = SessionPolicyConfig {
+        max_sessions: 3,
+        ..SessionPolicyConfig::default()
+    };
+    let mut p = SessionPolicy::new(cfg, clock.clone()).unwrap();
+    for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+        p.page_stored(id, NS, &hashes(i as u64 * 10..i as u64 * 10 + 2))
+            .unwrap();
+        clock.advance(10);
+    }
+    // "b" then "a" go idle: "b" is the one idle longest.
+    p.phase_changed("b", None, Phase::Acting, usage(10)).unwrap();
+    clock.advance(10);
+    p.phase_changed("a", None, Phase::Paused, usage(10)).unwrap();
+    clock.advance(10);
+    let d = p.phase_changed("d", None, Phase::Reasoning, usage(10)).unwrap();
+    assert_eq!(p.phase("b"), None, "the oldest idle session is freed");
+    assert_eq!(p.phase("a"), Some(Phase::Paused));
+    assert_eq!(p.phase("d"), Some(Phase::Reasoning));
+    assert!(d.classes.contains(&class("b", SessionClass::Ended)), "{d:?}");
+    assert_eq!(p.stats().sessions_freed_full, 1);
+    // "a" idle, "c" and "d" active: "a" goes for "e"; then all are active.
+    p.phase_changed("e", None, Phase::Reasoning, usage(10)).unwrap();
+    assert_eq!(p.phase("a"), None);
+    let refused = p.phase_changed("f", None, Phase::Reasoning, usage(10));
+    assert!(
+        matches!(refused, Err(SessionPolicyError::Table(SessionError::Full(3)))),
+        "{refused:?}"
+    );
+    assert_eq!((p.stats().sessions_freed_full, p.stats().sessions_refused_full), (2, 1));
+    assert_eq!(p.sessions().len(), 3);
+}

@@ -20,12 +20,18 @@
 //! width, one byte while every container is under 256 and two (meta bit 3) under 65,536.
 //! The type hash and type string are fixed by the C++ types; a master built from other
 //! sources may answer with another hash or an RPC error, and then [`RpcError::Protocol`]
-//! tells the pool to use the helper instead, for good.
+//! tells the pool to use the helper instead for a while: the client backs off (1 s,
+//! doubling to 60 s while the master keeps answering so) and tries the master again, so one
+//! garbled reply does not switch modes for the daemon's life.
+//!
+//! Every query has one deadline, the op timeout, for the whole call: connecting, writing
+//! and reading every byte of every reply. A master that trickles its reply a byte at a
+//! time holds a caller no longer than one that does not answer.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -50,6 +56,10 @@ const MAX_IDLE: usize = 8;
 const KEYS_PER_REQUEST: usize = 64;
 /// ... on at most this many connections at once.
 const MAX_REQUESTS: usize = 4;
+/// The first back-off after a reply this client does not speak; it doubles with each
+/// such reply in a row, up to [`BACKOFF_MAX`].
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// Why a query got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -74,13 +84,18 @@ pub(super) struct MasterRpc {
     /// The daemon's connections, for queries its async runtime awaits.
     #[cfg(feature = "daemon")]
     idle_async: Mutex<Vec<tokio::net::TcpStream>>,
-    /// Set for good once the master answered in a form this client does not speak.
-    refused: AtomicBool,
+    /// Until when queries go to the helper: the master answered in a form this client
+    /// does not speak (see [`MasterRpc::refuse`]).
+    refused_until: Mutex<Option<Instant>>,
+    /// Such answers in a row (the back-off doubles with each); a good answer resets it.
+    refusals: AtomicU32,
+    /// The first back-off ([`BACKOFF_MIN`]; shorter in tests).
+    backoff: Duration,
 }
 
 impl MasterRpc {
-    /// `addr` is the master's `host:port`; `timeout` bounds the connect and each read or
-    /// write of one query. Nothing connects until the first query.
+    /// `addr` is the master's `host:port`; `timeout` bounds one whole query (connect,
+    /// write, every read). Nothing connects until the first query.
     pub(super) fn new(addr: &str, timeout: Duration) -> Self {
         Self {
             addr: addr.to_owned(),
@@ -89,21 +104,42 @@ impl MasterRpc {
             idle: Mutex::new(Vec::new()),
             #[cfg(feature = "daemon")]
             idle_async: Mutex::new(Vec::new()),
-            refused: AtomicBool::new(false),
+            refused_until: Mutex::new(None),
+            refusals: AtomicU32::new(0),
+            backoff: BACKOFF_MIN,
         }
     }
 
-    /// Whether the master was found to speak another protocol (see [`MasterRpc::refuse`]).
+    /// Whether queries go to the helper for now: the master's last reply was in a form this
+    /// client does not speak, and its back-off has not passed (see [`MasterRpc::refuse`]).
     pub(super) fn refused(&self) -> bool {
-        self.refused.load(Ordering::Relaxed)
+        let mut until = self.refused_until.lock();
+        match *until {
+            Some(t) if Instant::now() < t => true,
+            Some(_) => {
+                // Past the back-off: the next query tries the master again.
+                *until = None;
+                false
+            }
+            None => false,
+        }
     }
 
-    /// Stops using this client for good after `e`, a [`RpcError::Protocol`]; logs once.
+    /// Sends queries to the helper for a while after `e`, a [`RpcError::Protocol`]: the
+    /// back-off starts at 1 s and doubles with each such reply in a row, up to 60 s.
     pub(super) fn refuse(&self, e: &RpcError) {
-        if !self.refused.swap(true, Ordering::Relaxed) {
-            tracing::warn!(error = %e, "existence queries go through the helper from now on");
-        }
+        let n = self.refusals.fetch_add(1, Ordering::Relaxed).min(16);
+        let wait = self.backoff.saturating_mul(1 << n).min(BACKOFF_MAX);
+        *self.refused_until.lock() = Some(Instant::now() + wait);
+        tracing::warn!(error = %e, backoff = ?wait, "existence queries go through the helper until the back-off passes");
         self.reset();
+    }
+
+    /// A reply this client spoke: the back-off starts over.
+    fn answered(&self) {
+        if self.refusals.load(Ordering::Relaxed) != 0 {
+            self.refusals.store(0, Ordering::Relaxed);
+        }
     }
 
     /// One answer per key, in order: `Ok(true)` complete in the store, `Ok(false)` absent,
@@ -114,6 +150,7 @@ impl MasterRpc {
     /// keys on as many connections, all sent before any answer is read, so that many of its
     /// threads answer at once.
     pub(super) fn batch_exists(&self, keys: &[&str]) -> Result<Vec<Result<bool, i64>>, RpcError> {
+        let deadline = Instant::now() + self.timeout;
         let mut calls = Vec::with_capacity(MAX_REQUESTS);
         for part in split(keys) {
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
@@ -121,7 +158,7 @@ impl MasterRpc {
             let pooled = self.idle.lock().pop();
             let (conn, reused) = match pooled {
                 Some(c) => (c, true),
-                None => (self.connect()?, false),
+                None => (self.connect(deadline)?, false),
             };
             let mut call = Call {
                 conn,
@@ -130,28 +167,29 @@ impl MasterRpc {
                 seq,
                 n: part.len(),
             };
-            if let Err(e) = call.conn.write_all(&call.frame) {
+            if let Err(e) = self.send(&mut call.conn, &call.frame, deadline) {
                 if !call.reused {
-                    return Err(self.io(e));
+                    return Err(e);
                 }
-                call.conn = self.connect()?;
+                call.conn = self.connect(deadline)?;
                 call.reused = false;
-                call.conn.write_all(&call.frame).map_err(|e| self.io(e))?;
+                self.send(&mut call.conn, &call.frame, deadline)?;
             }
             calls.push(call);
         }
         let mut out = Vec::with_capacity(keys.len());
         for mut call in calls {
-            let body = match self.receive(&mut call) {
+            let body = match self.receive(&mut call, deadline) {
                 // A pooled connection the master closed meanwhile (it restarted): one fresh try.
-                Err(RpcError::Io { .. }) if call.reused => {
-                    call.conn = self.connect()?;
-                    call.conn.write_all(&call.frame).map_err(|e| self.io(e))?;
-                    self.receive(&mut call)
+                Err(RpcError::Io { .. }) if call.reused && Instant::now() < deadline => {
+                    call.conn = self.connect(deadline)?;
+                    self.send(&mut call.conn, &call.frame, deadline)?;
+                    self.receive(&mut call, deadline)
                 }
                 r => r,
             }?;
             out.extend(decode_response(&body, call.n).map_err(|why| self.protocol(why))?);
+            self.answered();
             let mut idle = self.idle.lock();
             if idle.len() < MAX_IDLE {
                 idle.push(call.conn);
@@ -181,24 +219,64 @@ impl MasterRpc {
         }
     }
 
-    /// Reads `call`'s reply and returns its body.
-    fn receive(&self, call: &mut Call<TcpStream>) -> Result<Vec<u8>, RpcError> {
+    /// Reads `call`'s reply and returns its body, all of it by `deadline`.
+    fn receive(&self, call: &mut Call<TcpStream>, deadline: Instant) -> Result<Vec<u8>, RpcError> {
         let mut head = [0u8; RESP_HEAD];
-        call.conn.read_exact(&mut head).map_err(|e| self.io(e))?;
+        self.read_by(&mut call.conn, &mut head, deadline)?;
         let mut body = vec![0u8; reply_len(&head, call.frame.len()).map_err(|why| self.protocol(why))?];
-        call.conn.read_exact(&mut body).map_err(|e| self.io(e))?;
+        self.read_by(&mut call.conn, &mut body, deadline)?;
         reply_body(&head, call.seq, body).map_err(|why| self.protocol(why))
     }
 
-    fn connect(&self) -> Result<TcpStream, RpcError> {
+    /// The time left until `deadline`, or the timeout error once it has passed.
+    fn left(&self, deadline: Instant) -> Result<Duration, RpcError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(self.io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no whole answer within the op timeout",
+            )));
+        }
+        Ok(left)
+    }
+
+    /// Fills `buf` by `deadline`: each read may wait only for what is left of the call's
+    /// time, so a reply trickled a byte at a time ends at the deadline too.
+    fn read_by(&self, conn: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Result<(), RpcError> {
+        let mut at = 0;
+        while at < buf.len() {
+            conn.set_read_timeout(Some(self.left(deadline)?))
+                .map_err(|e| self.io(e))?;
+            match conn.read(&mut buf[at..]) {
+                Ok(0) => return Err(self.io(io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => at += n,
+                // A read timeout (EAGAIN on Linux) or a signal: `left` says whether any
+                // time remains.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => return Err(self.io(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `frame` by `deadline`.
+    fn send(&self, conn: &mut TcpStream, frame: &[u8], deadline: Instant) -> Result<(), RpcError> {
+        conn.set_write_timeout(Some(self.left(deadline)?))
+            .map_err(|e| self.io(e))?;
+        conn.write_all(frame).map_err(|e| self.io(e))
+    }
+
+    fn connect(&self, deadline: Instant) -> Result<TcpStream, RpcError> {
         let addrs: Vec<SocketAddr> = self.addr.to_socket_addrs().map_err(|e| self.io(e))?.collect();
         let mut last = io::Error::new(io::ErrorKind::NotFound, "the address resolves to nothing");
         for a in addrs {
-            match TcpStream::connect_timeout(&a, self.timeout) {
+            match TcpStream::connect_timeout(&a, self.left(deadline)?) {
                 Ok(s) => {
                     s.set_nodelay(true).map_err(|e| self.io(e))?;
-                    s.set_read_timeout(Some(self.timeout)).map_err(|e| self.io(e))?;
-                    s.set_write_timeout(Some(self.timeout)).map_err(|e| self.io(e))?;
                     return Ok(s);
                 }
                 Err(e) => last = e,
@@ -212,8 +290,20 @@ impl MasterRpc {
 /// answer instead of handing the lookup to a blocking thread and being woken by that thread.
 #[cfg(feature = "daemon")]
 impl MasterRpc {
-    /// [`MasterRpc::batch_exists`], awaited: the same requests, split the same way.
+    /// [`MasterRpc::batch_exists`], awaited: the same requests, split the same way, and
+    /// the same one deadline for the whole call. A call cut off mid-reply leaves no
+    /// connection behind for the next (its streams are dropped with it).
     pub(super) async fn batch_exists_async(&self, keys: &[&str]) -> Result<Vec<Result<bool, i64>>, RpcError> {
+        match tokio::time::timeout(self.timeout, self.batch_exists_awaited(keys)).await {
+            Ok(r) => r,
+            Err(_) => Err(self.io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no whole answer within the op timeout",
+            ))),
+        }
+    }
+
+    async fn batch_exists_awaited(&self, keys: &[&str]) -> Result<Vec<Result<bool, i64>>, RpcError> {
         use tokio::io::AsyncWriteExt;
         let mut calls = Vec::with_capacity(MAX_REQUESTS);
         for part in split(keys) {
@@ -253,6 +343,7 @@ impl MasterRpc {
                 r => r,
             }?;
             out.extend(decode_response(&body, call.n).map_err(|why| self.protocol(why))?);
+            self.answered();
             let mut idle = self.idle_async.lock();
             if idle.len() < MAX_IDLE {
                 idle.push(call.conn);
@@ -440,239 +531,4 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
-
-    /// The request the wheel 0.3.13.post1 sent for `batch_is_exist(["cap_key_a", "cap_key_b"])`,
-    /// captured on loopback.
-    #[test]
-    fn request_matches_the_wheel_byte_for_byte() {
-        let want = hex(concat!(
-            "1500000006000000b0a69fb82a00000000000000",
-            "638df70004fd84800c800cff00",
-            "02096361705f6b65795f61096361705f6b65795f62",
-            "0764656661756c74"
-        ));
-        assert_eq!(encode_request(6, &["cap_key_a", "cap_key_b"]).unwrap(), want);
-    }
-
-    /// 300 keys need two-byte lengths everywhere (meta 0x0c), as the wheel sent them.
-    #[test]
-    fn long_batches_use_two_byte_lengths() {
-        let keys: Vec<String> = (0..300).map(|i| format!("k{i:03}")).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let f = encode_request(1, &refs).unwrap();
-        assert_eq!(&f[..8], &hex("1500000001000000")[..]);
-        assert_eq!(
-            u32::from_le_bytes(f[12..16].try_into().unwrap()) as usize,
-            f.len() - REQ_HEAD
-        );
-        assert_eq!(&f[20..33], &hex("638df7000cfd84800c800cff00")[..]);
-        assert_eq!(&f[33..43], &hex("2c0104006b3030300400")[..]);
-        assert!(f.ends_with(&hex("070064656661756c74")));
-    }
-
-    #[test]
-    fn replies_decode_to_one_answer_per_key() {
-        // The master's reply to the two-key request: present, absent.
-        let body = hex("5d8c5f2a0484870b01000201010100");
-        assert_eq!(decode_response(&body, 2).unwrap(), vec![Ok(true), Ok(false)]);
-        // An error for the second key (OBJECT_NOT_FOUND would be -704: 0x40fdffff).
-        let body = hex("5d8c5f2a0484870b01000201010040fdffff");
-        assert_eq!(decode_response(&body, 2).unwrap(), vec![Ok(true), Err(-704)]);
-        // Two-byte lengths: 300 answers.
-        let mut body = hex("5d8c5f2a0c84870b01002c01");
-        body.extend(std::iter::repeat_n([1u8, 1], 300).flatten());
-        let got = decode_response(&body, 300).unwrap();
-        assert_eq!(got.len(), 300);
-        assert!(got.iter().all(|a| *a == Ok(true)));
-    }
-
-    #[test]
-    fn foreign_replies_are_refused() {
-        let good = hex("5d8c5f2a0484870b01000201010100");
-        assert!(decode_response(&good, 3).unwrap_err().contains("2 answers to 3 keys"));
-        let mut other_hash = good.clone();
-        other_hash[1] ^= 0x10;
-        assert!(decode_response(&other_hash, 2).unwrap_err().contains("type hash"));
-        let mut other_type = good.clone();
-        other_type[7] = 0x02;
-        assert!(decode_response(&other_type, 2).unwrap_err().contains("type string"));
-        assert!(
-            decode_response(&good[..good.len() - 1], 2)
-                .unwrap_err()
-                .contains("reply ends")
-        );
-        let mut trailing = good.clone();
-        trailing.push(0);
-        assert!(decode_response(&trailing, 2).unwrap_err().contains("after the answers"));
-    }
-
-    /// A master that never answers costs one timeout, not a hang; one that is not there is
-    /// an I/O error at once.
-    #[test]
-    fn silent_and_absent_masters_are_io_errors() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let rpc = MasterRpc::new(&addr, Duration::from_millis(200));
-        let t = std::time::Instant::now();
-        assert!(matches!(rpc.batch_exists(&["a"]), Err(RpcError::Io { .. })));
-        assert!(t.elapsed() < Duration::from_secs(5));
-        drop(l);
-        let rpc = MasterRpc::new(&addr, Duration::from_millis(200));
-        assert!(matches!(rpc.batch_exists(&["a"]), Err(RpcError::Io { .. })));
-    }
-
-    /// A stand-in master that answers `BatchExistKey` for real: a key exists when it ends
-    /// in `y`. Serves `conns` connections, each until it closes.
-    fn fake_master(conns: usize) -> (String, std::thread::JoinHandle<usize>) {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let serve = move |mut s: TcpStream| -> usize {
-            let mut asked = 0;
-            loop {
-                let mut head = [0u8; REQ_HEAD];
-                if s.read_exact(&mut head).is_err() {
-                    return asked;
-                }
-                assert_eq!(u32::from_le_bytes(head[8..12].try_into().unwrap()), FN_BATCH_EXIST_KEY);
-                let len = u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize;
-                let mut body = vec![0u8; len];
-                s.read_exact(&mut body).unwrap();
-                assert_eq!(&body[..4], &ARGS_HASH.to_le_bytes());
-                let width = [1, 2, 4, 8][((body[4] >> 3) & 3) as usize];
-                let mut r = Reader {
-                    buf: &body,
-                    at: 5 + ARGS_TYPE.len(),
-                };
-                let n = r.uint(width).unwrap() as usize;
-                let mut payload = vec![n as u8];
-                for _ in 0..n {
-                    let k = r.uint(width).unwrap() as usize;
-                    let key = r.take(k).unwrap();
-                    payload.extend_from_slice(&[1, (key.last() == Some(&b'y')) as u8]);
-                }
-                asked += n;
-                let mut reply = vec![MAGIC, 0, 0, 0];
-                reply.extend_from_slice(&head[4..8]);
-                reply.extend_from_slice(&((payload.len() + 10) as u32).to_le_bytes());
-                reply.extend_from_slice(&0u32.to_le_bytes());
-                reply.extend_from_slice(&RESULT_HASH.to_le_bytes());
-                reply.push(META_TYPE_INFO);
-                reply.extend_from_slice(RESULT_TYPE);
-                reply.extend_from_slice(&payload);
-                s.write_all(&reply).unwrap();
-            }
-        };
-        let h = std::thread::spawn(move || {
-            let workers: Vec<_> = (0..conns)
-                .map(|_| {
-                    let (s, _) = l.accept().unwrap();
-                    std::thread::spawn(move || serve(s))
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap()).sum()
-        });
-        (addr, h)
-    }
-
-    #[test]
-    fn batches_split_into_at_most_four_requests_of_64_keys_or_more() {
-        let keys: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let sizes = |n: usize| split(&refs[..n]).map(<[&str]>::len).collect::<Vec<_>>();
-        assert_eq!(sizes(1), vec![1]);
-        assert_eq!(sizes(127), vec![127]);
-        assert_eq!(sizes(128), vec![64, 64]);
-        assert_eq!(sizes(200), vec![67, 67, 66]);
-        assert_eq!(sizes(256), vec![64; 4]);
-        assert_eq!(sizes(1000), vec![250; 4]);
-    }
-
-    /// A long batch is asked as three requests on three connections; the answers come back
-    /// in key order, and the connections serve the next query.
-    #[test]
-    fn split_batches_answer_in_key_order() {
-        let (addr, master) = fake_master(3);
-        let rpc = MasterRpc::new(&addr, Duration::from_secs(5));
-        let keys: Vec<String> = (0..200)
-            .map(|i| format!("k{i}{}", if i % 3 == 0 { "y" } else { "n" }))
-            .collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        for _ in 0..2 {
-            let got = rpc.batch_exists(&refs).unwrap();
-            let want: Vec<Result<bool, i64>> = (0..200).map(|i| Ok(i % 3 == 0)).collect();
-            assert_eq!(got, want);
-        }
-        assert_eq!(
-            rpc.batch_exists(&refs[..5]).unwrap(),
-            vec![Ok(true), Ok(false), Ok(false), Ok(true), Ok(false)]
-        );
-        drop(rpc);
-        assert_eq!(master.join().unwrap(), 2 * 200 + 5);
-    }
-
-    /// The awaited query asks and answers the same, on a single-threaded runtime like the
-    /// daemon's control plane, and a master that is gone is an I/O error.
-    #[cfg(feature = "daemon")]
-    #[test]
-    fn awaited_queries_answer_like_blocking_ones() {
-        let (addr, master) = fake_master(4);
-        let rpc = MasterRpc::new(&addr, Duration::from_secs(5));
-        let keys: Vec<String> = (0..300)
-            .map(|i| format!("key{i}{}", if i % 4 == 1 { "y" } else { "n" }))
-            .collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        for _ in 0..2 {
-            let got = rt.block_on(rpc.batch_exists_async(&refs)).unwrap();
-            assert_eq!(got, (0..300).map(|i| Ok(i % 4 == 1)).collect::<Vec<_>>());
-        }
-        drop(rpc);
-        assert_eq!(master.join().unwrap(), 600);
-        let gone = MasterRpc::new(&addr, Duration::from_millis(300));
-        assert!(matches!(
-            rt.block_on(gone.batch_exists_async(&refs[..3])),
-            Err(RpcError::Io { .. })
-        ));
-    }
-
-    /// A peer that answers with an RPC error (a master of another build) is a protocol error.
-    #[test]
-    fn rpc_errors_are_protocol_errors() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let server = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut head = [0u8; REQ_HEAD];
-            s.read_exact(&mut head).unwrap();
-            let len = u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize;
-            let mut body = vec![0u8; len];
-            s.read_exact(&mut body).unwrap();
-            let msg = b"function not registered";
-            let mut reply = vec![MAGIC, 0, 4, 0];
-            reply.extend_from_slice(&head[4..8]);
-            reply.extend_from_slice(&(msg.len() as u32).to_le_bytes());
-            reply.extend_from_slice(&0u32.to_le_bytes());
-            reply.extend_from_slice(msg);
-            s.write_all(&reply).unwrap();
-        });
-        let rpc = MasterRpc::new(&addr, Duration::from_secs(2));
-        let e = rpc.batch_exists(&["a", "b"]).unwrap_err();
-        assert!(
-            matches!(&e, RpcError::Protocol { why, .. } if why.contains("RPC error 4")),
-            "{e}"
-        );
-        server.join().unwrap();
-    }
-}
+mod tests;
