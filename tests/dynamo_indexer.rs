@@ -117,9 +117,6 @@ fn dynamos_indexer_matches_the_prefix_kvtier_stored_and_forgets_it_after_removal
         assert!(t.elapsed() < Duration::from_secs(120), "the indexer did not come up");
         std::thread::sleep(Duration::from_millis(200));
     }
-    // Its SUB socket joins the publisher asynchronously.
-    std::thread::sleep(Duration::from_secs(2));
-
     let ranks: Vec<(Client, Arc<EmulatedDevice>)> = (0..2u16)
         .map(|tp| {
             let cfg = ClientConfig::new(&socket, identity("dynamo-test", tp, 0, 2, 1), spec(2, 1))
@@ -130,6 +127,35 @@ fn dynamos_indexer_matches_the_prefix_kvtier_stored_and_forgets_it_after_removal
             (c, dev)
         })
         .collect();
+    // The indexer's SUB socket joins the publisher asynchronously, and a PUB socket
+    // drops what it sends before the join. Store probe pages (tokens no query below
+    // uses) until the indexer has seen one, instead of sleeping for a guessed time.
+    let t = Instant::now();
+    for probe in 0u32.. {
+        let page = [PageHash::from_u64(0xe000 + u64::from(probe))];
+        let toks = vec![(0..4).map(|i| 50_000 + 4 * probe + i).collect::<Vec<u32>>()];
+        for (c, _) in &ranks {
+            c.store_with_tokens(&page, &[15], "", None, Some(&toks)).unwrap();
+        }
+        let q = json!({"token_ids": toks[0], "model_name": "default"}).to_string();
+        let asked = Instant::now();
+        let seen = loop {
+            if http(port, "POST", "/query", &q).is_some_and(|(s, b)| s == 200 && matched(&b) == 4) {
+                break true;
+            }
+            if asked.elapsed() > Duration::from_secs(2) {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if seen {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the indexer never saw a probe page's event in {probe} tries"
+        );
+    }
     let pages: Vec<PageHash> = (0..3).map(|i| PageHash::from_u64(0xd000 + i)).collect();
     let tokens: Vec<Vec<u32>> = (0..3u32).map(|p| (0..4).map(|t| 100 + 4 * p + t).collect()).collect();
     for (c, _) in &ranks {

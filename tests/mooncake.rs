@@ -374,8 +374,14 @@ fn master_down_at_start_is_degraded_until_it_comes() {
     stale_segments_expired();
     env_script("stop");
     let pool = MooncakePool::start(cfg, None).unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(matches!(pool.health(), PoolHealth::Degraded { .. }));
+    assert!(
+        eventually(Duration::from_secs(10), || matches!(
+            pool.health(),
+            PoolHealth::Degraded { .. }
+        )),
+        "a pool started with no master is not degraded: {:?}",
+        pool.health()
+    );
     let t = Instant::now();
     let data = pattern(450, 4096);
     assert!(matches!(
