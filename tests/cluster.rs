@@ -55,15 +55,18 @@ impl Rank {
 }
 
 /// The wheel's own client, run as HiCache runs it, on `keys`: `put` writes `len` bytes per
-/// key, `remove` removes them.
+/// key, `forge` too from a client that contributes no segment (the objects outlive it),
+/// `remove` removes them.
 fn store_client(python: &Path, master: &Master, mode: &str, keys: &[String], len: usize) {
     const SCRIPT: &str = r#"
 import ctypes, json, sys
 from mooncake.store import MooncakeDistributedStore
 cfg = json.loads(sys.argv[1])
 s = MooncakeDistributedStore()
-assert s.setup("127.0.0.1", cfg["metadata"], 16 << 20, 16 << 20, "tcp", "", cfg["master"]) == 0
-if cfg["mode"] == "put":
+# "forge" contributes no memory: its objects land in the daemons' segments and outlive it.
+seg = 0 if cfg["mode"] == "forge" else 16 << 20
+assert s.setup("127.0.0.1", cfg["metadata"], seg, 16 << 20, "tcp", "", cfg["master"]) == 0
+if cfg["mode"] in ("put", "forge"):
     n = cfg["len"]
     buf = ctypes.create_string_buffer(n * len(cfg["keys"]))
     base = ctypes.addressof(buf)
@@ -176,6 +179,54 @@ fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
     assert_eq!(b0.client.lookup(&[lone]).unwrap().total(), 0);
     assert_eq!(b0.load(&[lone]), (0, 0));
 
+    // Foreign puts under every key of a page (the wheel's raw client, as anyone who reaches
+    // the master can): one the size of a sealed object, one the size of the bare bytes.
+    // Neither carries the cluster key's MAC: B may credit them at lookup (existence is all
+    // the master knows), but never loads them, and counts each object it refused.
+    let rejected = |n: &Node| {
+        let pool = n.admin(&["status"])["pool"].clone();
+        assert_eq!(pool["integrity"]["on"], true, "{pool}");
+        pool["integrity"]["rejected"].as_u64().unwrap()
+    };
+    let before = rejected(&b);
+    let forged = [PageHash::from_u64(0xf0_0000_0001), PageHash::from_u64(0xf0_0000_0002)];
+    let obj = layout.object_bytes(0) as usize;
+    store_client(
+        &python,
+        &master,
+        "forge",
+        &keys.page_keys(&layout, &forged[0]),
+        obj + 32,
+    );
+    store_client(&python, &master, "forge", &keys.page_keys(&layout, &forged[1]), obj);
+    for (i, f) in forged.iter().enumerate() {
+        // The master knows the objects exist: B credits the page at lookup...
+        let credited = eventually(Duration::from_secs(30), || {
+            b0.client.lookup(std::slice::from_ref(f)).is_ok_and(|h| h.pool == 1)
+        });
+        assert!(credited, "forged page {i} is in the store");
+        // ...and loads none of it.
+        assert_eq!(
+            b0.load(std::slice::from_ref(f)),
+            (0, 0),
+            "forged page {i} is never loaded on rank 0"
+        );
+        let _ = b1.client.lookup(std::slice::from_ref(f)).unwrap();
+        assert_eq!(
+            b1.load(std::slice::from_ref(f)),
+            (0, 0),
+            "forged page {i} is never loaded on rank 1"
+        );
+    }
+    let after = rejected(&b);
+    assert!(
+        after >= before + 2,
+        "B refused the forged objects: {before} -> {after}; log {}",
+        b.log.display()
+    );
+    // A real page behind a forged one: the load stops at the forged page, never past it.
+    assert_eq!(b0.load(&[hs[0], forged[0], hs[1]]), (1, 1));
+
     // Objects removed from the store after B learned of them: fewer pages, no wrong bytes.
     store_client(&python, &master, "remove", &keys.page_keys(&layout, &hs[6]), 0);
     assert_eq!(b0.load(&hs[4..8]), (2, 2), "the load stops at the vanished page");
@@ -262,6 +313,8 @@ fn two_daemons_on_one_store_share_complete_pages_and_only_those() {
         assert!(text.contains("kvtier_pool_info{backend=\"mooncake\""), "{text}");
         assert!(text.contains("kvtier_pool_found_pages_total"), "{text}");
         assert!(text.contains("kvtier_pool_exists_via{via=\"master\"} 1"), "{text}");
+        assert!(text.contains("kvtier_pool_integrity_enabled 1"), "{text}");
+        assert!(text.contains("kvtier_pool_integrity_rejected_total "), "{text}");
     }
     drop(ranks);
 }
@@ -432,4 +485,67 @@ fn pool_index_answers_lookups_from_peer_events() {
     assert!(again, "credit after the restart: {}", index_of(&b).0);
     assert_eq!(b1.load(rest), (4, 4), "A's bytes, nothing lost");
     drop(ranks);
+}
+
+/// `kvtier serve` with `--pool mooncake` and `args`, expected to refuse to start: its
+/// stderr. Fails if it is still running after 30 s.
+fn refused_start(dir: &Path, args: &[String]) -> String {
+    let err = dir.join("refused.err");
+    let mut child = Command::new(common::kvtier_bin())
+        .arg("serve")
+        .arg("--socket")
+        .arg(dir.join("kvtier.sock"))
+        .arg("--arena-path")
+        .arg(dir.join("arena"))
+        .args([
+            "--arena-bytes",
+            "4194304",
+            "--pool",
+            "mooncake",
+            "--mooncake-master",
+            "127.0.0.1:9",
+        ])
+        .args(["--set", "lock_arena=false", "--set", "prefault=false"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let exited = eventually(Duration::from_secs(30), || child.try_wait().unwrap().is_some());
+    if !exited {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let text = std::fs::read_to_string(&err).unwrap();
+    assert!(exited, "the daemon started: {text}");
+    assert!(!child.wait().unwrap().success(), "{text}");
+    assert!(!dir.join("kvtier.sock").exists(), "no socket is left behind");
+    text
+}
+
+/// The cluster key file must be the daemon's own and private: mode 0644 refuses the start,
+/// naming the file and its mode; so does `key_format = "sglang"` with integrity left on.
+#[test]
+fn a_cluster_key_file_others_can_read_refuses_the_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_support::cluster_key_file(dir.path());
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let key_set = format!("mooncake.integrity_key_file={:?}", key.display().to_string());
+    let err = refused_start(dir.path(), &["--set".into(), key_set.clone()]);
+    assert!(
+        err.contains(&key.display().to_string()) && err.contains("0644") && err.contains("chmod 600"),
+        "{err}"
+    );
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let err = refused_start(
+        dir.path(),
+        &[
+            "--set".into(),
+            key_set,
+            "--set".into(),
+            "mooncake.key_format=\"sglang\"".into(),
+        ],
+    );
+    assert!(err.contains("mooncake.integrity = false"), "{err}");
 }

@@ -312,6 +312,22 @@ pub fn render_pool(o: &mut String, p: &crate::manager::PoolReport) {
         );
         sample(o, "kvtier_pool_exists_via", &[("via", via)], 1.0);
     }
+    if let Some(i) = &p.integrity {
+        family(
+            o,
+            "kvtier_pool_integrity_enabled",
+            "gauge",
+            "1 when every pool object carries a keyed MAC checked on every get.",
+        );
+        sample(o, "kvtier_pool_integrity_enabled", &[], f64::from(u8::from(i.on)));
+        family(
+            o,
+            "kvtier_pool_integrity_rejected_total",
+            "counter",
+            "Pool objects whose MAC failed (or too short for one): never loaded, read as not found.",
+        );
+        sample(o, "kvtier_pool_integrity_rejected_total", &[], i.rejected as f64);
+    }
     if let Some(ix) = &p.index {
         pool_index(o, ix);
     }

@@ -70,6 +70,11 @@ pub struct PoolBenchArgs {
     /// Pages in the store for the `index_resync` row (4 objects each); 0 skips the row.
     #[arg(long, default_value_t = 100_000)]
     pub resync_pages: usize,
+    /// Mooncake: seal and check every object with the keyed MAC, as `kvtier serve` does by
+    /// default (`mooncake.integrity`), under a fresh random key; `false` measures the
+    /// unsealed path. Rows say which (`integrity`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub integrity: bool,
     /// Directory for the benchmark's shared-memory files.
     #[arg(long, default_value = "/dev/shm")]
     pub dir: PathBuf,
@@ -88,6 +93,9 @@ pub struct Row {
     pub raw_gbps: f64,
     pub ratio: f64,
     pub reference: &'static str,
+    /// Whether kvtier's side sealed and checked every object with the keyed MAC
+    /// (`mooncake.integrity`); the reference never does.
+    pub integrity: bool,
     /// Operations (objects) that failed, over all rounds: an error, or a get of the wrong
     /// length. The Mooncake run stops at the first failure instead.
     pub failed: usize,
@@ -125,10 +133,10 @@ pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!("backend   op   object_bytes objects batch kvtier_GB/s raw_GB/s ratio failed corrupt  reference");
+        println!("backend   op   object_bytes objects batch kvtier_GB/s raw_GB/s ratio failed corrupt mac  reference");
         for r in &rows {
             println!(
-                "{:<9} {:<4} {:>12} {:>7} {:>5} {:>11.3} {:>8.3} {:>5.2} {:>6} {:>7}  {}",
+                "{:<9} {:<4} {:>12} {:>7} {:>5} {:>11.3} {:>8.3} {:>5.2} {:>6} {:>7} {:<3}  {}",
                 r.backend,
                 r.op,
                 r.object_bytes,
@@ -139,6 +147,7 @@ pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
                 r.ratio,
                 r.failed,
                 r.corrupt,
+                if r.integrity { "on" } else { "off" },
                 r.reference
             );
         }
@@ -195,6 +204,7 @@ struct Shape {
     objects: usize,
     batch: usize,
     rounds: usize,
+    integrity: bool,
 }
 
 impl Shape {
@@ -213,6 +223,7 @@ impl Shape {
             raw_gbps: rg,
             ratio: kg / rg.max(1e-12),
             reference: self.reference,
+            integrity: self.integrity,
             failed: 0,
             corrupt: 0,
             kvtier_p50_us: None,
@@ -282,6 +293,11 @@ fn bench_mooncake(
         .with_max_batch(batch);
     if let Some(p) = &args.python {
         cfg = cfg.with_python(p);
+    }
+    if args.integrity {
+        let mut key = [0u8; 32];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut key)?;
+        cfg = cfg.with_integrity_key(&key);
     }
     let pool = MooncakePool::start(cfg, Some(arena.clone()))?;
     let h = pool.wait_healthy(Duration::from_secs(30));
@@ -359,6 +375,7 @@ fn bench_mooncake(
         objects: n,
         batch,
         rounds: args.rounds,
+        integrity: args.integrity,
     };
     Ok(vec![shape.row("put", kp, rp), shape.row("get", kg, rg)])
 }
@@ -444,6 +461,7 @@ fn bench_local(args: &PoolBenchArgs, size: usize, batch: usize, src: &[&[u8]], t
         objects: n,
         batch,
         rounds: args.rounds,
+        integrity: false,
     };
     let mut put = shape.row("put", kp, rp);
     put.failed = put_failed;

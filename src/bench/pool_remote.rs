@@ -281,6 +281,8 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Row> {
         ratio: kp / rp.max(1e-9),
         reference: "wheel python client batch_is_exist, same keys; subject: a second kvtier serve \
                     answering from its pool index, through its socket (goal: ratio <= 0.1)",
+        // The subject daemon runs with `mooncake.integrity` at its default, on.
+        integrity: true,
         failed: 0,
         corrupt: 0,
         kvtier_p50_us: Some(kp),
@@ -356,6 +358,7 @@ pub(super) fn index_resync(args: &PoolBenchArgs) -> anyhow::Result<Row> {
             reference: "a kvtier serve started against the populated store: its index's resync \
                         (listing over the master's admin HTTP, as the daemon timed it) against the \
                         wheel python client batch_is_exist over the same keys",
+            integrity: true,
             failed: 0,
             corrupt: 0,
             kvtier_p50_us: Some(kp),

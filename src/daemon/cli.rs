@@ -166,7 +166,14 @@ fn bind(cfg: &DaemonConfig) -> anyhow::Result<UnixListener> {
 
 /// Runs the daemon with a ready configuration until `shutdown` is cancelled, by the
 /// caller or by SIGTERM/SIGINT.
-pub fn serve(cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub fn serve(mut cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // The pool's cluster key before anything is created: a loose or missing key file
+    // refuses the start.
+    if cfg.pool.kind == PoolKind::Mooncake
+        && let Some(key_file) = cfg.mooncake.load_integrity_key()?
+    {
+        tracing::info!(key_file = %key_file.display(), "Mooncake objects carry a keyed MAC");
+    }
     let rt = server::runtime().context("starting the control-plane runtime")?;
     // Signals first: once the socket is bound a client may already see the daemon.
     let signals = {

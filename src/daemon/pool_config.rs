@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::manager::{PoolConfig, PoolFactory, RemoteConfig};
 use crate::pool::PoolBackend;
 use crate::pool::keys::KeyFormat;
+use crate::pool::mooncake::integrity::{self, KeyFileError};
 use crate::pool::mooncake::{ExistsVia, MooncakeConfig, MooncakePool};
 
 /// Which pool backend the daemon runs (`pool`).
@@ -99,6 +100,19 @@ pub struct MooncakeSection {
     /// Most object keys the pool index holds; past it the index stops answering and
     /// lookups ask the master. Default: 4,194,304.
     pub index_max_keys: usize,
+    /// Seal every object with a keyed BLAKE3 MAC over its key and bytes (a 32-byte trailer)
+    /// and refuse, as not found and counted, every object whose MAC fails: a foreign put
+    /// under a page's key is never loaded. Must be `false` with `key_format = "sglang"`
+    /// (SGLang reads raw bytes). Default: `true`.
+    pub integrity: bool,
+    /// The cluster key: a file of at least 32 bytes, owned by the daemon's user, mode 0600
+    /// (`head -c 32 /dev/urandom > key; chmod 600 key`), the same on every node of the
+    /// store. Empty: a key generated once in `/dev/shm/kvtier-mooncake-<uid>/pool.key`,
+    /// shared by this uid's daemons on this node only (single node). Default: empty.
+    pub integrity_key_file: PathBuf,
+    /// The key material read at start ([`MooncakeSection::load_integrity_key`]); not a key.
+    #[serde(skip)]
+    pub integrity_key: Option<integrity::KeyMaterial>,
 }
 
 impl Default for MooncakeSection {
@@ -123,6 +137,9 @@ impl Default for MooncakeSection {
             index_sources: Vec::new(),
             master_admin: String::new(),
             index_max_keys: 4 << 20,
+            integrity: true,
+            integrity_key_file: PathBuf::new(),
+            integrity_key: None,
         }
     }
 }
@@ -147,6 +164,14 @@ pub enum PoolConfigError {
          PATH (a relative path is never resolved against the daemon's working directory)"
     )]
     RelativePython(PathBuf),
+    #[error(
+        "mooncake.key_format = \"sglang\" stores raw bytes SGLang reads as they are, so it cannot carry \
+         kvtier's integrity MAC; set mooncake.integrity = false explicitly (objects are then unauthenticated: \
+         anyone who reaches the master can replace them)"
+    )]
+    IntegrityWithSglang,
+    #[error("mooncake.integrity_key_file {0:?} must be an absolute path")]
+    RelativeKeyFile(PathBuf),
 }
 
 /// A key tag is a single key field: no separator may appear in it.
@@ -202,7 +227,31 @@ impl MooncakeSection {
         if p.is_relative() && p.components().count() > 1 {
             return Err(PoolConfigError::RelativePython(p.clone()));
         }
+        if self.integrity && self.key_format == KeyFormat::Sglang {
+            return Err(PoolConfigError::IntegrityWithSglang);
+        }
+        let k = &self.integrity_key_file;
+        if !k.as_os_str().is_empty() && !k.is_absolute() {
+            return Err(PoolConfigError::RelativeKeyFile(k.clone()));
+        }
         Ok(())
+    }
+
+    /// Reads the cluster key when integrity is on: from `integrity_key_file` (checked: ours,
+    /// 0600, at least 32 bytes), or the single-node default, generated when absent. Returns
+    /// the file it read.
+    pub fn load_integrity_key(&mut self) -> Result<Option<PathBuf>, KeyFileError> {
+        if !self.integrity {
+            self.integrity_key = None;
+            return Ok(None);
+        }
+        let path = if self.integrity_key_file.as_os_str().is_empty() {
+            integrity::default_key_file()?
+        } else {
+            self.integrity_key_file.clone()
+        };
+        self.integrity_key = Some(integrity::KeyMaterial(integrity::read_key_file(&path)?));
+        Ok(Some(path))
     }
 
     /// The backend's own configuration.
@@ -220,6 +269,9 @@ impl MooncakeSection {
             .with_local_buffer_bytes(self.local_buffer_bytes)
             .with_replicas(self.replicas)
             .with_exists_via(self.exists_via);
+        if let Some(k) = &self.integrity_key {
+            c = c.with_integrity_key(&k.0);
+        }
         if !self.python.as_os_str().is_empty() {
             c = c.with_python(self.python.clone());
         }

@@ -605,6 +605,9 @@ pub struct PoolReport {
     /// Who answers existence queries, where the backend has a choice (`master`, `helper`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exists_via: Option<&'static str>,
+    /// Whether pool objects carry a keyed MAC, and how many failed it (never loaded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub integrity: Option<crate::pool::IntegrityReport>,
     /// The page size of the memory holding the pool's objects, where kvtier maps it (the
     /// local pool): 4096, or the huge page size.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -632,6 +635,7 @@ impl Manager {
             remote: self.remote_stats(),
             index: self.pool_index().map(|i| i.snapshot()),
             exists_via: pool.as_ref().and_then(|p| p.exists_source()),
+            integrity: pool.as_ref().and_then(|p| p.integrity()),
             mapping_page_bytes: pool.as_ref().and_then(|p| p.mapping_page_bytes()),
         }
     }

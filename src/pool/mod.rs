@@ -248,6 +248,12 @@ pub trait PoolBackend: Send + Sync {
     /// Largest object the backend accepts.
     fn max_object_bytes(&self) -> usize;
 
+    /// Whether objects carry a keyed MAC, and how many failed it, where the backend seals
+    /// them (Mooncake). Default: `None`.
+    fn integrity(&self) -> Option<IntegrityReport> {
+        None
+    }
+
     /// Who answers existence queries, where the backend has a choice (Mooncake: `master`
     /// or `helper`), for `kvtier status` and `/metrics`. Default: `None`.
     fn exists_source(&self) -> Option<&'static str> {
@@ -268,4 +274,13 @@ pub trait PoolBackend: Send + Sync {
         drop(keys);
         None
     }
+}
+
+/// A backend's object integrity ([`PoolBackend::integrity`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IntegrityReport {
+    /// Every object carries a keyed MAC, checked on every get.
+    pub on: bool,
+    /// Objects whose MAC failed (or that were too short for one) since start: never loaded.
+    pub rejected: u64,
 }

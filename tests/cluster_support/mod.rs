@@ -118,6 +118,27 @@ impl Drop for Master {
     }
 }
 
+/// `pool.key` in `dir`: 32 random bytes, mode 0600, made once (`mooncake.integrity_key_file`).
+pub fn cluster_key_file(dir: &Path) -> PathBuf {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("pool.key");
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut key)
+        .unwrap();
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+    {
+        f.write_all(&key).unwrap();
+    }
+    path
+}
+
 /// `kvtier serve --pool-kind mooncake` with its own runtime directory and arena.
 pub struct Node {
     pub socket: PathBuf,
@@ -137,6 +158,9 @@ impl Node {
         let log = dir.join("daemon.log");
         let out = std::fs::File::create(dir.join("stdout.log")).unwrap();
         let set = |k: &str, v: &str| ["--set".to_string(), format!("{k}={v}")];
+        // One cluster key for every node started beside this one, as an operator gives
+        // every node of a store the same file.
+        let key = cluster_key_file(dir.parent().unwrap());
         let child = Command::new(kvtier_bin())
             .arg("serve")
             .arg("--socket")
@@ -164,6 +188,10 @@ impl Node {
             } else {
                 set("pool_events_endpoint", "\"\"").to_vec()
             })
+            .args(set(
+                "mooncake.integrity_key_file",
+                &format!("{:?}", key.display().to_string()),
+            ))
             .args(extra.iter().flat_map(|(k, v)| set(k, v)))
             .env("RUST_LOG", "info")
             .stdout(out)

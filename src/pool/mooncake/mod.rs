@@ -22,10 +22,12 @@ mod batch;
 pub mod cabi;
 pub mod codes;
 mod helper;
+pub mod integrity;
 mod master_rpc;
 mod pool;
 pub mod programs;
 mod run_dir;
+mod sealed;
 pub mod wire;
 
 use std::path::PathBuf;
@@ -106,6 +108,7 @@ pub struct MooncakeConfig {
     pub(crate) restart_backoff_max: Duration,
     pub(crate) start_timeout: Duration,
     pub(crate) exists_via: ExistsVia,
+    pub(crate) integrity: Option<std::sync::Arc<integrity::Integrity>>,
 }
 
 impl MooncakeConfig {
@@ -136,6 +139,7 @@ impl MooncakeConfig {
             restart_backoff_max: Duration::from_secs(5),
             start_timeout: Duration::from_secs(20),
             exists_via: ExistsVia::Master,
+            integrity: None,
         }
     }
 
@@ -249,6 +253,14 @@ impl MooncakeConfig {
     /// Who answers existence queries. Default: [`ExistsVia::Master`].
     pub fn with_exists_via(mut self, via: ExistsVia) -> Self {
         self.exists_via = via;
+        self
+    }
+
+    /// Seal every object with a keyed MAC under this cluster key (the key file's
+    /// contents) and refuse, as not found, every object whose MAC fails ([`integrity`]).
+    /// Default: off.
+    pub fn with_integrity_key(mut self, key_material: &[u8]) -> Self {
+        self.integrity = Some(std::sync::Arc::new(integrity::Integrity::new(key_material)));
         self
     }
 

@@ -318,6 +318,9 @@ impl PoolBackend for MooncakePool {
     }
 
     fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), PoolError>> {
+        if let Some(mac) = &self.cfg.integrity {
+            return self.sealed_put(mac, items);
+        }
         let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
         let lens: Vec<usize> = items.iter().map(|(_, d)| d.len()).collect();
         let at: Vec<Option<u64>> = items.iter().map(|(_, d)| self.arena_offset(d)).collect();
@@ -355,6 +358,9 @@ impl PoolBackend for MooncakePool {
     }
 
     fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>> {
+        if let Some(mac) = self.cfg.integrity.clone() {
+            return self.sealed_get(&mac, items);
+        }
         let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
         let lens: Vec<usize> = items.iter().map(|(_, b)| b.len()).collect();
         let at: Vec<Option<u64>> = items.iter().map(|(_, b)| self.arena_offset(b)).collect();
@@ -422,7 +428,19 @@ impl PoolBackend for MooncakePool {
 
     /// Arena slices of any size move directly; others are bounded by the staging region.
     fn max_object_bytes(&self) -> usize {
-        self.staging.len_bytes() as usize
+        let trailer = if self.cfg.integrity.is_some() {
+            super::integrity::MAC_LEN
+        } else {
+            0
+        };
+        self.staging.len_bytes() as usize - trailer
+    }
+
+    fn integrity(&self) -> Option<crate::pool::IntegrityReport> {
+        Some(crate::pool::IntegrityReport {
+            on: self.cfg.integrity.is_some(),
+            rejected: self.cfg.integrity.as_ref().map_or(0, |m| m.rejected()),
+        })
     }
 
     #[cfg(feature = "daemon")]
