@@ -168,9 +168,18 @@ pub(crate) fn measure(args: &ControlArgs, exe: &Path) -> anyhow::Result<SlowPool
     if failures.load(Ordering::Relaxed) > 0 {
         bail!("a phase change failed");
     }
-    let moves = moves_done(&daemon.admin_socket())?.saturating_sub(done_before);
     let cycles = cycles.into_inner();
-    // Each cycle is a demotion and a staging: both must have reached the pool.
+    // Each cycle is a demotion and a staging: both must have reached the pool. The last
+    // cycle's moves run on a transfer worker after its phase change answered, so wait
+    // for them (bounded by the pool's delay many times over) before counting.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let moves = loop {
+        let m = moves_done(&daemon.admin_socket())?.saturating_sub(done_before);
+        if m as usize >= cycles || std::time::Instant::now() >= deadline {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     if (moves as usize) < cycles {
         bail!("{cycles} pause/resume cycles but only {moves} policy move batches done");
     }
