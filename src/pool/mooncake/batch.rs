@@ -84,6 +84,46 @@ impl MooncakePool {
         }
     }
 
+    /// Puts a batch and retries, once, the objects that failed with `TRANSFER_FAIL`: the
+    /// master may place an object in a segment whose owner just died (until its client TTL
+    /// passes), and placement is random, so one retry usually lands elsewhere. Sealed and
+    /// unsealed puts both go through here; only their `lens`, `at` and `stage_in` differ.
+    pub(super) fn put_retrying(
+        &self,
+        keys: &[&str],
+        lens: &[usize],
+        at: &[Option<u64>],
+        stage_in: &dyn Fn(usize, &mut [u8]),
+    ) -> Vec<Result<(), PoolError>> {
+        let mut res: Vec<Result<(), PoolError>> = self
+            .transfer(Op::Put, keys, lens, at, stage_in, &mut |_, _, _| {})
+            .into_iter()
+            .map(|r| r.and_then(codes::put_result))
+            .collect();
+        let failed: Vec<usize> = (0..res.len())
+            .filter(|&i| {
+                matches!(
+                    res[i],
+                    Err(PoolError::Backend {
+                        code: codes::TRANSFER_FAIL,
+                        ..
+                    })
+                )
+            })
+            .collect();
+        if !failed.is_empty() {
+            let keys: Vec<&str> = failed.iter().map(|&i| keys[i]).collect();
+            let lens: Vec<usize> = failed.iter().map(|&i| lens[i]).collect();
+            let at: Vec<Option<u64>> = failed.iter().map(|&i| at[i]).collect();
+            let stage_in = |j: usize, dst: &mut [u8]| stage_in(failed[j], dst);
+            let again = self.transfer(Op::Put, &keys, &lens, &at, &stage_in, &mut |_, _, _| {});
+            for (&i, r) in failed.iter().zip(again) {
+                res[i] = r.and_then(codes::put_result);
+            }
+        }
+        res
+    }
+
     /// Plans, stages and sends a put or get batch. `at` says where each caller slice lies
     /// in the arena; `stage_in` fills staging for a put, `stage_out` empties it for a get.
     pub(super) fn transfer(

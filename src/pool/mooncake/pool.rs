@@ -325,36 +325,7 @@ impl PoolBackend for MooncakePool {
         let lens: Vec<usize> = items.iter().map(|(_, d)| d.len()).collect();
         let at: Vec<Option<u64>> = items.iter().map(|(_, d)| self.arena_offset(d)).collect();
         let stage_in = |i: usize, dst: &mut [u8]| dst.copy_from_slice(items[i].1);
-        let mut res: Vec<Result<(), PoolError>> = self
-            .transfer(Op::Put, &keys, &lens, &at, &stage_in, &mut |_, _, _| {})
-            .into_iter()
-            .map(|r| r.and_then(codes::put_result))
-            .collect();
-        // The master may place an object in a segment whose owner just died (until its
-        // client TTL passes); placement is random, so one retry usually lands elsewhere.
-        let failed: Vec<usize> = (0..res.len())
-            .filter(|&i| {
-                matches!(
-                    res[i],
-                    Err(PoolError::Backend {
-                        code: codes::TRANSFER_FAIL,
-                        ..
-                    })
-                )
-            })
-            .collect();
-        if !failed.is_empty() {
-            let sub: Vec<(&str, &[u8])> = failed.iter().map(|&i| items[i]).collect();
-            let keys: Vec<&str> = sub.iter().map(|(k, _)| *k).collect();
-            let lens: Vec<usize> = sub.iter().map(|(_, d)| d.len()).collect();
-            let at: Vec<Option<u64>> = failed.iter().map(|&i| at[i]).collect();
-            let stage_in = |i: usize, dst: &mut [u8]| dst.copy_from_slice(sub[i].1);
-            let again = self.transfer(Op::Put, &keys, &lens, &at, &stage_in, &mut |_, _, _| {});
-            for (&i, r) in failed.iter().zip(again) {
-                res[i] = r.and_then(codes::put_result);
-            }
-        }
-        res
+        self.put_retrying(&keys, &lens, &at, &stage_in)
     }
 
     fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>> {

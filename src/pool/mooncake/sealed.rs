@@ -20,34 +20,7 @@ impl MooncakePool {
             obj[..data.len()].copy_from_slice(data);
             mac.seal(key, obj);
         };
-        let mut res: Vec<Result<(), PoolError>> = self
-            .transfer(Op::Put, &keys, &lens, &at, &stage_in, &mut |_, _, _| {})
-            .into_iter()
-            .map(|r| r.and_then(codes::put_result))
-            .collect();
-        // As the unsealed put: one retry of objects placed in a dying segment.
-        let failed: Vec<usize> = (0..res.len())
-            .filter(|&i| {
-                matches!(
-                    res[i],
-                    Err(PoolError::Backend {
-                        code: codes::TRANSFER_FAIL,
-                        ..
-                    })
-                )
-            })
-            .collect();
-        if !failed.is_empty() {
-            let keys: Vec<&str> = failed.iter().map(|&i| keys[i]).collect();
-            let lens: Vec<usize> = failed.iter().map(|&i| lens[i]).collect();
-            let at = vec![None; failed.len()];
-            let stage_in = |j: usize, dst: &mut [u8]| stage_in(failed[j], dst);
-            let again = self.transfer(Op::Put, &keys, &lens, &at, &stage_in, &mut |_, _, _| {});
-            for (&i, r) in failed.iter().zip(again) {
-                res[i] = r.and_then(codes::put_result);
-            }
-        }
-        res
+        self.put_retrying(&keys, &lens, &at, &stage_in)
     }
 
     pub(super) fn sealed_get(&self, mac: &Integrity, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>> {
