@@ -65,21 +65,26 @@ fn file_len(slots: u32) -> u64 {
 }
 
 impl SlotTable {
+    /// The table file mapped whole, with no record read yet.
+    fn mapped(file: &std::fs::File, path: &Path, slots: u32) -> std::io::Result<Self> {
+        let map = MmapOptions::new()
+            .len(file_len(slots) as usize)
+            .map_raw(file)
+            .map_err(io_at(path))?;
+        Ok(Self {
+            map,
+            slots,
+            next_seq: 1,
+            unrecorded: 0,
+        })
+    }
+
     /// A fresh, empty table for `slots` slots of `slot_bytes` (whatever was at `path` is
     /// replaced, never followed).
     pub fn create(path: &Path, slots: u32, slot_bytes: u64) -> std::io::Result<Self> {
         let file = crate::tier::private::replace(path).map_err(private)?;
         file.set_len(file_len(slots)).map_err(io_at(path))?;
-        let map = MmapOptions::new()
-            .len(file_len(slots) as usize)
-            .map_raw(&file)
-            .map_err(io_at(path))?;
-        let mut t = Self {
-            map,
-            slots,
-            next_seq: 1,
-            unrecorded: 0,
-        };
+        let mut t = Self::mapped(&file, path, slots)?;
         let head = t.bytes_mut(0, HEADER);
         head[..8].copy_from_slice(MAGIC);
         head[8..16].copy_from_slice(&slot_bytes.to_le_bytes());
@@ -98,16 +103,7 @@ impl SlotTable {
         if file.metadata().map_err(io_at(path))?.len() != file_len(slots) {
             return Ok(None);
         }
-        let map = MmapOptions::new()
-            .len(file_len(slots) as usize)
-            .map_raw(&file)
-            .map_err(io_at(path))?;
-        let mut t = Self {
-            map,
-            slots,
-            next_seq: 1,
-            unrecorded: 0,
-        };
+        let mut t = Self::mapped(&file, path, slots)?;
         let head = t.bytes(0, HEADER);
         if &head[..8] != MAGIC
             || head[8..16] != slot_bytes.to_le_bytes()
