@@ -296,6 +296,19 @@ fn existence_from_the_master_matches_the_wheels_answers() {
         "the master's answers were taken as foreign"
     );
     assert_eq!(wheel.exists_via(), ExistsVia::Helper);
+    // Every connection asked the master's version first: the pinned wheel's master is the
+    // store version 2.0.0, the one this client speaks (an unknown one is refused by name:
+    // the master client's unit tests).
+    assert_eq!(
+        PoolBackend::master_version(&native).as_deref(),
+        Some("2.0.0"),
+        "the pinned wheel's master answered ServiceReady with another version"
+    );
+    assert_eq!(
+        PoolBackend::master_version(&wheel),
+        None,
+        "the helper-only pool asks no version"
+    );
     let removed = wheel.remove_batch(&written.iter().map(|(k, _)| *k).collect::<Vec<_>>(), true);
     assert!(removed.iter().all(Result::is_ok), "{removed:?}");
     assert!(native.batch_exists(&refs).iter().all(|r| *r == Ok(false)));

@@ -121,6 +121,9 @@ pool {}  {}",
         if let Some(via) = pool["exists_via"].as_str() {
             let _ = write!(out, "  (existence via {via})");
         }
+        if let Some(v) = pool["master_version"].as_str() {
+            let _ = write!(out, "  master version {v}");
+        }
         if let Some(p) = pool["mapping_page_bytes"].as_u64() {
             let _ = write!(out, "  mapped with {} pages", page_size(p));
         }

@@ -548,15 +548,15 @@ impl Manager {
     /// to await, with no manager lock held; [`Manager::lookup_finish`] completes it.
     pub fn lookup_begin(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<LookupStep, super::ManagerError> {
         self.check_batch(hashes.len())?;
-        let pool = self.pool();
-        if pool.as_ref().is_some_and(|p| !p.awaits_exists()) {
-            return Ok(LookupStep::Blocking);
-        }
+        // Planned here whatever the pool: a lookup the directory or the pool index answers
+        // needs no query, so it never leaves the caller's thread. Only a query this pool
+        // cannot await sends the lookup to a blocking thread (which plans it again).
         let hit = self.view_lookup(ns, hashes)?;
         let hit = match self.discover_plan(ns, hashes, hit) {
             Err(hit) => hit,
             Ok((d, None)) => self.discover_apply(hashes, d, None),
             Ok((d, Some(keys))) => {
+                let pool = self.pool().filter(|p| p.awaits_exists());
                 let Some(query) = pool.and_then(|p| p.exists_async(keys)) else {
                     return Ok(LookupStep::Blocking);
                 };
@@ -605,6 +605,10 @@ pub struct PoolReport {
     /// Who answers existence queries, where the backend has a choice (`master`, `helper`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exists_via: Option<&'static str>,
+    /// The master's version, where the backend asks it (Mooncake: existence queries go to
+    /// the master only when this client speaks its version).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub master_version: Option<String>,
     /// Whether pool objects carry a keyed MAC, and how many failed it (never loaded).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub integrity: Option<crate::pool::IntegrityReport>,
@@ -635,6 +639,7 @@ impl Manager {
             remote: self.remote_stats(),
             index: self.pool_index().map(|i| i.snapshot()),
             exists_via: pool.as_ref().and_then(|p| p.exists_source()),
+            master_version: pool.as_ref().and_then(|p| p.master_version()),
             integrity: pool.as_ref().and_then(|p| p.integrity()),
             mapping_page_bytes: pool.as_ref().and_then(|p| p.mapping_page_bytes()),
         }

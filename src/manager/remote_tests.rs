@@ -347,3 +347,36 @@ fn tenants_whose_namespaces_differ_only_in_separators_never_share_pages_on_the_l
     let salted = node(dir.path(), "f", &pool, salt("adapterX"));
     assert_eq!(salted.m.lookup(salted.ns, &hs).unwrap().total(), 0);
 }
+
+/// With the pool index in sync, a lookup on an async runtime is answered where it is asked,
+/// even on a pool whose existence query cannot be awaited (the local pool's): no blocking
+/// thread, no query, and the same credit, ending at the page the index lacks an object of.
+#[cfg(feature = "daemon")]
+#[test]
+fn an_in_sync_index_answers_a_lookup_without_leaving_the_callers_thread() {
+    use crate::pool::index::PoolIndex;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = shared_pool(dir.path());
+    assert!(!crate::pool::PoolBackend::awaits_exists(&*pool));
+    let a = node(dir.path(), "a", &pool, Namespace::model("m"));
+    let b = node(dir.path(), "b", &pool, Namespace::model("m"));
+    let hs = hashes(4);
+    a.store_and_share(&hs);
+    let scheme = a.m.key_scheme(a.ns).unwrap();
+    let mut listing: Vec<String> = hs.iter().flat_map(|h| scheme.page_keys(&layout(), h)).collect();
+    // The index lacks one object of the third page.
+    listing.retain(|k| *k != scheme.page_keys(&layout(), &hs[2])[1]);
+    let index = Arc::new(PoolIndex::new(1 << 10));
+    index.begin_resync();
+    assert!(index.finish_resync(listing, std::time::Instant::now()));
+    assert!(b.m.set_pool_index(index.clone()));
+    match b.m.lookup_begin(b.ns, &hs).unwrap() {
+        LookupStep::Done(hit) => assert_eq!((hit.device, hit.host, hit.pool), (0, 0, 2)),
+        LookupStep::Query(_) => panic!("the index answers: nothing to ask the pool"),
+        LookupStep::Blocking => panic!("the index answers on the caller's thread"),
+    }
+    let r = b.m.remote_stats().unwrap();
+    assert_eq!((r.exists_queries, r.found_pages), (0, 2));
+    let ix = index.snapshot();
+    assert_eq!((ix.index_lookups, ix.index_pages), (1, 4));
+}

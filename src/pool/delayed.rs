@@ -82,6 +82,10 @@ impl PoolBackend for DelayedPool {
     fn exists_source(&self) -> Option<&'static str> {
         self.inner.exists_source()
     }
+
+    fn master_version(&self) -> Option<String> {
+        self.inner.master_version()
+    }
 }
 
 #[cfg(test)]

@@ -260,6 +260,12 @@ pub trait PoolBackend: Send + Sync {
         None
     }
 
+    /// The version the pool's master answered with, where the backend asks it (Mooncake's
+    /// `ServiceReady`), for `kvtier status`. Default: `None`.
+    fn master_version(&self) -> Option<String> {
+        None
+    }
+
     /// Whether [`PoolBackend::exists_async`] answers now (a backend whose existence query
     /// is network I/O it can await). Default: `false`.
     #[cfg(feature = "daemon")]

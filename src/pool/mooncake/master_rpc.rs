@@ -24,6 +24,11 @@
 //! doubling to 60 s while the master keeps answering so) and tries the master again, so one
 //! garbled reply does not switch modes for the daemon's life.
 //!
+//! Every new connection first asks the master's version (`ServiceReady`, as the wheel's
+//! client does, see [`version`]); a master of a version this client was not written for is
+//! refused with [`RpcError::Version`], which names the version, and the pool asks the
+//! helper instead, with the same back-off.
+//!
 //! Every query has one deadline, the op timeout, for the whole call: connecting, writing
 //! and reading every byte of every reply. A master that trickles its reply a byte at a
 //! time holds a caller no longer than one that does not answer.
@@ -70,6 +75,12 @@ pub(super) enum RpcError {
     /// The master answered in a form this client does not speak.
     #[error("Mooncake master at {addr} does not speak this BatchExistKey: {why}")]
     Protocol { addr: String, why: String },
+    /// The master's store version is not one this client speaks ([`version::KNOWN_VERSIONS`]).
+    #[error(
+        "Mooncake master at {addr} is version {version}; this client speaks only {known:?}: existence queries go through the helper",
+        known = version::KNOWN_VERSIONS
+    )]
+    Version { addr: String, version: String },
     /// More keys (or a longer key) than one request can carry.
     #[error("{0}")]
     TooLarge(String),
@@ -91,6 +102,8 @@ pub(super) struct MasterRpc {
     refusals: AtomicU32,
     /// The first back-off ([`BACKOFF_MIN`]; shorter in tests).
     backoff: Duration,
+    /// The version the master last answered `ServiceReady` with, known or not.
+    version: Mutex<Option<String>>,
 }
 
 impl MasterRpc {
@@ -107,7 +120,13 @@ impl MasterRpc {
             refused_until: Mutex::new(None),
             refusals: AtomicU32::new(0),
             backoff: BACKOFF_MIN,
+            version: Mutex::new(None),
         }
+    }
+
+    /// The version the master last answered with (`None` before the first connection).
+    pub(super) fn master_version(&self) -> Option<String> {
+        self.version.lock().clone()
     }
 
     /// Whether queries go to the helper for now: the master's last reply was in a form this
@@ -131,7 +150,11 @@ impl MasterRpc {
         let n = self.refusals.fetch_add(1, Ordering::Relaxed).min(16);
         let wait = self.backoff.saturating_mul(1 << n).min(BACKOFF_MAX);
         *self.refused_until.lock() = Some(Instant::now() + wait);
-        tracing::warn!(error = %e, backoff = ?wait, "existence queries go through the helper until the back-off passes");
+        if matches!(e, RpcError::Version { .. }) {
+            tracing::error!(error = %e, backoff = ?wait, "refusing the Mooncake master's version");
+        } else {
+            tracing::warn!(error = %e, backoff = ?wait, "existence queries go through the helper until the back-off passes");
+        }
         self.reset();
     }
 
@@ -205,6 +228,22 @@ impl MasterRpc {
         self.idle.lock().clear();
     }
 
+    /// A new connection's `ServiceReady` reply: the master's version, which must be known.
+    fn verify(&self, body: Result<Vec<u8>, String>) -> Result<(), RpcError> {
+        let v = match version::decode_reply(&body.map_err(|why| self.protocol(why))?) {
+            Ok(Ok(v)) => v,
+            Ok(Err(code)) => return Err(self.protocol(format!("ServiceReady answered ErrorCode {code}"))),
+            Err(why) => return Err(self.protocol(why)),
+        };
+        let mut known = self.version.lock();
+        if known.as_deref() != Some(v.as_str()) {
+            tracing::info!(master = %self.addr, version = %v, "Mooncake master version");
+            *known = Some(v.clone());
+        }
+        drop(known);
+        version::check(&self.addr, &v)
+    }
+
     fn io(&self, source: io::Error) -> RpcError {
         RpcError::Io {
             addr: self.addr.clone(),
@@ -275,8 +314,16 @@ impl MasterRpc {
         let mut last = io::Error::new(io::ErrorKind::NotFound, "the address resolves to nothing");
         for a in addrs {
             match TcpStream::connect_timeout(&a, self.left(deadline)?) {
-                Ok(s) => {
+                Ok(mut s) => {
                     s.set_nodelay(true).map_err(|e| self.io(e))?;
+                    let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+                    let frame = version::encode_request(seq);
+                    self.send(&mut s, &frame, deadline)?;
+                    let mut head = [0u8; RESP_HEAD];
+                    self.read_by(&mut s, &mut head, deadline)?;
+                    let mut body = vec![0u8; reply_len(&head, frame.len()).map_err(|why| self.protocol(why))?];
+                    self.read_by(&mut s, &mut body, deadline)?;
+                    self.verify(reply_body(&head, seq, body))?;
                     return Ok(s);
                 }
                 Err(e) => last = e,
@@ -364,8 +411,17 @@ impl MasterRpc {
     }
 
     async fn connect_async(&self) -> Result<tokio::net::TcpStream, RpcError> {
-        let s = self.bounded(tokio::net::TcpStream::connect(self.addr.as_str())).await?;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = self.bounded(tokio::net::TcpStream::connect(self.addr.as_str())).await?;
         s.set_nodelay(true).map_err(|e| self.io(e))?;
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let frame = version::encode_request(seq);
+        self.bounded(s.write_all(&frame)).await?;
+        let mut head = [0u8; RESP_HEAD];
+        self.bounded(s.read_exact(&mut head)).await?;
+        let mut body = vec![0u8; reply_len(&head, frame.len()).map_err(|why| self.protocol(why))?];
+        self.bounded(s.read_exact(&mut body)).await?;
+        self.verify(reply_body(&head, seq, body))?;
         Ok(s)
     }
 
@@ -532,3 +588,4 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 mod tests;
+pub mod version;

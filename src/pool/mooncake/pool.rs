@@ -297,7 +297,7 @@ fn master_answers(
     let fail = |e: PoolError| Some(part.iter().map(|_| Err(e.clone())).collect());
     match res {
         Ok(answers) => Some(answers.into_iter().map(|a| a.or_else(codes::exists_result)).collect()),
-        Err(e @ RpcError::Protocol { .. }) => {
+        Err(e @ (RpcError::Protocol { .. } | RpcError::Version { .. })) => {
             rpc.refuse(&e);
             None
         }
@@ -445,6 +445,10 @@ impl PoolBackend for MooncakePool {
 
     fn exists_source(&self) -> Option<&'static str> {
         Some(self.exists_via().name())
+    }
+
+    fn master_version(&self) -> Option<String> {
+        self.rpc.as_ref()?.master_version()
     }
 }
 

@@ -90,6 +90,96 @@ fn silent_and_absent_masters_are_io_errors() {
     assert!(matches!(rpc.batch_exists(&["a"]), Err(RpcError::Io { .. })));
 }
 
+/// A `ServiceReady` reply to the request whose header is `head`, naming `v`.
+fn version_reply(head: &[u8; REQ_HEAD], v: &str) -> Vec<u8> {
+    let mut body = version::VERSION_HASH.to_le_bytes().to_vec();
+    body.push(META_TYPE_INFO);
+    body.extend_from_slice(version::VERSION_TYPE);
+    body.extend_from_slice(&[1, v.len() as u8]);
+    body.extend_from_slice(v.as_bytes());
+    let mut reply = vec![MAGIC, 0, 0, 0];
+    reply.extend_from_slice(&head[4..8]);
+    reply.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    reply.extend_from_slice(&0u32.to_le_bytes());
+    reply.extend_from_slice(&body);
+    reply
+}
+
+/// The wheel 0.3.13.post1's first request on a new connection (`ServiceReady`), and its
+/// master's reply, captured on loopback: version `2.0.0`.
+#[test]
+fn service_ready_matches_the_wheel_byte_for_byte() {
+    assert_eq!(
+        version::encode_request(0),
+        hex("150000000000000056bb817b0000000000000000")
+    );
+    let reply = hex("1500000000000000110000000000000035ccb31c0487800c01000105322e302e30");
+    let head: [u8; RESP_HEAD] = reply[..RESP_HEAD].try_into().unwrap();
+    let body = reply_body(&head, 0, reply[RESP_HEAD..].to_vec()).unwrap();
+    assert_eq!(version::decode_reply(&body).unwrap(), Ok("2.0.0".to_string()));
+    let mut err = version::VERSION_HASH.to_le_bytes().to_vec();
+    err.push(META_TYPE_INFO);
+    err.extend_from_slice(version::VERSION_TYPE);
+    err.extend_from_slice(&[0, 0x40, 0xfd, 0xff, 0xff]);
+    assert_eq!(version::decode_reply(&err).unwrap(), Err(-704));
+    let mut other = body.clone();
+    other[5] = 0x88;
+    assert!(version::decode_reply(&other).unwrap_err().contains("type string"));
+    assert!(version::check("m", "2.0.0").is_ok());
+}
+
+/// A master of a version this client does not know is refused before any query goes out
+/// on the connection, with a typed error that names the version; blocking and awaited.
+#[test]
+fn an_unknown_master_version_is_refused_by_name() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let mut functions = Vec::new();
+        for _ in 0..2 {
+            let (mut s, _) = l.accept().unwrap();
+            let mut head = [0u8; REQ_HEAD];
+            while s.read_exact(&mut head).is_ok() {
+                functions.push(u32::from_le_bytes(head[8..12].try_into().unwrap()));
+                let len = u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize;
+                let mut body = vec![0u8; len];
+                s.read_exact(&mut body).unwrap();
+                s.write_all(&version_reply(&head, "9.9.9")).unwrap();
+            }
+        }
+        functions
+    });
+    let rpc = MasterRpc::new(&addr, Duration::from_secs(5));
+    let e = rpc.batch_exists(&["a", "b"]).unwrap_err();
+    assert!(
+        matches!(&e, RpcError::Version { version, .. } if version == "9.9.9"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("version 9.9.9"), "{e}");
+    assert_eq!(rpc.master_version().as_deref(), Some("9.9.9"));
+    #[cfg(feature = "daemon")]
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let e = rt.block_on(rpc.batch_exists_async(&["a"])).unwrap_err();
+        assert!(
+            matches!(&e, RpcError::Version { version, .. } if version == "9.9.9"),
+            "{e}"
+        );
+    }
+    #[cfg(not(feature = "daemon"))]
+    drop(std::net::TcpStream::connect(&addr));
+    drop(rpc);
+    // Only ServiceReady was asked: no BatchExistKey reached the unknown master.
+    let asked = server.join().unwrap();
+    assert!(
+        !asked.is_empty() && asked.iter().all(|&f| f == version::FN_SERVICE_READY),
+        "{asked:x?}"
+    );
+}
+
 /// A stand-in master that answers `BatchExistKey` for real: a key exists when it ends
 /// in `y`. Serves `conns` connections, each until it closes.
 fn fake_master(conns: usize) -> (String, std::thread::JoinHandle<usize>) {
@@ -101,6 +191,10 @@ fn fake_master(conns: usize) -> (String, std::thread::JoinHandle<usize>) {
             let mut head = [0u8; REQ_HEAD];
             if s.read_exact(&mut head).is_err() {
                 return asked;
+            }
+            if u32::from_le_bytes(head[8..12].try_into().unwrap()) == version::FN_SERVICE_READY {
+                s.write_all(&version_reply(&head, "2.0.0")).unwrap();
+                continue;
             }
             assert_eq!(u32::from_le_bytes(head[8..12].try_into().unwrap()), FN_BATCH_EXIST_KEY);
             let len = u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize;
