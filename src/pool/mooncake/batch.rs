@@ -48,7 +48,11 @@ impl MooncakePool {
             body.bytes(it.key.as_bytes());
         }
         let bytes: u64 = items.iter().map(|i| i.len).sum();
-        self.reply(conn.call(op, &body, self.cfg.deadline_for(bytes)), items.len(), true)
+        // Past its deadline the request may still be running in the helper, on caller
+        // memory: wait for it to settle rather than kill a helper that is only busy (the
+        // kill drops this node's segment, and every object in it, for the whole store).
+        let r = conn.call_settled(op, &body, self.cfg.deadline_for(bytes), super::helper::SETTLE);
+        self.reply(r, items.len(), true)
     }
 
     pub(super) fn reply(
@@ -70,14 +74,24 @@ impl MooncakePool {
                 code: codes::INVALID_PARAMS,
                 message,
             }),
+            // Not run: busy is back-pressure, not a sick store, so the pool stays healthy.
+            Ok(Reply::Busy(reason)) => Err(PoolError::Unavailable(format!("Mooncake helper: {reason}"))),
+            Err(WireError::Late(t)) => Err(PoolError::Unavailable(format!(
+                "Mooncake transfer answered after its deadline of {t:?}"
+            ))),
             Err(WireError::Timeout(t)) if moves_bytes => {
-                self.sup().kill("a transfer overran its deadline");
+                self.sup().kill("a transfer did not settle: the helper is hung");
                 Err(PoolError::Unavailable(format!(
                     "Mooncake transfer timed out after {t:?}"
                 )))
             }
             Err(e) => {
                 let reason = format!("Mooncake helper: {e}");
+                if moves_bytes {
+                    // The connection closed under a transfer: the helper must be gone
+                    // before the caller reuses the memory it named.
+                    self.sup().reap_closed();
+                }
                 self.sup().degrade(reason.clone());
                 Err(PoolError::Unavailable(reason))
             }
