@@ -14,6 +14,9 @@ use crate::tier::host::SlotId;
 pub(super) const REGION_STAGING: u8 = 0;
 pub(super) const REGION_ARENA: u8 = 1;
 
+/// Transfers that answered after their deadline, in this process (for the log's sampling).
+static LATE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// One item of a request: caller index and where its bytes are.
 pub(super) struct Item<'k> {
     idx: usize,
@@ -76,9 +79,16 @@ impl MooncakePool {
             }),
             // Not run: busy is back-pressure, not a sick store, so the pool stays healthy.
             Ok(Reply::Busy(reason)) => Err(PoolError::Unavailable(format!("Mooncake helper: {reason}"))),
-            Err(WireError::Late(t)) => Err(PoolError::Unavailable(format!(
-                "Mooncake transfer answered after its deadline of {t:?}"
-            ))),
+            Err(WireError::Late(t)) => {
+                // The first, then one in a hundred: an overloaded store must not flood the log.
+                let n = LATE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n.is_multiple_of(100) {
+                    tracing::warn!(deadline = ?t, late = n + 1, "a mooncake transfer answered after its deadline");
+                }
+                Err(PoolError::Unavailable(format!(
+                    "Mooncake transfer answered after its deadline of {t:?}"
+                )))
+            }
             Err(WireError::Timeout(t)) if moves_bytes => {
                 self.sup().kill("a transfer did not settle: the helper is hung");
                 Err(PoolError::Unavailable(format!(
