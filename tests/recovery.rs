@@ -623,11 +623,19 @@ fn a_client_during_a_slow_recovery_gets_recovering_then_connects() {
         "--arena-bytes",
         "4194304",
         "--set",
-        "host.test_open_delay_ms=3000",
+        "host.test_open_delay_ms=6000",
     ];
-    let d = serve(dir.path(), "r", &args).ready();
+    let d = serve(dir.path(), "r", &args);
+    // The socket is bound before the slow recovery: a connection is accepted, never refused.
+    let t = std::time::Instant::now();
+    let mut raw = loop {
+        match std::os::unix::net::UnixStream::connect(&d.socket) {
+            Ok(s) => break s,
+            Err(e) => assert!(t.elapsed() < std::time::Duration::from_secs(15), "never bound: {e}"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
     // The raw protocol: one unsolicited `recovering` error (request id 0), then the close.
-    let mut raw = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
     raw.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
     let mut ping = Vec::new();
     kvtier::protocol::Request::Ping { payload: Vec::new() }.encode(1, &mut ping);
