@@ -81,7 +81,10 @@ fn local_pool_pages_are_storage_and_local_in_vllm_events() {
     // The subscription reaches the publisher some time after `connect`: until then events
     // are dropped. A probe engine (TP=1) stores a page of its own, a new one each try,
     // until the subscriber has received an event; probe pages are never shared.
-    let probe = d.client(identity("vllm-probe", 0, 0, 1, 1), spec(1, 1));
+    // Its own model: a namespace serves one layout.
+    let mut probe_id = identity("vllm-probe", 0, 0, 1, 1);
+    probe_id.namespace = kvtier::page::Namespace::model("vllm-probe");
+    let probe = d.client(probe_id, spec(1, 1));
     let probe_dev = Arc::new(EmulatedDevice::new(&spec(1, 1).build().unwrap(), 0, 16));
     probe.register_device(probe_dev.clone()).unwrap();
     let probes = hashes(0x9e0b_e000_0000, 16);
