@@ -49,7 +49,8 @@ extern "C" {
 /* The daemon refused the request: code = KVTIER_ERR_REMOTE_BASE - daemon code, with
  * daemon codes 1 bad_frame, 2 unsupported_version, 3 frame_too_large, 4 unknown_message,
  * 5 not_connected, 6 layout_mismatch, 7 bad_layout, 8 unknown_grant, 9 no_space,
- * 10 bad_hint, 11 bad_request, 12 too_many_connections, 13 shutting_down, 14 internal. */
+ * 10 bad_hint, 11 bad_request, 12 too_many_connections, 13 shutting_down, 14 internal,
+ * 15 recovering (the daemon is rebuilding its index after a restart; retry shortly). */
 #define KVTIER_ERR_REMOTE_BASE (-100)
 
 /* ---- Enumerations ------------------------------------------------------------------ */

@@ -8,10 +8,19 @@ items name a region, an offset and a length. Bytes move between the mappings and
 through Mooncake's own `batch_put_from` / `batch_get_into`; only keys and offsets cross the
 socket.
 
-Frames are little-endian: `u32 length | u64 request id | u8 op-or-status | body`. A request
-is answered with status 0 (`u32 n`, then `n` i64 results, Mooncake's own codes), 1 (store
-unavailable, utf-8 reason) or 2 (bad request, utf-8 message). The helper never logs object
-bytes; it logs counts and reasons only, to stderr.
+Frames are little-endian: `u32 length | u64 request id | u8 op-or-status | body`. A request's
+body starts with its deadline, `u64` nanoseconds of CLOCK_MONOTONIC (the daemon's clock, the
+same on this host), so the time a request waits here counts against it. A request is
+answered with status 0 (`u32 n`, then `n` i64 results, Mooncake's own codes), 1 (store
+unavailable, utf-8 reason), 2 (bad request, utf-8 message) or 3 (busy: not run, because the
+queue was full or its deadline passed before a worker took it; nothing was read or
+written). The helper never logs object bytes; it logs counts and reasons only, to stderr.
+
+Requests run concurrently on `--workers` threads (the wheel's calls release the GIL), behind
+a queue of at most `--max-queued`; the reading thread answers `status` itself, so a probe
+is answered while every worker is busy, and reports how long the workers have gone without
+finishing anything (`stalled_ms`): the daemon replaces a helper that is hung, never one
+that is only busy.
 
 `--raw-bench` is not used by the daemon: it is the baseline of `kvtier bench pool`, the
 wheel's Python client timing its own batch calls over the same registered regions.
@@ -30,9 +39,10 @@ import threading
 import time
 
 OP_PUT, OP_GET, OP_EXISTS, OP_REMOVE, OP_STATUS, OP_RAW_BENCH = 1, 2, 3, 4, 5, 6
-ST_OK, ST_UNAVAILABLE, ST_BAD = 0, 1, 2
+ST_OK, ST_UNAVAILABLE, ST_BAD, ST_BUSY = 0, 1, 2, 3
 MAX_FRAME = 16 << 20
 HEAD = struct.Struct("<IQB")
+DEADLINE = struct.Struct("<Q")
 
 
 def log(msg):
@@ -245,16 +255,110 @@ def frames(conn):
         yield rid, op, body
 
 
-def serve(conn, state, regions):
+class Work:
+    """The bounded queue of requests, the worker threads that run them, and their progress.
+
+    `stalled_ms` is how long requests have been running with none finishing: 0 while idle or
+    while any request keeps completing, growing only when every running request is stuck.
+    """
+
+    def __init__(self, conn, state, regions, workers, max_queued, get_delay):
+        self.conn = conn
+        self.state = state
+        self.regions = regions
+        self.get_delay = get_delay
+        self.send_lock = threading.Lock()
+        self.cv = threading.Condition()
+        self.queue = []
+        self.max_queued = max_queued
+        self.running = 0
+        self.done = 0
+        self.expired = 0
+        self.busy = 0
+        self.progress = time.monotonic()
+        for i in range(max(1, workers)):
+            threading.Thread(target=self.worker, name=f"worker-{i}", daemon=True).start()
+
+    def reply(self, rid, status, out):
+        frame = HEAD.pack(len(out) + 9, rid, status) + out
+        with self.send_lock:
+            self.conn.sendall(frame)
+
+    def submit(self, rid, op, deadline, body):
+        with self.cv:
+            full = len(self.queue) >= self.max_queued
+            if full:
+                self.busy += 1
+            else:
+                self.queue.append((rid, op, deadline, body))
+                self.cv.notify()
+        if full:
+            self.reply(rid, ST_BUSY, f"helper busy: {self.max_queued} requests queued".encode())
+
+    def stats(self):
+        with self.cv:
+            stalled = 0
+            if self.running:
+                stalled = int((time.monotonic() - self.progress) * 1000)
+            return {
+                "running": self.running,
+                "queued": len(self.queue),
+                "done": self.done,
+                "expired": self.expired,
+                "busy": self.busy,
+                "stalled_ms": stalled,
+            }
+
+    def worker(self):
+        while True:
+            with self.cv:
+                while not self.queue:
+                    self.cv.wait()
+                rid, op, deadline, body = self.queue.pop(0)
+                late = time.monotonic_ns() >= deadline
+                if late:
+                    self.expired += 1
+                else:
+                    if self.running == 0:
+                        self.progress = time.monotonic()
+                    self.running += 1
+            if late:
+                # Its caller has given up: running it now could write memory it reuses.
+                self.reply(rid, ST_BUSY, b"deadline passed in the helper's queue")
+                continue
+            try:
+                if op == OP_GET and self.get_delay > 0:
+                    time.sleep(self.get_delay)
+                status, out = handle(op, body, self.state, self.regions)
+            finally:
+                with self.cv:
+                    self.running -= 1
+                    self.done += 1
+                    self.progress = time.monotonic()
+            try:
+                self.reply(rid, status, out)
+            except OSError:
+                return
+
+
+def serve(conn, state, regions, workers=8, max_queued=64, get_delay=0.0):
+    work = Work(conn, state, regions, workers, max_queued, get_delay)
     for rid, op, body in frames(conn):
-        status, out = handle(op, body, state, regions)
-        conn.sendall(HEAD.pack(len(out) + 9, rid, status) + out)
+        if len(body) < DEADLINE.size:
+            work.reply(rid, ST_BAD, b"request without a deadline")
+            continue
+        (deadline,) = DEADLINE.unpack_from(body)
+        body = body[DEADLINE.size :]
+        if op == OP_STATUS:
+            ok, reason = state.ready()
+            doc = {"ready": ok, "reason": reason, "pid": os.getpid()}
+            doc.update(work.stats())
+            work.reply(rid, ST_OK, json.dumps(doc).encode())
+        else:
+            work.submit(rid, op, deadline, body)
 
 
 def handle(op, body, state, regions):
-    if op == OP_STATUS:
-        ok, reason = state.ready()
-        return ST_OK, json.dumps({"ready": ok, "reason": reason, "pid": os.getpid()}).encode()
     ok, reason = state.ready()
     if not ok:
         return ST_UNAVAILABLE, reason.encode()
@@ -300,6 +404,9 @@ def main():
     p.add_argument("--local-buffer-bytes", type=int, default=16 << 20)
     p.add_argument("--replicas", type=int, default=1, help="replicas of each object put")
     p.add_argument("--region", action="append", default=[], help="PATH:LENGTH, in region-id order")
+    p.add_argument("--workers", type=int, default=8, help="requests run at once")
+    p.add_argument("--max-queued", type=int, default=64, help="requests waiting beyond those running")
+    p.add_argument("--test-get-delay-ms", type=int, default=0, help="test only: wait before each get")
     args = p.parse_args()
 
     regions = []
@@ -312,7 +419,7 @@ def main():
     conn.connect(args.socket)
     log(f"serving {len(regions)} regions for master {args.master}")
     try:
-        serve(conn, state, regions)
+        serve(conn, state, regions, args.workers, args.max_queued, args.test_get_delay_ms / 1000)
     except OSError as e:
         log(f"control socket failed: {e}")
     log("control socket closed; exiting")

@@ -157,3 +157,83 @@ fn a_bad_frame_length_ends_the_stream_and_keys_and_codes_keep_their_bytes() {
         ]
     );
 }
+
+/// The helper's request loop (`serve`) with a stand-in store whose existence query takes
+/// 300 ms, on 2 workers behind a queue of 2: two requests run at once, two wait, a fifth
+/// is answered busy at once, a request whose deadline has passed is never run, and a
+/// status probe is answered while every worker is busy, saying how many run and wait.
+#[test]
+fn requests_run_concurrently_behind_a_bounded_queue_and_expired_ones_never_run() {
+    let Some(python) = common::require::python(&[], "the Mooncake helper's request loop") else {
+        return;
+    };
+    let driver = r#"
+import json, struct, threading, time
+class Store:
+    calls = 0
+    def batch_is_exist(self, keys):
+        Store.calls += 1
+        time.sleep(0.3)
+        return [1] * len(keys)
+class State:
+    store = Store()
+    def ready(self):
+        return True, ""
+a, b = socket.socketpair()
+a.settimeout(30)
+threading.Thread(target=h.serve, args=(b, State(), [], 2, 2, 0.0), daemon=True).start()
+later = time.monotonic_ns() + 30 * 10**9
+keys = struct.pack("<I", 2) + b"k1\0k2"
+got, buf = {}, b""
+def send(rid, op, body, deadline):
+    body = struct.pack("<Q", deadline) + body
+    a.sendall(h.HEAD.pack(len(body) + 9, rid, op) + body)
+def take(rid):
+    global buf
+    while rid not in got:
+        while len(buf) >= 13 and len(buf) >= 4 + h.HEAD.unpack_from(buf)[0]:
+            n, r, st = h.HEAD.unpack_from(buf)
+            got[r] = (st, buf[13 : 4 + n], time.monotonic())
+            buf = buf[4 + n :]
+        if rid not in got:
+            buf += a.recv(1 << 16)
+    return got[rid]
+def status(rid):
+    send(rid, h.OP_STATUS, b"", later)
+    return json.loads(take(rid)[1])
+t = time.monotonic()
+send(1, h.OP_EXISTS, keys, later)
+send(2, h.OP_EXISTS, keys, later)
+probe = 100
+while status(probe)["running"] < 2:
+    probe += 1
+send(3, h.OP_EXISTS, keys, later)
+send(4, h.OP_EXISTS, keys, later)
+while status(probe)["queued"] < 2:
+    probe += 1
+send(5, h.OP_EXISTS, keys, later)
+print("busy", take(5)[0], take(5)[1].decode())
+s = status(probe + 1)
+print("status", s["running"], s["queued"], s["busy"])
+codes = [take(r)[0] for r in (1, 2, 3, 4)]
+print("codes", codes, [take(r)[1] for r in (1, 2, 3, 4)] == [h.results([1, 1])] * 4)
+# Two waves of two: the second finished at least one store call after the first.
+print("waves", min(got[r][2] for r in (3, 4)) - max(got[r][2] for r in (1, 2)) > 0.2)
+# Expired before a worker took it: answered busy, and the store never saw it.
+before = Store.calls
+send(7, h.OP_EXISTS, keys, time.monotonic_ns())
+st, body, _ = take(7)
+print("expired", st, Store.calls == before, body.decode())
+"#;
+    let lines = run(&python, driver);
+    assert_eq!(
+        lines,
+        vec![
+            "busy 3 helper busy: 2 requests queued".to_string(),
+            "status 2 2 1".to_string(),
+            "codes [0, 0, 0, 0] True".to_string(),
+            "waves True".to_string(),
+            "expired 3 True deadline passed in the helper's queue".to_string(),
+        ]
+    );
+}

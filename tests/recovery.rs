@@ -607,3 +607,55 @@ fn an_orphaned_arena_is_reclaimed_at_start_once_its_runtime_dir_is_gone() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+/// Issue 28 item 3: while the daemon rebuilds its index at start (made slow here with the
+/// test-only `host.test_open_delay_ms`), its socket is already bound and every connection
+/// gets the typed `recovering` error, never "connection refused"; a client whose timeout
+/// ends first fails with `ClientError::Recovering`, and one that waits longer connects as
+/// soon as the index is rebuilt.
+#[test]
+fn a_client_during_a_slow_recovery_gets_recovering_then_connects() {
+    let dir = tempdir();
+    let arena = dir.path().join("state/arena");
+    let args = [
+        "--arena-path",
+        arena.to_str().unwrap(),
+        "--arena-bytes",
+        "4194304",
+        "--set",
+        "host.test_open_delay_ms=6000",
+    ];
+    let d = serve(dir.path(), "r", &args);
+    // The socket is bound before the slow recovery: a connection is accepted, never refused.
+    let t = std::time::Instant::now();
+    let mut raw = loop {
+        match std::os::unix::net::UnixStream::connect(&d.socket) {
+            Ok(s) => break s,
+            Err(e) => assert!(t.elapsed() < std::time::Duration::from_secs(15), "never bound: {e}"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    // The raw protocol: one unsolicited `recovering` error (request id 0), then the close.
+    raw.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let mut ping = Vec::new();
+    kvtier::protocol::Request::Ping { payload: Vec::new() }.encode(1, &mut ping);
+    std::io::Write::write_all(&mut raw, &ping).unwrap();
+    assert_eq!(common::code(common::answer(&mut raw)), Some(ErrorCode::Recovering));
+    // The library: a short timeout ends while the daemon still recovers.
+    let mut id = common::identity("early", 0, 0, 1, 1);
+    id.namespace = kvtier::page::Namespace::model("early");
+    let short = kvtier::client::ClientConfig::new(&d.socket, id.clone(), small_spec())
+        .with_timeout(std::time::Duration::from_millis(300));
+    match kvtier::client::Client::connect(short) {
+        Err(ClientError::Recovering(m)) => assert!(m.contains("retry"), "{m}"),
+        other => panic!("a client during recovery must get Recovering: {:?}", other.err()),
+    }
+    // A longer timeout waits the recovery out and serves.
+    let long =
+        kvtier::client::ClientConfig::new(&d.socket, id, small_spec()).with_timeout(std::time::Duration::from_secs(30));
+    let c = kvtier::client::Client::connect(long).expect("connects once the index is rebuilt");
+    let hs = hashes(2800, 4);
+    store(&c, &small_spec(), &hs, 28);
+    assert_eq!(load_verified(&c, &small_spec(), &hs, 28), 4);
+    assert!(d.log().contains("answered 'recovering'"), "{}", d.log());
+}

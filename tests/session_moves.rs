@@ -7,12 +7,16 @@ mod common;
 mod session_support;
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::rank::RankProc;
 use common::{hashes, kvtier_bin};
 use serde_json::Value;
 use session_support::{daemon_moves, move_runs, serve, wait_until, where_are};
+
+/// The child's first turn in the replay: at most 96 tokens of prefill at 20,000 tokens/s
+/// (4.8 ms) and its pages' copies at 25 GB/s (under 1 ms), rounded up.
+const CHILD_TURN: Duration = Duration::from_millis(10);
 
 /// The acceptance scenario once more, its requests recorded by the daemon as a request
 /// trace; `kvtier replay` runs that trace with the daemon's capacities (100 pages of
@@ -40,7 +44,17 @@ fn the_daemon_scenario_replayed_from_its_request_trace_makes_the_same_moves() {
     assert_eq!(child.cmd("cstore child 1000 8 2000 16"), "stored 24 24");
     assert_eq!(child.cmd("reqend child parent 96 0 1000 8 2000 16"), "ok");
     assert_eq!(child.cmd("phase child - acting"), "ok");
-    std::thread::sleep(Duration::from_millis(300));
+    // The replay ends the child's first turn its prefill and copies after its arrival
+    // (`CHILD_TURN`), so the filler must arrive later than that on
+    // the daemon's millisecond clock, which runs at this process's rate: wait until the
+    // child's line is in the trace and that time has passed since it was written.
+    let child_ended = Instant::now();
+    wait_until("the trace holds the child's first turn", || {
+        std::fs::read_to_string(&traces).is_ok_and(|t| t.lines().count() == 2)
+    });
+    wait_until("the child's turn, as the replay times it, has ended", || {
+        child_ended.elapsed() >= CHILD_TURN + Duration::from_millis(2)
+    });
     assert_eq!(parent.cmd("cstore filler 5000 64"), "stored 64 64");
     assert_eq!(parent.cmd("reqend filler - 256 100000 5000 64"), "ok");
     wait_until("the child's private pages are only in the pool", || {
@@ -67,6 +81,10 @@ fn the_daemon_scenario_replayed_from_its_request_trace_makes_the_same_moves() {
         .map(|l| serde_json::from_str::<Value>(l).unwrap()["timestamp"].as_u64().unwrap())
         .collect();
     assert_eq!(arrivals.len(), 4, "{text}");
+    assert!(
+        arrivals[2] > arrivals[1] + CHILD_TURN.as_millis() as u64,
+        "the filler arrived after the child's turn ended: {arrivals:?}"
+    );
     let moves_path = dir.path().join("moves.jsonl");
     let out = Command::new(kvtier_bin())
         .args(["replay", "--json", "--block-tokens", "4", "--trace"])

@@ -78,7 +78,32 @@ fn local_pool_pages_are_storage_and_local_in_vllm_events() {
     });
     // Importing vLLM (and torch under it) takes a while on a loaded machine.
     assert_eq!(lines.recv_timeout(Duration::from_secs(240)).unwrap(), "ready");
-    std::thread::sleep(Duration::from_millis(300));
+    // The subscription reaches the publisher some time after `connect`: until then events
+    // are dropped. A probe engine (TP=1) stores a page of its own, a new one each try,
+    // until the subscriber has received an event; probe pages are never shared.
+    // Its own model: a namespace serves one layout.
+    let mut probe_id = identity("vllm-probe", 0, 0, 1, 1);
+    probe_id.namespace = kvtier::page::Namespace::model("vllm-probe");
+    let probe = d.client(probe_id, spec(1, 1));
+    let probe_dev = Arc::new(EmulatedDevice::new(&spec(1, 1).build().unwrap(), 0, 16));
+    probe.register_device(probe_dev.clone()).unwrap();
+    let probes = hashes(0x9e0b_e000_0000, 16);
+    let mut joined = false;
+    for (i, h) in probes.iter().enumerate() {
+        probe_dev.fill_page(i as u32, seed(h, 0, 0)).unwrap();
+        probe.store(&[*h], &[i as u32], "").unwrap();
+        writeln!(stdin, "join 1000").unwrap();
+        if lines.recv_timeout(Duration::from_secs(60)).unwrap() == "joined" {
+            joined = true;
+            break;
+        }
+    }
+    assert!(
+        joined,
+        "the subscriber received no probe event in {} tries",
+        probes.len()
+    );
+    let probed: Vec<u64> = probes.iter().map(low_u64).collect();
 
     // Two ranks (MHA, TP=2) store 4 pages; one of them shares them to the local pool.
     let hs = hashes(0x5707_a6e0_0000, 4);
@@ -126,7 +151,11 @@ fn local_pool_pages_are_storage_and_local_in_vllm_events() {
         "every shared page, once, in order: {seen}"
     );
     assert!(pool.iter().all(|(_, l)| l == "LOCAL"), "{seen}");
-    let host = stored("CPU_PINNED");
+    // A probe stored before the subscriber joined may still be published after it.
+    let host: Vec<(u64, Value)> = stored("CPU_PINNED")
+        .into_iter()
+        .filter(|(h, _)| !probed.contains(h))
+        .collect();
     assert_eq!(host.iter().map(|(h, _)| *h).collect::<Vec<_>>(), want, "{seen}");
     assert!(
         host.iter().all(|(_, l)| l.is_null()),

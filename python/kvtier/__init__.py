@@ -40,6 +40,7 @@ from .errors import (
     InvalidArgumentError,
     KvtierError,
     LayoutError,
+    RecoveringError,
     RemoteError,
     UnavailableError,
     UnsupportedError,
@@ -49,7 +50,7 @@ from .errors import (
 __all__ = [
     "Client", "Layout", "PrefixHit", "StoreReceipt", "TicketStatus", "default_socket", "pack_hashes", "library_path",
     "KvtierError", "ClosedError", "DaemonTimeoutError", "DeviceError", "InvalidArgumentError", "LayoutError",
-    "RemoteError", "UnavailableError", "UnsupportedError", "UntrustedError", "__version__",
+    "RecoveringError", "RemoteError", "UnavailableError", "UnsupportedError", "UntrustedError", "__version__",
     "HINT_DEMOTE", "HINT_PIN", "HINT_PREFETCH", "HINT_RETAIN", "HINT_SHARE", "LOAD_BEST_EFFORT", "LOAD_TIMEOUT",
     "LOAD_WAIT_COMPLETE", "PART_K", "PART_LATENT", "PART_V", "TARGET_PAGES", "TARGET_PREFIX", "TARGET_SESSION",
     "TIER_DEVICE", "TIER_HOST", "TIER_POOL",

@@ -60,6 +60,15 @@ class RemoteError(KvtierError):
         return _capi.ERR_REMOTE_BASE - self.code
 
 
+class RecoveringError(RemoteError, UnavailableError):
+    """The daemon is up but rebuilding its index after a restart (its code 15,
+    ``recovering``); it serves again shortly, so retry. Raised instead of a refused
+    connection while the daemon recovers."""
+
+
+# The daemon's own code for "recovering", as the C ABI returns it.
+ERR_RECOVERING = _capi.ERR_REMOTE_BASE - 15
+
 _BY_CODE = {
     _capi.ERR_NULL: InvalidArgumentError,
     _capi.ERR_INVALID: InvalidArgumentError,
@@ -84,6 +93,8 @@ def _name(code):
 
 def from_code(code, message):
     """The exception for a non-zero return code."""
+    if code == ERR_RECOVERING:
+        return RecoveringError(code, message)
     if code <= _capi.ERR_REMOTE_BASE:
         return RemoteError(code, message)
     return _BY_CODE.get(code, KvtierError)(code, message)

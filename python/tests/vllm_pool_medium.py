@@ -3,7 +3,10 @@ medium and locality, for tests/vllm_pool_medium.rs.
 
 Usage: vllm_pool_medium.py <PUB endpoint>
 
-Subscribes, prints "ready", then reads one command per stdin line: `collect <n>` receives
+Subscribes, prints "ready", then reads one command per stdin line. `join <ms>` waits up to
+<ms> for any batch (a SUB socket receives nothing published before its subscription has
+reached the publisher) and prints "joined", dropping what it received, or "again" when
+none came: the test publishes a probe page's event until one arrives. `collect <n>` receives
 live batches until <n> BlockStored events of pool pages (medium STORAGE) have arrived in
 all, then prints every event received so far as one JSON line: a list of
 {type, block_hashes, medium, locality}. Every payload goes through
@@ -30,6 +33,15 @@ def main():
     print("ready", flush=True)
     for line in sys.stdin:
         cmd, n = line.split()
+        if cmd == "join":
+            sub.setsockopt(zmq.RCVTIMEO, int(n))
+            try:
+                sub.recv_multipart()
+                print("joined", flush=True)
+            except zmq.Again:
+                print("again", flush=True)
+            sub.setsockopt(zmq.RCVTIMEO, 30000)
+            continue
         assert cmd == "collect", cmd
         want = int(n)
         while sum(1 for e in seen if e["type"] == "BlockStored" and e["medium"] == MEDIUM_STORAGE) < want:

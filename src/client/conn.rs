@@ -13,7 +13,7 @@ use std::io::BufReader;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use crate::protocol::{ArenaInfo, FrameError, Request, Response, frame, read_frame};
+use crate::protocol::{ArenaInfo, ErrorCode, FrameError, Request, Response, frame, read_frame};
 use crate::tier::host::{ArenaOptions, HostArena};
 
 use super::{ClientConfig, ClientError};
@@ -54,13 +54,34 @@ pub(super) struct Conn {
     pub connection: u64,
 }
 
+/// How soon an open that met a recovering daemon is tried again.
+const RECOVERING_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+
 fn unavailable(e: impl std::fmt::Display) -> ClientError {
     ClientError::Unavailable(e.to_string())
 }
 
 impl Conn {
-    /// Opens the socket and performs the handshake.
+    /// Opens the socket and performs the handshake. A daemon still rebuilding its index
+    /// after a restart answers `recovering`: the open is tried again every
+    /// [`RECOVERING_RETRY`] until the call timeout, then fails with
+    /// [`ClientError::Recovering`].
     pub fn open(cfg: &ClientConfig, hello: Request, device: Option<Request>) -> Result<Self, ClientError> {
+        let deadline = std::time::Instant::now() + cfg.timeout;
+        loop {
+            match Self::open_once(cfg, hello.clone(), device.clone()) {
+                Err(ClientError::Recovering(m)) => {
+                    if std::time::Instant::now() + RECOVERING_RETRY >= deadline {
+                        return Err(ClientError::Recovering(m));
+                    }
+                    std::thread::sleep(RECOVERING_RETRY);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn open_once(cfg: &ClientConfig, hello: Request, device: Option<Request>) -> Result<Self, ClientError> {
         let (socket, timeout, max_frame) = (&cfg.socket, cfg.timeout, cfg.max_frame_bytes);
         let expected = cfg.expected_daemon_uid();
         let stream = UnixStream::connect(socket).map_err(unavailable)?;
@@ -159,6 +180,9 @@ impl RawConn {
             if h.request_id == 0
                 && let Response::Error(e) = resp
             {
+                if e.code == ErrorCode::Recovering {
+                    return Err(ClientError::Recovering(e.message));
+                }
                 return Err(ClientError::Unavailable(e.to_string()));
             }
         }

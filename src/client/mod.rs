@@ -41,6 +41,9 @@ pub enum ClientError {
     Unavailable(String),
     #[error("the daemon did not answer in time")]
     Timeout,
+    /// The daemon is up but rebuilding its index after a restart; retry shortly.
+    #[error("kvtier daemon recovering: {0}")]
+    Recovering(String),
     /// The daemon refused the request.
     #[error("daemon refused: {0}")]
     Remote(#[from] RemoteError),

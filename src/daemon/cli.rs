@@ -201,8 +201,23 @@ pub fn serve(mut cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Resu
             super::orphans::reclaim(kvtier_uid, arena_dir);
         }
     }
-    let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).context("opening the tiers")?);
+    // The socket before the tiers: while recovery rebuilds the index, engines get a typed
+    // `recovering` answer, never "connection refused". A refused start (the arena is
+    // another daemon's) removes the socket again.
     let listener = bind(&cfg)?;
+    let recovering = super::recovering::answer(&listener).context("answering while recovering")?;
+    if cfg.host.test_open_delay_ms > 0 {
+        std::thread::sleep(Duration::from_millis(cfg.host.test_open_delay_ms));
+    }
+    let opened = ManagedTiers::open(cfg.tiers(), SystemClock::new()).context("opening the tiers");
+    recovering.finish();
+    let backend = match opened {
+        Ok(b) => Arc::new(b),
+        Err(e) => {
+            let _ = std::fs::remove_file(&cfg.socket);
+            return Err(e);
+        }
+    };
     announce(&cfg, &backend)?;
     tracing::info!(socket = %cfg.socket.display(), "serving");
     let shared = Arc::new(Shared::new(backend.clone(), cfg.limits()));
@@ -471,6 +486,11 @@ fn start_side_services(
     }
     if cfg.pool.kind == PoolKind::Mooncake && !cfg.mooncake.index_sources.is_empty() {
         start_pool_index(cfg, &manager, own_pool_events, &cancel);
+    }
+    if cfg.pool.kind == PoolKind::Mooncake
+        && let Err(e) = super::pool_watch::spawn(manager.clone(), cancel.clone())
+    {
+        tracing::warn!(error = %e, "pool watcher not started: pages a replaced helper lost are not written again");
     }
     if !cfg.events.session_endpoint.is_empty() {
         let scfg = crate::publish::sessions::SessionEventsConfig {

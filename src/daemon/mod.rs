@@ -13,6 +13,8 @@ pub mod connection;
 mod engines;
 pub mod orphans;
 pub mod pool_config;
+mod pool_watch;
+mod recovering;
 pub mod server;
 pub mod upkeep;
 

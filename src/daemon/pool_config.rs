@@ -110,6 +110,16 @@ pub struct MooncakeSection {
     /// store. Empty: a key generated once in `/dev/shm/kvtier-mooncake-<uid>/pool.key`,
     /// shared by this uid's daemons on this node only (single node). Default: empty.
     pub integrity_key_file: PathBuf,
+    /// Base deadline of one request to the helper, in ms; a transfer gets its bytes at
+    /// 200 MiB/s on top. Past it the request is answered "busy" if it has not started, or
+    /// waited for if it has (never a reason to kill the helper). Default: 3000.
+    pub op_timeout_ms: u64,
+    /// Requests the helper runs at once (1 to 256); up to 8 times as many wait in its
+    /// queue, and past that a request is answered "busy". Default: 8.
+    pub helper_workers: usize,
+    /// Test only: the helper waits this long before each get, so that loads overrun their
+    /// deadline on a healthy helper. Default: 0.
+    pub test_get_delay_ms: u64,
     /// The key material read at start ([`MooncakeSection::load_integrity_key`]); not a key.
     #[serde(skip)]
     pub integrity_key: Option<integrity::KeyMaterial>,
@@ -139,6 +149,9 @@ impl Default for MooncakeSection {
             index_max_keys: 4 << 20,
             integrity: true,
             integrity_key_file: PathBuf::new(),
+            op_timeout_ms: 3000,
+            helper_workers: 8,
+            test_get_delay_ms: 0,
             integrity_key: None,
         }
     }
@@ -212,6 +225,8 @@ impl MooncakeSection {
             ("local_buffer_bytes", self.local_buffer_bytes),
             ("lookup_budget_pages", self.lookup_budget_pages as u64),
             ("index_max_keys", self.index_max_keys as u64),
+            ("op_timeout_ms", self.op_timeout_ms),
+            ("helper_workers", self.helper_workers as u64),
         ] {
             if v == 0 {
                 return Err(PoolConfigError::Zero(name));
@@ -268,7 +283,10 @@ impl MooncakeSection {
             .with_segment_bytes(self.global_segment_bytes)
             .with_local_buffer_bytes(self.local_buffer_bytes)
             .with_replicas(self.replicas)
-            .with_exists_via(self.exists_via);
+            .with_exists_via(self.exists_via)
+            .with_op_timeout(std::time::Duration::from_millis(self.op_timeout_ms), 200 << 20)
+            .with_helper_workers(self.helper_workers.min(256))
+            .with_test_get_delay(std::time::Duration::from_millis(self.test_get_delay_ms));
         if let Some(k) = &self.integrity_key {
             c = c.with_integrity_key(&k.0);
         }

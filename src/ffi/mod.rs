@@ -97,6 +97,7 @@ impl From<ClientError> for FfiError {
             ClientError::Unavailable(_) => ERR_UNAVAILABLE,
             ClientError::Timeout => ERR_TIMEOUT,
             ClientError::Remote(r) => ERR_REMOTE_BASE - r.code.code() as i32,
+            ClientError::Recovering(_) => ERR_REMOTE_BASE - crate::protocol::ErrorCode::Recovering.code() as i32,
             ClientError::Protocol(_) => ERR_PROTOCOL,
             ClientError::Arena(_) => ERR_ARENA,
             ClientError::Device(_) => ERR_DEVICE,

@@ -20,7 +20,36 @@ impl Manager {
     /// Brings the directory in line with `index` after a resync; returns the pages that
     /// stopped being pool-complete. Pages with pool objects in flight are left alone.
     pub fn reconcile_pool(&self, index: &PoolIndex) -> usize {
-        let Some(pool) = self.pool() else { return 0 };
+        self.drop_lost_pool_pages(index).len()
+    }
+
+    /// [`Manager::reconcile_pool`], then a Share of the dropped pages, from host where it
+    /// still holds them; returns (pages dropped, pages the shares took).
+    pub fn reconcile_pool_and_share(&self, index: &PoolIndex) -> (usize, usize) {
+        let lost = self.drop_lost_pool_pages(index);
+        let mut shared = 0;
+        for chunk in lost.chunks(self.inner.cfg.max_batch.max(1)) {
+            for &ns in chunk
+                .iter()
+                .map(|(ns, _)| ns)
+                .collect::<std::collections::BTreeSet<_>>()
+            {
+                let pages = chunk.iter().filter(|(n, _)| *n == ns).map(|(_, h)| *h).collect();
+                let share = crate::hints::Hint::Share {
+                    target: crate::hints::HintTarget::Pages(pages),
+                };
+                shared += match self.hint(ns, share) {
+                    Ok(crate::hints::HintOutcome::Accepted { pages }) => pages,
+                    Ok(crate::hints::HintOutcome::Clipped { applied, .. }) => applied,
+                    _ => 0,
+                };
+            }
+        }
+        (lost.len(), shared)
+    }
+
+    fn drop_lost_pool_pages(&self, index: &PoolIndex) -> Vec<(NamespaceId, PageHash)> {
+        let Some(pool) = self.pool() else { return Vec::new() };
         let cands: Vec<(NamespaceId, PageHash)> = {
             let st = self.read();
             st.dir
@@ -68,22 +97,22 @@ impl Manager {
                 }
             }
         }
-        let mut dropped = 0;
+        let mut dropped = Vec::new();
         {
             let mut st = self.write();
-            for (ns, h) in &lost {
-                if let Some(id) = st.dir.find(*ns, h)
+            for (ns, h) in lost {
+                if let Some(id) = st.dir.find(ns, &h)
                     && st.dir.is_complete(id, TierKind::Pool)
                     && st.dir.inflight_objects(id, TierKind::Pool).is_empty()
                 {
                     st.dir.set_page(id, TierKind::Pool, false);
-                    dropped += 1;
+                    dropped.push((ns, h));
                 }
             }
         }
-        if dropped > 0 {
+        if !dropped.is_empty() {
             tracing::warn!(
-                pages = dropped,
+                pages = dropped.len(),
                 "the store lost pages this node had in the pool; they will be written again"
             );
         }

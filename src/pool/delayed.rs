@@ -79,6 +79,10 @@ impl PoolBackend for DelayedPool {
         self.inner.max_object_bytes()
     }
 
+    fn lost_generation(&self) -> u64 {
+        self.inner.lost_generation()
+    }
+
     fn exists_source(&self) -> Option<&'static str> {
         self.inner.exists_source()
     }

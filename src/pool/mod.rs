@@ -248,6 +248,14 @@ pub trait PoolBackend: Send + Sync {
     /// Largest object the backend accepts.
     fn max_object_bytes(&self) -> usize;
 
+    /// Counts the events in which the backend lost objects this node had stored without
+    /// being asked (Mooncake: a replaced helper takes its segment with it). A change asks
+    /// the daemon to check its pool-complete pages and write the lost ones again from
+    /// host. Default: 0, never changing.
+    fn lost_generation(&self) -> u64 {
+        0
+    }
+
     /// Whether objects carry a keyed MAC, and how many failed it, where the backend seals
     /// them (Mooncake). Default: `None`.
     fn integrity(&self) -> Option<IntegrityReport> {

@@ -35,10 +35,14 @@ pub enum ErrorCode {
     ShuttingDown = 13,
     /// A failure inside the daemon.
     Internal = 14,
+    /// The daemon is rebuilding its index after a restart (arena, local pool) and serves
+    /// nothing yet; retry shortly. Sent unsolicited (request id 0), then the connection is
+    /// closed.
+    Recovering = 15,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 15] = [
         ErrorCode::BadFrame,
         ErrorCode::UnsupportedVersion,
         ErrorCode::FrameTooLarge,
@@ -53,6 +57,7 @@ impl ErrorCode {
         ErrorCode::TooManyConnections,
         ErrorCode::ShuttingDown,
         ErrorCode::Internal,
+        ErrorCode::Recovering,
     ];
 
     pub fn code(self) -> u16 {
@@ -84,6 +89,7 @@ impl ErrorCode {
             ErrorCode::TooManyConnections => "too_many_connections",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Internal => "internal",
+            ErrorCode::Recovering => "recovering",
         }
     }
 }

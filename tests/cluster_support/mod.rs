@@ -200,10 +200,7 @@ impl Node {
             .unwrap();
         let socket = dir.join("kvtier.sock");
         assert!(
-            eventually(Duration::from_secs(20), || std::os::unix::net::UnixStream::connect(
-                &socket
-            )
-            .is_ok()),
+            eventually(Duration::from_secs(20), || crate::common::serving(&socket)),
             "daemon did not start; log {}",
             log.display()
         );
@@ -213,6 +210,11 @@ impl Node {
             log,
             child,
         }
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The daemon's log so far, for a failing test's message.

@@ -145,7 +145,7 @@ impl Daemon {
             .unwrap();
         self.child = Some(child);
         let t = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+        while !serving(&self.socket) {
             assert!(t.elapsed() < Duration::from_secs(10), "daemon did not start");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -200,6 +200,24 @@ pub fn raw_frame(kind: u8, id: u64, body: &[u8]) -> Vec<u8> {
     .to_vec();
     out.extend_from_slice(body);
     out
+}
+
+/// Whether a daemon serves at `socket`: it answers a ping, and not with `recovering` (the
+/// socket is bound while the daemon still rebuilds its index, and answers that then).
+pub fn serving(socket: &Path) -> bool {
+    let Ok(mut s) = UnixStream::connect(socket) else {
+        return false;
+    };
+    if s.set_read_timeout(Some(Duration::from_secs(5))).is_err() {
+        return false;
+    }
+    let mut ping = Vec::new();
+    kvtier::protocol::Request::Ping { payload: Vec::new() }.encode(1, &mut ping);
+    if std::io::Write::write_all(&mut s, &ping).is_err() {
+        return false;
+    }
+    let got = answer(&mut s);
+    got.is_some() && code(got) != Some(ErrorCode::Recovering)
 }
 
 pub fn answer(s: &mut UnixStream) -> Option<Response> {

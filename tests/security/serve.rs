@@ -119,7 +119,7 @@ impl Serve {
     /// Waits until the control socket answers; panics with the log if the daemon exits.
     pub fn ready(mut self) -> Self {
         let t = Instant::now();
-        while UnixStream::connect(&self.socket).is_err() {
+        while !crate::common::serving(&self.socket) {
             let exited = self.child.as_mut().unwrap().try_wait().unwrap();
             assert!(exited.is_none(), "daemon exited ({exited:?}): {}", self.log());
             assert!(

@@ -97,6 +97,9 @@ pub struct HostSection {
     pub lock: bool,
     /// Touch the arena at start so first copies do not fault. Default: true.
     pub prefault: bool,
+    /// Test only: wait this long before opening the tiers (recovery) at start, while the
+    /// bound socket answers `recovering`. Default: 0.
+    pub test_open_delay_ms: u64,
 }
 
 impl Default for HostSection {
@@ -110,6 +113,7 @@ impl Default for HostSection {
             fence_timeout_ms: 30_000,
             lock: true,
             prefault: true,
+            test_open_delay_ms: 0,
         }
     }
 }

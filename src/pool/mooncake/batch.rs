@@ -14,6 +14,9 @@ use crate::tier::host::SlotId;
 pub(super) const REGION_STAGING: u8 = 0;
 pub(super) const REGION_ARENA: u8 = 1;
 
+/// Transfers that answered after their deadline, in this process (for the log's sampling).
+static LATE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// One item of a request: caller index and where its bytes are.
 pub(super) struct Item<'k> {
     idx: usize,
@@ -48,7 +51,11 @@ impl MooncakePool {
             body.bytes(it.key.as_bytes());
         }
         let bytes: u64 = items.iter().map(|i| i.len).sum();
-        self.reply(conn.call(op, &body, self.cfg.deadline_for(bytes)), items.len(), true)
+        // Past its deadline the request may still be running in the helper, on caller
+        // memory: wait for it to settle rather than kill a helper that is only busy (the
+        // kill drops this node's segment, and every object in it, for the whole store).
+        let r = conn.call_settled(op, &body, self.cfg.deadline_for(bytes), super::helper::SETTLE);
+        self.reply(r, items.len(), true)
     }
 
     pub(super) fn reply(
@@ -70,14 +77,31 @@ impl MooncakePool {
                 code: codes::INVALID_PARAMS,
                 message,
             }),
+            // Not run: busy is back-pressure, not a sick store, so the pool stays healthy.
+            Ok(Reply::Busy(reason)) => Err(PoolError::Unavailable(format!("Mooncake helper: {reason}"))),
+            Err(WireError::Late(t)) => {
+                // The first, then one in a hundred: an overloaded store must not flood the log.
+                let n = LATE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n.is_multiple_of(100) {
+                    tracing::warn!(deadline = ?t, late = n + 1, "a mooncake transfer answered after its deadline");
+                }
+                Err(PoolError::Unavailable(format!(
+                    "Mooncake transfer answered after its deadline of {t:?}"
+                )))
+            }
             Err(WireError::Timeout(t)) if moves_bytes => {
-                self.sup().kill("a transfer overran its deadline");
+                self.sup().kill("a transfer did not settle: the helper is hung");
                 Err(PoolError::Unavailable(format!(
                     "Mooncake transfer timed out after {t:?}"
                 )))
             }
             Err(e) => {
                 let reason = format!("Mooncake helper: {e}");
+                if moves_bytes {
+                    // The connection closed under a transfer: the helper must be gone
+                    // before the caller reuses the memory it named.
+                    self.sup().reap_closed();
+                }
                 self.sup().degrade(reason.clone());
                 Err(PoolError::Unavailable(reason))
             }

@@ -6,6 +6,12 @@
 //! down the pool is `Degraded` and calls fail fast. The helper reports `ready` only when
 //! its client is set up and the master is reachable, so a dead master degrades the pool
 //! too, and its return clears it.
+//!
+//! The helper runs requests concurrently and answers probes from its reading thread, with
+//! how long its running requests have gone without one finishing (`stalled_ms`). Only a
+//! helper stalled for [`HUNG_AFTER`] (or deaf to probes that long) is killed: a kill drops
+//! this node's Mooncake segment and every object the store placed in it, so a helper that
+//! is merely busy is never replaced.
 
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
@@ -22,8 +28,12 @@ use super::MooncakeConfig;
 use super::wire::{Body, Conn, Op, Reply, WireError};
 use crate::pool::PoolHealth;
 
-/// After this long without an answer to probes, a running helper is killed and replaced.
-const HUNG_AFTER: Duration = Duration::from_secs(15);
+/// After this long without an answer to probes, or with requests running and none
+/// finishing, a running helper is killed and replaced.
+pub(crate) const HUNG_AFTER: Duration = Duration::from_secs(15);
+/// How long a transfer past its deadline waits for its reply ([`super::wire::Conn::call_settled`]):
+/// longer than [`HUNG_AFTER`], so a hung helper is killed by the supervisor first.
+pub(crate) const SETTLE: Duration = Duration::from_secs(20);
 /// How long a helper may take to leave after its socket closes, before it is killed.
 const GRACEFUL_EXIT: Duration = Duration::from_secs(3);
 
@@ -126,6 +136,23 @@ impl Shared {
         st.health = PoolHealth::Degraded { reason };
     }
 
+    /// Kills the helper if its connection has closed but it has not been reaped yet, so a
+    /// caller whose transfer saw the connection close never reuses memory the helper may
+    /// still write. A helper already replaced was reaped by whoever replaced it.
+    pub fn reap_closed(&self) {
+        let mut st = self.state.lock();
+        if st.conn.as_ref().is_some_and(|c| !c.is_open()) {
+            st.conn = None;
+            if let Some(mut child) = st.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            st.health = PoolHealth::Degraded {
+                reason: "Mooncake helper restarting: its connection closed".into(),
+            };
+        }
+    }
+
     /// Kills the helper now and waits for it to be gone. Used when a transfer timed out:
     /// the helper could otherwise still read or write caller memory after we returned.
     pub fn kill(&self, reason: &str) {
@@ -204,7 +231,10 @@ fn supervise(sh: &Shared) {
             }
         } else if let Some(conn) = current(sh) {
             match probe(&conn, sh.launch.cfg.probe_interval.max(Duration::from_millis(500))) {
-                Ok((ready, reason)) => {
+                Ok((_, _, stalled)) if stalled > HUNG_AFTER => {
+                    sh.kill(&format!("requests running with none finished for {stalled:?}"));
+                }
+                Ok((ready, reason, _)) => {
                     last_answer = Instant::now();
                     let mut st = sh.state.lock();
                     if ready {
@@ -245,16 +275,19 @@ fn current(sh: &Shared) -> Option<Arc<Conn>> {
     sh.state.lock().conn.clone()
 }
 
-fn probe(conn: &Conn, timeout: Duration) -> Result<(bool, String), WireError> {
+/// Asks the helper's state: ready, why not, and how long its running requests have gone
+/// without one finishing.
+fn probe(conn: &Conn, timeout: Duration) -> Result<(bool, String, Duration), WireError> {
     match conn.call(Op::Status, &Body::default(), timeout)? {
         Reply::Ok(json) => {
             let v: serde_json::Value =
                 serde_json::from_slice(&json).map_err(|_| WireError::Malformed("status is not JSON"))?;
             let ready = v.get("ready").and_then(|r| r.as_bool()).unwrap_or(false);
             let reason = v.get("reason").and_then(|r| r.as_str()).unwrap_or("").to_owned();
-            Ok((ready, reason))
+            let stalled = Duration::from_millis(v.get("stalled_ms").and_then(|s| s.as_u64()).unwrap_or(0));
+            Ok((ready, reason, stalled))
         }
-        Reply::Unavailable(r) | Reply::Bad(r) => Ok((false, r)),
+        Reply::Unavailable(r) | Reply::Bad(r) | Reply::Busy(r) => Ok((false, r, Duration::ZERO)),
     }
 }
 
@@ -278,6 +311,9 @@ fn spawn(l: &Launch, n: u64) -> std::io::Result<(Child, Arc<Conn>)> {
         .args(["--segment-bytes", &l.cfg.segment_bytes.to_string()])
         .args(["--local-buffer-bytes", &l.cfg.local_buffer_bytes.to_string()])
         .args(["--replicas", &l.cfg.replicas.to_string()])
+        .args(["--workers", &l.cfg.helper_workers.to_string()])
+        .args(["--max-queued", &(l.cfg.helper_workers * 8).to_string()])
+        .args(["--test-get-delay-ms", &l.cfg.test_get_delay.as_millis().to_string()])
         // Mooncake's INFO lines would grow the log without bound in a long-running daemon.
         .env(
             "GLOG_minloglevel",

@@ -108,6 +108,8 @@ pub struct MooncakeConfig {
     pub(crate) restart_backoff_max: Duration,
     pub(crate) start_timeout: Duration,
     pub(crate) exists_via: ExistsVia,
+    pub(crate) helper_workers: usize,
+    pub(crate) test_get_delay: Duration,
     pub(crate) integrity: Option<std::sync::Arc<integrity::Integrity>>,
 }
 
@@ -139,6 +141,8 @@ impl MooncakeConfig {
             restart_backoff_max: Duration::from_secs(5),
             start_timeout: Duration::from_secs(20),
             exists_via: ExistsVia::Master,
+            helper_workers: 8,
+            test_get_delay: Duration::ZERO,
             integrity: None,
         }
     }
@@ -264,6 +268,21 @@ impl MooncakeConfig {
         self
     }
 
+    /// Requests the helper runs at once (each on its own thread; the wheel's calls release
+    /// the GIL); up to 8 times as many more wait in its queue, and past that a request is
+    /// answered "busy" without running. Default: 8.
+    pub fn with_helper_workers(mut self, n: usize) -> Self {
+        self.helper_workers = n;
+        self
+    }
+
+    /// Test only: the helper waits this long before each get, so that loads overrun their
+    /// deadline while the helper stays healthy. Default: zero.
+    pub fn with_test_get_delay(mut self, delay: Duration) -> Self {
+        self.test_get_delay = delay;
+        self
+    }
+
     /// Longest pause between helper restarts (backoff doubles from 100 ms). Default: 5 s.
     pub fn with_restart_backoff_max(mut self, max: Duration) -> Self {
         self.restart_backoff_max = max;
@@ -287,6 +306,9 @@ impl MooncakeConfig {
         }
         if self.staging_bytes < 4096 || !self.staging_bytes.is_multiple_of(64) {
             return bad("staging_bytes must be a multiple of 64, at least 4096");
+        }
+        if self.helper_workers == 0 || self.helper_workers > 256 {
+            return bad("helper_workers must be 1..=256");
         }
         if self.min_bandwidth == 0 {
             return bad("min_bandwidth must be positive");

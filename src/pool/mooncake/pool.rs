@@ -317,6 +317,10 @@ impl PoolBackend for MooncakePool {
         "mooncake"
     }
 
+    fn lost_generation(&self) -> u64 {
+        self.restarts()
+    }
+
     fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), PoolError>> {
         if let Some(mac) = &self.cfg.integrity {
             return self.sealed_put(mac, items);

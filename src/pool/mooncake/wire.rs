@@ -1,7 +1,9 @@
 //! The control protocol between the backend and its helper process.
 //!
 //! Frames are little-endian `u32 length | u64 request id | u8 op-or-status | body`, the
-//! length counting everything after itself. Requests carry keys and `(region, offset,
+//! length counting everything after itself. A request's body starts with its deadline
+//! (`u64` nanoseconds of `CLOCK_MONOTONIC`, which `Instant` and Python's `time.monotonic`
+//! both read), so the helper never starts a request whose caller has given up. Requests carry keys and `(region, offset,
 //! length)` triples; object bytes never cross the socket. Replies are routed to their
 //! callers by request id (a waiting caller reads the socket and hands on what is not its
 //! own), so a caller that gave up (timeout) never reads a reply meant for someone else,
@@ -42,12 +44,19 @@ pub enum Reply {
     Unavailable(String),
     /// The helper refused the request as malformed.
     Bad(String),
+    /// The helper did not run the request (its queue was full, or the deadline passed
+    /// while it waited there): nothing was read or written.
+    Busy(String),
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
     #[error("helper did not answer within {0:?}")]
     Timeout(Duration),
+    /// The reply came after the deadline (see [`Conn::call_settled`]): the helper is done
+    /// with the request and touches none of its memory any more.
+    #[error("helper answered after the deadline of {0:?}")]
+    Late(Duration),
     #[error("control connection closed")]
     Closed,
     #[error("control socket: {0}")]
@@ -186,7 +195,16 @@ impl Conn {
 
     /// Sends one request and waits at most `timeout` for its reply.
     pub fn call(&self, op: Op, body: &Body, timeout: Duration) -> Result<Reply, WireError> {
-        let len = 9 + body.len();
+        self.call_settled(op, body, timeout, Duration::ZERO)
+    }
+
+    /// [`Conn::call`] for a request that moves bytes in caller memory: when `timeout`
+    /// passes, it waits up to `settle` more for the reply (the helper may be running it),
+    /// so that a caller never reuses memory the helper may still write. A reply in that
+    /// time is [`WireError::Late`]; none is [`WireError::Timeout`], and the caller must
+    /// then stop the helper before it reuses the memory.
+    pub fn call_settled(&self, op: Op, body: &Body, timeout: Duration, settle: Duration) -> Result<Reply, WireError> {
+        let len = 9 + 8 + body.len();
         if len > MAX_FRAME {
             return Err(WireError::TooLarge(len));
         }
@@ -206,6 +224,7 @@ impl Conn {
         frame.extend_from_slice(&(len as u32).to_le_bytes());
         frame.extend_from_slice(&id.to_le_bytes());
         frame.push(op as u8);
+        frame.extend_from_slice(&monotonic_ns(deadline).to_le_bytes());
         frame.extend_from_slice(&body.0);
         let sent = self.writer.lock().write_all(&frame);
         if let Err(e) = sent {
@@ -213,7 +232,13 @@ impl Conn {
             self.shutdown();
             return Err(e.into());
         }
-        let got = self.wait_reply(id, &rx, deadline);
+        let mut got = self.wait_reply(id, &rx, deadline);
+        if matches!(got, Err(WireError::Timeout(_))) && !settle.is_zero() {
+            got = match self.wait_reply(id, &rx, Instant::now() + settle) {
+                Ok(_) => Err(WireError::Late(timeout)),
+                Err(e) => Err(e),
+            };
+        }
         self.pending.lock().remove(&id);
         got.map_err(|e| match e {
             WireError::Timeout(_) => WireError::Timeout(timeout),
@@ -320,6 +345,19 @@ impl Drop for Conn {
     }
 }
 
+/// `at` as nanoseconds of `CLOCK_MONOTONIC`, the clock the helper reads its deadlines on.
+fn monotonic_ns(at: Instant) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given and nothing else.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let now = Instant::now();
+    let base = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    match at.checked_duration_since(now) {
+        Some(ahead) => base.saturating_add(ahead.as_nanos() as u64),
+        None => base.saturating_sub(now.duration_since(at).as_nanos() as u64),
+    }
+}
+
 /// Takes one whole frame off the front of `buf`: `(request id, reply)`, or `None` while
 /// the frame is still incomplete.
 fn take_frame(buf: &mut Vec<u8>) -> Result<Option<(u64, Reply)>, WireError> {
@@ -342,6 +380,7 @@ fn take_frame(buf: &mut Vec<u8>) -> Result<Option<(u64, Reply)>, WireError> {
     let reply = match status {
         0 => Reply::Ok(body),
         1 => Reply::Unavailable(String::from_utf8_lossy(&body).into_owned()),
+        3 => Reply::Busy(String::from_utf8_lossy(&body).into_owned()),
         _ => Reply::Bad(String::from_utf8_lossy(&body).into_owned()),
     };
     Ok(Some((u64::from_le_bytes(id), reply)))
@@ -362,6 +401,7 @@ mod tests {
             let mut body = vec![0u8; len - 9];
             b.read_exact(&mut body).unwrap();
             assert_eq!(head[12], Op::Exists as u8);
+            assert!(body.len() >= 8, "a request carries its deadline");
             let mut out = Vec::new();
             out.extend_from_slice(&1u32.to_le_bytes());
             out.extend_from_slice(&(-704i64).to_le_bytes());
@@ -398,7 +438,8 @@ mod tests {
         let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
         let mut body = vec![0u8; len - 9];
         b.read_exact(&mut body).unwrap();
-        (u64::from_le_bytes(head[4..12].try_into().unwrap()), body)
+        // The deadline leads the body.
+        (u64::from_le_bytes(head[4..12].try_into().unwrap()), body.split_off(8))
     }
 
     fn reply(id: u64, body: &[u8]) -> Vec<u8> {
@@ -469,5 +510,51 @@ mod tests {
         let r = conn.call(Op::Status, &body, Duration::from_secs(10)).unwrap();
         assert!(matches!(r, Reply::Ok(ref b) if b == b"next"), "{r:?}");
         drop(helper.join().unwrap());
+    }
+
+    #[test]
+    fn a_request_carries_its_deadline_and_a_late_reply_settles_the_call() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let conn = Conn::new(a).unwrap();
+        let (go, wait) = crossbeam_channel::bounded::<()>(1);
+        let helper = std::thread::spawn(move || {
+            let mut head = [0u8; 13];
+            b.read_exact(&mut head).unwrap();
+            let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
+            let mut body = vec![0u8; len - 9];
+            b.read_exact(&mut body).unwrap();
+            let deadline = u64::from_le_bytes(body[..8].try_into().unwrap());
+            let now = monotonic_ns(Instant::now());
+            // The caller allowed 100 ms: the deadline lies that far ahead on this clock.
+            assert!(deadline > now && deadline <= now + 100_000_000, "{deadline} vs {now}");
+            assert_eq!(&body[8..], b"payload");
+            // Answer only after the caller's deadline has passed.
+            wait.recv().unwrap();
+            b.write_all(&reply(u64::from_le_bytes(head[4..12].try_into().unwrap()), b"done"))
+                .unwrap();
+            b
+        });
+        let mut body = Body::default();
+        body.bytes(b"payload");
+        let c = conn.clone();
+        let caller = std::thread::spawn(move || {
+            c.call_settled(Op::Get, &body, Duration::from_millis(100), Duration::from_secs(30))
+        });
+        // The caller is still waiting past its deadline: it returns only once the reply came.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(300) && !caller.is_finished() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!caller.is_finished(), "a call past its deadline waits for its reply");
+        go.send(()).unwrap();
+        assert!(matches!(caller.join().unwrap(), Err(WireError::Late(_))));
+        let _b = helper.join().unwrap();
+        // No reply at all within the settle time: a timeout, and the caller stops the helper.
+        let mut body = Body::default();
+        body.bytes(b"x");
+        assert!(matches!(
+            conn.call_settled(Op::Get, &body, Duration::from_millis(20), Duration::from_millis(50)),
+            Err(WireError::Timeout(_))
+        ));
     }
 }
