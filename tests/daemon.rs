@@ -456,10 +456,11 @@ fn serve_without_configuration_prints_where_things_are() {
         .unwrap();
     let sock = dir.path().join(".kvtier/kvtier.sock");
     let t = Instant::now();
-    while UnixStream::connect(&sock).is_err() {
+    // Serving, not merely bound: the socket accepts while the daemon still opens its tiers.
+    while !serving(&sock) {
         assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no socket at ./.kvtier/kvtier.sock"
+            t.elapsed() < Duration::from_secs(30),
+            "no daemon serving at ./.kvtier/kvtier.sock"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
