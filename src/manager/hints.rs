@@ -78,7 +78,7 @@ impl Manager {
                 (hs.iter().map_while(|h| st.dir.find(ns, h)).collect(), hs.len())
             }
             HintTarget::Session(s) => {
-                let Some(idx) = self.sessions_table().get(s) else {
+                let Some(idx) = self.inner.sessions.get(s) else {
                     return Err(HintError::UnknownPages(0).into());
                 };
                 // A session's pages are found by a walk: in chunks, so lookups never

@@ -25,7 +25,6 @@ use super::timers::Timers;
 use super::{DeviceMap, DevicePages, Manager, ManagerError};
 use crate::directory::{DirectoryError, PageId, PageInfo};
 use crate::page::{NamespaceId, PageHash};
-use crate::session::registry::Sessions;
 use crate::tier::TierKind;
 use crate::wire::PrefixHit;
 
@@ -153,10 +152,6 @@ impl Manager {
         Ordered::take(Rank::Queues, || self.inner.queues.lock())
     }
 
-    pub(super) fn sessions_table(&self) -> Ordered<MutexGuard<'_, Sessions>> {
-        Ordered::take(Rank::Sessions, || self.inner.sessions.lock())
-    }
-
     pub(super) fn devices(&self) -> Ordered<MutexGuard<'_, (DeviceMap, DevicePages)>> {
         Ordered::take(Rank::Devices, || self.inner.devices.lock())
     }
@@ -171,13 +166,10 @@ impl Manager {
             Rank::Grants => Box::new(self.grants()),
             Rank::Timers => Box::new(self.timers()),
             Rank::Queues => Box::new(self.queues()),
-            Rank::Sessions => Box::new(self.sessions_table()),
+            Rank::Sessions => Box::new(self.inner.sessions.lock()),
             Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
             Rank::Devices => Box::new(self.devices()),
-            Rank::Policy => match self.inner.policy.as_ref() {
-                Some(p) => Box::new(Ordered::take(Rank::Policy, || p.lock())),
-                None => Box::new(()),
-            },
+            Rank::Policy => self.inner.policy.hold(),
             Rank::Remote => Box::new(self.remote_cache()),
         }
     }
