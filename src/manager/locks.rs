@@ -22,7 +22,7 @@ use super::grants::GrantTable;
 use super::queues::Queues;
 use super::state::{DirState, DirWrite};
 use super::timers::Timers;
-use super::{DeviceMap, DevicePages, Manager, ManagerError};
+use super::{Manager, ManagerError};
 use crate::directory::{DirectoryError, PageId, PageInfo};
 use crate::page::{NamespaceId, PageHash};
 use crate::tier::TierKind;
@@ -152,10 +152,6 @@ impl Manager {
         Ordered::take(Rank::Queues, || self.inner.queues.lock())
     }
 
-    pub(super) fn devices(&self) -> Ordered<MutexGuard<'_, (DeviceMap, DevicePages)>> {
-        Ordered::take(Rank::Devices, || self.inner.devices.lock())
-    }
-
     /// Holds the lock of `rank` until the returned value is dropped (tests: proving that
     /// an operation does not need that lock).
     #[cfg(test)]
@@ -168,7 +164,7 @@ impl Manager {
             Rank::Queues => Box::new(self.queues()),
             Rank::Sessions => Box::new(self.inner.sessions.lock()),
             Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
-            Rank::Devices => Box::new(self.devices()),
+            Rank::Devices => self.inner.devices.hold(),
             Rank::Policy => self.inner.policy.hold(),
             Rank::Remote => Box::new(self.remote_cache()),
         }
@@ -189,11 +185,6 @@ impl Manager {
             f(&st, start..end);
             start = end;
         }
-    }
-
-    /// Device pages per namespace, as a copy.
-    pub(super) fn device_pages(&self) -> DevicePages {
-        self.devices().1.clone()
     }
 
     /// Eviction candidates of `tier` that `keep` accepts, gathered in chunks (the

@@ -13,6 +13,7 @@
 //! on grants, timers, queues, sessions or admin renders.
 
 mod config;
+mod devices;
 mod engine;
 mod grants;
 mod hints;
@@ -155,12 +156,6 @@ pub struct Manager {
     inner: Arc<Inner>,
 }
 
-/// Attached device regions by (namespace, tp rank, pp rank).
-type DeviceMap = std::collections::HashMap<(NamespaceId, u16, u16), Arc<dyn DeviceRegion>>;
-
-/// Device pages per namespace (sum over one rank's region), when known.
-type DevicePages = std::collections::HashMap<NamespaceId, usize>;
-
 /// The manager's state, split by who touches it. Each lock's rank (in brackets) is its
 /// place in the one nesting order: a thread takes locks in increasing rank only, through
 /// the helpers below (`init_lock`, `read`, `write`, `grants`, `timers`, `queues`,
@@ -190,7 +185,7 @@ pub(crate) struct Inner {
     /// [Tunables] Runtime tunables; read as a copy.
     tun: RwLock<Tunables>,
     /// [Devices] Attached device regions and device pages per namespace.
-    devices: Mutex<(DeviceMap, DevicePages)>,
+    devices: devices::Devices,
     /// [Policy] The session-aware policy, when configured; taken alone.
     policy: SessionPolicyPart,
     /// Watermark crossings and the upkeep waker (lock-free on the hot path).
@@ -245,7 +240,7 @@ impl Manager {
                 queues: Mutex::new(Queues::default()),
                 sessions: SessionRegistry::default(),
                 tun: RwLock::new(cfg.tunables),
-                devices: Mutex::new(Default::default()),
+                devices: devices::Devices::default(),
                 policy: SessionPolicyPart::new(session_policy),
                 upkeep: Upkeep::default(),
                 clock,
@@ -393,9 +388,7 @@ impl Manager {
                 want,
             });
         }
-        let mut d = self.devices();
-        d.1.insert(ns, region.pages() as usize);
-        d.0.insert((ns, tp_rank, pp_rank), region);
+        self.inner.devices.attach(ns, tp_rank, pp_rank, region);
         Ok(())
     }
 
