@@ -424,7 +424,7 @@ fn strip_source(src: &str) -> String {
 }
 
 /// The word at byte `at` of `code`, if a whole word starts there.
-fn word_at<'a>(code: &'a str, at: usize) -> &'a str {
+fn word_at(code: &str, at: usize) -> &str {
     let w = &code[at..];
     let len = w.find(|ch: char| !is_ident(ch)).unwrap_or(w.len());
     &w[..len]
@@ -477,10 +477,10 @@ fn count_methods(src: &str, counts: &mut BTreeMap<String, usize>) {
                 let before = code[..i].trim_end().chars().next_back();
                 let item_start = matches!(before, None | Some('{' | '}' | ';' | ']'));
                 if word == "impl" && item_start {
-                    if let Some(body) = code[i..].find(['{', ';']).filter(|&b| code.as_bytes()[i + b] == b'{') {
-                        if let Some(ty) = impl_type(&code[i..i + body]) {
-                            open.push((depth + 1, ty));
-                        }
+                    if let Some(body) = code[i..].find(['{', ';']).filter(|&b| code.as_bytes()[i + b] == b'{')
+                        && let Some(ty) = impl_type(&code[i..i + body])
+                    {
+                        open.push((depth + 1, ty));
                     }
                 } else if word == "fn" && open.last().is_some_and(|(d, _)| *d == depth) {
                     let after = code[i + 2..].trim_start();

@@ -158,9 +158,10 @@ pub struct Manager {
 
 /// The manager's state, split by who touches it. Each lock's rank (in brackets) is its
 /// place in the one nesting order: a thread takes locks in increasing rank only, through
-/// the helpers below (`init_lock`, `read`, `write`, `grants`, `timers`, `queues`,
-/// `sessions`, `tun`, `devices`), which check the order in test builds. See
-/// docs/ARCHITECTURE.md, "Locks".
+/// the helpers in `locks` (`init_lock`, `read`, `write`, `grants`, `timers`, `queues`,
+/// `tunables`) or, for the components that own their state (`sessions`, `devices`,
+/// `policy`), inside the component's own methods; all check the order in test and debug
+/// builds. See docs/ARCHITECTURE.md, "Locks".
 pub(crate) struct Inner {
     cfg: ManagerConfig,
     clock: Arc<dyn Clock>,
