@@ -326,3 +326,269 @@ fn paths_are_found_in_groups_and_expressions_but_not_in_macros_or_prose() {
     assert_eq!(module_of(Path::new("page.rs")).as_deref(), Some("page"));
     assert_eq!(module_of(Path::new("lib.rs")), None);
 }
+
+// ---------------------------------------------------------------------------------------
+// Methods per type: no type under `src/` has more than `MAX_METHODS` inherent methods,
+// counted over every `impl Type {` block of the type, in any file. A type still above the
+// limit has a ceiling in `METHOD_CEILINGS` (its count when the ceiling was set), which may
+// only go down: the test fails above the ceiling, and below it, so the table follows each
+// method moved out into a component.
+
+/// The most inherent methods one type may have.
+const MAX_METHODS: usize = 40;
+
+/// Types still above `MAX_METHODS`, with their current count: lower the figure when a
+/// method moves out, remove the row once the type is at or under the limit.
+const METHOD_CEILINGS: &[(&str, usize)] = &[("Manager", 130), ("Directory", 69)];
+
+/// Blanks comments, the contents of string, raw-string and char literals, keeping line
+/// breaks, so that braces and `impl`/`fn` words inside them are not seen as code.
+fn strip_source(src: &str) -> String {
+    let c: Vec<char> = src.chars().collect();
+    let mut out = String::with_capacity(src.len());
+    let mut i = 0;
+    let keep_lines = |out: &mut String, s: &[char]| {
+        for &ch in s {
+            out.push(if ch == '\n' { '\n' } else { ' ' });
+        }
+    };
+    while i < c.len() {
+        let rest = &c[i..];
+        if rest.starts_with(&['/', '/']) {
+            let end = rest.iter().position(|&ch| ch == '\n').unwrap_or(rest.len());
+            keep_lines(&mut out, &rest[..end]);
+            i += end;
+        } else if rest.starts_with(&['/', '*']) {
+            let (mut depth, mut j) = (0usize, 0);
+            while j < rest.len() {
+                if rest[j..].starts_with(&['/', '*']) {
+                    depth += 1;
+                    j += 2;
+                } else if rest[j..].starts_with(&['*', '/']) {
+                    depth -= 1;
+                    j += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    j += 1;
+                }
+            }
+            keep_lines(&mut out, &rest[..j.min(rest.len())]);
+            i += j;
+        } else if (rest[0] == 'r' || rest.starts_with(&['b', 'r'])) && (i == 0 || !is_ident(c[i - 1])) && {
+            let s = if rest[0] == 'b' { 2 } else { 1 };
+            let hashes = rest[s..].iter().take_while(|&&ch| ch == '#').count();
+            rest.get(s + hashes) == Some(&'"')
+        } {
+            // A raw string: r"…", r#"…"#, br"…".
+            let s = if rest[0] == 'b' { 2 } else { 1 };
+            let hashes = rest[s..].iter().take_while(|&&ch| ch == '#').count();
+            let body = s + hashes + 1;
+            let mut j = body;
+            while j < rest.len() {
+                if rest[j] == '"' && rest[j + 1..].iter().take(hashes).filter(|&&ch| ch == '#').count() == hashes {
+                    j += 1 + hashes;
+                    break;
+                }
+                j += 1;
+            }
+            out.push('"');
+            keep_lines(&mut out, &rest[1..j.min(rest.len()) - 1]);
+            out.push('"');
+            i += j;
+        } else if rest[0] == '"' {
+            let mut j = 1;
+            while j < rest.len() && rest[j] != '"' {
+                j += if rest[j] == '\\' { 2 } else { 1 };
+            }
+            let j = (j + 1).min(rest.len());
+            out.push('"');
+            keep_lines(&mut out, &rest[1..j - 1]);
+            out.push('"');
+            i += j;
+        } else if rest[0] == '\'' && (rest.get(1) == Some(&'\\') || rest.get(2) == Some(&'\'')) {
+            // A char literal ('{', '\'', '\u{7b}'); a lifetime ('a) has no closing quote.
+            let end = rest[2..]
+                .iter()
+                .position(|&ch| ch == '\'')
+                .map_or(rest.len(), |p| p + 3);
+            out.push_str("' '");
+            i += end;
+        } else {
+            out.push(rest[0]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The word at byte `at` of `code`, if a whole word starts there.
+fn word_at(code: &str, at: usize) -> &str {
+    let w = &code[at..];
+    let len = w.find(|ch: char| !is_ident(ch)).unwrap_or(w.len());
+    &w[..len]
+}
+
+/// The type an inherent impl header is for (`impl<T: X> a::Foo<T> where …` → `Foo`), or
+/// `None` for a trait impl.
+fn impl_type(header: &str) -> Option<String> {
+    let mut h = header.trim_start().strip_prefix("impl")?.trim_start();
+    if let Some(g) = h.strip_prefix('<') {
+        let mut depth = 1usize;
+        let end = g.char_indices().find_map(|(i, ch)| {
+            match ch {
+                '<' => depth += 1,
+                '>' => depth -= 1,
+                _ => {}
+            }
+            (depth == 0).then_some(i)
+        })?;
+        h = g[end + 1..].trim_start();
+    }
+    let head = h.split(" where").next().unwrap_or(h);
+    if head.split_whitespace().any(|w| w == "for") {
+        return None;
+    }
+    let path: String = head.chars().take_while(|&ch| is_ident(ch) || ch == ':').collect();
+    let name = path.rsplit("::").next().unwrap_or(&path).to_owned();
+    (!name.is_empty()).then_some(name)
+}
+
+/// Inherent methods per type in one file's source.
+fn count_methods(src: &str, counts: &mut BTreeMap<String, usize>) {
+    let code = strip_source(src);
+    let bytes = code.as_bytes();
+    // Open impl bodies: (brace depth inside the body, type).
+    let mut open: Vec<(usize, String)> = Vec::new();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'{' => depth += 1,
+            b'}' => {
+                if open.last().is_some_and(|(d, _)| *d == depth) {
+                    open.pop();
+                }
+                depth = depth.saturating_sub(1);
+            }
+            b if is_ident(b as char) && (i == 0 || !is_ident(bytes[i - 1] as char)) => {
+                let word = word_at(&code, i);
+                let before = code[..i].trim_end().chars().next_back();
+                let item_start = matches!(before, None | Some('{' | '}' | ';' | ']'));
+                if word == "impl" && item_start {
+                    if let Some(body) = code[i..].find(['{', ';']).filter(|&b| code.as_bytes()[i + b] == b'{')
+                        && let Some(ty) = impl_type(&code[i..i + body])
+                    {
+                        open.push((depth + 1, ty));
+                    }
+                } else if word == "fn" && open.last().is_some_and(|(d, _)| *d == depth) {
+                    let after = code[i + 2..].trim_start();
+                    if after.starts_with(|ch: char| is_ident(ch)) && code[i + 2..].starts_with(char::is_whitespace) {
+                        *counts.entry(open.last().unwrap().1.clone()).or_default() += 1;
+                    }
+                }
+                i += word.len();
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+}
+
+/// What is wrong with the counts: a type over the limit without a ceiling, over its
+/// ceiling, or under it (lower the ceiling), and ceilings of types no longer found.
+fn method_problems(counts: &BTreeMap<String, usize>, ceilings: &[(&str, usize)], max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for (ty, &n) in counts {
+        match ceilings.iter().find(|(t, _)| t == ty) {
+            None if n > max => out.push(format!("{ty} has {n} methods, more than {max}")),
+            Some(&(_, c)) if n > c => out.push(format!("{ty} has {n} methods, above its ceiling of {c}")),
+            Some(&(_, c)) if n < c => out.push(format!(
+                "{ty} has {n} methods, below its ceiling of {c}: lower the ceiling to {}",
+                n.max(max)
+            )),
+            _ => {}
+        }
+    }
+    for (ty, c) in ceilings {
+        if !counts.contains_key(*ty) {
+            out.push(format!("ceiling {c} for {ty}, which has no methods: remove the row"));
+        } else if *c <= max {
+            out.push(format!(
+                "ceiling {c} for {ty} is within the limit of {max}: remove the row"
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_type_under_src_has_more_than_40_methods() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut counts = BTreeMap::new();
+    for path in &files {
+        count_methods(&fs::read_to_string(path).unwrap(), &mut counts);
+    }
+    let total: usize = counts.values().sum();
+    assert!(
+        total > 1000,
+        "only {total} methods found under src/: is the scan broken?"
+    );
+    let mut top: Vec<_> = counts.iter().collect();
+    top.sort_by_key(|(t, n)| (std::cmp::Reverse(**n), (*t).clone()));
+    eprintln!("most methods: {:?}", &top[..top.len().min(8)]);
+    let problems = method_problems(&counts, METHOD_CEILINGS, MAX_METHODS);
+    assert!(problems.is_empty(), "methods per type:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn the_method_count_sees_every_impl_block_and_nothing_else() {
+    let a = r#"
+impl Foo {
+    pub fn a(&self) -> impl Iterator<Item = u8> { let s = "impl Bar { fn x() }"; let c = '{'; std::iter::empty() }
+    pub(crate) const fn b() {}
+    // fn commented() {}
+    async fn c<'a>(x: &'a u8, f: fn(u8) -> u8) { fn nested() {} }
+}
+impl std::fmt::Debug for Foo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { todo!() }
+}
+impl<T: Clone> Gen<T>
+where
+    T: Send,
+{
+    fn g(&self) {}
+}
+/* impl Foo { fn hidden() {} } */
+"#;
+    let b = r##"
+#[cfg(test)]
+mod tests {
+    impl super::Foo {
+        fn d(&self) { let r = r#"}"#; }
+        unsafe fn e(&self) {}
+    }
+}
+"##;
+    let mut counts = BTreeMap::new();
+    count_methods(a, &mut counts);
+    count_methods(b, &mut counts);
+    assert_eq!(counts, BTreeMap::from([("Foo".to_owned(), 5), ("Gen".to_owned(), 1)]));
+
+    // Over the limit without a ceiling, over a ceiling, under one, and a stale row all fail.
+    let counts = BTreeMap::from([("Foo".to_owned(), 5), ("Gen".to_owned(), 1), ("Big".to_owned(), 9)]);
+    assert!(method_problems(&counts, &[("Foo", 5)], 4).len() == 1, "Big is over 4");
+    let p = method_problems(&counts, &[("Foo", 6), ("Big", 9), ("Gone", 7)], 4);
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert!(p[0].contains("lower the ceiling to 5"), "{p:?}");
+    assert!(p[1].contains("Gone"), "{p:?}");
+    assert!(method_problems(&counts, &[("Foo", 5), ("Big", 9)], 4).is_empty());
+    assert!(
+        !method_problems(&counts, &[("Foo", 5), ("Big", 8)], 4).is_empty(),
+        "Big is above 8"
+    );
+}

@@ -64,7 +64,7 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
                 metrics::render_host_keep(&mut text, &k);
             }
             metrics::render_policy_moves(&mut text, &ctx.manager.policy_move_counts());
-            if let Some(p) = ctx.manager.policy_stats() {
+            if let Some(p) = ctx.manager.session_policy().stats() {
                 metrics::render_session_table(&mut text, &p);
             }
             return Reply::Text(200, "text/plain; version=0.0.4; charset=utf-8", text);
@@ -135,7 +135,7 @@ fn host_arena(ctx: &AdminState, stats: &crate::manager::StatsSnapshot) -> Value 
 
 fn status(ctx: &AdminState) -> Value {
     let stats = ctx.manager.stats();
-    let (held, bytes) = ctx.manager.session_table_size();
+    let (held, bytes) = ctx.manager.session_registry().size();
     json!({
         "sessions": {"held": held, "max": ctx.manager.tunables().max_sessions, "table_bytes": bytes},
         "version": env!("CARGO_PKG_VERSION"),
@@ -165,9 +165,12 @@ fn sessions(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> {
     // One row past the page says whether more remain.
     let from_daemon = ctx.engines.sessions();
     let (mut page, total) = if from_daemon.is_empty() {
-        let (rows, total) = ctx.manager.sessions_page(after, offset, limit + 1);
+        let (rows, total) = ctx.manager.session_registry().page(after, offset, limit + 1);
         // The policy's phase, parent and chain length, for this page's rows only.
-        let views = ctx.manager.session_views_of(rows.iter().map(|(id, _, _)| id.as_str()));
+        let views = ctx
+            .manager
+            .session_policy()
+            .views_of(rows.iter().map(|(id, _, _)| id.as_str()));
         let page: Vec<SessionInfo> = rows
             .into_iter()
             .zip(views)

@@ -28,7 +28,8 @@ pub(super) fn phase(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> 
         .session_phase(&b.session_id, b.parent_session_id.as_deref(), b.phase)?;
     let session = ctx
         .manager
-        .session_views()
+        .session_policy()
+        .views()
         .into_iter()
         .find(|v| v.session_id == b.session_id);
     Ok(json!({ "session": session }))
@@ -38,8 +39,8 @@ pub(super) fn phase(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> 
 /// controller's counters (pauses, resumes, paused time, pages demoted and staged).
 pub(super) fn advice(ctx: &AdminState) -> Value {
     json!({
-        "advice": ctx.manager.take_session_advice(),
-        "stats": ctx.manager.policy_stats(),
+        "advice": ctx.manager.session_policy().take_advice(),
+        "stats": ctx.manager.session_policy().stats(),
         "moves": ctx.manager.policy_move_counts(),
     })
 }

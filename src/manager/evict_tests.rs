@@ -98,7 +98,7 @@ fn an_idle_sessions_pages_go_first_and_come_back_to_normal_when_it_resumes() {
     f.m.session_changed("agent-b", false, true).unwrap();
     f.m.make_host_room(2);
     assert!(!host(&f, &hb)[4]);
-    let (rows, total) = f.m.sessions_page(None, 0, 10);
+    let (rows, total) = f.m.session_registry().page(None, 0, 10);
     assert_eq!(total, 2);
     assert_eq!(
         rows,
@@ -117,7 +117,10 @@ fn with_no_pool_the_policy_keeps_an_acting_sessions_pages_in_place_and_ended_one
     // pool, leaving host drops a page, so an acting session's pages keep their place by
     // recency; an ended session's go first.
     let f = fixture(1, 40, None);
-    assert!(f.m.policy_stats().is_some(), "the fixture runs the session policy");
+    assert!(
+        f.m.session_policy().stats().is_some(),
+        "the fixture runs the session policy"
+    );
     let a = f.m.session_index("agent-a").unwrap();
     let b = f.m.session_index("agent-b").unwrap();
     let (ha, hb) = (hashes(0..8), hashes(8..16));
@@ -128,7 +131,10 @@ fn with_no_pool_the_policy_keeps_an_acting_sessions_pages_in_place_and_ended_one
     }
     // b waits on a tool: a's older pages still go first.
     f.m.session_phase("agent-b", None, Phase::Acting).unwrap();
-    assert_eq!(f.m.sessions_page(None, 0, 10).0[1], ("agent-b".to_owned(), true, false));
+    assert_eq!(
+        f.m.session_registry().page(None, 0, 10).0[1],
+        ("agent-b".to_owned(), true, false)
+    );
     f.m.make_host_room(2 * 2);
     assert_eq!(host(&f, &ha)[..2], [false; 2]);
     assert!(host(&f, &hb).iter().all(|&h| h));

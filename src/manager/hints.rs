@@ -78,7 +78,7 @@ impl Manager {
                 (hs.iter().map_while(|h| st.dir.find(ns, h)).collect(), hs.len())
             }
             HintTarget::Session(s) => {
-                let Some(idx) = self.sessions_table().get(s) else {
+                let Some(idx) = self.inner.sessions.get(s) else {
                     return Err(HintError::UnknownPages(0).into());
                 };
                 // A session's pages are found by a walk: in chunks, so lookups never
@@ -318,7 +318,7 @@ impl Manager {
             .unwrap_or(1)
             .max(1);
         match tier {
-            TierKind::Device => self.device_pages().values().copied().max().unwrap_or(0),
+            TierKind::Device => self.inner.devices.pages().values().copied().max().unwrap_or(0),
             TierKind::Host => self.arena().map_or(0, |a| a.slots() as usize / objs),
             TierKind::Pool => self.pool().map_or(0, |p| {
                 let slot = self.arena().map_or(1, |a| a.slot_bytes() as u64).max(1);

@@ -150,7 +150,7 @@ impl Manager {
                 slots: device_slots.len(),
             });
         }
-        let device = self.device(ns, tp_rank, pp_rank)?;
+        let device = self.inner.devices.region(ns, tp_rank, pp_rank)?;
         let layout = self.layout(ns)?;
         let ticket = self.inner.tickets.issue()?;
         Ok((device, layout, ticket))
@@ -174,14 +174,6 @@ impl Manager {
     /// Every finished in-process operation, without waiting.
     pub fn poll(&self) -> Vec<(Ticket, OpResult)> {
         self.inner.tickets.poll()
-    }
-
-    fn device(&self, ns: NamespaceId, tp: u16, pp: u16) -> Result<Arc<dyn DeviceRegion>, ManagerError> {
-        self.devices()
-            .0
-            .get(&(ns, tp, pp))
-            .cloned()
-            .ok_or(ManagerError::NoDevice { ns: ns.0, tp, pp })
     }
 
     /// Queues a grant's pages as one batch that the transfer workers share (as many as

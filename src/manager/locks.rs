@@ -22,10 +22,9 @@ use super::grants::GrantTable;
 use super::queues::Queues;
 use super::state::{DirState, DirWrite};
 use super::timers::Timers;
-use super::{DeviceMap, DevicePages, Manager, ManagerError};
+use super::{Manager, ManagerError};
 use crate::directory::{DirectoryError, PageId, PageInfo};
 use crate::page::{NamespaceId, PageHash};
-use crate::session::registry::Sessions;
 use crate::tier::TierKind;
 use crate::wire::PrefixHit;
 
@@ -153,14 +152,6 @@ impl Manager {
         Ordered::take(Rank::Queues, || self.inner.queues.lock())
     }
 
-    pub(super) fn sessions_table(&self) -> Ordered<MutexGuard<'_, Sessions>> {
-        Ordered::take(Rank::Sessions, || self.inner.sessions.lock())
-    }
-
-    pub(super) fn devices(&self) -> Ordered<MutexGuard<'_, (DeviceMap, DevicePages)>> {
-        Ordered::take(Rank::Devices, || self.inner.devices.lock())
-    }
-
     /// Holds the lock of `rank` until the returned value is dropped (tests: proving that
     /// an operation does not need that lock).
     #[cfg(test)]
@@ -171,13 +162,10 @@ impl Manager {
             Rank::Grants => Box::new(self.grants()),
             Rank::Timers => Box::new(self.timers()),
             Rank::Queues => Box::new(self.queues()),
-            Rank::Sessions => Box::new(self.sessions_table()),
+            Rank::Sessions => Box::new(self.inner.sessions.lock()),
             Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
-            Rank::Devices => Box::new(self.devices()),
-            Rank::Policy => match self.inner.policy.as_ref() {
-                Some(p) => Box::new(Ordered::take(Rank::Policy, || p.lock())),
-                None => Box::new(()),
-            },
+            Rank::Devices => self.inner.devices.hold(),
+            Rank::Policy => self.inner.policy.hold(),
             Rank::Remote => Box::new(self.remote_cache()),
         }
     }
@@ -197,11 +185,6 @@ impl Manager {
             f(&st, start..end);
             start = end;
         }
-    }
-
-    /// Device pages per namespace, as a copy.
-    pub(super) fn device_pages(&self) -> DevicePages {
-        self.devices().1.clone()
     }
 
     /// Eviction candidates of `tier` that `keep` accepts, gathered in chunks (the

@@ -13,6 +13,7 @@
 //! on grants, timers, queues, sessions or admin renders.
 
 mod config;
+mod devices;
 mod engine;
 mod grants;
 mod hints;
@@ -29,6 +30,7 @@ mod queues;
 mod recover;
 mod remote;
 mod session_events;
+mod session_registry;
 mod stage;
 mod state;
 mod stats;
@@ -61,6 +63,7 @@ pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage,
 pub use host_io::PageObjects;
 pub use host_pages::host_complete_pages;
 pub use moves::{MOVE_QUEUE, MoveCounts};
+pub use policy::SessionPolicyPart;
 pub use pool_recover::{PoolAdopted, adopt_recovered_pool};
 pub use queues::Advice;
 #[cfg(feature = "daemon")]
@@ -69,6 +72,7 @@ pub use remote::{PoolOrigin, PoolReport, RemoteConfig, RemoteSnapshot};
 pub use session_events::{
     SESSION_EVENT_RING, SessionEvent, SessionEventBatch, SessionEventKind, SessionEventLog, SessionEventReason,
 };
+pub use session_registry::SessionRegistry;
 pub use stats::{COPY_BUCKETS_S, CopyLatency, RECOVERY_REASONS, Stats, StatsSnapshot, TierStats};
 
 use crate::clock::Clock;
@@ -81,8 +85,8 @@ use crate::pool::local::LocalPool;
 use crate::pool::mooncake::{MooncakeError, MooncakePool};
 use crate::pool::{PoolBackend, PoolError};
 pub use crate::session::SessionError;
+use crate::session::registry::Standing;
 pub use crate::session::registry::{DEFAULT_MAX_ID_BYTES, DEFAULT_MAX_SESSIONS};
-use crate::session::registry::{Sessions, Standing};
 use crate::tier::TierKind;
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
@@ -152,17 +156,12 @@ pub struct Manager {
     inner: Arc<Inner>,
 }
 
-/// Attached device regions by (namespace, tp rank, pp rank).
-type DeviceMap = std::collections::HashMap<(NamespaceId, u16, u16), Arc<dyn DeviceRegion>>;
-
-/// Device pages per namespace (sum over one rank's region), when known.
-type DevicePages = std::collections::HashMap<NamespaceId, usize>;
-
 /// The manager's state, split by who touches it. Each lock's rank (in brackets) is its
 /// place in the one nesting order: a thread takes locks in increasing rank only, through
-/// the helpers below (`init_lock`, `read`, `write`, `grants`, `timers`, `queues`,
-/// `sessions`, `tun`, `devices`), which check the order in test builds. See
-/// docs/ARCHITECTURE.md, "Locks".
+/// the helpers in `locks` (`init_lock`, `read`, `write`, `grants`, `timers`, `queues`,
+/// `tunables`) or, for the components that own their state (`sessions`, `devices`,
+/// `policy`), inside the component's own methods; all check the order in test and debug
+/// builds. See docs/ARCHITECTURE.md, "Locks".
 pub(crate) struct Inner {
     cfg: ManagerConfig,
     clock: Arc<dyn Clock>,
@@ -182,14 +181,14 @@ pub(crate) struct Inner {
     timers: Mutex<Timers>,
     /// [Queues] Advice and deferred hints; filled after the directory work is done.
     queues: Mutex<Queues>,
-    /// [Sessions] Interned sessions and the idle set.
-    sessions: Mutex<Sessions>,
+    /// [Sessions] Interned sessions and the idle set (a component that owns its lock).
+    sessions: SessionRegistry,
     /// [Tunables] Runtime tunables; read as a copy.
     tun: RwLock<Tunables>,
     /// [Devices] Attached device regions and device pages per namespace.
-    devices: Mutex<(DeviceMap, DevicePages)>,
+    devices: devices::Devices,
     /// [Policy] The session-aware policy, when configured; taken alone.
-    policy: Option<Mutex<policy::PolicyState>>,
+    policy: SessionPolicyPart,
     /// Watermark crossings and the upkeep waker (lock-free on the hot path).
     upkeep: Upkeep,
     events: EventLog,
@@ -216,9 +215,9 @@ impl Manager {
     pub fn new(cfg: ManagerConfig, clock: Arc<dyn Clock>) -> Result<Self, ManagerError> {
         cfg.validate()?;
         let session_policy = match cfg.policy {
-            Some(p) => Some(Mutex::new(policy::PolicyState::new(
+            Some(p) => Some(
                 crate::policy::SessionPolicy::new(p, clock.clone()).map_err(|e| ManagerError::Config(e.to_string()))?,
-            ))),
+            ),
             None => None,
         };
         let dir = Directory::try_new(cfg.max_pages)?;
@@ -240,10 +239,10 @@ impl Manager {
                 grants: Mutex::new(GrantTable::default()),
                 timers: Mutex::new(Timers::default()),
                 queues: Mutex::new(Queues::default()),
-                sessions: Mutex::new(Sessions::default()),
+                sessions: SessionRegistry::default(),
                 tun: RwLock::new(cfg.tunables),
-                devices: Mutex::new(Default::default()),
-                policy: session_policy,
+                devices: devices::Devices::default(),
+                policy: SessionPolicyPart::new(session_policy),
                 upkeep: Upkeep::default(),
                 clock,
                 cfg,
@@ -390,9 +389,7 @@ impl Manager {
                 want,
             });
         }
-        let mut d = self.devices();
-        d.1.insert(ns, region.pages() as usize);
-        d.0.insert((ns, tp_rank, pp_rank), region);
+        self.inner.devices.attach(ns, tp_rank, pp_rank, region);
         Ok(())
     }
 
@@ -446,42 +443,22 @@ impl Manager {
     /// oldest ended one first.
     pub fn session_index(&self, id: &str) -> Result<u32, ManagerError> {
         let tun = self.tunables();
-        let mut t = self.sessions_table();
-        t.set_limits(tun.max_sessions, tun.max_session_id_bytes);
-        Ok(t.intern(id)?)
+        Ok(self
+            .inner
+            .sessions
+            .intern(id, tun.max_sessions, tun.max_session_id_bytes)?)
     }
 
-    /// Sessions the manager has interned, sorted by id, each with whether it is idle.
-    /// Reads only the session table; copies every row (tests, small tables). Renders use
-    /// [`Manager::sessions_page`].
-    pub fn sessions(&self) -> Vec<(String, bool)> {
-        self.sessions_table().list()
-    }
-
-    /// One page of sessions in id order: up to `limit` rows with ids after `after`, past
-    /// `offset` of them, each (id, idle, ended), and how many sessions the table holds.
-    /// Holds only the session table, for O(log n + offset + limit); the caller renders
-    /// after it let go.
-    pub fn sessions_page(
-        &self,
-        after: Option<&str>,
-        offset: usize,
-        limit: usize,
-    ) -> (Vec<(String, bool, bool)>, usize) {
-        let t = self.sessions_table();
-        (t.list_page(after, offset, limit), t.len())
-    }
-
-    /// Sessions held and the table's approximate heap bytes.
-    pub fn session_table_size(&self) -> (usize, usize) {
-        let t = self.sessions_table();
-        (t.len(), t.heap_bytes())
+    /// The session table: every session engines and routers named, listed and paged for
+    /// renders. Holds only its own lock.
+    pub fn session_registry(&self) -> &SessionRegistry {
+        &self.inner.sessions
     }
 
     /// Marks a session idle (paused, or acting: waiting on a tool) or busy. Idle
     /// sessions' pages are evicted before others: they move to the idle eviction class.
     pub fn set_session_idle(&self, session: u32, idle: bool) {
-        self.sessions_table().set_idle(session, idle);
+        self.inner.sessions.set_idle(session, idle);
         self.reclass_session(session, idle, false);
     }
 
@@ -503,7 +480,7 @@ impl Manager {
             (false, true) => Standing::Idle,
             (false, false) => Standing::Busy,
         };
-        self.sessions_table().set_standing(id, standing);
+        self.inner.sessions.set_standing(id, standing);
         Ok(idx)
     }
 

@@ -10,9 +10,12 @@
 
 use std::collections::VecDeque;
 
+use parking_lot::{Mutex, MutexGuard};
+
 use super::locks::{Ordered, Rank};
 use super::queues::Advice as EngineAdvice;
 use super::session_events::AdviceCause;
+use super::state::DirState;
 use super::{Manager, ManagerError};
 use crate::directory::PageId;
 use crate::page::{NamespaceId, PageHash};
@@ -25,24 +28,99 @@ use crate::tier::TierKind;
 const MAX_ROUTER_ADVICE: usize = 4096;
 
 /// The policy and the advice it gave routers that no router has read yet.
-pub(crate) struct PolicyState {
-    pub(crate) policy: SessionPolicy,
+struct PolicyState {
+    policy: SessionPolicy,
     advice: VecDeque<Advice>,
 }
 
-impl PolicyState {
-    pub(crate) fn new(policy: SessionPolicy) -> Self {
+/// The session-aware policy as a component: it owns the policy and the pause and resume
+/// advice kept for routers, behind its own lock ([`Rank::Policy`], taken alone). Without
+/// a configured policy every read answers empty and every call decides nothing.
+pub struct SessionPolicyPart {
+    state: Option<Mutex<PolicyState>>,
+}
+
+impl SessionPolicyPart {
+    pub(super) fn new(policy: Option<SessionPolicy>) -> Self {
         Self {
-            policy,
-            advice: VecDeque::new(),
+            state: policy.map(|policy| {
+                Mutex::new(PolicyState {
+                    policy,
+                    advice: VecDeque::new(),
+                })
+            }),
         }
+    }
+
+    /// Runs `f` on the policy under its lock; `None` without a policy.
+    pub(super) fn with<R>(&self, f: impl FnOnce(&mut SessionPolicy) -> R) -> Option<R> {
+        self.lock().map(|mut p| f(&mut p.policy))
+    }
+
+    fn lock(&self) -> Option<Ordered<MutexGuard<'_, PolicyState>>> {
+        let p = self.state.as_ref()?;
+        Some(Ordered::take(Rank::Policy, || p.lock()))
+    }
+
+    /// Holds the policy's lock (tests: proving an operation does not need it).
+    #[cfg(test)]
+    pub(super) fn hold(&self) -> Box<dyn super::locks::Held + '_> {
+        match self.lock() {
+            Some(g) => Box::new(g),
+            None => Box::new(()),
+        }
+    }
+
+    /// Sessions the policy keeps, sorted by id (empty with the policy off).
+    pub fn views(&self) -> Vec<SessionView> {
+        self.with(|p| p.sessions()).unwrap_or_default()
+    }
+
+    /// The policy's view of some sessions (phase, parent, chain length), in the order
+    /// asked; `None` where the policy does not keep one. One lock take for the lot.
+    pub fn views_of<'a>(&self, ids: impl Iterator<Item = &'a str>) -> Vec<Option<SessionView>> {
+        match self.lock() {
+            Some(p) => ids.map(|id| p.policy.session(id)).collect(),
+            None => ids.map(|_| None).collect(),
+        }
+    }
+
+    /// The policy's counters (pauses, paused time, pages demoted and staged).
+    pub fn stats(&self) -> Option<PolicyStats> {
+        self.with(|p| p.stats())
+    }
+
+    /// Takes the pause and resume advice given since the last call (for routers).
+    pub fn take_advice(&self) -> Vec<Advice> {
+        self.lock().map_or_else(Vec::new, |mut p| p.advice.drain(..).collect())
+    }
+
+    /// Keeps a call's advice for routers (the oldest dropped past [`MAX_ROUTER_ADVICE`])
+    /// and returns it for engines: each session's namespace (`None` when it stored no
+    /// page yet), its id, and whether it is a pause.
+    fn keep_advice(&self, advice: Vec<Advice>) -> Vec<(Option<NamespaceId>, String, bool)> {
+        let mut to_engines = Vec::with_capacity(advice.len());
+        if let Some(mut p) = self.lock() {
+            for a in advice {
+                let (id, pause) = match &a {
+                    Advice::Pause { session_id } => (session_id, true),
+                    Advice::Resume { session_id, .. } => (session_id, false),
+                };
+                to_engines.push((p.policy.session_ns(id), id.clone(), pause));
+                if p.advice.len() >= MAX_ROUTER_ADVICE {
+                    p.advice.pop_front();
+                }
+                p.advice.push_back(a);
+            }
+        }
+        to_engines
     }
 }
 
 impl Manager {
-    fn policy_lock(&self) -> Option<Ordered<parking_lot::MutexGuard<'_, PolicyState>>> {
-        let p = self.inner.policy.as_ref()?;
-        Some(Ordered::take(Rank::Policy, || p.lock()))
+    /// The session policy: its sessions, counters and the advice kept for routers.
+    pub fn session_policy(&self) -> &SessionPolicyPart {
+        &self.inner.policy
     }
 
     /// Host utilisation in pages (slots over the largest page's object count).
@@ -70,10 +148,11 @@ impl Manager {
     /// decides what moves. A refused call (bad id, a parent cycle) changes nothing.
     pub fn session_phase(&self, id: &str, parent: Option<&str>, phase: Phase) -> Result<(), ManagerError> {
         let usage = self.host_usage();
-        let decisions = match self.policy_lock() {
-            Some(mut p) => Some(p.policy.phase_changed(id, parent, phase, usage)?),
-            None => None,
-        };
+        let decisions = self
+            .inner
+            .policy
+            .with(|p| p.phase_changed(id, parent, phase, usage))
+            .transpose()?;
         // The session table follows the phase (acting and paused are idle, an ended
         // session is freed first). The eviction class of the session's pages is the
         // policy's decision, carried out with its moves; without the policy, idle and
@@ -85,7 +164,7 @@ impl Manager {
                 self.session_standing(id, idle, ended)?;
                 // A resume waits for its staging (see `moves`); a demotion does not.
                 let resume = phase == Phase::Reasoning;
-                self.apply_decisions_then(d, Some((AdviceCause::Phase, usage)), resume);
+                self.apply_decisions(d, Some((AdviceCause::Phase, usage)), resume);
             }
             None => {
                 self.session_changed(id, idle, ended)?;
@@ -99,81 +178,45 @@ impl Manager {
         if session.is_empty() {
             return Ok(());
         }
-        if let Some(mut p) = self.policy_lock() {
-            p.policy.page_stored(session, ns, hashes)?;
-        }
+        self.inner
+            .policy
+            .with(|p| p.page_stored(session, ns, hashes))
+            .transpose()?;
         Ok(())
     }
 
     /// `loaded` leading pages of `hashes` were loaded to device for `session`.
     pub fn policy_page_hit(&self, session: Option<&str>, ns: NamespaceId, hashes: &[PageHash], loaded: usize) {
-        let d = match self.policy_lock() {
-            Some(mut p) => p.policy.page_hit(session, ns, hashes, loaded),
-            None => return,
-        };
-        self.apply_decisions(d, None);
+        if let Some(d) = self.inner.policy.with(|p| p.page_hit(session, ns, hashes, loaded)) {
+            self.apply_decisions(d, None, false);
+        }
     }
 
     /// A request ended: its chain becomes its session's (lineage).
     pub fn request_ended(&self, end: &RequestEnd) -> Result<(), ManagerError> {
         self.check_batch(end.hashes.len())?;
-        let d = match self.policy_lock() {
-            Some(mut p) => p.policy.request_ended(end)?,
-            None => return Ok(()),
-        };
-        self.apply_decisions(d, None);
+        if let Some(d) = self.inner.policy.with(|p| p.request_ended(end)).transpose()? {
+            self.apply_decisions(d, None, false);
+        }
         Ok(())
     }
 
     /// The policy's periodic step on host utilisation (from `tick`).
     pub(crate) fn policy_tick(&self) {
         let usage = self.host_usage();
-        let d = match self.policy_lock() {
-            Some(mut p) => p.policy.tick(usage),
-            None => return,
+        let Some(d) = self.inner.policy.with(|p| p.tick(usage)) else {
+            return;
         };
         // The tick runs on the upkeep task's blocking thread and waits for its moves, so
         // watermark eviction after it sees the room a demotion made.
-        self.apply_decisions_then(d, Some((AdviceCause::Tick, usage)), true);
-    }
-
-    /// Sessions the policy keeps, sorted by id (empty with the policy off).
-    pub fn session_views(&self) -> Vec<SessionView> {
-        self.policy_lock().map_or_else(Vec::new, |p| p.policy.sessions())
-    }
-
-    /// The policy's view of some sessions (phase, parent, chain length), in the order
-    /// asked; `None` where the policy does not keep one. One lock take for the lot.
-    pub fn session_views_of<'a>(&self, ids: impl Iterator<Item = &'a str>) -> Vec<Option<SessionView>> {
-        match self.policy_lock() {
-            Some(p) => ids.map(|id| p.policy.session(id)).collect(),
-            None => ids.map(|_| None).collect(),
-        }
-    }
-
-    /// The policy's counters (pauses, paused time, pages demoted and staged).
-    pub fn policy_stats(&self) -> Option<PolicyStats> {
-        self.policy_lock().map(|p| p.policy.stats())
-    }
-
-    /// Takes the pause and resume advice given since the last call (for routers).
-    pub fn take_session_advice(&self) -> Vec<Advice> {
-        self.policy_lock()
-            .map_or_else(Vec::new, |mut p| p.advice.drain(..).collect())
-    }
-
-    /// Numbers the call's pauses and resumes as session events, after their moves (a
-    /// resumed session's pages are staged by the time a router hears of it).
-    fn record_session_events(&self, advice: &[Advice], cause: AdviceCause, usage: Usage) {
-        let now = self.inner.clock.now_ms();
-        self.inner.session_events.record(advice, cause, usage, now);
+        self.apply_decisions(d, Some((AdviceCause::Tick, usage)), true);
     }
 
     /// Puts a session's pages in the eviction class the policy chose (the same
     /// directory calls `kvtier replay` makes). A session the table no longer holds has
     /// no pages to move.
     fn apply_class(&self, id: &str, class: SessionClass) {
-        let Some(idx) = self.sessions_table().get(id) else {
+        let Some(idx) = self.inner.sessions.get(id) else {
             return;
         };
         match class {
@@ -181,7 +224,8 @@ impl Manager {
             SessionClass::Idle => self.reclass_session(idx, true, false),
             SessionClass::Ended => {
                 // Ended by the policy's idle timeout too: the table frees it first.
-                self.sessions_table()
+                self.inner
+                    .sessions
                     .set_standing(id, crate::session::registry::Standing::Ended);
                 self.reclass_session(idx, true, true);
             }
@@ -192,14 +236,9 @@ impl Manager {
     /// and hands the pool moves (demote, stage) to the move queue (`moves`), which keeps
     /// the advice and session `events` until they are done: a resumed session's pages are
     /// staged by the time anyone hears of it. Without pool moves the advice is kept now.
-    /// No lock is held here.
-    fn apply_decisions(&self, d: Decisions, events: Option<(AdviceCause, Usage)>) {
-        self.apply_decisions_then(d, events, false);
-    }
-
-    /// [`Manager::apply_decisions`]; with `wait`, returns once the pool moves are done (or
-    /// the move queue's wait has passed).
-    fn apply_decisions_then(&self, d: Decisions, events: Option<(AdviceCause, Usage)>, wait: bool) {
+    /// With `wait`, returns once the pool moves are done (or the move queue's wait has
+    /// passed). No lock is held here.
+    fn apply_decisions(&self, d: Decisions, events: Option<(AdviceCause, Usage)>, wait: bool) {
         for c in &d.classes {
             self.apply_class(&c.session_id, c.class);
         }
@@ -254,27 +293,17 @@ impl Manager {
     /// resumes as session events, once its moves are done.
     pub(super) fn finish_moves(&self, advice: Vec<Advice>, events: Option<(AdviceCause, Usage)>) {
         if let Some((cause, usage)) = events {
-            self.record_session_events(&advice, cause, usage);
+            // Numbered after their moves: a resumed session's pages are staged by the
+            // time a router hears of it.
+            let now = self.inner.clock.now_ms();
+            self.inner.session_events.record(&advice, cause, usage, now);
         }
         if advice.is_empty() {
             return;
         }
         // Routers read the advice at the admin socket; engines in their advice stream,
         // in the namespace the session's pages are in.
-        let mut to_engines = Vec::with_capacity(advice.len());
-        if let Some(mut p) = self.policy_lock() {
-            for a in advice {
-                let (id, pause) = match &a {
-                    Advice::Pause { session_id } => (session_id, true),
-                    Advice::Resume { session_id, .. } => (session_id, false),
-                };
-                to_engines.push((p.policy.session_ns(id), id.clone(), pause));
-                if p.advice.len() >= MAX_ROUTER_ADVICE {
-                    p.advice.pop_front();
-                }
-                p.advice.push_back(a);
-            }
-        }
+        let to_engines = self.inner.policy.keep_advice(advice);
         self.advise_engines(to_engines);
     }
 
@@ -300,20 +329,11 @@ impl Manager {
         }
     }
 
-    fn page_ids(&self, ns: NamespaceId, hashes: &[PageHash], tier: TierKind) -> Vec<PageId> {
-        let st = self.read();
-        hashes
-            .iter()
-            .filter_map(|h| st.dir.find(ns, h))
-            .filter(|&id| st.dir.is_complete(id, tier))
-            .collect()
-    }
-
     /// Writes the pages to the pool, then drops the host copies of those the pool now
     /// holds whole (a failed pool write keeps its host copy: nothing is lost).
     fn demote_pages(&self, ns: NamespaceId, hashes: &[PageHash]) {
         for chunk in hashes.chunks(self.inner.cfg.max_batch.max(1)) {
-            let pages = self.page_ids(ns, chunk, TierKind::Host);
+            let pages = complete_ids(&self.read(), ns, chunk, TierKind::Host);
             if pages.is_empty() {
                 continue;
             }
@@ -325,11 +345,11 @@ impl Manager {
     /// Host copies of pages that are on device now (exclusive tiers), when a colder
     /// copy is not needed: dropped unless leased or pinned.
     fn drop_host_copies(&self, ns: NamespaceId, hashes: &[PageHash]) {
-        let pages = self.page_ids(ns, hashes, TierKind::Host);
+        let pages = complete_ids(&self.read(), ns, hashes, TierKind::Host);
         self.drop_if(&pages, |st, p| st.dir.is_complete(p, TierKind::Device));
     }
 
-    fn drop_if(&self, pages: &[PageId], ok: impl Fn(&super::state::DirState, PageId) -> bool) {
+    fn drop_if(&self, pages: &[PageId], ok: impl Fn(&DirState, PageId) -> bool) {
         let mut st = self.write();
         let gt = self.grants();
         for &p in pages {
@@ -381,4 +401,13 @@ impl Manager {
             }
         }
     }
+}
+
+/// The pages of `hashes` the directory holds complete in `tier`.
+fn complete_ids(st: &DirState, ns: NamespaceId, hashes: &[PageHash], tier: TierKind) -> Vec<PageId> {
+    hashes
+        .iter()
+        .filter_map(|h| st.dir.find(ns, h))
+        .filter(|&id| st.dir.is_complete(id, tier))
+        .collect()
 }

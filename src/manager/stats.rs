@@ -240,7 +240,7 @@ impl super::Manager {
             TierKind::ALL.map(|tier| t.pins_in(tier) as u64)
         };
         let deferred_hints = self.queues().deferred_len() as u64;
-        let device_pages = self.device_pages().values().sum::<usize>() as u64;
+        let device_pages = self.inner.devices.pages().values().sum::<usize>() as u64;
         let arena = self.arena();
         let pool = self.pool().map(|p| p.usage());
         self.inner.stats.snapshot(TableCounts {

@@ -298,7 +298,7 @@ impl Manager {
     /// advises the engine which pages to evict first (those with a colder copy).
     fn device_advice(&self) {
         let tun = self.tunables();
-        let device_pages = self.device_pages();
+        let device_pages = self.inner.devices.pages();
         if device_pages.is_empty() {
             return;
         }
