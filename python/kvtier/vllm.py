@@ -12,7 +12,9 @@ leaving the prompt's last token to compute; the load is asynchronous (the reques
 ``WAITING_FOR_REMOTE_KVS``) when part of the hit sits in the pool, which the daemon must
 first bring to host, or when ``load_async`` is set. ``update_state_after_alloc`` pins the
 hit to the blocks vLLM allocated, ``build_connector_meta`` hands the step's loads and the
-newly full blocks to save to the workers, ``request_finished`` forgets the request, and
+newly full blocks to save to the workers (only blocks new to kvtier: the leading pages its
+lookup found in kvtier, whether vLLM's own prefix cache or a load supplied them, are never
+sent again), ``request_finished`` forgets the request, and
 ``take_events`` returns vLLM's own ``BlockStored`` events for the blocks sent to kvtier.
 
 Worker side: ``register_kv_caches`` registers vLLM's KV tensors themselves with the daemon
@@ -351,16 +353,23 @@ class KvtierConnector(KVConnectorBase_V1):
         if not tracked.hints_sent:
             tracked.hints_sent = True
             self._forward_kv_hints(request)
-        # The last prompt token is always computed, so vLLM can sample the next one.
-        usable = min(len(request.block_hashes), (request.num_tokens - 1) // self._block_size)
-        start = num_computed_tokens // self._block_size
-        if usable <= start:
+        # The request's full blocks are looked up even where vLLM's own prefix cache holds
+        # them: the pages kvtier already holds are never stored again (_plan_save starts
+        # after them), which a vLLM prefix hit or a block just loaded from kvtier would
+        # otherwise be.
+        full = min(len(request.block_hashes), request.num_tokens // self._block_size)
+        if full == 0:
             return 0, False
-        hashes = [bytes(h) for h in request.block_hashes[:usable]]
+        hashes = [bytes(h) for h in request.block_hashes[:full]]
         hit = self._call("lookup (computing locally)", lambda c: c.lookup(hashes), None)
         if hit is None:
             return 0, False
-        pages = min(hit.device + hit.host + hit.pool, usable)
+        held = min(hit.device + hit.host + hit.pool, full)
+        tracked.saved_upto = max(tracked.saved_upto, held)
+        # The last prompt token is always computed, so vLLM can sample the next one.
+        usable = min(full, (request.num_tokens - 1) // self._block_size)
+        start = num_computed_tokens // self._block_size
+        pages = min(held, usable)
         if pages <= start:
             return 0, False
         tracked.hit_start = start
