@@ -87,3 +87,99 @@ fn sglang_hicache_controller_round_trips_every_host_layout() {
     let want: Vec<&str> = want.iter().map(String::as_str).collect();
     assert_lines(&out, &want);
 }
+
+/// Issue 24 item 3 for SGLang: the daemon is down when SGLang's `HiCacheController`
+/// attaches the backend. SGLang starts (one warning), stores nothing and finds no hits
+/// (it computes locally); when the daemon appears the backend connects and registers its
+/// host pool by itself, and a write-back, eviction and prefetch round-trip every element
+/// (`python/tests/sglang_controller.py`, case `down`).
+#[test]
+fn sglang_hicache_controller_starts_without_the_daemon_and_connects_when_it_appears() {
+    let Some(py) = engine_python(
+        "sglang",
+        &["sglang", "torch"],
+        "runs SGLang's HiCacheController over kvtier",
+    ) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start_with(tmp.path(), 16 << 20, &[]);
+    // A dead daemon leaves its socket file behind: SGLang starts against a stale socket.
+    d.signal(libc::SIGKILL);
+    d.wait();
+    let mut cmd = script(&py, "sglang_controller.py");
+    cmd.arg(&d.socket).arg("down");
+    let out = run_answering(cmd, 600, |line| {
+        (line == "DAEMON start").then(|| {
+            d.restart(16 << 20);
+            "ok"
+        })
+    });
+    assert_lines(
+        &out,
+        &[
+            "OK SGLang's controller started with no daemon: one warning, nothing stored, no hits (computed locally)",
+            "OK the daemon appeared: the backend connected, wrote back, evicted and prefetched 6 pages, 4608 elements equal",
+            "OK done",
+        ],
+    );
+}
+
+/// Runs `cmd` with its stdin and stdout piped, writing `answer(line)` back for each
+/// stdout line that has one; returns the stdout. Panics with the output and stderr unless
+/// it exits 0 within `secs`.
+fn run_answering(
+    mut cmd: std::process::Command,
+    secs: u64,
+    mut answer: impl FnMut(&str) -> Option<&'static str>,
+) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    let err = tempfile::NamedTempFile::new().unwrap();
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(err.reopen().unwrap());
+    let mut child = cmd.spawn().expect("spawn the script");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let t = Instant::now();
+    let mut out = String::new();
+    let fail = |out: &str, why: &str, child: &mut std::process::Child| -> ! {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "{why}\nstdout:\n{out}\nstderr:\n{}",
+            std::fs::read_to_string(err.path()).unwrap_or_default()
+        )
+    };
+    loop {
+        let left = Duration::from_secs(secs).saturating_sub(t.elapsed());
+        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+            Ok(line) => {
+                if let Some(a) = answer(&line) {
+                    writeln!(stdin, "{a}").unwrap();
+                }
+                out.push_str(&line);
+                out.push('\n');
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => fail(&out, &format!("not done after {secs} s"), &mut child),
+        }
+    }
+    let status = child.wait().unwrap();
+    if !status.success() {
+        fail(&out, &format!("exit {status:?}"), &mut child);
+    }
+    out
+}

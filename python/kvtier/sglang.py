@@ -11,7 +11,10 @@ Load it through SGLang's dynamic backend::
 themselves with the daemon (``kvtier_register_host_tensors``), so kvtier copies each page
 straight between the host pool and its arena: no staging buffer, no extra copy. MHA and
 MLA host pools in the ``page_first`` (SGLang's default), ``page_first_direct`` and
-``layer_first`` host layouts are registered (:func:`host_pool_views`). Other
+``layer_first`` host layouts are registered (:func:`host_pool_views`). SGLang starts
+without its daemon: the backend logs one warning, finds and moves nothing (SGLang computes
+locally) and connects, registering the host pool, when the daemon appears
+(:class:`kvtier.link.Link`). Other
 configuration comes from the same extra config (keys :data:`EXTRA_KEYS`).
 
 Pages SGLang writes are shared: after each ``batch_set_v1`` the backend asks the daemon to
@@ -36,6 +39,7 @@ from . import _capi
 from . import tensors as _tensors
 from .client import Client, Layout
 from .errors import KvtierError, LayoutError
+from .link import Link
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +145,9 @@ class KvtierStorage(HiCacheStorage):
         if not isinstance(share, bool):
             raise ValueError(f"extra config 'share' is {share!r}; it takes true or false")
         self._share = share
-        self._client = None
+        self._link = None
         self._staging = None
+        self.layout = None
         self.mem_pool_host = None
         self.page_size = None
 
@@ -152,16 +157,34 @@ class KvtierStorage(HiCacheStorage):
         host = mem_pool_host
         layout, parts = host_pool_views(host, self.storage_config.tp_size)
         cfg = self.storage_config
-        self._client = Client(layout, socket=self._socket, instance=self._instance, model=str(self._model),
-                              tp_rank=cfg.tp_rank, tp_size=cfg.tp_size, pp_rank=cfg.pp_rank, pp_size=cfg.pp_size,
-                              dp_rank=cfg.dp_rank, timeout_ms=self._timeout_ms)
-        _tensors.register(self._client, parts)
+
+        def connect():
+            return Client(layout, socket=self._socket, instance=self._instance, model=str(self._model),
+                          tp_rank=cfg.tp_rank, tp_size=cfg.tp_size, pp_rank=cfg.pp_rank, pp_size=cfg.pp_size,
+                          dp_rank=cfg.dp_rank, timeout_ms=self._timeout_ms)
+
+        self.layout = layout
         self.page_size = host.page_size
+        # SGLang starts without its daemon (one warning; its storage then finds no hits and
+        # stores nothing, so SGLang computes locally) and the host pool registers when the
+        # daemon appears. A daemon that refuses the pool (another layout under the model's
+        # name) stops the start-up here.
+        self._link = Link(connect, "SGLang", f"storage backend (TP rank {cfg.tp_rank})",
+                          lambda c: _tensors.register(c, parts))
+        self._link.get()
+
+    def _client(self):
+        """The connected client, or None while no daemon is there (the link logs it once)
+        or no host pool is registered yet."""
+        return self._link.get() if self._link is not None else None
+
+    def _failed(self, what, e):
+        logger.warning("kvtier %s failed: %s", what, e)
+        if self._link is not None:
+            self._link.lost(e)
 
     def _slots(self, keys, host_indices):
         ps = self.page_size
-        if self._client is None:
-            raise KvtierError(_capi.ERR_INVALID, "no host pool is registered (register_mem_pool_host)", "invalid")
         if host_indices.numel() != len(keys) * ps:
             raise LayoutError(_capi.ERR_LAYOUT, f"{host_indices.numel()} host indices for {len(keys)} keys of "
                               f"{ps} tokens", "layout")
@@ -176,23 +199,29 @@ class KvtierStorage(HiCacheStorage):
         the daemon brings back to host on load), or a registered region."""
         if not keys:
             return 0
+        client = self._client()
+        if client is None:
+            return 0
         try:
-            hit = self._lookup_client().lookup([page_hash(k) for k in keys])
+            hit = client.lookup([page_hash(k) for k in keys])
         except KvtierError as e:
-            logger.warning("kvtier lookup failed: %s", e)
+            self._failed("lookup", e)
             return 0
         return min(len(keys), hit.device + hit.host + hit.pool)
 
     def batch_set_v1(self, keys, host_indices, extra_info=None):
         if not keys:
             return []
+        client = self._client()
+        if client is None:
+            return [False] * len(keys)
         try:
             hashes = [page_hash(k) for k in keys]
-            self._client.store(hashes, self._slots(keys, host_indices), _session(extra_info))
+            client.store(hashes, self._slots(keys, host_indices), _session(extra_info))
         except KvtierError as e:
-            logger.warning("kvtier store of %d pages failed: %s", len(keys), e)
+            self._failed(f"store of {len(keys)} pages", e)
             return [False] * len(keys)
-        self._share_pages(self._client, hashes)
+        self._share_pages(client, hashes)
         return [True] * len(keys)
 
     def _share_pages(self, client, hashes):
@@ -211,11 +240,13 @@ class KvtierStorage(HiCacheStorage):
     def batch_get_v1(self, keys, host_indices, extra_info=None):
         if not keys:
             return []
+        client = self._client()
+        if client is None:
+            return [False] * len(keys)
         try:
-            n = self._client.load([page_hash(k) for k in keys], self._slots(keys, host_indices),
-                                  _capi.LOAD_WAIT_COMPLETE)
+            n = client.load([page_hash(k) for k in keys], self._slots(keys, host_indices), _capi.LOAD_WAIT_COMPLETE)
         except KvtierError as e:
-            logger.warning("kvtier load of %d pages failed: %s", len(keys), e)
+            self._failed(f"load of {len(keys)} pages", e)
             n = 0
         return [True] * n + [False] * (len(keys) - n)
 
@@ -223,16 +254,12 @@ class KvtierStorage(HiCacheStorage):
         return self.batch_exists([key]) == 1
 
     # -- the legacy per-page API (flat pages through a one-page staging region) -----------------
-    def _lookup_client(self):
-        if self._client is None:
-            raise KvtierError(_capi.ERR_INVALID, "no host pool is registered (register_mem_pool_host)", "invalid")
-        return self._client
-
     def _stage(self):
         if self._staging is None:
-            c = self._lookup_client()
+            if self._link is None:
+                raise KvtierError(_capi.ERR_INVALID, "no host pool is registered (register_mem_pool_host)", "invalid")
             cfg = self.storage_config
-            self._staging = Client(c.layout, socket=self._socket, instance=f"{self._instance}-staging",
+            self._staging = Client(self.layout, socket=self._socket, instance=f"{self._instance}-staging",
                                    model=str(self._model), tp_rank=cfg.tp_rank, tp_size=cfg.tp_size,
                                    pp_rank=cfg.pp_rank, pp_size=cfg.pp_size, dp_rank=cfg.dp_rank,
                                    timeout_ms=self._timeout_ms)
@@ -241,7 +268,7 @@ class KvtierStorage(HiCacheStorage):
 
     def _flat_parts(self):
         """The parts of a flat page, in order: K then V, or the MLA latent."""
-        return (_capi.PART_LATENT,) if self._lookup_client().layout.mla else (_capi.PART_K, _capi.PART_V)
+        return (_capi.PART_LATENT,) if self.layout.mla else (_capi.PART_K, _capi.PART_V)
 
     def set(self, key, value=None, target_location=None, target_sizes=None):
         """Stores one flat page as SGLang's ``get_data_page`` returns it (K then V, or the
@@ -290,6 +317,7 @@ class KvtierStorage(HiCacheStorage):
         """kvtier's tiers are shared with other engines; a backend never clears them."""
 
     def close(self):
-        for c in (self._client, self._staging):
-            if c is not None:
-                c.close()
+        if self._link is not None:
+            self._link.close()
+        if self._staging is not None:
+            self._staging.close()

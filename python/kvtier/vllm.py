@@ -12,7 +12,9 @@ leaving the prompt's last token to compute; the load is asynchronous (the reques
 ``WAITING_FOR_REMOTE_KVS``) when part of the hit sits in the pool, which the daemon must
 first bring to host, or when ``load_async`` is set. ``update_state_after_alloc`` pins the
 hit to the blocks vLLM allocated, ``build_connector_meta`` hands the step's loads and the
-newly full blocks to save to the workers, ``request_finished`` forgets the request, and
+newly full blocks to save to the workers (only blocks new to kvtier: the leading pages its
+lookup found in kvtier, whether vLLM's own prefix cache or a load supplied them, are never
+sent again), ``request_finished`` forgets the request, and
 ``take_events`` returns vLLM's own ``BlockStored`` events for the blocks sent to kvtier.
 
 Worker side: ``register_kv_caches`` registers vLLM's KV tensors themselves with the daemon
@@ -45,7 +47,6 @@ kvtier keys the pages under. The daemon's report per envelope is kept in
 
 import logging
 import threading
-import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -66,7 +67,8 @@ from . import _capi
 from . import tensors as _tensors
 from .client import Client, Layout, default_socket, dtype_name
 from .session_hold import DEFAULT_HOLD_MS, SessionHold, default_endpoint
-from .errors import ClosedError, DaemonTimeoutError, KvtierError, LayoutError, UnavailableError
+from .errors import KvtierError, LayoutError, UnavailableError
+from .link import Link
 
 logger = logging.getLogger(__name__)
 
@@ -219,82 +221,6 @@ def layout_of(kv_cache_config, tp_size=1, vllm_config=None):
     )
 
 
-def _down(e):
-    """Whether ``e`` means the daemon is gone (not running, restarted, not answering), as
-    opposed to a refusal of this call."""
-    return isinstance(e, (UnavailableError, ClosedError, DaemonTimeoutError)) or e.code == _capi.ERR_PROTOCOL
-
-
-class _Link:
-    """This side's connection to the daemon, made when the daemon is there.
-
-    vLLM keeps serving without kvtier: while no daemon answers, ``get`` returns None (the
-    connector then finds no hits and stores nothing, so vLLM computes locally), trying
-    again at most every :data:`RETRY_S` seconds; the first failure logs one warning, the
-    connection that follows one info line. ``lost`` drops a connection whose daemon went
-    away, so the next use reconnects (and ``on_connect`` registers the KV memory again)."""
-
-    RETRY_S = 1.0
-
-    def __init__(self, connect, what, on_connect=None):
-        self._connect = connect
-        self._what = what
-        self._on_connect = on_connect
-        self._client = None
-        self._next = 0.0
-        self._warned = False
-        self._lock = threading.Lock()
-
-    def get(self):
-        with self._lock:
-            if self._client is not None:
-                return self._client
-            now = time.monotonic()
-            if now < self._next:
-                return None
-            client = None
-            try:
-                client = self._connect()
-                if self._on_connect is not None:
-                    self._on_connect(client)
-            except KvtierError as e:
-                if client is not None:
-                    client.close()
-                self._next = now + self.RETRY_S
-                if not _down(e):
-                    raise
-                if not self._warned:
-                    logger.warning("kvtier: no daemon for the %s (%s); vLLM computes locally and connects when the "
-                                   "daemon appears", self._what, e)
-                    self._warned = True
-                return None
-            if self._warned:
-                logger.info("kvtier: the %s connected to the daemon", self._what)
-                self._warned = False
-            self._client = client
-            return client
-
-    def lost(self, e):
-        """Called with a failed call's error: drops the connection when the daemon is gone."""
-        if not _down(e):
-            return
-        with self._lock:
-            client, self._client = self._client, None
-            self._next = time.monotonic() + self.RETRY_S
-            if not self._warned:
-                logger.warning("kvtier: lost the daemon for the %s (%s); vLLM computes locally until it is back",
-                               self._what, e)
-                self._warned = True
-        if client is not None:
-            client.close()
-
-    def close(self):
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-
 def _tp():
     """(rank, size) of this worker's tensor-parallel group; (0, 1) when none is set up
     (a connector driven outside vLLM's worker processes)."""
@@ -364,7 +290,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 logger.info("kvtier: kv_load_failure_policy set to 'recompute': a block kvtier cannot load is computed")
                 transfer.kv_load_failure_policy = "recompute"
             # The scheduler only looks pages up; it registers no memory.
-            self._link = _Link(lambda: self._connect(self._layout, f"{self._instance}-scheduler", 0), "scheduler")
+            self._link = Link(lambda: self._connect(self._layout, f"{self._instance}-scheduler", 0), "vLLM", "scheduler")
             self._link.get()
             self._tracked = {}
             self._sessions = set()
@@ -427,16 +353,23 @@ class KvtierConnector(KVConnectorBase_V1):
         if not tracked.hints_sent:
             tracked.hints_sent = True
             self._forward_kv_hints(request)
-        # The last prompt token is always computed, so vLLM can sample the next one.
-        usable = min(len(request.block_hashes), (request.num_tokens - 1) // self._block_size)
-        start = num_computed_tokens // self._block_size
-        if usable <= start:
+        # The request's full blocks are looked up even where vLLM's own prefix cache holds
+        # them: the pages kvtier already holds are never stored again (_plan_save starts
+        # after them), which a vLLM prefix hit or a block just loaded from kvtier would
+        # otherwise be.
+        full = min(len(request.block_hashes), request.num_tokens // self._block_size)
+        if full == 0:
             return 0, False
-        hashes = [bytes(h) for h in request.block_hashes[:usable]]
+        hashes = [bytes(h) for h in request.block_hashes[:full]]
         hit = self._call("lookup (computing locally)", lambda c: c.lookup(hashes), None)
         if hit is None:
             return 0, False
-        pages = min(hit.device + hit.host + hit.pool, usable)
+        held = min(hit.device + hit.host + hit.pool, full)
+        tracked.saved_upto = max(tracked.saved_upto, held)
+        # The last prompt token is always computed, so vLLM can sample the next one.
+        usable = min(full, (request.num_tokens - 1) // self._block_size)
+        start = num_computed_tokens // self._block_size
+        pages = min(held, usable)
         if pages <= start:
             return 0, False
         tracked.hit_start = start
@@ -624,7 +557,7 @@ class KvtierConnector(KVConnectorBase_V1):
         def register(client):
             _tensors.register_addresses(client, *addresses, stream)
 
-        self._link = _Link(connect, f"worker (TP rank {tp_rank})", register)
+        self._link = Link(connect, "vLLM", f"worker (TP rank {tp_rank})", register)
         self._link.get()
 
     def _check_layout(self, layout, name, t):

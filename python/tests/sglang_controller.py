@@ -2,7 +2,8 @@
 a real daemon: every host layout KvtierStorage registers (layer_first, page_first,
 page_first_direct), for an MHA and an MLA model.
 
-Run by tests/engines_sglang.rs with the daemon's socket as argv[1], in the SGLang venv with
+Run by tests/engines_sglang.rs with the daemon's socket as argv[1] (and ``down`` as argv[2]
+for the daemon-down case, :func:`down`), in the SGLang venv with
 the source package on PYTHONPATH. For each case SGLang's HiCacheController attaches the
 dynamic storage backend from its extra config (StorageBackendFactory, interface_v1), over
 SGLang's own device pool, token allocator and host pool of that layout. Then, driven the
@@ -23,6 +24,7 @@ same model name is refused at attach, so it never reads them as its own.
 """
 
 import hashlib
+import logging
 import queue
 import struct
 import sys
@@ -166,9 +168,63 @@ except RuntimeError as e:
     sglang_utils.get_native_hash = sha256_pages
     print(f"NOTE page keys from SGLang's page hash in Python: the native one does not build here ({e.__cause__})")
 
+def down(tokens):
+    """The daemon is not running when SGLang attaches the backend: the controller starts
+    (the backend logs one warning), write-backs store nothing and prefetches find nothing
+    (SGLang computes locally); once the daemon is up (the test starts it when this prints
+    ``DAEMON start``) the backend connects and registers the host pool by itself, and a
+    write-back, eviction and prefetch round-trips every element."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("kvtier").addHandler(handler)
+    c, host = controller("mha", "page_first", "tiny-down", "sg-down")
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "no daemon" in warnings[0], warnings
+    idx = host.alloc(len(tokens))
+    op_id = c.write_storage(idx, tokens, hash_value=get_storage_hash_str(tokens, None, page_size=PAGE))
+    op = take(c.ack_backup_queue, lambda o: o.id == op_id, "the backup ack")
+    assert op.completed_tokens == 0, op.completed_tokens
+    miss, _ = prefetch(c, host, tokens, "down-miss")
+    assert miss == 0, miss
+    host.free(idx)
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    print("OK SGLang's controller started with no daemon: one warning, nothing stored, no hits (computed locally)",
+          flush=True)
+    print("DAEMON start", flush=True)
+    assert sys.stdin.readline().strip() == "ok"
+    # The backend connects again at most a second after a failure: write back until the
+    # daemon has the pages.
+    end = time.monotonic() + DEADLINE
+    while True:
+        idx = host.alloc(len(tokens))
+        g = torch.Generator().manual_seed(7)
+        host.kv_buffer.copy_(torch.randn(host.kv_buffer.shape, generator=g).to(host.kv_buffer.dtype))
+        op_id = c.write_storage(idx, tokens, hash_value=get_storage_hash_str(tokens, None, page_size=PAGE))
+        op = take(c.ack_backup_queue, lambda o: o.id == op_id, "the backup ack")
+        if op.completed_tokens == len(tokens):
+            break
+        host.free(idx)
+        assert time.monotonic() < end, "the backend never connected to the daemon"
+        time.sleep(0.1)
+    written = pages(host, idx)
+    evict(c, host, idx)
+    got, idx2 = prefetch(c, host, tokens, "down-hit")
+    assert got == len(tokens), got
+    n = check(pages(host, idx2), written)
+    print(f"OK the daemon appeared: the backend connected, wrote back, evicted and prefetched {N} pages, "
+          f"{n} elements equal", flush=True)
+    c.storage_backend.close()
+
+
 # No distributed state here: one rank, as SGLang's own radix cache test kit sets it.
 get_parallel().override_permanently(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_dcp_size=1, attn_dcp_rank=0)
 tokens = list(range(1000, 1000 + N * PAGE))
+if sys.argv[2:3] == ["down"]:
+    down(tokens)
+    print("OK done")
+    sys.exit(0)
 for attn in ("mha", "mla"):
     for layout in kvtier.sglang.HOST_LAYOUTS:
         model = f"tiny-{attn}-{layout}"

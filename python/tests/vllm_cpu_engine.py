@@ -115,6 +115,7 @@ class Engine:
         self.caches = [self.worker._kv_caches[n] for n in sorted(self.worker._kv_caches,
                                                                   key=lambda n: int(n.split(".")[2]))]
         self.computed = {}  # page hash (hex) -> digest of the block vLLM computed
+        self.saved = []  # page hash (hex) of every block the connector sent to kvtier, repeats included
         self.loads = []  # (page hash hex, block id) of every load
         self.before_load = None
         save, load = self.worker.wait_for_save, self.worker.start_load_kv
@@ -123,6 +124,7 @@ class Engine:
             meta = self.worker._get_connector_metadata()
             for s in meta.saves:
                 for h, b in zip(s.hashes, s.block_ids):
+                    self.saved.append(h.hex())
                     if h.hex() not in self.computed:
                         self.computed[h.hex()] = self.digest(b) if digests else None
             return save()
@@ -182,6 +184,26 @@ class Engine:
         return len(loads)
 
 
+def stored_bytes(admin):
+    """The bytes engines stored into the daemon so far (its ``kvtier_moved_bytes_total``
+    from device to host, read from ``/metrics`` on the admin socket ``admin``)."""
+    import socket as _socket
+
+    with _socket.socket(_socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(admin))
+        s.sendall(b"GET /metrics HTTP/1.0\r\nHost: kvtier\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.decode().partition("\r\n\r\n")
+    assert " 200 " in head.splitlines()[0], head
+    for line in body.splitlines():
+        if line.startswith("kvtier_moved_bytes_total{") and 'from="device"' in line and 'to="host"' in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
 def daemon(cmd):
     print(f"DAEMON {cmd}", flush=True)
     line = sys.stdin.readline().strip()
@@ -190,12 +212,19 @@ def daemon(cmd):
 
 def case_host(eng, work):
     prompt = tokens(1, PROMPT)
+    admin = work / "admin.sock"
+    bytes_start = stored_bytes(admin)
     out1, hits1, _ = eng.run(prompt)
     want_pages = (PROMPT - 1) // BLOCK
     assert hits1 == 0, hits1
     stored = sum(1 for _ in eng.computed)
     assert stored >= want_pages, (stored, want_pages)
+    page_bytes = (stored_bytes(admin) - bytes_start) // len(eng.saved)
+    assert page_bytes > 0, "the daemon counted no stored bytes"
     eng.llm.reset_prefix_cache()
+    # The prompt's pages are all in kvtier now: neither the kvtier hit nor vLLM's own
+    # prefix hit below sends any of them again (the daemon stores no bytes for them).
+    held, saved0, bytes0 = set(eng.saved), len(eng.saved), stored_bytes(admin)
     out2, hits2, loads = eng.run(prompt)
     assert hits2 == want_pages * BLOCK, (hits2, want_pages * BLOCK)
     assert len(loads) == want_pages, len(loads)
@@ -206,6 +235,13 @@ def case_host(eng, work):
     assert hits3 == 0 and not loads3, (hits3, loads3)
     assert out2 == out3, f"kvtier hit output {out2} != vLLM prefix hit output {out3}"
     print(f"OK output of the kvtier hit equals vLLM's own prefix hit ({len(out2)} tokens)", flush=True)
+    sent = eng.saved[saved0:]
+    again = [h for h in sent if h in held]
+    grew = stored_bytes(admin) - bytes0
+    assert not again, f"{len(again)} of the {len(held)} pages kvtier held were sent to it again"
+    assert grew == len(sent) * page_bytes, f"the daemon stored {grew} bytes for {len(sent)} new pages of {page_bytes}"
+    print(f"OK no re-stores: the kvtier hit and vLLM's prefix hit sent 0 of the {len(held)} pages kvtier held "
+          f"({len(sent)} new pages, {grew} bytes stored by the daemon)", flush=True)
     (work / "host.json").write_text(json.dumps({
         "prompt": prompt, "output": out2, "computed": {h: eng.computed[h] for h, _ in loads}}))
 
