@@ -200,26 +200,24 @@ mod tests {
             true,
         )
         .unwrap();
+        // Every object made up front, so that the writer spends its time putting and a
+        // kill lands mid-put as often as it can.
+        let made: Vec<Vec<Vec<u8>>> = (0..CRASH_KEYS)
+            .map(|k| (0..VERSIONS).map(|v| crash_object(k, v)).collect())
+            .collect();
+        let keys: Vec<String> = (0..CRASH_KEYS).map(|k| format!("k{k}")).collect();
         let mut out = std::io::stdout().lock();
-        let batch = |generation: u64| -> Vec<(String, Vec<u8>)> {
-            (0..4)
-                .map(|i| {
-                    let k = (generation * 4 + i) % CRASH_KEYS;
-                    (format!("k{k}"), crash_object(k, generation))
-                })
-                .collect()
-        };
-        let mut objs = batch(1);
         for generation in 1u64.. {
-            let items: Vec<(&str, &[u8])> = objs.iter().map(|(k, v)| (k.as_str(), &v[..])).collect();
+            let items: Vec<(&str, &[u8])> = (0..CRASH_BATCH)
+                .map(|i| {
+                    let k = ((generation * CRASH_BATCH + i) % CRASH_KEYS) as usize;
+                    (keys[k].as_str(), &made[k][(generation % VERSIONS) as usize][..])
+                })
+                .collect();
             assert!(p.batch_put_from(&items).iter().all(Result::is_ok));
-            // The next batch is made before the line goes out, so that a kill that follows
-            // the line lands in the next put.
-            let next = batch(generation + 1);
             use std::io::Write;
             let _ = writeln!(out, "generation {generation}");
             let _ = out.flush();
-            objs = next;
         }
     }
 
@@ -227,12 +225,16 @@ mod tests {
     const CRASH_SLOTS: u64 = 16;
     const CRASH_KEYS: u64 = 24;
     const CRASH_OBJ: usize = 256 << 10;
+    const CRASH_BATCH: u64 = 8;
+    const KILLS: u64 = 16;
+    /// Versions of each key's object; a put writes the next one over the key.
+    const VERSIONS: u64 = 3;
 
-    /// Key `k`'s object of `generation`: the generation, then a pattern of both, so that
-    /// any mix of two puts' bytes shows.
-    fn crash_object(k: u64, generation: u64) -> Vec<u8> {
-        let mut v = pattern(generation << 8 | k, CRASH_OBJ);
-        v[..8].copy_from_slice(&generation.to_le_bytes());
+    /// Key `k`'s object of `version`: the version, then a pattern of both, so that any
+    /// mix of two puts' bytes shows.
+    fn crash_object(k: u64, version: u64) -> Vec<u8> {
+        let mut v = pattern(version << 8 | k, CRASH_OBJ);
+        v[..8].copy_from_slice(&version.to_le_bytes());
         v
     }
 
@@ -248,7 +250,7 @@ mod tests {
         let path = dir.path().join("pool");
         let exe = std::env::current_exe().unwrap();
         let (mut checked, mut last_generation) = (0u64, 0u64);
-        for round in 0..8u64 {
+        for round in 0..KILLS {
             let mut child = Command::new(&exe)
                 .args([
                     "--exact",
@@ -264,7 +266,7 @@ mod tests {
             let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
             // Kill after a varied number of published generations: the kill lands in
             // whatever the writer does next (reserving, copying, publishing).
-            let target = 3 + round * 5;
+            let target = 2 + round * 3;
             let mut seen = 0;
             for line in lines {
                 let line = line.unwrap();
@@ -294,17 +296,17 @@ mod tests {
                 let k: u64 = key[1..].parse().unwrap();
                 let mut buf = vec![0u8; CRASH_OBJ];
                 assert_eq!(p.batch_get_into(&mut [(&key, &mut buf[..])]), vec![Ok(CRASH_OBJ)]);
-                let generation = u64::from_le_bytes(buf[..8].try_into().unwrap());
-                assert!(generation >= 1, "{key}: generation {generation}");
+                let version = u64::from_le_bytes(buf[..8].try_into().unwrap());
+                assert!(version < VERSIONS, "{key}: version {version}");
                 assert!(
-                    buf == crash_object(k, generation),
-                    "{key}: not one put's bytes (generation {generation}, round {round})"
+                    buf == crash_object(k, version),
+                    "{key}: not one put's bytes (version {version}, round {round})"
                 );
                 checked += 1;
             }
         }
         eprintln!(
-            "crash test: {checked} recovered objects checked whole over 8 kills, last generation {last_generation}"
+            "crash test: {checked} recovered objects checked whole over {KILLS} kills, last generation seen {last_generation}"
         );
     }
 }
