@@ -121,9 +121,9 @@ impl LocalPool {
                 Ok(dst) => match order {
                     None => {
                         dst.copy_from_slice(data);
-                        written.push((i, s, slots::object_sum(dst)));
+                        written.push((i, s));
                     }
-                    Some(t) if t.to_pool(data, dst) => written.push((i, s, slots::object_sum(dst))),
+                    Some(t) if t.to_pool(data, dst) => written.push((i, s)),
                     Some(t) => {
                         self.store.free(s);
                         results[i] = Err(reorder_shape(data.len(), &t));
@@ -136,8 +136,9 @@ impl LocalPool {
             }
         }
         let mut idx = self.index.lock();
-        for &(i, s, sum) in &written {
-            if let Some(old) = idx.publish(items[i].0, hashes[i], s, items[i].1.len(), sum) {
+        // Every byte above is in before its record goes in (`slots`: commit order).
+        for &(i, s) in &written {
+            if let Some(old) = idx.publish(items[i].0, hashes[i], s, items[i].1.len()) {
                 self.store.free(old);
             }
             results[i] = Ok(());

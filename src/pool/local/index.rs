@@ -222,13 +222,13 @@ impl Index {
         Some(SlotId(s))
     }
 
-    /// Makes a written slot the object of `key` (whose bytes hash to `sum`), replacing
-    /// any older one. Returns the older object's slot when it may be freed now (one still
-    /// being read is freed by its last reader). The new slot's record is written before
-    /// the old one's is cleared, so a crash between the two keeps one of them.
-    pub fn publish(&mut self, key: &str, hash: u64, slot: SlotId, len: usize, sum: u64) -> Option<SlotId> {
+    /// Makes a written slot the object of `key`, replacing any older one. Returns the
+    /// older object's slot when it may be freed now (one still being read is freed by its
+    /// last reader). The new slot's record is written before the old one's is cleared, so
+    /// a crash between the two keeps one of them.
+    pub fn publish(&mut self, key: &str, hash: u64, slot: SlotId, len: usize) -> Option<SlotId> {
         if let Some(t) = self.slots.as_mut() {
-            t.set(slot.0, key, len, sum);
+            t.set(slot.0, key, len);
         }
         self.restore(key, hash, slot, len)
     }
@@ -301,7 +301,7 @@ mod tests {
     use super::*;
 
     fn put(ix: &mut Index, key: &str, slot: u32, len: usize) -> Option<SlotId> {
-        ix.publish(key, key_hash(key), SlotId(slot), len, 0)
+        ix.publish(key, key_hash(key), SlotId(slot), len)
     }
 
     #[test]
@@ -352,8 +352,8 @@ mod tests {
     fn keys_whose_hashes_collide_stay_apart() {
         let mut ix = Index::new(2);
         // Same hash, different keys: the stored key decides.
-        assert_eq!(ix.publish("x", 42, SlotId(0), 1, 0), None);
-        assert_eq!(ix.publish("y", 42, SlotId(1), 2, 0), None);
+        assert_eq!(ix.publish("x", 42, SlotId(0), 1), None);
+        assert_eq!(ix.publish("y", 42, SlotId(1), 2), None);
         assert_eq!(ix.fence("x", 42, 8), Ok((SlotId(0), 1)));
         assert_eq!(ix.fence("y", 42, 8), Ok((SlotId(1), 2)));
         assert!(!ix.contains("z", 42));
