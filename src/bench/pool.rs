@@ -75,6 +75,12 @@ pub struct PoolBenchArgs {
     /// unsealed path. Rows say which (`integrity`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub integrity: bool,
+    /// Mooncake: arena slots leave room for the MAC after each object, as the daemon's
+    /// default 2 MiB slots do for any object up to 2 MiB - 32 bytes, so sealed objects move
+    /// straight from and into their slots; `false` makes slots exactly object-sized, which
+    /// measures the staging path sealed objects take without that room.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub mac_room: bool,
     /// Directory for the benchmark's shared-memory files.
     #[arg(long, default_value = "/dev/shm")]
     pub dir: PathBuf,
@@ -114,6 +120,10 @@ pub struct Row {
     /// and the daemon's own work.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_exists_p50_us: Option<f64>,
+    /// Throughput rows of `--backend mooncake`: the arena slot size the objects lie in
+    /// (larger than `object_bytes` when slots leave room for the MAC: `--mac-room`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot_bytes: Option<usize>,
 }
 
 pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
@@ -229,6 +239,7 @@ impl Shape {
             kvtier_p50_us: None,
             raw_p50_us: None,
             daemon_exists_p50_us: None,
+            slot_bytes: None,
         }
     }
 }
@@ -242,11 +253,18 @@ fn bench_size(args: &PoolBenchArgs, size: usize) -> anyhow::Result<Vec<Row>> {
     };
     let tag = format!("{}-{}", std::process::id(), size);
     let arena_path = args.dir.join(format!("kvtier-bench-arena-{tag}"));
-    // Slots 0..n hold the source objects, n..2n receive gets.
+    // Slots 0..n hold the source objects, n..2n receive gets. With `mac_room`, each slot
+    // has a page-aligned tail after its object, as a daemon's slot does when it is larger
+    // than the objects it holds; both sides use the same slots.
+    let slot = if args.backend == Backend::Mooncake && args.mac_room {
+        size + 4096
+    } else {
+        size
+    };
     let arena = Arc::new(HostArena::create(
         &arena_path,
-        (2 * n * size) as u64,
-        size as u64,
+        (2 * n * slot) as u64,
+        slot as u64,
         &opts,
     )?);
     let _cleanup = Cleanup(vec![arena_path.clone()]);
@@ -377,7 +395,11 @@ fn bench_mooncake(
         rounds: args.rounds,
         integrity: args.integrity,
     };
-    Ok(vec![shape.row("put", kp, rp), shape.row("get", kg, rg)])
+    let mut rows = vec![shape.row("put", kp, rp), shape.row("get", kg, rg)];
+    for r in &mut rows {
+        r.slot_bytes = Some(arena.slot_bytes());
+    }
+    Ok(rows)
 }
 
 /// Local pool: every put and get result is counted, and every object a get returns is

@@ -288,6 +288,7 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Row> {
         kvtier_p50_us: Some(kp),
         raw_p50_us: Some(rp),
         daemon_exists_p50_us: None,
+        slot_bytes: None,
     })
 }
 
@@ -364,6 +365,7 @@ pub(super) fn index_resync(args: &PoolBenchArgs) -> anyhow::Result<Row> {
             kvtier_p50_us: Some(kp),
             raw_p50_us: Some(rp),
             daemon_exists_p50_us: None,
+            slot_bytes: None,
         })
     })();
     for chunk in refs.chunks(4096) {

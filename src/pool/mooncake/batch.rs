@@ -119,21 +119,24 @@ impl MooncakePool {
         at: &[Option<u64>],
         stage_in: &dyn Fn(usize, &mut [u8]),
     ) -> Vec<Result<(), PoolError>> {
-        let mut res: Vec<Result<(), PoolError>> = self
-            .transfer(Op::Put, keys, lens, at, stage_in, &mut |_, _, _| {})
+        self.put_codes(keys, lens, at, stage_in)
             .into_iter()
             .map(|r| r.and_then(codes::put_result))
-            .collect();
+            .collect()
+    }
+
+    /// [`Self::put_retrying`] with Mooncake's own per-object codes (a sealed put sends its
+    /// batch in parts, each through here).
+    pub(super) fn put_codes(
+        &self,
+        keys: &[&str],
+        lens: &[usize],
+        at: &[Option<u64>],
+        stage_in: &dyn Fn(usize, &mut [u8]),
+    ) -> Vec<Result<i64, PoolError>> {
+        let mut res = self.transfer(Op::Put, keys, lens, at, stage_in, &mut |_, _, _| {});
         let failed: Vec<usize> = (0..res.len())
-            .filter(|&i| {
-                matches!(
-                    res[i],
-                    Err(PoolError::Backend {
-                        code: codes::TRANSFER_FAIL,
-                        ..
-                    })
-                )
-            })
+            .filter(|&i| matches!(res[i], Ok(codes::TRANSFER_FAIL)))
             .collect();
         if !failed.is_empty() {
             let keys: Vec<&str> = failed.iter().map(|&i| keys[i]).collect();
@@ -142,7 +145,7 @@ impl MooncakePool {
             let stage_in = |j: usize, dst: &mut [u8]| stage_in(failed[j], dst);
             let again = self.transfer(Op::Put, &keys, &lens, &at, &stage_in, &mut |_, _, _| {});
             for (&i, r) in failed.iter().zip(again) {
-                res[i] = r.and_then(codes::put_result);
+                res[i] = r;
             }
         }
         res

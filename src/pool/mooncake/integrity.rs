@@ -55,6 +55,21 @@ impl Integrity {
         h.finalize()
     }
 
+    /// The MAC of page bytes `bytes` stored under `key`.
+    pub fn tag(&self, key: &str, bytes: &[u8]) -> [u8; MAC_LEN] {
+        *self.mac(key, bytes).as_bytes()
+    }
+
+    /// Whether `tag` is the MAC of `bytes` under `key`; a mismatch is counted.
+    pub fn verify(&self, key: &str, bytes: &[u8], tag: &[u8; MAC_LEN]) -> bool {
+        // `Hash`'s equality is constant-time.
+        let ok = self.mac(key, bytes) == blake3::Hash::from(*tag);
+        if !ok {
+            self.reject();
+        }
+        ok
+    }
+
     /// Writes the MAC of `obj[..len - MAC_LEN]` under `key` into its last `MAC_LEN` bytes.
     pub fn seal(&self, key: &str, obj: &mut [u8]) {
         let len = obj.len();
