@@ -41,6 +41,12 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const BLOCKING_SLACK: Duration = Duration::from_secs(5);
 /// Answers buffered beyond this are written even while more requests are buffered.
 const FLUSH_BYTES: usize = 32 << 10;
+/// Most loads and lookups on the blocking pool at once. A read from the pool may hold its
+/// thread until the pool answers or its helper is replaced as hung (tens of seconds when
+/// the master trickles); capped at half of that pool (`BLOCKING_THREADS`, 64), such
+/// reads leave the rest to connects, stores and commits, which never wait behind them
+/// for a thread.
+pub(crate) const POOL_READS: usize = 32;
 
 /// Limits the server applies to every connection.
 #[derive(Clone, Debug)]
@@ -97,6 +103,8 @@ pub struct Shared {
     pub(crate) tokens: Arc<crate::publish::tokens::TokenTable>,
     /// Recent KvHint envelopes and their outcomes (client, admin and CLI deliveries).
     pub(crate) kv_hints: Arc<crate::router_hint::KvHintLog>,
+    /// Places for loads and lookups on the blocking pool ([`POOL_READS`]).
+    pool_reads: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
@@ -111,6 +119,7 @@ impl Shared {
             upkeep: Arc::new(Notify::new()),
             tokens: Arc::default(),
             kv_hints: Arc::default(),
+            pool_reads: Arc::new(tokio::sync::Semaphore::new(POOL_READS)),
         }
     }
 
@@ -325,13 +334,29 @@ async fn flush(wr: &mut OwnedWriteHalf, out: &mut BytesMut) -> Result<(), ConnEr
 /// comes back with its answer. If the answer does not come within the deadline the
 /// handler gives up on the connection; the command, when it ends, finds nobody to hand
 /// the state back to and releases the connection's grants itself.
+///
+/// A load or lookup first waits, without a thread, for one of the [`POOL_READS`] places:
+/// reads that the pool holds up cannot take every blocking thread.
 async fn offload(shared: &Arc<Shared>, slot: &mut Option<Box<Conn>>, req: Request) -> Result<Response, ConnError> {
+    let limit = command_limit(shared);
+    // One deadline for the wait for a place and the command.
+    let deadline = tokio::time::Instant::now() + limit;
+    let place = if matches!(req, Request::Load { .. } | Request::Lookup { .. }) {
+        match tokio::time::timeout_at(deadline, shared.pool_reads.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Some(p),
+            Ok(Err(_)) => return Err(ConnError::CommandFailed("the pool read places are closed".into())),
+            Err(_) => return Err(ConnError::CommandTimeout(limit)),
+        }
+    } else {
+        None
+    };
     let Some(mut conn) = slot.take() else {
         return Err(ConnError::CommandFailed("connection state lost".into()));
     };
     let (tx, mut rx) = oneshot::channel::<(Box<Conn>, Response)>();
     let sh = shared.clone();
     tokio::task::spawn_blocking(move || {
+        let _place = place;
         let _blocking = crate::pool::io_guard::allow_blocking();
         let resp = cmd::dispatch(&sh, &mut conn, req);
         if let Err((mut conn, _)) = tx.send((conn, resp)) {
@@ -342,8 +367,7 @@ async fn offload(shared: &Arc<Shared>, slot: &mut Option<Box<Conn>>, req: Reques
             release(&sh, &mut conn);
         }
     });
-    let limit = command_limit(shared);
-    match tokio::time::timeout(limit, &mut rx).await {
+    match tokio::time::timeout_at(deadline, &mut rx).await {
         Ok(Ok((conn, resp))) => {
             *slot = Some(conn);
             Ok(resp)

@@ -154,6 +154,11 @@ impl Node {
 
     /// [`Node::start`] with more `--set key=value` pairs, after (and over) the usual ones.
     pub fn start_with(dir: &Path, master: &Master, python: &Path, extra: &[(&str, String)]) -> Self {
+        Self::start_via(dir, master, &master.addr(), python, extra)
+    }
+
+    /// [`Node::start_with`], reaching the master's RPC port at `rpc` (a proxy in front of it).
+    pub fn start_via(dir: &Path, master: &Master, rpc: &str, python: &Path, extra: &[(&str, String)]) -> Self {
         std::fs::create_dir_all(dir).unwrap();
         let log = dir.join("daemon.log");
         let out = std::fs::File::create(dir.join("stdout.log")).unwrap();
@@ -170,7 +175,7 @@ impl Node {
             .args(["--arena-bytes", &(16u64 << 20).to_string()])
             // 1,024 slots: room for every test's pages (their objects are at most 16 KiB).
             .args(set("slot_bytes", "16384"))
-            .args(["--pool", "mooncake", "--mooncake-master", &master.addr()])
+            .args(["--pool", "mooncake", "--mooncake-master", rpc])
             .args(set("mooncake.metadata", &format!("{:?}", master.metadata())))
             .args(set("mooncake.python", &format!("{:?}", python.display().to_string())))
             .args(set("mooncake.global_segment_bytes", "67108864"))

@@ -214,7 +214,15 @@ impl MooncakePool {
                         frame = 4;
                         cursor = 0;
                     }
-                    guard.get_or_insert_with(|| self.staging_lock.lock());
+                    if guard.is_none() {
+                        guard = self.lock_staging();
+                        if guard.is_none() {
+                            out[i] = Err(PoolError::Unavailable(
+                                "the staging buffer stayed busy past the op timeout: a transfer in it waits on the pool".into(),
+                            ));
+                            continue;
+                        }
+                    }
                     // SAFETY: staging is ours while `guard` holds its lock.
                     if let Ok(s) = unsafe { self.staging.slot_mut(SlotId(0), (cursor + len) as usize) } {
                         stage_in(i, &mut s[cursor as usize..]);
@@ -240,6 +248,22 @@ impl MooncakePool {
         }
         flush(&mut chunk, &mut out, &mut down);
         out
+    }
+
+    /// The staging buffer, waited for no longer than the op timeout: a transfer holds it
+    /// until its reply, and a get from a helper stuck on its master may wait past its
+    /// deadline until the helper is replaced as hung. Once a wait has timed out, callers
+    /// do not wait at all until the buffer is free again, so a store that demotes pages
+    /// to make room fails those puts at once (and drops the pages) instead of queueing.
+    fn lock_staging(&self) -> Option<parking_lot::MutexGuard<'_, ()>> {
+        use std::sync::atomic::Ordering;
+        let g = if self.staging_stalled.load(Ordering::Relaxed) {
+            self.staging_lock.try_lock()
+        } else {
+            self.staging_lock.try_lock_for(self.cfg.op_timeout)
+        };
+        self.staging_stalled.store(g.is_none(), Ordering::Relaxed);
+        g
     }
 
     /// Sends a key-only request (exists, remove), split at `max_batch`.

@@ -38,6 +38,9 @@ pub struct MooncakePool {
     pub(super) arena: Option<Arc<HostArena>>,
     pub(super) staging: HostArena,
     pub(super) staging_lock: Mutex<()>,
+    /// A wait for `staging_lock` timed out and it has not been free since (see
+    /// [`MooncakePool::lock_staging`]).
+    pub(super) staging_stalled: std::sync::atomic::AtomicBool,
     /// The master's own `BatchExistKey`, unless configured off (or found foreign: see
     /// [`MasterRpc::refused`]).
     rpc: Option<Arc<MasterRpc>>,
@@ -118,6 +121,7 @@ impl MooncakePool {
             arena,
             staging,
             staging_lock: Mutex::new(()),
+            staging_stalled: std::sync::atomic::AtomicBool::new(false),
             run_dir,
             owns_run_dir,
         })
