@@ -46,7 +46,9 @@ const BLOCKING_CAP: usize = 64;
 /// Longest one call of the unrelated engine may take during the trickle. Its connects,
 /// stores and lookups of host pages take milliseconds even on a loaded machine; a call
 /// that waits behind the trickled reads waits until its helper is replaced as hung (15 s).
-const STALL: Duration = Duration::from_secs(5);
+/// A store that makes room may wait one op timeout (3 s) for the staging buffer; 10 s
+/// leaves a loaded machine room and still fails the 15 s stall.
+const STALL: Duration = Duration::from_secs(10);
 
 /// A TCP proxy to `upstream`: requests pass as they come; replies pass as they come too,
 /// except while `trickle` is set, when they pass one byte every [`TRICKLE_BYTE`].
