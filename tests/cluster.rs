@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cluster_support::{Master, Node, eventually};
+use cluster_support::{Master, Node, Rank, eventually};
 use common::rank::RankProc;
 use common::require::require;
 use common::{hashes, identity, seed, spec};
@@ -25,34 +25,8 @@ use kvtier::client::{Client, ClientConfig};
 use kvtier::hints::{Hint, HintOutcome, HintTarget};
 use kvtier::page::{Namespace, PageHash};
 use kvtier::pool::keys::{KeyFormat, scheme_for};
-use kvtier::protocol::{ErrorCode, LoadWait, Request};
+use kvtier::protocol::{ErrorCode, Request};
 use kvtier::tier::device::EmulatedDevice;
-
-/// One engine rank on node B, in this process: a client and an emulated device.
-struct Rank {
-    tp: u16,
-    client: Client,
-    dev: Arc<EmulatedDevice>,
-}
-
-impl Rank {
-    fn new(node: &Node, tp: u16) -> Self {
-        let client = node.client("b-engine", tp);
-        let dev = Arc::new(EmulatedDevice::new(&spec(2, 1).build().unwrap(), 0, 64));
-        client.register_device(dev.clone()).unwrap();
-        Self { tp, client, dev }
-    }
-
-    /// Loads `hs` into slots 0..; returns (pages loaded, of which hold A's bytes for this rank).
-    fn load(&self, hs: &[PageHash]) -> (usize, usize) {
-        let slots: Vec<u32> = (0..hs.len() as u32).collect();
-        let n = self.client.load(hs, &slots, LoadWait::Timeout(10_000)).unwrap();
-        let ok = (0..n)
-            .filter(|&i| self.dev.page_matches(i as u32, seed(&hs[i], self.tp, 0)).unwrap())
-            .count();
-        (n, ok)
-    }
-}
 
 /// The wheel's own client, run as HiCache runs it, on `keys`: `put` writes `len` bytes per
 /// key, `forge` too from a client that contributes no segment (the objects outlive it),

@@ -18,12 +18,11 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster_support::{Master, Node, eventually};
+use cluster_support::{Master, Node, eventually, store_and_share};
 use common::rank::RankProc;
 use common::require::require;
 use common::{hashes, spec};
 use kvtier::client::Client;
-use kvtier::hints::{Hint, HintOutcome, HintTarget};
 use kvtier::page::{Namespace, PageHash};
 use kvtier::pool::keys::{KeyFormat, scheme_for};
 use kvtier::protocol::LoadWait;
@@ -54,30 +53,10 @@ fn helper_pid(daemon: u32) -> Option<u32> {
     })
 }
 
-/// Node `a`'s two ranks store `hs` as complete TP=2 pages and an engine shares them until
-/// the store lists every object; returns the objects' keys and the ranks (which hold the
-/// pages' engine side).
-fn store_and_share(a: &Node, master: &Master, hs: &[PageHash]) -> (Vec<String>, Vec<RankProc>) {
-    let mut ranks: Vec<RankProc> = (0..2)
-        .map(|r| RankProc::spawn(&a.socket, "a-engine", r, 0, 2, 1))
-        .collect();
-    for r in &mut ranks {
-        assert_eq!(r.cmd("ready"), "ready");
-        assert_eq!(
-            r.nums(&format!("store {} {}", hs[0].prefix_u64(), hs.len()))[0],
-            hs.len() as u64
-        );
-    }
-    let ctl = a.client("a-ctl", 0);
-    let share = Hint::Share {
-        target: HintTarget::Prefix(hs.to_vec()),
-    };
-    let prefix: Vec<String> = hs.iter().map(PageHash::to_hex).collect();
-    let pooled = eventually(Duration::from_secs(60), || {
-        matches!(ctl.hint(share.clone()), Ok(HintOutcome::Accepted { .. }))
-            && a.admin(&["pages", "--prefix", &prefix.join(",")])["complete_prefix"]["pool"] == hs.len()
-    });
-    assert!(pooled, "A's pages reached the store; log {}", a.log.display());
+/// `store_and_share`, then waits until the master lists every object of the pages;
+/// returns the objects' keys and the ranks (which hold the pages' engine side).
+fn store_share_and_list(a: &Node, master: &Master, hs: &[PageHash]) -> (Vec<String>, Vec<RankProc>) {
+    let ranks = store_and_share(a, hs);
     let layout = spec(2, 1).build().unwrap();
     let scheme = scheme_for("kvtier", KeyFormat::Kvtier, &Namespace::model("test-model"), &layout);
     let keys: Vec<String> = hs.iter().flat_map(|h| scheme.page_keys(&layout, h)).collect();
@@ -103,7 +82,7 @@ fn a_replaced_helpers_lost_objects_are_written_again_from_host() {
     // One node: every object lies in its own helper's segment.
     let a = Node::start(&dir.path().join("a"), &master, &python);
     let hs = hashes(0x2e_0000_0000, 12);
-    let (keys, ranks) = store_and_share(&a, &master, &hs);
+    let (keys, ranks) = store_share_and_list(&a, &master, &hs);
     assert!(
         eventually(Duration::from_secs(30), || helper_pid(a.pid()).is_some()),
         "A runs a helper"
@@ -174,7 +153,7 @@ fn a_helper_whose_loads_overrun_their_deadline_is_kept_and_no_object_is_lost() {
     // Node A stores and shares 16 pages: the store places each object in A's segment or
     // in B's.
     let hs = hashes(0x10ad_0000_0000, 16);
-    let (keys, ranks) = store_and_share(&a, &master, &hs);
+    let (keys, ranks) = store_share_and_list(&a, &master, &hs);
     let layout = spec(2, 1).build().unwrap();
 
     // Node B's engine loads them from 6 threads at once: every get waits 1.2 s in B's helper

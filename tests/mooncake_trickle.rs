@@ -24,13 +24,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use cluster_support::{Master, Node, eventually};
-use common::rank::RankProc;
+use cluster_support::{Master, Node, eventually, store_and_share};
 use common::require::require;
 use common::{hashes, identity, seed, spec};
 use kvtier::client::{Client, ClientConfig};
-use kvtier::hints::{Hint, HintOutcome, HintTarget};
-use kvtier::page::{Namespace, PageHash};
+use kvtier::page::Namespace;
 use kvtier::protocol::LoadWait;
 use kvtier::tier::device::EmulatedDevice;
 
@@ -132,31 +130,6 @@ fn threads(pid: u32) -> usize {
         .find_map(|l| l.strip_prefix("Threads:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
-}
-
-/// Node `a`'s two ranks store `hs` as complete TP=2 pages and share them until the store
-/// holds them all; returns the ranks (which hold the pages' engine side).
-fn store_and_share(a: &Node, hs: &[PageHash]) -> Vec<RankProc> {
-    let mut ranks: Vec<RankProc> = (0..2)
-        .map(|r| RankProc::spawn(&a.socket, "a-engine", r, 0, 2, 1))
-        .collect();
-    for r in &mut ranks {
-        assert_eq!(
-            r.nums(&format!("store {} {}", hs[0].prefix_u64(), hs.len()))[0],
-            hs.len() as u64
-        );
-    }
-    let ctl = a.client("a-ctl", 0);
-    let share = Hint::Share {
-        target: HintTarget::Prefix(hs.to_vec()),
-    };
-    let prefix: Vec<String> = hs.iter().map(PageHash::to_hex).collect();
-    let pooled = eventually(Duration::from_secs(60), || {
-        matches!(ctl.hint(share.clone()), Ok(HintOutcome::Accepted { .. }))
-            && a.admin(&["pages", "--prefix", &prefix.join(",")])["complete_prefix"]["pool"] == hs.len()
-    });
-    assert!(pooled, "A's pages reached the store; log {}", a.log.display());
-    ranks
 }
 
 /// What the unrelated engine did while the trickle lasted.

@@ -21,19 +21,15 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
-use cluster_support::{Master, Node, eventually};
+use cluster_support::{Master, Node, Rank, eventually};
 use common::rank::RankProc;
 use common::require::require;
-use common::{hashes, seed, spec};
-use kvtier::client::Client;
+use common::{hashes, spec};
 use kvtier::hints::{Hint, HintOutcome, HintTarget};
 use kvtier::page::{Namespace, PageHash};
 use kvtier::pool::keys::{KeyFormat, scheme_for};
-use kvtier::protocol::LoadWait;
-use kvtier::tier::device::EmulatedDevice;
 
 /// Mallory's client: the wheel's own, contributing no segment (her objects land in the
 /// daemons' segments and outlive her). `forge` puts `len` bytes of her choosing under
@@ -72,32 +68,6 @@ else:
     let text = String::from_utf8_lossy(&out.stdout);
     let last = text.lines().last().unwrap_or_default();
     serde_json::from_str(last).unwrap_or_else(|e| panic!("mallory {mode}: {e}: {text}"))
-}
-
-/// One engine rank on node B, in this process.
-struct Rank {
-    tp: u16,
-    client: Client,
-    dev: Arc<EmulatedDevice>,
-}
-
-impl Rank {
-    fn new(node: &Node, tp: u16) -> Self {
-        let client = node.client("b-engine", tp);
-        let dev = Arc::new(EmulatedDevice::new(&spec(2, 1).build().unwrap(), 0, 64));
-        client.register_device(dev.clone()).unwrap();
-        Self { tp, client, dev }
-    }
-
-    /// Loads `hs` into slots 0..; returns (pages loaded, of which hold Carol's bytes).
-    fn load(&self, hs: &[PageHash]) -> (usize, usize) {
-        let slots: Vec<u32> = (0..hs.len() as u32).collect();
-        let n = self.client.load(hs, &slots, LoadWait::Timeout(10_000)).unwrap();
-        let ok = (0..n)
-            .filter(|&i| self.dev.page_matches(i as u32, seed(&hs[i], self.tp, 0)).unwrap())
-            .count();
-        (n, ok)
-    }
 }
 
 fn rejected(n: &Node) -> u64 {

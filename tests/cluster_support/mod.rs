@@ -10,8 +10,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use crate::common::{identity, kvtier_bin, spec};
+use std::sync::Arc;
+
+use crate::common::rank::RankProc;
+use crate::common::{identity, kvtier_bin, seed, spec};
 use kvtier::client::{Client, ClientConfig};
+use kvtier::hints::{Hint, HintOutcome, HintTarget};
+use kvtier::page::PageHash;
+use kvtier::protocol::LoadWait;
+use kvtier::tier::device::EmulatedDevice;
 
 /// The wheel's `mooncake_master` binary and the Python its helper runs, as
 /// `scripts/mooncake-env.sh env` exports them (call after `require("mooncake", ..)`).
@@ -255,4 +262,59 @@ impl Drop for Node {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// One engine rank of a reading node, in the test's process: a client (engine
+/// "b-engine", TP=2) and an emulated device of 64 pages.
+pub struct Rank {
+    tp: u16,
+    pub client: Client,
+    dev: Arc<EmulatedDevice>,
+}
+
+impl Rank {
+    pub fn new(node: &Node, tp: u16) -> Self {
+        let client = node.client("b-engine", tp);
+        let dev = Arc::new(EmulatedDevice::new(&spec(2, 1).build().unwrap(), 0, 64));
+        client.register_device(dev.clone()).unwrap();
+        Self { tp, client, dev }
+    }
+
+    /// Loads `hs` into slots 0..; returns (pages loaded, of which hold the bytes the
+    /// writing rank of the same TP rank stored, `seed(h, tp, 0)`).
+    pub fn load(&self, hs: &[PageHash]) -> (usize, usize) {
+        let slots: Vec<u32> = (0..hs.len() as u32).collect();
+        let n = self.client.load(hs, &slots, LoadWait::Timeout(10_000)).unwrap();
+        let ok = (0..n)
+            .filter(|&i| self.dev.page_matches(i as u32, seed(&hs[i], self.tp, 0)).unwrap())
+            .count();
+        (n, ok)
+    }
+}
+
+/// Node `a`'s two ranks (engine "a-engine", TP=2) store `hs` as complete pages, and an
+/// engine shares them until `a` counts them all complete in the pool; returns the ranks
+/// (which hold the pages' engine side).
+pub fn store_and_share(a: &Node, hs: &[PageHash]) -> Vec<RankProc> {
+    let mut ranks: Vec<RankProc> = (0..2)
+        .map(|r| RankProc::spawn(&a.socket, "a-engine", r, 0, 2, 1))
+        .collect();
+    for r in &mut ranks {
+        assert_eq!(r.cmd("ready"), "ready");
+        assert_eq!(
+            r.nums(&format!("store {} {}", hs[0].prefix_u64(), hs.len()))[0],
+            hs.len() as u64
+        );
+    }
+    let ctl = a.client("a-ctl", 0);
+    let share = Hint::Share {
+        target: HintTarget::Prefix(hs.to_vec()),
+    };
+    let prefix: Vec<String> = hs.iter().map(PageHash::to_hex).collect();
+    let pooled = eventually(Duration::from_secs(60), || {
+        matches!(ctl.hint(share.clone()), Ok(HintOutcome::Accepted { .. }))
+            && a.admin(&["pages", "--prefix", &prefix.join(",")])["complete_prefix"]["pool"] == hs.len()
+    });
+    assert!(pooled, "A's pages reached the store; log {}", a.log.display());
+    ranks
 }

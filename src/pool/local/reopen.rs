@@ -182,6 +182,18 @@ mod tests {
         assert_eq!((found, p.slots()), (Reopened::default(), 16));
     }
 
+    /// The crash test's pool at `path`, as the writer and the reader after a kill open it.
+    fn open_crash_pool(path: &std::path::Path) -> (LocalPool, Reopened) {
+        LocalPool::open(
+            path,
+            CRASH_SLOTS * CRASH_OBJ as u64,
+            CRASH_OBJ as u64,
+            &ArenaOptions::default(),
+            true,
+        )
+        .unwrap()
+    }
+
     /// The crash test's writer, in a child process (the test binary run again for this
     /// test alone): with `KVTIER_TEST_POOL_WRITER` set to a directory, it puts numbered
     /// generations of objects into the pool there forever, printing each generation once
@@ -192,14 +204,7 @@ mod tests {
             return;
         };
         let path = std::path::Path::new(&dir).join("pool");
-        let (p, _) = LocalPool::open(
-            &path,
-            CRASH_SLOTS * CRASH_OBJ as u64,
-            CRASH_OBJ as u64,
-            &ArenaOptions::default(),
-            true,
-        )
-        .unwrap();
+        let (p, _) = open_crash_pool(&path);
         // Every object made up front, so that the writer spends its time putting and a
         // kill lands mid-put as often as it can.
         let made: Vec<Vec<Vec<u8>>> = (0..CRASH_KEYS)
@@ -281,14 +286,7 @@ mod tests {
             let _ = child.kill();
             let status = child.wait().unwrap();
             assert!(seen >= target, "the writer stopped early: {status}");
-            let (p, found) = LocalPool::open(
-                &path,
-                CRASH_SLOTS * CRASH_OBJ as u64,
-                CRASH_OBJ as u64,
-                &ArenaOptions::default(),
-                true,
-            )
-            .unwrap();
+            let (p, found) = open_crash_pool(&path);
             let keys = p.take_recovered();
             assert!(found.objects > 0 && keys.len() as u64 == found.objects, "{found:?}");
             for (key, len) in keys {
