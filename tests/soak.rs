@@ -19,10 +19,11 @@
 //!
 //! Each test prints one JSON summary line (`"soak": "local"` or `"mooncake"`) and fails on
 //! any wrong byte, on any acknowledged page lost from host or the local pool, on
-//! `no_space` (the pool always has room on the local case), on a manifest past its bound
-//! at any sample, and when the daemon's private memory or descriptors are not back within
-//! 10 % once the load is over: descriptors of the fresh idle daemon, private memory
-//! (`RssAnon`) of the last daemon sampled warm, near the end of the load.
+//! `no_space` (the pool always has room on the local case), on a manifest or a private
+//! memory (`RssAnon`) past its fixed bound at any 250 ms sample, and when the daemon's
+//! private memory or descriptors are not back within 10 % once the load is over:
+//! descriptors of the fresh idle daemon, private memory of the last daemon sampled warm,
+//! near the end of the load.
 //!
 //! The clients are this test binary re-executed with `KVT_SOAK` set: an ELF constructor
 //! (as in `common/rank.rs`) runs the client body before libtest's `main`, so the client
@@ -68,6 +69,11 @@ const KILL_EVERY: Duration = Duration::from_secs(120);
 /// per arena slot, counted here at 128) plus 64 KiB, as the daemon compacts it, and room
 /// for what one upkeep tick appends before the next compaction.
 const MANIFEST_BOUND: u64 = 2 * (ARENA_BYTES / 2048) * 128 + (64 << 10) + (256 << 10);
+
+/// The daemon's private memory at any sample, in MiB: a fixed bound whatever the run's
+/// length (each daemon here settles near 55 MiB once its bounded books, such as the
+/// 65,536 store tickets and the `max_pages` directory, have filled).
+const RSS_BOUND_MB: f64 = 128.0;
 
 /// How long the clients run: `KVTIER_SOAK_SECONDS`, else [`DEFAULT_RUN`].
 fn run_time() -> Duration {
@@ -484,6 +490,22 @@ fn recovered(socket: &Path) -> u64 {
     o.client.stats().unwrap().recovered_pages
 }
 
+/// Pages evicted from host so far (`kvtier_evictions_total{tier="host"}` in `/metrics`,
+/// through the admin socket).
+fn host_evictions(admin: &Path) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(admin).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: kvtier\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.lines().find_map(|l| {
+        let v = l.strip_prefix("kvtier_evictions_total{tier=\"host\"} ")?;
+        v.trim().parse::<f64>().ok().map(|v| v as u64)
+    })
+}
+
 /// Sleeps until `at` after `t0`.
 fn sleep_until(t0: Instant, at: Duration) {
     if let Some(left) = (t0 + at).checked_duration_since(Instant::now()) {
@@ -573,6 +595,7 @@ fn soak_32_clients_through_daemon_kills_serve_only_right_bytes_and_lose_no_ackno
         "rss_mb_start": (rss_start * 10.0).round() / 10.0,
         "rss_mb_end": (rss_end * 10.0).round() / 10.0,
         "rss_mb_max": (rss_max * 10.0).round() / 10.0,
+        "rss_mb_bound": RSS_BOUND_MB,
         "fds_start": fds_start,
         "fds_end": fds_end,
     });
@@ -609,6 +632,7 @@ fn soak_32_clients_through_daemon_kills_serve_only_right_bytes_and_lose_no_ackno
         "descriptors back within 10 %: {summary}"
     );
     assert!(rss_end <= rss_start * 1.1, "private memory back within 10 %: {summary}");
+    assert!(rss_max <= RSS_BOUND_MB, "private memory stays bounded: {summary}");
 }
 
 #[test]
@@ -637,6 +661,21 @@ fn soak_mooncake_master_killed_once_loses_no_host_page_and_serves_only_right_byt
     // host page while the store is down), so every host page it names must still load.
     signal_all(&children, libc::SIGSTOP);
     let paused = Instant::now();
+    // Eviction the clients' last stores made due may still run: wait until the daemon has
+    // evicted nothing from host for 1 s, so the pages it names in host stay there.
+    let mut evicted = host_evictions(&node.admin);
+    let mut still_since = Instant::now();
+    while still_since.elapsed() < Duration::from_secs(1) {
+        assert!(
+            paused.elapsed() < Duration::from_secs(30),
+            "host eviction did not settle once the clients paused"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let now = host_evictions(&node.admin);
+        if now != evicted {
+            (evicted, still_since) = (now, Instant::now());
+        }
+    }
     let observer = Observer::connect(&node.socket);
     let (held, device_only) = observer.held();
     master.kill();
@@ -650,6 +689,11 @@ fn soak_mooncake_master_killed_once_loses_no_host_page_and_serves_only_right_byt
         node.admin(&["status"])["pool"]["health"]["state"] == "ok"
     });
     let back = observer.check(&held, device_only, true);
+    // Pages evicted from host while the observer looked and loaded: none may be, or a
+    // host page gone would be the cache's choice rather than a loss.
+    let evicted_meanwhile = host_evictions(&node.admin)
+        .zip(evicted)
+        .map(|(b, a)| b.saturating_sub(a));
     drop(observer);
     signal_all(&children, libc::SIGCONT);
     let paused_s = paused.elapsed().as_secs_f64();
@@ -665,6 +709,7 @@ fn soak_mooncake_master_killed_once_loses_no_host_page_and_serves_only_right_byt
         "wrong_bytes": t.wrong_bytes,
         "errors_by_kind": t.errors,
         "pool_healthy_after_restart": healthy,
+        "host_evictions_during_check": evicted_meanwhile,
         "held_host_pages_at_kill": back.held_host,
         "held_pool_only_pages_at_kill": back.held_pool,
         "device_only_pages_at_kill": back.device_only,
@@ -683,10 +728,18 @@ fn soak_mooncake_master_killed_once_loses_no_host_page_and_serves_only_right_byt
         "the pool is healthy again after the master's restart: {summary}"
     );
     assert!(back.held_host > 0, "the daemon held host pages at the kill: {summary}");
+    assert!(evicted.is_some(), "/metrics counts host evictions: {summary}");
+    assert_eq!(
+        evicted_meanwhile,
+        Some(0),
+        "nothing was evicted from host during the check: {summary}"
+    );
     assert_eq!(
         down.lost_host + back.lost_host,
         0,
-        "no page in host is lost to the master's death: {summary}; log {}",
+        "no page in host is lost to the master's death: {summary}; lost {:?} {:?}; log {}",
+        down.lost,
+        back.lost,
         node.log.display()
     );
 }
