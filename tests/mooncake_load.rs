@@ -41,6 +41,19 @@ fn missing(master: &Master, want: &[String]) -> Vec<String> {
     want.iter().filter(|k| !listed.contains(k.as_str())).cloned().collect()
 }
 
+/// One sample of `/metrics`, read through the node's admin socket.
+fn metric(node: &Node, name: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(&node.admin).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: kvtier\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// The daemon's Mooncake helper: its child running `kvtier_mooncake_helper.py`.
 fn helper_pid(daemon: u32) -> Option<u32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
@@ -114,6 +127,22 @@ fn a_replaced_helpers_lost_objects_are_written_again_from_host() {
         gone.len(),
         keys.len(),
         said.join("\n")
+    );
+    // /metrics counts the replacement, and the new helper's queue is empty and idle.
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &a,
+            "kvtier_pool_helper_restarts_total"
+        )
+        .is_some_and(|n| n >= 1.0)),
+        "/metrics counts A's helper restart: {:?}",
+        metric(&a, "kvtier_pool_helper_restarts_total")
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || metric(&a, "kvtier_pool_helper_queued")
+            == Some(0.0)
+            && metric(&a, "kvtier_pool_helper_in_flight") == Some(0.0)),
+        "A's helper queue is idle once the rewrite is done"
     );
     assert!(
         a.admin(&[
@@ -191,6 +220,14 @@ fn a_helper_whose_loads_overrun_their_deadline_is_kept_and_no_object_is_lost() {
             })
         })
         .collect();
+    // B's helper queue through /metrics while the loads run: gets in flight on its 2
+    // workers (each takes 1.2 s, the probe comes every 250 ms), never more than 2.
+    let (mut in_flight_max, mut queued_max) = (0.0f64, 0.0f64);
+    while !loaders.iter().all(|t| t.is_finished()) {
+        in_flight_max = in_flight_max.max(metric(&b, "kvtier_pool_helper_in_flight").unwrap_or(0.0));
+        queued_max = queued_max.max(metric(&b, "kvtier_pool_helper_queued").unwrap_or(0.0));
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let loaded: usize = loaders.into_iter().map(|t| t.join().unwrap()).sum();
     assert!(
         loaded < 6 * 3 * 4,
@@ -215,6 +252,44 @@ fn a_helper_whose_loads_overrun_their_deadline_is_kept_and_no_object_is_lost() {
         helper_pid(b.pid()),
         Some(before),
         "B's helper is the one it started with"
+    );
+    // After the loads: the queue is idle again, the helper ran gets, was never replaced,
+    // and every figure is there.
+    let figures = || -> Vec<(&str, Option<f64>)> {
+        [
+            "kvtier_pool_helper_queued",
+            "kvtier_pool_helper_in_flight",
+            "kvtier_pool_helper_timed_out_in_queue_total",
+            "kvtier_pool_helper_refused_full_total",
+            "kvtier_pool_helper_done_total",
+            "kvtier_pool_helper_restarts_total",
+        ]
+        .into_iter()
+        .map(|n| (n, metric(&b, n)))
+        .collect()
+    };
+    let idle = eventually(Duration::from_secs(10), || {
+        metric(&b, "kvtier_pool_helper_in_flight") == Some(0.0) && metric(&b, "kvtier_pool_helper_queued") == Some(0.0)
+    });
+    let seen = figures();
+    eprintln!("B's helper queue: in flight at most {in_flight_max}, queued at most {queued_max}; after: {seen:?}");
+    assert!(
+        seen.iter().all(|(_, v)| v.is_some()),
+        "/metrics has every helper figure: {seen:?}"
+    );
+    assert!(
+        (1.0..=2.0).contains(&in_flight_max),
+        "/metrics showed gets in flight on B's 2 helper workers: at most {in_flight_max}"
+    );
+    assert!(idle, "B's helper queue is idle after the loads: {seen:?}");
+    assert_eq!(
+        metric(&b, "kvtier_pool_helper_restarts_total"),
+        Some(0.0),
+        "no helper restart on B: {seen:?}"
+    );
+    assert!(
+        metric(&b, "kvtier_pool_helper_done_total").is_some_and(|n| n >= 1.0),
+        "B's helper ran gets: {seen:?}"
     );
     let watch = Instant::now();
     while watch.elapsed() < Duration::from_secs(5) {

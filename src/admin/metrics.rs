@@ -397,6 +397,54 @@ pub fn render_pool(o: &mut String, p: &crate::manager::PoolReport) {
     sample(o, "kvtier_pool_exists_seconds_total", &[], r.exists_ns as f64 / 1e9);
 }
 
+/// The pool helper's request queue (Mooncake), as of the helper's last probe: waiting and
+/// running requests, those whose deadline passed in the queue, those refused with the
+/// queue full, and the helper's restarts.
+pub fn render_helper_queue(o: &mut String, q: &crate::pool::HelperQueue) {
+    let gauges = [
+        (
+            "kvtier_pool_helper_queued",
+            "Requests waiting in the pool helper's queue.",
+            q.queued,
+        ),
+        (
+            "kvtier_pool_helper_in_flight",
+            "Requests the pool helper's workers are running.",
+            q.in_flight,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        family(o, name, "gauge", help);
+        sample(o, name, &[], v as f64);
+    }
+    let counters = [
+        (
+            "kvtier_pool_helper_timed_out_in_queue_total",
+            "Requests whose deadline passed in the pool helper's queue (never run).",
+            q.timed_out_in_queue_total,
+        ),
+        (
+            "kvtier_pool_helper_refused_full_total",
+            "Requests the pool helper refused because its queue was full.",
+            q.refused_full_total,
+        ),
+        (
+            "kvtier_pool_helper_done_total",
+            "Requests the pool helper ran to completion.",
+            q.done_total,
+        ),
+        (
+            "kvtier_pool_helper_restarts_total",
+            "Times the pool helper was replaced (each drops this node's store segment).",
+            q.restarts_total,
+        ),
+    ];
+    for (name, help, v) in counters {
+        family(o, name, "counter", help);
+        sample(o, name, &[], v as f64);
+    }
+}
+
 /// The manifest's upkeep (bytes, live object records, compactions, resyncs) and the host
 /// slots the restart fence quarantines.
 pub fn render_host_keep(o: &mut String, k: &crate::admin::HostKeep) {

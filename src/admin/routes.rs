@@ -59,6 +59,9 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         ("GET", "/metrics" | "/v1/metrics") => {
             let mut text = metrics::render(&ctx.manager.stats(), ctx.started.elapsed(), ctx.engines.engines().len());
             metrics::render_pool(&mut text, &ctx.manager.pool_report());
+            if let Some(q) = ctx.manager.pool().and_then(|p| p.helper_queue()) {
+                metrics::render_helper_queue(&mut text, &q);
+            }
             metrics::render_session_events(&mut text, ctx.manager.session_events());
             if let Some(k) = ctx.engines.host_keep() {
                 metrics::render_host_keep(&mut text, &k);

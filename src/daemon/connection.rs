@@ -47,6 +47,11 @@ const FLUSH_BYTES: usize = 32 << 10;
 /// reads leave the rest to connects, stores and commits, which never wait behind them
 /// for a thread.
 pub(crate) const POOL_READS: usize = 32;
+/// Most session phase changes, request ends and pool hints on the blocking pool at once
+/// ([`cmd::pool_work`]): a demote may write to a pool that answers slowly, a resume may
+/// wait for its staging. With [`POOL_READS`] this leaves at least 16 of the 64 blocking
+/// threads to connects, stores and commits, and none of these waits behind a load.
+pub(crate) const POOL_WORK: usize = 16;
 
 /// Limits the server applies to every connection.
 #[derive(Clone, Debug)]
@@ -105,6 +110,8 @@ pub struct Shared {
     pub(crate) kv_hints: Arc<crate::router_hint::KvHintLog>,
     /// Places for loads and lookups on the blocking pool ([`POOL_READS`]).
     pool_reads: Arc<tokio::sync::Semaphore>,
+    /// Places for session, request-end and pool-hint commands ([`POOL_WORK`]).
+    pool_work: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
@@ -120,6 +127,7 @@ impl Shared {
             tokens: Arc::default(),
             kv_hints: Arc::default(),
             pool_reads: Arc::new(tokio::sync::Semaphore::new(POOL_READS)),
+            pool_work: Arc::new(tokio::sync::Semaphore::new(POOL_WORK)),
         }
     }
 
@@ -335,16 +343,24 @@ async fn flush(wr: &mut OwnedWriteHalf, out: &mut BytesMut) -> Result<(), ConnEr
 /// handler gives up on the connection; the command, when it ends, finds nobody to hand
 /// the state back to and releases the connection's grants itself.
 ///
-/// A load or lookup first waits, without a thread, for one of the [`POOL_READS`] places:
-/// reads that the pool holds up cannot take every blocking thread.
+/// A load or lookup first waits, without a thread, for one of the [`POOL_READS`] places,
+/// and a session phase change, request end or pool hint for one of the [`POOL_WORK`]
+/// places: work that the pool holds up cannot take every blocking thread.
 async fn offload(shared: &Arc<Shared>, slot: &mut Option<Box<Conn>>, req: Request) -> Result<Response, ConnError> {
     let limit = command_limit(shared);
     // One deadline for the wait for a place and the command.
     let deadline = tokio::time::Instant::now() + limit;
-    let place = if matches!(req, Request::Load { .. } | Request::Lookup { .. }) {
-        match tokio::time::timeout_at(deadline, shared.pool_reads.clone().acquire_owned()).await {
+    let share = if matches!(req, Request::Load { .. } | Request::Lookup { .. }) {
+        Some(&shared.pool_reads)
+    } else if cmd::pool_work(&req) {
+        Some(&shared.pool_work)
+    } else {
+        None
+    };
+    let place = if let Some(share) = share {
+        match tokio::time::timeout_at(deadline, share.clone().acquire_owned()).await {
             Ok(Ok(p)) => Some(p),
-            Ok(Err(_)) => return Err(ConnError::CommandFailed("the pool read places are closed".into())),
+            Ok(Err(_)) => return Err(ConnError::CommandFailed("the pool places are closed".into())),
             Err(_) => return Err(ConnError::CommandTimeout(limit)),
         }
     } else {

@@ -123,6 +123,24 @@ pub enum PoolHealth {
     Degraded { reason: String },
 }
 
+/// A pool helper process's request queue (Mooncake's), as of its last probe. The totals
+/// run over every helper the daemon started, so a replaced helper does not reset them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HelperQueue {
+    /// Requests waiting in the queue for a worker.
+    pub queued: u64,
+    /// Requests a worker is running.
+    pub in_flight: u64,
+    /// Requests whose deadline passed while they waited in the queue (never run).
+    pub timed_out_in_queue_total: u64,
+    /// Requests refused because the queue was full.
+    pub refused_full_total: u64,
+    /// Requests run to completion.
+    pub done_total: u64,
+    /// Times the helper was replaced (each one drops this node's segment).
+    pub restarts_total: u64,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PoolUsage {
     pub capacity_bytes: u64,
@@ -259,6 +277,12 @@ pub trait PoolBackend: Send + Sync {
     /// Whether objects carry a keyed MAC, and how many failed it, where the backend seals
     /// them (Mooncake). Default: `None`.
     fn integrity(&self) -> Option<IntegrityReport> {
+        None
+    }
+
+    /// The helper process's request queue, where the backend runs one (Mooncake), for
+    /// `/metrics`. Default: `None`.
+    fn helper_queue(&self) -> Option<HelperQueue> {
         None
     }
 

@@ -61,6 +61,17 @@ pub(crate) fn blocks(req: &Request, remote: bool) -> bool {
     }
 }
 
+/// Whether a blocking command is pool work that takes a place of its own share
+/// (`connection::POOL_WORK`): a session phase change, a request end, KvHint envelopes and
+/// the hints that may do pool I/O or walk a session's pages.
+pub(crate) fn pool_work(req: &Request) -> bool {
+    match req {
+        Request::Session { .. } | Request::RequestEnd { .. } | Request::KvHints { .. } => true,
+        Request::Hint(h) => hint_blocks(h),
+        _ => false,
+    }
+}
+
 /// Whether a hint may do pool I/O or walk a session's pages (see [`blocks`]).
 fn hint_blocks(h: &crate::hints::Hint) -> bool {
     use crate::hints::{Hint, HintTarget};

@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 
 use super::MooncakeConfig;
 use super::wire::{Body, Conn, Op, Reply, WireError};
-use crate::pool::PoolHealth;
+use crate::pool::{HelperQueue, PoolHealth};
 
 /// After this long without an answer to probes, or with requests running and none
 /// finishing, a running helper is killed and replaced.
@@ -52,6 +52,10 @@ struct State {
     child: Option<Child>,
     health: PoolHealth,
     restarts: u64,
+    /// The running helper's queue as of its last probe; its totals count from its start.
+    queue: HelperQueue,
+    /// The totals of the helpers before it.
+    queue_before: HelperQueue,
 }
 
 pub(crate) struct Shared {
@@ -77,6 +81,8 @@ impl Supervisor {
                     reason: "Mooncake helper starting".into(),
                 },
                 restarts: 0,
+                queue: HelperQueue::default(),
+                queue_before: HelperQueue::default(),
             }),
             stop: AtomicBool::new(false),
         });
@@ -111,6 +117,20 @@ impl Shared {
 
     pub fn restarts(&self) -> u64 {
         self.state.lock().restarts
+    }
+
+    /// The helper's queue as of its last probe, with totals over every helper started.
+    pub fn queue(&self) -> HelperQueue {
+        let st = self.state.lock();
+        let (now, before) = (st.queue, st.queue_before);
+        HelperQueue {
+            queued: now.queued,
+            in_flight: now.in_flight,
+            timed_out_in_queue_total: before.timed_out_in_queue_total + now.timed_out_in_queue_total,
+            refused_full_total: before.refused_full_total + now.refused_full_total,
+            done_total: before.done_total + now.done_total,
+            restarts_total: st.restarts,
+        }
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -215,6 +235,11 @@ fn supervise(sh: &Shared) {
                         if spawned > 0 {
                             st.restarts += 1;
                         }
+                        // The new helper counts from zero: keep its predecessor's totals.
+                        let last = std::mem::take(&mut st.queue);
+                        st.queue_before.timed_out_in_queue_total += last.timed_out_in_queue_total;
+                        st.queue_before.refused_full_total += last.refused_full_total;
+                        st.queue_before.done_total += last.done_total;
                         tracing::info!(pid = child.id(), restarts = st.restarts, "mooncake helper started");
                         st.child = Some(child);
                         st.conn = Some(conn);
@@ -231,12 +256,15 @@ fn supervise(sh: &Shared) {
             }
         } else if let Some(conn) = current(sh) {
             match probe(&conn, sh.launch.cfg.probe_interval.max(Duration::from_millis(500))) {
-                Ok((_, _, stalled)) if stalled > HUNG_AFTER => {
+                Ok((_, _, stalled, _)) if stalled > HUNG_AFTER => {
                     sh.kill(&format!("requests running with none finished for {stalled:?}"));
                 }
-                Ok((ready, reason, _)) => {
+                Ok((ready, reason, _, queue)) => {
                     last_answer = Instant::now();
                     let mut st = sh.state.lock();
+                    if let Some(q) = queue {
+                        st.queue = q;
+                    }
                     if ready {
                         if st.health != PoolHealth::Ok {
                             tracing::info!("mooncake pool healthy");
@@ -275,9 +303,9 @@ fn current(sh: &Shared) -> Option<Arc<Conn>> {
     sh.state.lock().conn.clone()
 }
 
-/// Asks the helper's state: ready, why not, and how long its running requests have gone
-/// without one finishing.
-fn probe(conn: &Conn, timeout: Duration) -> Result<(bool, String, Duration), WireError> {
+/// Asks the helper's state: ready, why not, how long its running requests have gone
+/// without one finishing, and its queue (totals since it started; no restarts).
+fn probe(conn: &Conn, timeout: Duration) -> Result<(bool, String, Duration, Option<HelperQueue>), WireError> {
     match conn.call(Op::Status, &Body::default(), timeout)? {
         Reply::Ok(json) => {
             let v: serde_json::Value =
@@ -285,9 +313,20 @@ fn probe(conn: &Conn, timeout: Duration) -> Result<(bool, String, Duration), Wir
             let ready = v.get("ready").and_then(|r| r.as_bool()).unwrap_or(false);
             let reason = v.get("reason").and_then(|r| r.as_str()).unwrap_or("").to_owned();
             let stalled = Duration::from_millis(v.get("stalled_ms").and_then(|s| s.as_u64()).unwrap_or(0));
-            Ok((ready, reason, stalled))
+            let n = |k: &str| v.get(k).and_then(|x| x.as_u64());
+            let queue = (|| {
+                Some(HelperQueue {
+                    queued: n("queued")?,
+                    in_flight: n("running")?,
+                    timed_out_in_queue_total: n("expired")?,
+                    refused_full_total: n("busy")?,
+                    done_total: n("done")?,
+                    restarts_total: 0,
+                })
+            })();
+            Ok((ready, reason, stalled, queue))
         }
-        Reply::Unavailable(r) | Reply::Bad(r) | Reply::Busy(r) => Ok((false, r, Duration::ZERO)),
+        Reply::Unavailable(r) | Reply::Bad(r) | Reply::Busy(r) => Ok((false, r, Duration::ZERO, None)),
     }
 }
 

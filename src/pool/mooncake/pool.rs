@@ -325,6 +325,10 @@ impl PoolBackend for MooncakePool {
         self.restarts()
     }
 
+    fn helper_queue(&self) -> Option<crate::pool::HelperQueue> {
+        Some(self.sup().queue())
+    }
+
     fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), PoolError>> {
         if let Some(mac) = &self.cfg.integrity {
             return self.sealed_put(mac, items);
