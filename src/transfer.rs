@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use parking_lot::{Condvar, Mutex};
 
+mod scoped;
+
 /// A unit of work for a transfer worker.
 pub type Job = Box<dyn FnOnce() + Send + 'static>;
 

@@ -20,14 +20,16 @@
 //! hearing the last is done, so they pay the same wake-ups. A ratio is the median of the
 //! per-slice ratios.
 //!
-//! Stores, loads and stagings share each batch among the workers
+//! Stores, loads, shares and stagings share each batch among the workers
 //! (`TransferEngine::runners`), so their thread count is the workers' even for one batch
-//! per slice. The manager's directory is sized to what the arena and the pool hold, as a
-//! daemon's `max_pages` is: with the default of millions of pages, every new page's slot
-//! in the lookup index lies on memory nobody has touched yet, and its first-touch page
-//! fault under the directory lock was a start-up cost the reference never pays (a third
-//! of device->host's time at 64 KiB, and a swing from run to run with how fast the
-//! kernel hands out fresh pages).
+//! per slice. Host->pool sends one `Share` per batch (`--share-pages` sets another
+//! size); pool->host sends one `Prefetch` per slice, as an engine names the pages of a
+//! request at once. The manager's directory is sized to what the arena and the pool
+//! hold, as a daemon's `max_pages` is: with the default of millions of pages, every new
+//! page's slot in the lookup index lies on memory nobody has touched yet, and its
+//! first-touch page fault under the directory lock was a start-up cost the reference
+//! never pays (a third of device->host's time at 64 KiB, and a swing from run to run
+//! with how fast the kernel hands out fresh pages).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,6 +72,11 @@ pub struct TransferArgs {
     /// Pages per store/load request.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
+    /// Pages per `Share` hint on the host->pool path (0: `--batch`). One large `Share`
+    /// is one job whose copy the workers share; its reserve and settle are not
+    /// overlapped with another batch's copy, as those of several hints are.
+    #[arg(long, default_value_t = 0)]
+    pub share_pages: usize,
     /// Rounds; each moves every page along every path once.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
@@ -340,14 +347,24 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
         .next_multiple_of(args.batch)
         .min(pages);
     // Where each path copies: stores and loads run on the transfer workers, each batch
-    // shared by as many as its bytes are worth (`TransferEngine::runners`); shares run
-    // one job per batch; a staging shares each of its batches the same way, or copies on
-    // the calling thread when a batch is too small to share.
+    // shared by as many as its bytes are worth (`TransferEngine::runners`); a share is
+    // one job whose copy is shared the same way (`TransferEngine::map_pieces`); a staging
+    // shares each of its batches the same way, or copies on the calling thread when a
+    // batch is too small to share.
     let shared = |n: usize| {
         let per_batch = crate::transfer::runners(workers, args.batch.min(n) as u64 * page);
         Threads::Workers(workers.min(n.div_ceil(args.batch) * per_batch).max(1))
     };
-    let per_batch = |n: usize| Threads::Workers(workers.min(n.div_ceil(args.batch)).max(1));
+    // A Share is one job, shared piece by piece as a store's batch is.
+    let share_pages = if args.share_pages == 0 {
+        args.batch
+    } else {
+        args.share_pages
+    };
+    let shares = |n: usize| {
+        let per_hint = crate::transfer::runners(workers, share_pages.min(n) as u64 * page);
+        Threads::Workers(workers.min(n.div_ceil(share_pages) * per_hint).max(1))
+    };
     let staged = |n: usize| {
         let batch = crate::manager::STAGE_BATCH_PAGES;
         match crate::transfer::runners(workers, batch.min(n) as u64 * page) {
@@ -355,7 +372,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             r => Threads::Workers(workers.min(n.div_ceil(batch) * r)),
         }
     };
-    let threads = [shared(slice), shared(slice), per_batch(slice), staged(slice)];
+    let threads = [shared(slice), shared(slice), shares(slice), staged(slice)];
     // The references' buffers: page-aligned and touched before timing, as the arena, the
     // pool and the device region are, and as large as what the path moves: slice k's
     // references copy the k-th slice of them, bytes last touched a round ago, as the
@@ -442,7 +459,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             for (at, hs, _) in slices() {
                 // Host → pool.
                 measured(2, at, hs.len(), &mut || {
-                    for h in hs.chunks(args.batch) {
+                    for h in hs.chunks(share_pages) {
                         let target = HintTarget::Pages(h.to_vec());
                         m.hint(ns, Hint::Share { target })?;
                     }

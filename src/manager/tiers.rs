@@ -198,7 +198,17 @@ impl Manager {
             }
             crate::pool::io_guard::check("put");
             let t = std::time::Instant::now();
-            for (r, i) in pool.batch_put_ordered(&items).into_iter().zip(at) {
+            // Shared with idle workers piece by piece, as stores and loads are: one Share
+            // is one job, however many pages it names.
+            let runners = self.inner.xfer.runners(items.iter().map(|it| it.1.len() as u64).sum());
+            let put = |r: std::ops::Range<usize>| pool.batch_put_ordered(&items[r]);
+            for (r, i) in self
+                .inner
+                .xfer
+                .map_pieces(items.len(), runners, put)
+                .into_iter()
+                .zip(at)
+            {
                 results[i] = Some(r);
             }
             self.inner.stats.copied(TierKind::Host, TierKind::Pool, t.elapsed());
