@@ -598,8 +598,18 @@ class KvtierConnector(KVConnectorBase_V1):
         # A failed load (the daemon gone since the lookup) leaves its blocks to be computed:
         # they are reported by get_block_ids_with_load_errors, and the scheduler connector
         # set kv_load_failure_policy to "recompute".
-        n = self._call(f"load of {len(load.hashes)} pages",
-                       lambda c: c.load(load.hashes, load.block_ids, _capi.LOAD_WAIT_COMPLETE), 0)
+        # Each call waits (up to the call's timeout) for the next page the daemon is still
+        # staging from the pool, and loads the leading pages on host. An asynchronous
+        # load, off vLLM's step, asks again for the rest while each call brings pages: a
+        # slow pool read then costs time, not a recomputation of the pages it had not
+        # staged yet. A synchronous load (every page was on host at the lookup) asks once.
+        n = 0
+        while n < len(load.hashes):
+            got = self._call(f"load of {len(load.hashes) - n} pages",
+                             lambda c, n=n: c.load(load.hashes[n:], load.block_ids[n:], _capi.LOAD_WAIT_COMPLETE), 0)
+            n += got
+            if got == 0 or not load.is_async:
+                break
         if n < len(load.block_ids):
             with self._lock:
                 self._load_errors.update(load.block_ids[n:])
