@@ -6,7 +6,10 @@
 //! element (`python/tests/vllm_connector.py`). The stores carry token ids (the daemon's
 //! KV events, decoded by vLLM, hold them), a Dynamo KvHint envelope on vLLM's
 //! `Request.kv_hints` reaches the daemon (kv.fetch@1.0 accepted, @2.0 ignored), and a
-//! finished request of a session reaches the daemon's request traces.
+//! finished request of a session reaches the daemon's request traces. A prompt of exactly
+//! the stored blocks is a whole-prompt hit (every block loads, vLLM computes the last
+//! token: `num_computed_tokens` 47 of 48), or with `whole_prompt_hit` off a hit one block
+//! shorter (32).
 
 mod common;
 mod pkg_support;
@@ -61,6 +64,9 @@ fn vllm_scheduler_stores_and_loads_through_kvtier_connector() {
             "OK kv_hints: kv.fetch@1.0 accepted for 3 pages, kv.fetch@2.0 ignored, unknown page ignored",
             "OK engine 2 async load: num_computed_tokens 48, 6144 elements checked",
             "OK engine 3 sync load: num_computed_tokens 48, 6144 elements checked",
+            "OK vllm-4 prompt of 3 whole blocks: num_computed_tokens 47, 3 blocks loaded, 6144 elements checked",
+            "OK vllm-5 prompt of 3 whole blocks: num_computed_tokens 32, 2 blocks loaded, 6144 elements checked",
+            "OK whole_prompt_hit takes only true or false",
             "OK done",
         ],
     );

@@ -3,9 +3,12 @@
 //! through `kvtier.vllm.KvtierConnector` and a real `kvtier serve`
 //! (`python/tests/vllm_cpu_engine.py` says what each case checks):
 //!
-//! - a 4,096-token prompt loaded from kvtier after `reset_prefix_cache()`: vLLM's
-//!   scheduler counts the external hit, every loaded block is bit-identical to the block
-//!   vLLM computed, and the greedy output equals vLLM's own prefix hit of the same split;
+//! - a 4,096-token prompt loaded from kvtier after `reset_prefix_cache()`, a whole-prompt
+//!   hit: vLLM's scheduler counts 4,095 external tokens, all 128 blocks load bit-identical
+//!   to the blocks vLLM computed, and vLLM computes only the last token (the last block's
+//!   other rows unchanged; the first output token checked against the computation's, near
+//!   ties said); one token more (the split of vLLM's own prefix hit) gives the greedy
+//!   output of vLLM's own prefix hit;
 //!   neither that hit nor vLLM's own prefix hit sends kvtier a page it holds (the
 //!   daemon stores no bytes for them); three prompts sharing a 2,048-token prefix and an agent-like session load their
 //!   prefixes from kvtier;
@@ -163,8 +166,11 @@ fn vllm_cpu_loads_prefixes_from_kvtier_host_bit_identical_and_in_a_second_proces
     lines_with(
         &out,
         &[
-            "OK kvtier hit: 4064 external tokens counted by vLLM's scheduler, 127 blocks bit-identical",
-            "OK output of the kvtier hit equals vLLM's own prefix hit (32 tokens)",
+            "OK kvtier whole-prompt hit: 4095 external tokens counted by vLLM's scheduler, 128 blocks loaded bit-identical",
+            "OK last block: the 31 loaded tokens unchanged after the run",
+            "OK whole-prompt hit's first token",
+            "OK vLLM's own prefix hit (127 blocks) plus kvtier's last block: 31 external tokens, 1 block loaded bit-identical, the whole-prompt hit's output",
+            "OK same split (4097 tokens, 128 blocks loaded bit-identical): output of the kvtier hit equals vLLM's own prefix hit (32 tokens)",
             "OK no re-stores: the kvtier hit and vLLM's prefix hit sent 0 of the 128 pages kvtier held",
             "OK shared prefix: external hits [0, 2048, 2048]",
             "OK agent session: turns 2-4 loaded",
@@ -175,7 +181,7 @@ fn vllm_cpu_loads_prefixes_from_kvtier_host_bit_identical_and_in_a_second_proces
     lines_with(
         &out,
         &[
-            "OK second process: 4064 external tokens, 127 blocks equal the first process's, same output",
+            "OK second process: 4095 external tokens, 128 blocks equal the first process's, same output",
             "OK done",
         ],
     );
@@ -185,15 +191,15 @@ fn vllm_cpu_loads_prefixes_from_kvtier_host_bit_identical_and_in_a_second_proces
 fn vllm_cpu_loads_pages_that_are_only_in_the_pool() {
     let Some(py) = python() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    // Host holds 192 objects (96 pages), the pool 512 MiB: the prompt's 63 stored pages
+    // Host holds 192 objects (96 pages), the pool 512 MiB: the prompt's 64 stored pages
     // leave host for the pool as other prompts come.
     let mut d = daemon(tmp.path(), 192 * 131072, &[SLOT, "pool_bytes=536870912"]);
     let out = run_case(&py, "pool", &mut d, true, tmp.path(), 900);
     lines_with(
         &out,
         &[
-            "OK pool: 63 pages only in the pool",
-            "OK pool hit: 2016 external tokens, 63 blocks bit-identical, output equals the host path's",
+            "OK pool: 64 pages only in the pool",
+            "OK pool hit: 2047 external tokens, 64 blocks bit-identical, output equals the host path's",
             "OK done",
         ],
     );
@@ -212,8 +218,8 @@ fn vllm_cpu_serves_with_the_daemon_down_and_killed() {
         &out,
         &[
             "OK vLLM served without a daemon (computed locally)",
-            "OK the daemon appeared: connected, then 2016 tokens loaded, 63 blocks bit-identical",
-            "OK daemon killed between lookup and load: request completed, 63 blocks recomputed bit-identical",
+            "OK the daemon appeared: connected, then 2047 tokens loaded, 64 blocks bit-identical",
+            "OK daemon killed between lookup and load: request completed, 64 blocks recomputed bit-identical",
             "OK done",
         ],
     );
@@ -228,8 +234,8 @@ fn vllm_cpu_tensor_parallel_2_pages_complete_after_both_ranks() {
     lines_with(
         &out,
         &[
-            "OK TP=2: 127 pages stored by rank 0 only are not complete (lookup 0, vLLM recomputed)",
-            "OK TP=2 kvtier hit: 4064 external tokens, 127 blocks bit-identical on each of 2 ranks",
+            "OK TP=2: 128 pages stored by rank 0 only are not complete (lookup 0, vLLM recomputed)",
+            "OK TP=2 kvtier hit: 4096 external tokens, 128 blocks bit-identical on each of 2 ranks",
             "OK TP=2 output of the kvtier hit equals vLLM's own prefix hit (32 tokens)",
             "OK done",
         ],

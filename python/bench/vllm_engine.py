@@ -10,9 +10,12 @@ prompts of PROMPT_TOKENS tokens and greedy ``max_tokens=1`` (the wall time of th
 ``generate`` is the time to first token):
 
 * ``recompute``: a prompt no cache holds;
-* ``vllm_prefix_hit``: the same prompt again (vLLM's own prefix cache);
+* ``vllm_prefix_hit``: the same prompt again (vLLM's own prefix cache; the connector's
+  whole-prompt hit is off for it, so kvtier adds nothing: 0 external tokens);
 * ``kvtier_host_hit``: a prompt stored earlier, after ``reset_prefix_cache()``, its pages
-  in kvtier's host tier;
+  in kvtier's host tier (a whole-prompt hit for a block-aligned prompt: every block
+  loads and vLLM computes the last token, as LMCache's hit; vLLM's own prefix hit
+  computes the last block's 32 tokens);
 * ``kvtier_pool_hit``: a prompt stored earlier and shared to the pool, pushed out of host
   by a filler prompt and the host-hit prompt (the daemon's arena holds about one and a
   half prompts), after ``reset_prefix_cache()``; the daemon stages it from the pool (an
@@ -71,6 +74,7 @@ def main():
     engine.build_model(model)
     eng = engine.Engine(socket, model, digests=False)
     layout = eng.worker._link.get().layout
+    sched = eng.llm.llm_engine.engine_core.engine_core.scheduler
     probe = kvtier.Client(layout, socket=socket, instance="bench-probe", model=eng.worker._model)
     warm = engine.tokens(999, n)
     # First-run costs out of the way: a computation and a kvtier hit here, a computation
@@ -102,7 +106,8 @@ def main():
         # prompt and the host prompt (the arena holds about one and a half prompts).
         before = len(eng.computed)
         ttft(eng, pool_p)
-        pool_hashes = [bytes.fromhex(h) for h in list(eng.computed)[before:before + (n - 1) // engine.BLOCK]]
+        # Every full block: a whole-prompt hit (the connector's default) loads the last one too.
+        pool_hashes = [bytes.fromhex(h) for h in list(eng.computed)[before:before + n // engine.BLOCK]]
         probe.hint(kvtier.HINT_SHARE, pool_hashes, target=kvtier.TARGET_PAGES, tier=kvtier.TIER_POOL)
         ttft(eng, engine.tokens(4000 + r, n))
         ttft(eng, host_p)
@@ -111,7 +116,11 @@ def main():
         # engine's own client says its blocks no longer hold the pool prompt.
         eng.worker._link.get().removed(pool_hashes)
         measured(eng, "recompute", fresh, r)
+        # vLLM's own prefix hit alone: with whole-prompt hits on, kvtier would add the
+        # prompt's last block (the one vLLM's cache never hits) to it.
+        sched.connector._whole_prompt_hit = False
         measured(eng, "vllm_prefix_hit", fresh, r)
+        sched.connector._whole_prompt_hit = True
         engine.reset_prefix_cache(eng.llm)
         measured(eng, "kvtier_host_hit", host_p, r)
         engine.reset_prefix_cache(eng.llm)

@@ -8,7 +8,9 @@ and optionally ``"kv_connector_extra_config": {...}`` with the keys of :data:`EX
 
 Scheduler side: ``get_num_new_matched_tokens`` looks the request's ``block_hashes`` up in
 kvtier (one page per vLLM block) and offers the hit beyond vLLM's own prefix cache, always
-leaving the prompt's last token to compute; the load is asynchronous (the request waits in
+leaving the prompt's last token to compute (when kvtier holds every block of a
+block-aligned prompt, all blocks load and only that token is computed, into the last
+block; see ``whole_prompt_hit``); the load is asynchronous (the request waits in
 ``WAITING_FOR_REMOTE_KVS``) when part of the hit sits in the pool, which the daemon must
 first bring to host, or when ``load_async`` is set. ``update_state_after_alloc`` pins the
 hit to the blocks vLLM allocated, ``build_connector_meta`` hands the step's loads and the
@@ -78,7 +80,11 @@ logger = logging.getLogger(__name__)
 #: ``session_events`` is the daemon's session event endpoint (default: its ``ipc`` socket
 #: beside the daemon's socket, when that exists; ``""`` turns holding off) and
 #: ``session_hold_ms`` the longest a request of a paused session waits (0: never held).
-EXTRA_KEYS = ("socket", "instance", "model", "timeout_ms", "load_async", "session_events", "session_hold_ms")
+#: ``whole_prompt_hit`` (default on): a request whose every block kvtier holds loads them
+#: all and computes only its last token; off, the hit ends at the last whole block before
+#: that token (as vLLM's own prefix cache), which vLLM then computes.
+EXTRA_KEYS = ("socket", "instance", "model", "timeout_ms", "load_async", "session_events", "session_hold_ms",
+              "whole_prompt_hit")
 #: The ``medium`` of the ``BlockStored`` events: kvtier keeps pages in host memory.
 MEDIUM = "CPU"
 #: Envelope reports kept for inspection (the oldest are dropped).
@@ -274,6 +280,10 @@ class KvtierConnector(KVConnectorBase_V1):
         self._instance = cfg.get("instance") or vllm_config.kv_transfer_config.engine_id or "vllm"
         self._timeout_ms = int(cfg.get("timeout_ms", 10000))
         self._load_async = bool(cfg.get("load_async", False))
+        self._whole_prompt_hit = cfg.get("whole_prompt_hit", True)
+        if not isinstance(self._whole_prompt_hit, bool):
+            raise ValueError(f"kv_connector_extra_config whole_prompt_hit is {self._whole_prompt_hit!r}; "
+                             "KvtierConnector takes true or false")
         self._block_size = vllm_config.cache_config.block_size
         self._tp_size = vllm_config.parallel_config.tensor_parallel_size
         self._layout = (layout_of(kv_cache_config, self._tp_size, vllm_config)
@@ -366,22 +376,27 @@ class KvtierConnector(KVConnectorBase_V1):
             return 0, False
         held = min(hit.device + hit.host + hit.pool, full)
         tracked.saved_upto = max(tracked.saved_upto, held)
-        # The last prompt token is always computed, so vLLM can sample the next one.
-        usable = min(full, (request.num_tokens - 1) // self._block_size)
         start = num_computed_tokens // self._block_size
-        pages = min(held, usable)
+        # The last token is always computed, so vLLM can sample the next one. When kvtier
+        # holds every block of a block-aligned request (the whole prompt), all of them
+        # load and the hit counts all tokens but that one, which vLLM computes into the
+        # last loaded block (as LMCache's connector does); otherwise the hit is whole
+        # blocks ending before the last token.
+        whole = self._whole_prompt_hit and held == full and full * self._block_size == request.num_tokens
+        pages = held if whole else min(held, (request.num_tokens - 1) // self._block_size)
         if pages <= start:
             return 0, False
         tracked.hit_start = start
         tracked.hit_hashes = hashes[start:pages]
         tracked.hit_async = self._load_async or hit.pool > 0
-        return (pages - start) * self._block_size, tracked.hit_async
+        return (pages - start) * self._block_size - (1 if whole else 0), tracked.hit_async
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         tracked = self._tracked.setdefault(request.request_id, _Tracked(request))
         if num_external_tokens <= 0 or not tracked.hit_hashes:
             return
-        n = num_external_tokens // self._block_size
+        # A whole-prompt hit ends one token short of its last block: that block loads too.
+        n = -(-num_external_tokens // self._block_size)
         block_ids = list(blocks.get_block_ids()[0])
         ids = block_ids[tracked.hit_start:tracked.hit_start + n]
         hashes = tracked.hit_hashes[:n]
@@ -583,8 +598,18 @@ class KvtierConnector(KVConnectorBase_V1):
         # A failed load (the daemon gone since the lookup) leaves its blocks to be computed:
         # they are reported by get_block_ids_with_load_errors, and the scheduler connector
         # set kv_load_failure_policy to "recompute".
-        n = self._call(f"load of {len(load.hashes)} pages",
-                       lambda c: c.load(load.hashes, load.block_ids, _capi.LOAD_WAIT_COMPLETE), 0)
+        # Each call waits (up to the call's timeout) for the next page the daemon is still
+        # staging from the pool, and loads the leading pages on host. An asynchronous
+        # load, off vLLM's step, asks again for the rest while each call brings pages: a
+        # slow pool read then costs time, not a recomputation of the pages it had not
+        # staged yet. A synchronous load (every page was on host at the lookup) asks once.
+        n = 0
+        while n < len(load.hashes):
+            got = self._call(f"load of {len(load.hashes) - n} pages",
+                             lambda c, n=n: c.load(load.hashes[n:], load.block_ids[n:], _capi.LOAD_WAIT_COMPLETE), 0)
+            n += got
+            if got == 0 or not load.is_async:
+                break
         if n < len(load.block_ids):
             with self._lock:
                 self._load_errors.update(load.block_ids[n:])

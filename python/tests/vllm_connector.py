@@ -18,6 +18,10 @@ blocks are checked element for element. B carries a Dynamo KvHint envelope as vL
 Request.kv_hints, naming its blocks by vLLM's integer event hashes: kv.fetch@1.0 is
 accepted for 3 pages, kv.fetch@2.0 is ignored (unsupported_version), and a hash kvtier
 does not hold is ignored (unknown_pages).
+
+A prompt of exactly A's 3 full blocks in a fresh engine loads all 3 and vLLM computes only
+its last token (num_computed_tokens 47, the connector's default ``whole_prompt_hit``); with
+``whole_prompt_hit`` off, 2 blocks load and vLLM computes the third (32).
 """
 
 import json
@@ -57,25 +61,25 @@ def kv_cache_config():
                                                    dtype=torch.float16))])
 
 
-def transfer_config(name, load_async):
+def transfer_config(name, load_async, **extra):
     return KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm",
                             kv_role="kv_both",
                             kv_connector_extra_config={"socket": SOCKET, "instance": name, "model": "tiny-llama",
-                                                       "load_async": load_async})
+                                                       "load_async": load_async, **extra})
 
 
 class Engine:
     """One vLLM instance: its Scheduler (with the scheduler-side connector) and its worker
     connector over CPU KV caches."""
 
-    def __init__(self, name, load_async):
+    def __init__(self, name, load_async, **extra):
         cfg = VllmConfig(
             model_config=model_config,
             cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
             scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024,
                                              is_encoder_decoder=False),
             device_config=DeviceConfig("cpu"),
-            kv_transfer_config=transfer_config(name, load_async),
+            kv_transfer_config=transfer_config(name, load_async, **extra),
         )
         cfg.cache_config.num_gpu_blocks = BLOCKS
         kvc = kv_cache_config()
@@ -275,7 +279,36 @@ others = sorted(set(range(BLOCKS)) - set(out.scheduled_new_reqs[0].block_ids[0])
 assert all(float(e3.caches[l][:, others].abs().sum()) == 0 for l in LAYERS)
 print(f"OK engine 3 sync load: num_computed_tokens 48, {n} elements checked")
 
-for e in (e1, e2, e3):
+# -- Whole-prompt hits: a prompt of exactly A's 3 full blocks. -----------------------------------
+# Engine 4 (default): all 3 blocks load and vLLM computes only the last token (47 + 1);
+# engine 5 (whole_prompt_hit off): 2 blocks load and vLLM computes the third (32 + 16).
+whole = []
+for name, extra, want_computed, want_blocks in (("vllm-4", {}, 47, 3),
+                                                 ("vllm-5", {"whole_prompt_hit": False}, 32, 2)):
+    e = Engine(name, load_async=False, **extra)
+    req = request(name, list(prefix))
+    e.add(req)
+    out, errors = e.step()
+    assert not errors, errors
+    assert [(r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs] == [(name, want_computed)], \
+        out.scheduled_new_reqs
+    assert out.num_scheduled_tokens[name] == 48 - want_computed, out.num_scheduled_tokens
+    loads = out.kv_connector_metadata.loads
+    assert [(l.req_id, len(l.block_ids)) for l in loads] == [(name, want_blocks)], loads
+    assert list(out.scheduled_new_reqs[0].block_ids[0][:want_blocks]) == loads[0].block_ids
+    # The loaded blocks (the last one's final slot rewritten by the step) hold A's K/V.
+    n = check_blocks(e, req, out.scheduled_new_reqs[0].block_ids[0], 3)
+    whole.append(e)
+    print(f"OK {name} prompt of 3 whole blocks: num_computed_tokens {want_computed}, {want_blocks} blocks loaded, "
+          f"{n} elements checked")
+try:
+    Engine("vllm-6", load_async=False, whole_prompt_hit="yes")
+    raise AssertionError("whole_prompt_hit='yes' was accepted")
+except ValueError as e:
+    assert "whole_prompt_hit" in str(e), e
+print("OK whole_prompt_hit takes only true or false")
+
+for e in (e1, e2, e3, *whole):
     e.worker.shutdown()
     e.sched.connector.shutdown()
 print("OK done")
