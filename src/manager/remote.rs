@@ -332,7 +332,7 @@ impl Manager {
                     }
                 }
             }
-            if let Some(per_page) = self.index_answers(index, ns, window, &mut answer) {
+            if let Some(per_page) = index_answers(self, index, ns, window, &mut answer) {
                 let d = Discovery {
                     ns,
                     hit,
@@ -401,39 +401,6 @@ impl Manager {
             now,
         };
         Ok((d, keys))
-    }
-
-    /// The index's answers for the window's unanswered pages, in order, up to the first
-    /// page that lacks an object (it and the rest stay `false`): each page's keys are
-    /// rendered into one reused buffer and probed as they are, under the directory's and
-    /// the index's read locks (the index's lock is a leaf: nothing is taken under it).
-    /// `None` when the index lost sync meanwhile. Returns the objects per page.
-    fn index_answers(
-        &self,
-        index: &PoolIndex,
-        ns: NamespaceId,
-        window: &[PageHash],
-        answer: &mut [Option<bool>],
-    ) -> Option<usize> {
-        let st = self.read();
-        let layout = st.dir.layout(ns).ok()?;
-        let scheme = &st.keys[ns.0 as usize];
-        let per_page = layout.object_count();
-        let mut probe = index.probe()?;
-        let mut keys = KeyBatch::with_capacity(per_page, scheme.key_capacity());
-        let mut open = true;
-        for (i, h) in window.iter().enumerate() {
-            if answer[i].is_some() {
-                continue;
-            }
-            if open {
-                keys.clear();
-                keys.push_page(scheme, layout, h);
-                open = probe.all_present(&keys);
-            }
-            answer[i] = Some(open);
-        }
-        Some(per_page)
     }
 
     /// Discovery from the pool's answer on: the cache and the directory brought in line,
@@ -544,6 +511,40 @@ impl Manager {
             pool: total.saturating_sub(again.device + again.host),
         }
     }
+}
+
+/// The index's answers for the window's unanswered pages, in order, up to the first
+/// page that lacks an object (it and the rest stay `false`): each page's keys are
+/// rendered into one reused buffer and probed as they are, under the directory's and
+/// the index's read locks (the index's lock is a leaf: nothing is taken under it).
+/// `None` when the index lost sync meanwhile. Returns the objects per page. (A free
+/// function: `Manager` is at its method ceiling.)
+fn index_answers(
+    m: &Manager,
+    index: &PoolIndex,
+    ns: NamespaceId,
+    window: &[PageHash],
+    answer: &mut [Option<bool>],
+) -> Option<usize> {
+    let st = m.read();
+    let layout = st.dir.layout(ns).ok()?;
+    let scheme = &st.keys[ns.0 as usize];
+    let per_page = layout.object_count();
+    let mut probe = index.probe()?;
+    let mut keys = KeyBatch::with_capacity(per_page, scheme.key_capacity());
+    let mut open = true;
+    for (i, h) in window.iter().enumerate() {
+        if answer[i].is_some() {
+            continue;
+        }
+        if open {
+            keys.clear();
+            keys.push_page(scheme, layout, h);
+            open = probe.all_present(&keys);
+        }
+        answer[i] = Some(open);
+    }
+    Some(per_page)
 }
 
 /// A lookup's first step on an async runtime (see [`Manager::lookup_begin`]).
