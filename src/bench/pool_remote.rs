@@ -50,6 +50,8 @@ const WARM_ROUNDS: usize = 4;
 const SUBJECT_MAX_PAGES: usize = 65_536;
 /// How long the subject's index may take to apply a round's events.
 const EVENT_WAIT: Duration = Duration::from_secs(10);
+/// The pause between the bench's last status poll and the timed pair (see the loop).
+const QUIET: Duration = Duration::from_millis(2);
 
 /// The writer's announcements: object Store/Remove events in Mooncake's format (the
 /// fields a master sends with `--kv_events_emit_object_key`), sequence from 1.
@@ -226,12 +228,18 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Row> {
         }
         announce.send(true, &refs)?;
         let want = seen + refs.len() as u64;
-        seen = wait_for(&admin, EVENT_WAIT, "the round's events applied", |c| c.events >= want)?.events;
+        // The poll that saw the events applied is the round's `before`: no lookup runs
+        // between it and the timed pair.
+        let before = wait_for(&admin, EVENT_WAIT, "the round's events applied", |c| c.events >= want)?;
+        seen = before.events;
         let counted = round > WARM_ROUNDS;
-        let before = counters(&admin)?;
         if !before.in_sync {
             bail!("the subject's index fell out of sync: {before:?}");
         }
+        // That poll is a status render in the subject (its heaviest admin request) and
+        // two HTTP exchanges here; timed right after it, the lookup also measured the
+        // render's wind-down on a shared core. Both sides start from a quiet subject.
+        std::thread::sleep(QUIET);
         let subject = || -> anyhow::Result<f64> {
             let t = Instant::now();
             let hit = client.lookup(&hs)?;

@@ -299,13 +299,14 @@ impl Manager {
             return Err(hit);
         }
         let window = &hashes[start..end];
-        // What the directory knows, and the layout and keys to ask with (one read lock).
-        let (known, layout, scheme) = {
+        // What the directory knows (one read lock, the view's probes being lock-free
+        // already; nothing is cloned here).
+        let known: Vec<Known> = {
             let st = self.read();
-            let Ok(layout) = st.dir.layout(ns).cloned() else {
+            if st.dir.layout(ns).is_err() {
                 return Err(hit);
-            };
-            let known: Vec<Known> = window
+            }
+            window
                 .iter()
                 .map(|h| match st.dir.find(ns, h) {
                     Some(id) if st.dir.is_complete(id, TierKind::Device) || st.dir.is_complete(id, TierKind::Host) => {
@@ -314,12 +315,10 @@ impl Manager {
                     Some(id) if st.dir.is_complete(id, TierKind::Pool) => Known::Pool,
                     _ => Known::No,
                 })
-                .collect();
-            (known, layout, st.keys[ns.0 as usize].clone())
+                .collect()
         };
         let now = self.inner.clock.now_ms();
         let mut answer: Vec<Option<bool>> = known.iter().map(|k| (*k == Known::Near).then_some(true)).collect();
-        let per_page = layout.object_count();
         // The pool index, while in sync, answers every page here: no query, no cache.
         // Pages this node wrote stay the directory's to judge (a node's own lookup may run
         // before its own events reach its index); pages found in the pool follow the index.
@@ -333,15 +332,7 @@ impl Manager {
                     }
                 }
             }
-            let ask: Vec<usize> = (0..window.len()).filter(|&i| answer[i].is_none()).collect();
-            let mut keys = KeyBatch::with_capacity(ask.len() * per_page, scheme.key_capacity());
-            for &i in &ask {
-                keys.push_page(&scheme, &layout, &window[i]);
-            }
-            if let Some(present) = index.pages_present(&keys, per_page) {
-                for (j, &i) in ask.iter().enumerate() {
-                    answer[i] = Some(present[j]);
-                }
+            if let Some(per_page) = index_answers(self, index, ns, window, &mut answer) {
                 let d = Discovery {
                     ns,
                     hit,
@@ -356,6 +347,15 @@ impl Manager {
                 return Ok((d, None));
             }
         }
+        // The master's path: the layout and the key scheme, to render the query's keys with.
+        let (layout, scheme) = {
+            let st = self.read();
+            let Ok(layout) = st.dir.layout(ns).cloned() else {
+                return Err(hit);
+            };
+            (layout, st.keys[ns.0 as usize].clone())
+        };
+        let per_page = layout.object_count();
         // Cached answers; the walk stops at the first cached "no".
         {
             let Some(cache) = self.remote_cache() else {
@@ -511,6 +511,40 @@ impl Manager {
             pool: total.saturating_sub(again.device + again.host),
         }
     }
+}
+
+/// The index's answers for the window's unanswered pages, in order, up to the first
+/// page that lacks an object (it and the rest stay `false`): each page's keys are
+/// rendered into one reused buffer and probed as they are, under the directory's and
+/// the index's read locks (the index's lock is a leaf: nothing is taken under it).
+/// `None` when the index lost sync meanwhile. Returns the objects per page. (A free
+/// function: `Manager` is at its method ceiling.)
+fn index_answers(
+    m: &Manager,
+    index: &PoolIndex,
+    ns: NamespaceId,
+    window: &[PageHash],
+    answer: &mut [Option<bool>],
+) -> Option<usize> {
+    let st = m.read();
+    let layout = st.dir.layout(ns).ok()?;
+    let scheme = &st.keys[ns.0 as usize];
+    let per_page = layout.object_count();
+    let mut probe = index.probe()?;
+    let mut keys = KeyBatch::with_capacity(per_page, scheme.key_capacity());
+    let mut open = true;
+    for (i, h) in window.iter().enumerate() {
+        if answer[i].is_some() {
+            continue;
+        }
+        if open {
+            keys.clear();
+            keys.push_page(scheme, layout, h);
+            open = probe.all_present(&keys);
+        }
+        answer[i] = Some(open);
+    }
+    Some(per_page)
 }
 
 /// A lookup's first step on an async runtime (see [`Manager::lookup_begin`]).

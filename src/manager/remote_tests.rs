@@ -378,5 +378,6 @@ fn an_in_sync_index_answers_a_lookup_without_leaving_the_callers_thread() {
     let r = b.m.remote_stats().unwrap();
     assert_eq!((r.exists_queries, r.found_pages), (0, 2));
     let ix = index.snapshot();
-    assert_eq!((ix.index_lookups, ix.index_pages), (1, 4));
+    // Probing stops at the page that lacks an object: the fourth is never rendered.
+    assert_eq!((ix.index_lookups, ix.index_pages), (1, 3));
 }

@@ -81,6 +81,12 @@ impl KeyBatch {
         scheme.push_page_keys(layout, hash, &mut self.buf, &mut self.ends);
     }
 
+    /// Empties the batch, keeping its buffers.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.ends.clear();
+    }
+
     /// How many keys the batch holds.
     pub fn len(&self) -> usize {
         self.ends.len()

@@ -70,7 +70,8 @@ pub struct IndexSnapshot {
     pub resync_failures: u64,
     pub last_resync_keys: u64,
     pub last_resync_us: u64,
-    /// Lookups answered from the index (no master query), and the pages they asked about.
+    /// Lookups answered from the index (no master query), and the pages they probed (up to
+    /// the first page that lacks an object).
     pub index_lookups: u64,
     pub index_pages: u64,
     /// Pages whose keys were dropped because a get found an object gone.
@@ -257,6 +258,20 @@ impl PoolIndex {
         Some(out)
     }
 
+    /// A read view for one lookup, `None` while not in sync (the caller falls back to the
+    /// master). The caller renders one page's keys at a time and asks
+    /// [`IndexProbe::all_present`], stopping at the first page that is not: a lookup whose
+    /// first page is absent renders and hashes one page's keys, not the whole window's.
+    /// The view holds the index's read lock: render, probe, and drop it.
+    pub fn probe(&self) -> Option<IndexProbe<'_>> {
+        let st = self.state.read();
+        (st.mode == IndexMode::InSync).then_some(IndexProbe {
+            st,
+            index: self,
+            pages: 0,
+        })
+    }
+
     /// Whether every one of `keys` is in the index (whatever its mode).
     pub fn contains_all(&self, keys: &[String]) -> bool {
         let st = self.state.read();
@@ -294,6 +309,29 @@ impl PoolIndex {
             index_pages: self.index_pages.load(Relaxed),
             forgotten_pages: self.forgotten_pages.load(Relaxed),
         }
+    }
+}
+
+/// One lookup's view of an in-sync index (see [`PoolIndex::probe`]); counts as one index
+/// lookup of the pages it was asked about when dropped.
+pub struct IndexProbe<'a> {
+    st: parking_lot::RwLockReadGuard<'a, State>,
+    index: &'a PoolIndex,
+    pages: u64,
+}
+
+impl IndexProbe<'_> {
+    /// Whether every key of `keys` (one page's objects) is present.
+    pub fn all_present(&mut self, keys: &KeyBatch) -> bool {
+        self.pages += 1;
+        (0..keys.len()).all(|i| self.st.keys.contains(keys.get(i)))
+    }
+}
+
+impl Drop for IndexProbe<'_> {
+    fn drop(&mut self) {
+        self.index.index_lookups.fetch_add(1, Relaxed);
+        self.index.index_pages.fetch_add(self.pages, Relaxed);
     }
 }
 
