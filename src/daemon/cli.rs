@@ -304,7 +304,11 @@ fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
             };
             writeln!(
                 out,
-                "kvtier serve: pool mooncake, master {} ({health}), key tag {:?}, segment {} MiB, {} replica(s)",
+                "kvtier serve: pool mooncake, client {}, master {} ({health}), key tag {:?}, segment {} MiB, {} replica(s)",
+                match m.client {
+                    super::pool_config::MooncakeClient::Helper => "helper",
+                    super::pool_config::MooncakeClient::CAbi => "c-abi",
+                },
                 m.master,
                 m.key_tag,
                 m.global_segment_bytes >> 20,
