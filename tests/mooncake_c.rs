@@ -166,8 +166,17 @@ fn pages_stored_shared_evicted_from_host_load_back_bit_identical_through_the_c_a
     assert_eq!(s, 200, "{v}");
     assert_eq!(complete(&admin_sock, &hs, "pool"), 8);
 
-    // A load brings every page back from the store, each byte the rank wrote.
+    // A prefetch brings every page back from the store to host, and a load to the
+    // engine, each byte the rank wrote.
     let gets = calls(dir.path(), "get");
+    let prefetch = Hint::Prefetch {
+        target: HintTarget::Pages(hs.clone()),
+        to: kvtier::TierKind::Host,
+        deadline_ms: None,
+    };
+    until("the pages are back on host", Duration::from_secs(30), || {
+        matches!(ctl.hint(prefetch.clone()), Ok(HintOutcome::Accepted { .. })) && complete(&admin_sock, &hs, "host") == 8
+    });
     let loaded = rank.nums("load 7000 8");
     assert_eq!(
         loaded,

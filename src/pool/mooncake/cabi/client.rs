@@ -72,26 +72,7 @@ impl Client {
     /// Opens the library at `path` (every function of upstream's header must be present)
     /// and creates a handle.
     pub fn load(path: &Path) -> Result<Self, MooncakeError> {
-        if !path.is_absolute() {
-            return Err(MooncakeError::Library(format!(
-                "{}: the library path must be absolute (a bare name would be searched for by the loader)",
-                path.display()
-            )));
-        }
-        if !path.exists() {
-            return Err(MooncakeError::Library(format!(
-                "{}: no such file (build it with cmake -DWITH_STORE_C_SHARED=ON, see docs/pool.md)",
-                path.display()
-            )));
-        }
-        // SAFETY: loading runs the library's initialisers; it is the Mooncake library the
-        // operator named, and every symbol of upstream's header is resolved before use.
-        let lib = unsafe { sys::MooncakeStoreC::new(path) }.map_err(|e| {
-            MooncakeError::Library(format!(
-                "{}: not a Mooncake Store C library for the vendored store_c.h: {e}",
-                path.display()
-            ))
-        })?;
+        let lib = open_library(path)?;
         // SAFETY: plain constructor of the ABI; it catches its own exceptions.
         let store = unsafe { lib.mooncake_store_create() };
         if store.is_null() {
@@ -104,7 +85,34 @@ impl Client {
             next_id: AtomicU64::new(0),
         })
     }
+}
 
+/// Opens the library at `path`, an absolute path, resolving every function of upstream's
+/// header (a library built from another version of it is refused, naming the function).
+pub fn open_library(path: &Path) -> Result<sys::MooncakeStoreC, MooncakeError> {
+    if !path.is_absolute() {
+        return Err(MooncakeError::Library(format!(
+            "{}: the library path must be absolute (a bare name would be searched for by the loader)",
+            path.display()
+        )));
+    }
+    if !path.exists() {
+        return Err(MooncakeError::Library(format!(
+            "{}: no such file (build it with cmake -DWITH_STORE_C_SHARED=ON, see docs/pool.md)",
+            path.display()
+        )));
+    }
+    // SAFETY: loading runs the library's initialisers; it is the Mooncake library the
+    // operator named, and every symbol of upstream's header is resolved before use.
+    unsafe { sys::MooncakeStoreC::new(path) }.map_err(|e| {
+        MooncakeError::Library(format!(
+            "{}: not a Mooncake Store C library for the vendored store_c.h: {e}",
+            path.display()
+        ))
+    })
+}
+
+impl Client {
     /// Why no new call may start now: a transfer past its deadline, or too many abandoned
     /// bounded calls.
     pub fn refusal(&self) -> Option<String> {

@@ -59,6 +59,14 @@ pub fn library_path(library: Option<&Path>) -> Result<PathBuf, MooncakeError> {
     }
 }
 
+/// Loads the library (`library`, else [`LIBRARY_ENV`]) and checks that it has every
+/// function of upstream's header, without connecting: the daemon's start-up check.
+pub fn check_library(library: Option<&Path>) -> Result<PathBuf, MooncakeError> {
+    let path = library_path(library)?;
+    client::open_library(&path)?;
+    Ok(path)
+}
+
 impl MooncakeCPool {
     /// Opens the library (`library`, else `MOONCAKE_STORE_LIBRARY`), connects to the master
     /// (within the configured start timeout) and registers the arena and the staging buffer.
