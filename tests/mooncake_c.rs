@@ -175,7 +175,8 @@ fn pages_stored_shared_evicted_from_host_load_back_bit_identical_through_the_c_a
         deadline_ms: None,
     };
     until("the pages are back on host", Duration::from_secs(30), || {
-        matches!(ctl.hint(prefetch.clone()), Ok(HintOutcome::Accepted { .. })) && complete(&admin_sock, &hs, "host") == 8
+        matches!(ctl.hint(prefetch.clone()), Ok(HintOutcome::Accepted { .. }))
+            && complete(&admin_sock, &hs, "host") == 8
     });
     let loaded = rank.nums("load 7000 8");
     assert_eq!(
