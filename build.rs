@@ -1,9 +1,10 @@
 //! Build script. Each part lives in its own function:
 //!
 //! - `build_cxx`: the C++ side of the cxx bridge (always; needs a C++17 compiler).
-//! - `mooncake_c`: with the `mooncake-c` feature, bindgen turns
-//!   `include/mooncake_store_c.h` into bindings that load `libmooncake_store.so` at run
-//!   time through libloading (the default build needs no libclang).
+//! - `mooncake_c`: with the `mooncake-c` feature, bindgen turns upstream Mooncake's own
+//!   `include/upstream/mooncake/store_c.h` (vendored verbatim) into bindings that load
+//!   `libmooncake_store.so` at run time through libloading (the default build needs no
+//!   libclang).
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -37,7 +38,7 @@ fn build_cxx() {
 
 #[cfg(feature = "mooncake-c")]
 fn mooncake_c() {
-    let header = "include/mooncake_store_c.h";
+    let header = "include/upstream/mooncake/store_c.h";
     println!("cargo:rerun-if-changed={header}");
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     bindgen::Builder::default()
@@ -48,7 +49,7 @@ fn mooncake_c() {
         .dynamic_link_require_all(true)
         .layout_tests(false)
         .generate()
-        .expect("bindgen could not read include/mooncake_store_c.h (is libclang installed?)")
+        .expect("bindgen could not read include/upstream/mooncake/store_c.h (is libclang installed?)")
         .write_to_file(out.join("mooncake_store_c.rs"))
         .expect("write bindings");
 }

@@ -174,6 +174,14 @@ pub fn serve(mut cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Resu
     {
         tracing::info!(key_file = %key_file.display(), "Mooncake objects carry a keyed MAC");
     }
+    // The C ABI client's library is loaded before anything is created (the pool itself is
+    // built when the first engine connects): a missing or wrong-ABI library refuses the start.
+    #[cfg(feature = "mooncake-c")]
+    if cfg.pool.kind == PoolKind::Mooncake && cfg.mooncake.client == super::pool_config::MooncakeClient::CAbi {
+        let lib = crate::pool::mooncake::cabi::check_library(Some(&cfg.mooncake.library))
+            .map_err(|e| anyhow::anyhow!("pool mooncake (client c-abi): {e}"))?;
+        tracing::info!(library = %lib.display(), "Mooncake C library loaded: every function of store_c.h present");
+    }
     let rt = server::runtime().context("starting the control-plane runtime")?;
     // Signals first: once the socket is bound a client may already see the daemon.
     let signals = {
@@ -304,7 +312,11 @@ fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
             };
             writeln!(
                 out,
-                "kvtier serve: pool mooncake, master {} ({health}), key tag {:?}, segment {} MiB, {} replica(s)",
+                "kvtier serve: pool mooncake, client {}, master {} ({health}), key tag {:?}, segment {} MiB, {} replica(s)",
+                match m.client {
+                    super::pool_config::MooncakeClient::Helper => "helper",
+                    super::pool_config::MooncakeClient::CAbi => "c-abi",
+                },
                 m.master,
                 m.key_tag,
                 m.global_segment_bytes >> 20,

@@ -41,6 +41,18 @@ impl PoolKind {
     }
 }
 
+/// How the daemon reaches the Mooncake Store (`mooncake.client`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MooncakeClient {
+    /// The PyPI wheel's client in a supervised helper process.
+    #[default]
+    Helper,
+    /// Upstream's C ABI (`store_c.h`) in `libmooncake_store.so`, loaded into the daemon
+    /// (`mooncake.library`); needs a kvtier built with the `mooncake-c` feature.
+    CAbi,
+}
+
 /// The `[mooncake]` section: used when `pool = "mooncake"`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -56,6 +68,14 @@ pub struct MooncakeSection {
     pub device: String,
     /// Address this node's client advertises to peers. Default: `127.0.0.1`.
     pub local_hostname: String,
+    /// The store's client: `helper` (the PyPI wheel's client in a helper process, see
+    /// `python`) or `c-abi` (upstream's C ABI from `libmooncake_store.so`, built with
+    /// `cmake -DWITH_STORE_C_SHARED=ON`, loaded into the daemon: no helper process; needs a
+    /// kvtier built with `--features mooncake-c`). Default: `helper`.
+    pub client: MooncakeClient,
+    /// With `client = "c-abi"`: the absolute path of `libmooncake_store.so`. Empty: the
+    /// `MOONCAKE_STORE_LIBRARY` environment variable. Default: empty.
+    pub library: PathBuf,
     /// Memory this node contributes to the store (Mooncake's global segment). Default: 512 MiB.
     pub global_segment_bytes: u64,
     /// The client's local transfer buffer. Default: 16 MiB.
@@ -134,6 +154,8 @@ impl Default for MooncakeSection {
             protocol: "tcp".into(),
             device: String::new(),
             local_hostname: "127.0.0.1".into(),
+            client: MooncakeClient::Helper,
+            library: PathBuf::new(),
             global_segment_bytes: 512 << 20,
             local_buffer_bytes: 16 << 20,
             replicas: 1,
@@ -185,6 +207,13 @@ pub enum PoolConfigError {
     IntegrityWithSglang,
     #[error("mooncake.integrity_key_file {0:?} must be an absolute path")]
     RelativeKeyFile(PathBuf),
+    #[error(
+        "mooncake.client = \"c-abi\" needs a kvtier built with `--features mooncake-c`; this one was not \
+         (use mooncake.client = \"helper\", or rebuild)"
+    )]
+    CAbiNotBuilt,
+    #[error("mooncake.library {0:?} must be an absolute path")]
+    RelativeLibrary(PathBuf),
 }
 
 /// A key tag is a single key field: no separator may appear in it.
@@ -248,6 +277,13 @@ impl MooncakeSection {
         let k = &self.integrity_key_file;
         if !k.as_os_str().is_empty() && !k.is_absolute() {
             return Err(PoolConfigError::RelativeKeyFile(k.clone()));
+        }
+        if self.client == MooncakeClient::CAbi && !cfg!(feature = "mooncake-c") {
+            return Err(PoolConfigError::CAbiNotBuilt);
+        }
+        let l = &self.library;
+        if !l.as_os_str().is_empty() && !l.is_absolute() {
+            return Err(PoolConfigError::RelativeLibrary(l.clone()));
         }
         Ok(())
     }
@@ -334,6 +370,7 @@ pub fn build(kind: PoolKind, local: PoolConfig, mooncake: &MooncakeSection) -> P
     match kind {
         PoolKind::None => PoolConfig::None,
         PoolKind::Local => local,
+        PoolKind::Mooncake if mooncake.client == MooncakeClient::CAbi => c_abi(mooncake),
         PoolKind::Mooncake => {
             let cfg = mooncake.client_config();
             PoolConfig::Build(PoolFactory {
@@ -349,9 +386,64 @@ pub fn build(kind: PoolKind, local: PoolConfig, mooncake: &MooncakeSection) -> P
     }
 }
 
+/// The `c-abi` client: upstream's C library in the daemon's process. A library that is
+/// missing, or that lacks a function of upstream's header, fails the daemon's start.
+#[cfg(feature = "mooncake-c")]
+fn c_abi(mooncake: &MooncakeSection) -> PoolConfig {
+    let cfg = mooncake.client_config();
+    let library = mooncake.library.clone();
+    PoolConfig::Build(PoolFactory {
+        label: "mooncake-c",
+        build: Arc::new(move |arena| {
+            let lib = (!library.as_os_str().is_empty()).then_some(library.as_path());
+            let pool = crate::pool::mooncake::cabi::MooncakeCPool::open(cfg.clone(), lib, Some(arena))
+                .map_err(|e| format!("pool mooncake (client c-abi): {e}"))?;
+            Ok(Arc::new(pool) as Arc<dyn PoolBackend>)
+        }),
+    })
+}
+
+/// Without the feature, validation refuses `c-abi` first; this says so again if reached.
+#[cfg(not(feature = "mooncake-c"))]
+fn c_abi(_: &MooncakeSection) -> PoolConfig {
+    PoolConfig::Build(PoolFactory {
+        label: "mooncake-c",
+        build: Arc::new(|_| Err(PoolConfigError::CAbiNotBuilt.to_string())),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_c_abi_client_is_refused_without_the_feature_and_its_library_must_be_absolute() {
+        let s = MooncakeSection {
+            master: "127.0.0.1:50051".into(),
+            client: MooncakeClient::CAbi,
+            ..MooncakeSection::default()
+        };
+        if cfg!(feature = "mooncake-c") {
+            assert_eq!(s.validate(), Ok(()));
+        } else {
+            assert_eq!(s.validate(), Err(PoolConfigError::CAbiNotBuilt));
+        }
+        let rel = MooncakeSection {
+            client: MooncakeClient::Helper,
+            library: "lib/libmooncake_store.so".into(),
+            ..s.clone()
+        };
+        assert_eq!(
+            rel.validate(),
+            Err(PoolConfigError::RelativeLibrary(rel.library.clone()))
+        );
+        let parsed: MooncakeSection =
+            toml::from_str("master = \"h:1\"\nclient = \"c-abi\"\nlibrary = \"/x/l.so\"\n").unwrap();
+        assert_eq!(
+            (parsed.client, parsed.library),
+            (MooncakeClient::CAbi, PathBuf::from("/x/l.so"))
+        );
+    }
 
     #[test]
     fn malformed_masters_and_tags_with_separators_are_refused() {

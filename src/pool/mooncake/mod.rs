@@ -10,8 +10,9 @@
 //!   offsets cross the control socket ([`wire`]). Existence queries skip the helper: the
 //!   pool asks the master's own `BatchExistKey` RPC from the caller's thread
 //!   (`master_rpc.rs`, [`ExistsVia`]).
-//! - `cabi::MooncakeCPool` (feature `mooncake-c`) calls upstream's C ABI in
-//!   `libmooncake_store.so`, loaded at run time from `MOONCAKE_STORE_LIBRARY`.
+//! - `cabi::MooncakeCPool` (feature `mooncake-c`, `mooncake.client = "c-abi"`) calls
+//!   upstream's own C ABI (`store_c.h`, vendored verbatim) in `libmooncake_store.so`, loaded
+//!   into the daemon at run time (`mooncake.library` or `MOONCAKE_STORE_LIBRARY`): no helper.
 //!
 //! Keys are whatever the caller renders with [`KeyScheme`](crate::page::KeyScheme)
 //! (HiCache's scheme); objects hold HiCache's page-first bytes. Error codes map to
