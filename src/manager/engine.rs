@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::grants::{Grant, GrantKind, GrantPage};
+use super::grants::{Grant, GrantKind, GrantPage, release_store_page};
 use super::store_plan::{apply_store, plan_store, unplan_store};
 use super::{Manager, ManagerError};
 use crate::page::{NamespaceId, PageHash};
@@ -166,9 +166,9 @@ impl Manager {
     /// whether request page `i` was written in full; pages not written free their slots.
     /// Returns how many pages were committed.
     pub fn commit_store(&self, id: u64, written: &[bool]) -> Result<usize, ManagerError> {
-        let g = {
-            let mut gt = self.grants();
-            let g = gt.grants.get(&id).ok_or(ManagerError::UnknownGrant(id))?;
+        // Owns the grant's slots and in-flight marks until each page is settled: an early
+        // return below releases the rest (declared before `st`, so it drops after it).
+        let mut g = self.grants().take(self, id, |g| {
             let max_index = g.pages.iter().map(|p| p.req_index + 1).max().unwrap_or(0);
             if g.kind != GrantKind::Store || written.len() < max_index {
                 return Err(ManagerError::GrantMismatch {
@@ -177,41 +177,42 @@ impl Manager {
                     got: written.len(),
                 });
             }
-            gt.grants.remove(&id).ok_or(ManagerError::UnknownGrant(id))?
-        };
+            Ok(())
+        })?;
         let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
         let host_to_pool = self.tunables().host_to_pool;
         let mut st = self.write();
-        let count = st.dir.layout(g.ns)?.object_count();
+        let count = st.dir.layout(g.ns())?.object_count();
         let mut committed = 0;
         let mut bytes = 0u64;
         let mut to_pool = Vec::new();
         let mut objs: Vec<usize> = Vec::new();
-        for p in &g.pages {
-            let ok = written[p.req_index];
+        for i in 0..g.pages().len() {
+            let p = &g.pages()[i];
+            let page = p.page;
+            if !written[p.req_index] {
+                release_store_page(&mut st, &arena, p);
+                g.settle(i + 1);
+                continue;
+            }
             objs.clear();
             objs.extend(p.objects.iter().map(|&(o, _)| o));
             // Present first, then out of flight, so the page never looks empty (and is
-            // never released) in between.
-            if ok {
-                st.set_host_slots(p.page, &p.objects, count);
-                st.dir.set_objects(p.page, TierKind::Host, &objs, true)?;
-                bytes += arena.slot_bytes() as u64 * objs.len() as u64;
-            } else {
-                arena.free_all(p.objects.iter().map(|&(_, s)| s));
-            }
-            st.dir.set_inflight_objects(p.page, TierKind::Host, &objs, false)?;
-            if ok {
-                committed += 1;
-                if st.dir.is_complete(p.page, TierKind::Host) {
-                    let hits = st.dir.info(p.page).hits;
-                    if host_to_pool.copy_now(hits) {
-                        to_pool.push(p.page);
-                    }
+            // never released) in between. Once present, the slots are the directory's.
+            st.set_host_slots(page, &p.objects, count);
+            st.dir.set_objects(page, TierKind::Host, &objs, true)?;
+            g.settle(i + 1);
+            bytes += arena.slot_bytes() as u64 * objs.len() as u64;
+            st.dir.set_inflight_objects(page, TierKind::Host, &objs, false)?;
+            committed += 1;
+            if st.dir.is_complete(page, TierKind::Host) {
+                let hits = st.dir.info(page).hits;
+                if host_to_pool.copy_now(hits) {
+                    to_pool.push(page);
                 }
             }
         }
-        let ns = g.ns;
+        let ns = g.ns();
         drop(st);
         self.inner.stats.moved(TierKind::Device, TierKind::Host, bytes);
         if !to_pool.is_empty() {
@@ -354,15 +355,13 @@ impl Manager {
     /// Ends a load: releases the leases, and records that the rank now holds the first
     /// `loaded` pages on device. Returns the number of pages recorded.
     pub fn finish_load(&self, id: u64, loaded: usize) -> Result<usize, ManagerError> {
-        let g = {
-            let mut gt = self.grants();
-            match gt.grants.get(&id) {
-                Some(g) if matches!(g.kind, GrantKind::Load | GrantKind::ReplicaLoad) => {}
-                Some(_) | None => return Err(ManagerError::UnknownGrant(id)),
-            }
-            gt.grants.remove(&id).ok_or(ManagerError::UnknownGrant(id))?
-        };
-        let record = g.kind == GrantKind::Load;
+        // Owns the grant's leases until each page is settled: an early return below gives
+        // the rest back (declared before `st` and `gt`, so it drops after them).
+        let mut g = self.grants().take(self, id, |g| match g.kind {
+            GrantKind::Load | GrantKind::ReplicaLoad => Ok(()),
+            GrantKind::Store => Err(ManagerError::UnknownGrant(id)),
+        })?;
+        let record = g.kind() == GrantKind::Load;
         let mut bytes = 0u64;
         let arena_slot = self.arena().map_or(0, |a| a.slot_bytes() as u64);
         let exclusive = self.inner.cfg.policy.is_some_and(|p| p.exclusive);
@@ -370,15 +369,19 @@ impl Manager {
         let mut st = self.write();
         let mut gt = self.grants();
         let mut objs: Vec<usize> = Vec::new();
-        for (i, p) in g.pages.iter().enumerate() {
-            gt.unlease(p.page);
+        let total = g.pages().len();
+        for i in 0..total {
+            let p = &g.pages()[i];
+            let page = p.page;
+            objs.clear();
+            objs.extend(p.objects.iter().map(|&(o, _)| o));
+            gt.unlease(page);
+            g.settle(i + 1);
             if i < loaded && record {
-                objs.clear();
-                objs.extend(p.objects.iter().map(|&(o, _)| o));
-                st.dir.set_objects(p.page, TierKind::Device, &objs, true)?;
+                st.dir.set_objects(page, TierKind::Device, &objs, true)?;
                 bytes += arena_slot * objs.len() as u64;
                 if exclusive {
-                    let info = st.dir.info(p.page);
+                    let info = st.dir.info(page);
                     on_device.push((info.ns, info.hash));
                 }
             }
@@ -391,7 +394,7 @@ impl Manager {
             let hashes: Vec<PageHash> = on_device.iter().filter(|(n, _)| *n == ns).map(|(_, h)| *h).collect();
             self.policy_page_hit(None, ns, &hashes, hashes.len());
         }
-        Ok(loaded.min(g.pages.len()))
+        Ok(loaded.min(total))
     }
 
     /// The engine freed these device pages (for this rank).

@@ -48,6 +48,8 @@ mod api_tests;
 #[cfg(test)]
 mod evict_tests;
 #[cfg(test)]
+mod grant_tests;
+#[cfg(test)]
 mod remote_tests;
 #[cfg(test)]
 mod split_tests;

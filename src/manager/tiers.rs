@@ -8,6 +8,7 @@
 //! flight objects keep their pages out of eviction, so a page is never evicted mid-move.
 
 use super::Manager;
+use super::grants::Leases;
 use super::pool_layout;
 use super::stage::POOL_BATCH;
 use super::state::{DirState, NO_SLOT};
@@ -135,7 +136,8 @@ impl Manager {
         let pool = self.pool().filter(|p| p.health() == PoolHealth::Ok);
         // Reserve.
         let mut moves = Vec::new();
-        let mut settled = Vec::new();
+        // Given back in the settle below, or when dropped (a panic in the pool's put).
+        let mut leases = Leases::new(self);
         let mut objs: Vec<usize> = Vec::new();
         let (layout, keys) = {
             let mut st = self.write();
@@ -172,8 +174,7 @@ impl Manager {
                     // Cannot fail: every object index comes from this page's own layout.
                     let _ = st.dir.set_inflight_objects(page, TierKind::Pool, &objs, true);
                 }
-                gt.lease(page);
-                settled.push(page);
+                leases.take(&mut gt, page);
             }
             let keys = st.keys[ns.0 as usize].clone();
             (layout, keys)
@@ -236,14 +237,13 @@ impl Manager {
             let _ = st.dir.set_inflight_objects(page, TierKind::Pool, &objs, false);
         }
         let mut complete = 0;
-        for &page in &settled {
-            gt.unlease(page);
+        leases.give_back_each(&mut gt, |gt, page| {
             complete += usize::from(st.dir.is_complete(page, TierKind::Pool));
             if evict && !gt.leased(page) && !st.dir.is_pinned(page, TierKind::Host) {
                 self.drop_host_page(&mut st, page);
                 self.inner.stats.evicted(TierKind::Host);
             }
-        }
+        });
         drop(gt);
         drop(st);
         self.inner.stats.moved(TierKind::Host, TierKind::Pool, bytes);

@@ -1,0 +1,124 @@
+//! Grants are released by ownership: a grant taken out of the table to be settled
+//! ([`super::grants::Settling`]) gives back, when it drops, every page it did not settle,
+//! so an error or early return in the middle of `commit_store` or `finish_load` leaks no
+//! host slot, in-flight mark or lease.
+
+use super::engine::{LoadWait, StoreStatus};
+use super::grants::Leases;
+use super::tests::{fixture, hashes};
+use super::*;
+
+fn host_inflight(s: &PageStatus) -> Vec<usize> {
+    let host = s.tiers.iter().find(|t| t.tier == TierKind::Host).unwrap();
+    host.inflight.clone()
+}
+
+#[test]
+fn a_store_grant_dropped_mid_settle_frees_the_pages_it_did_not_settle() {
+    let f = fixture(1, 16, None);
+    let arena = f.m.arena().unwrap();
+    let hs = hashes(0..3);
+    let g = f.m.begin_store(f.ns, 0, 0, &hs, 0, 1).unwrap();
+    assert!(g.pages.iter().all(|p| p.status == StoreStatus::Write));
+    let per_page = g.pages[0].objects.len();
+    assert!(per_page > 0);
+    assert_eq!(arena.used() as usize, 3 * per_page);
+    {
+        let mut s = f.m.grants().take(&f.m, g.id, |_| Ok(())).unwrap();
+        // The settle dealt with the first page, then returned early (an error path).
+        s.settle(1);
+    }
+    assert_eq!(f.m.open_grants(), 0, "the grant left the table");
+    assert_eq!(
+        arena.used() as usize,
+        per_page,
+        "the two unsettled pages' slots are free; the settled one's are the settle's"
+    );
+    for h in &hs[1..] {
+        let inflight = f.m.page_status(f.ns, h).unwrap().map(|s| host_inflight(&s));
+        assert!(
+            inflight.as_ref().is_none_or(|o| o.is_empty()),
+            "page {h:?} still in flight on host: {inflight:?}"
+        );
+    }
+    // The guard did not touch the settled page: its marks are still the settle's.
+    let first = f.m.page_status(f.ns, &hs[0]).unwrap().unwrap();
+    assert_eq!(host_inflight(&first).len(), per_page);
+    assert_eq!(f.m.lookup(f.ns, &hs).unwrap().host, 0);
+}
+
+#[test]
+fn a_load_grant_dropped_mid_settle_gives_back_the_leases_it_did_not_settle() {
+    let f = fixture(1, 16, None);
+    let hs = hashes(0..3);
+    f.store_all(&hs, &[0, 1, 2]);
+    let g = f.m.begin_load(f.ns, 0, 0, &hs, LoadWait::BestEffort, 1).unwrap();
+    assert_eq!(g.pages.len(), 3);
+    assert_eq!(f.m.grants().lease_count(), 3);
+    {
+        let mut s = f.m.grants().take(&f.m, g.id, |_| Ok(())).unwrap();
+        s.settle(1);
+    }
+    assert_eq!(f.m.open_grants(), 0);
+    assert_eq!(
+        f.m.grants().lease_count(),
+        1,
+        "only the settled page's lease is left (the settle's to give back)"
+    );
+    // A whole grant dropped unsettled gives back every lease.
+    let g = f.m.begin_load(f.ns, 0, 0, &hs, LoadWait::BestEffort, 1).unwrap();
+    assert_eq!(f.m.grants().lease_count(), 4);
+    let s = f.m.grants().take(&f.m, g.id, |_| Ok(())).unwrap();
+    drop(s);
+    assert_eq!(f.m.grants().lease_count(), 1);
+}
+
+#[test]
+fn a_refused_settle_leaves_the_grant_open_and_its_slots_held() {
+    let f = fixture(1, 16, None);
+    let arena = f.m.arena().unwrap();
+    let hs = hashes(0..2);
+    let g = f.m.begin_store(f.ns, 0, 0, &hs, 0, 1).unwrap();
+    let used = arena.used();
+    assert!(matches!(
+        f.m.commit_store(g.id, &[true]),
+        Err(ManagerError::GrantMismatch { pages: 2, got: 1, .. })
+    ));
+    assert!(matches!(f.m.finish_load(g.id, 0), Err(ManagerError::UnknownGrant(_))));
+    assert_eq!((f.m.open_grants(), arena.used()), (1, used));
+    assert_eq!(f.m.commit_store(g.id, &[true, false]).unwrap(), 1);
+    assert_eq!(f.m.open_grants(), 0);
+    assert_eq!(arena.used() as usize, g.pages[0].objects.len());
+    assert!(f.status(&hs[0], TierKind::Host) && !f.status(&hs[1], TierKind::Host));
+}
+
+#[test]
+fn leases_dropped_before_their_settle_are_given_back() {
+    let f = fixture(1, 16, None);
+    let hs = hashes(0..2);
+    f.store_all(&hs, &[0, 1]);
+    let ids: Vec<_> = hs.iter().map(|h| f.m.read().dir.find(f.ns, h).unwrap()).collect();
+    let take_all = || {
+        let mut l = Leases::new(&f.m);
+        let mut gt = f.m.grants();
+        for &id in &ids {
+            l.take(&mut gt, id);
+        }
+        l
+    };
+    let l = take_all();
+    assert_eq!(f.m.grants().lease_count(), 2);
+    // A pool write that never reaches its settle (a panic, an early return).
+    drop(l);
+    assert_eq!(f.m.grants().lease_count(), 0);
+    // The settle gives each back under its own lock, in order, before looking at it.
+    let l = take_all();
+    f.m.grants().lease(ids[1]);
+    let mut seen = Vec::new();
+    {
+        let mut gt = f.m.grants();
+        l.give_back_each(&mut gt, |gt, p| seen.push((p, gt.leased(p))));
+    }
+    assert_eq!(seen, vec![(ids[0], false), (ids[1], true)]);
+    assert_eq!(f.m.grants().lease_count(), 1, "only the other reader's lease is left");
+}
