@@ -6,13 +6,13 @@
 //! two ways:
 //!
 //! - Calls that touch no caller memory (setup, existence, remove, health) run on a thread
-//!   of their own ([`Client::bounded`]); the caller waits up to its deadline and then gets
+//!   of their own ([`StoreClient::bounded`]); the caller waits up to its deadline and then gets
 //!   [`PoolError::Unavailable`]. The thread keeps the library and the handle alive (an
 //!   [`Arc`]) until upstream returns; at most [`MAX_ABANDONED`] such calls may be left
 //!   running, after which new ones are refused at once.
 //! - Puts and gets read or write the caller's buffers, so kvtier never walks away from one
 //!   (a late write would land in memory the caller has reused). They run on the caller's
-//!   thread ([`Client::transfer`]), bounded by upstream's own RPC and transfer timeouts.
+//!   thread ([`StoreClient::transfer`]), bounded by upstream's own RPC and transfer timeouts.
 //!   While one has overrun kvtier's deadline, the pool reports itself degraded and every
 //!   new call is refused at once, so one stuck transfer never stalls other callers.
 
@@ -56,7 +56,7 @@ impl Drop for Inner {
 /// A transfer in progress, by id, and when it passes kvtier's deadline.
 type Running = Vec<(u64, Instant)>;
 
-pub struct Client {
+pub struct StoreClient {
     inner: Arc<Inner>,
     abandoned: Arc<AtomicUsize>,
     running: Mutex<Running>,
@@ -68,7 +68,7 @@ pub fn cstr(what: &str, s: &str) -> Result<CString, MooncakeError> {
     CString::new(s).map_err(|_| MooncakeError::Config(format!("{what} contains a NUL byte")))
 }
 
-impl Client {
+impl StoreClient {
     /// Opens the library at `path` (every function of upstream's header must be present)
     /// and creates a handle.
     pub fn load(path: &Path) -> Result<Self, MooncakeError> {
@@ -112,7 +112,7 @@ pub fn open_library(path: &Path) -> Result<sys::MooncakeStoreC, MooncakeError> {
     })
 }
 
-impl Client {
+impl StoreClient {
     /// Why no new call may start now: a transfer past its deadline, or too many abandoned
     /// bounded calls.
     pub fn refusal(&self) -> Option<String> {

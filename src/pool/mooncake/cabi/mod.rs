@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use super::{MooncakeConfig, MooncakeError, RemovePolicy, codes};
 use crate::pool::{IntegrityReport, PoolBackend, PoolError, PoolHealth, PoolUsage};
 use crate::tier::host::HostArena;
-use client::{Client, cstr};
+use client::{StoreClient, cstr};
 
 #[allow(
     non_camel_case_types,
@@ -39,7 +39,7 @@ pub const LIBRARY_ENV: &str = "MOONCAKE_STORE_LIBRARY";
 
 /// The Mooncake Store backend through the C ABI.
 pub struct MooncakeCPool {
-    client: Client,
+    client: StoreClient,
     cfg: MooncakeConfig,
     arena: Option<Arc<HostArena>>,
     /// Registered with the store; objects that cannot move directly are packed here.
@@ -76,7 +76,7 @@ impl MooncakeCPool {
         arena: Option<Arc<HostArena>>,
     ) -> Result<Self, MooncakeError> {
         cfg.validate()?;
-        let client = Client::load(&library_path(library)?)?;
+        let client = StoreClient::load(&library_path(library)?)?;
         let staging_len = cfg.staging_bytes as usize;
         let mut pool = Self {
             client,
