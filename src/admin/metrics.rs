@@ -534,7 +534,7 @@ fn pool_index(o: &mut String, ix: &crate::pool::index::IndexSnapshot) {
         ),
         (
             "kvtier_pool_index_pages_total",
-            "Pages those lookups asked about.",
+            "Pages those lookups checked (up to the first one missing an object).",
             ix.index_pages,
         ),
         (
