@@ -29,6 +29,33 @@ pub(super) fn ckeys(keys: &[&str]) -> Result<Vec<CString>, PoolError> {
         .collect()
 }
 
+/// One batch call's arguments as the C ABI takes them: the keys as C strings and their
+/// pointers, the buffers' pointers and sizes. The pointers stay valid while this lives
+/// (a `CString`'s bytes do not move with it).
+struct CBatch {
+    _owned: Vec<CString>,
+    keys: Vec<*const c_char>,
+    ptrs: Vec<*mut c_void>,
+    sizes: Vec<usize>,
+}
+
+impl CBatch {
+    fn new(keys: &[&str], bufs: &[Buf]) -> Result<Self, PoolError> {
+        let owned = ckeys(keys)?;
+        Ok(Self {
+            keys: owned.iter().map(|k| k.as_ptr()).collect(),
+            _owned: owned,
+            ptrs: bufs.iter().map(|b| b.0).collect(),
+            sizes: bufs.iter().map(|b| b.1).collect(),
+        })
+    }
+
+    /// Bytes the call moves, for its deadline.
+    fn bytes(&self) -> u64 {
+        self.sizes.iter().sum::<usize>() as u64
+    }
+}
+
 /// One staged object: its index in the caller's batch, and its region of staging.
 struct Slot {
     item: usize,
@@ -40,24 +67,21 @@ impl MooncakeCPool {
     /// One batch put of registered buffers (at most `max_batch`); per-key results.
     pub(super) fn put_raw(&self, keys: &[&str], bufs: &[Buf]) -> Vec<Result<(), PoolError>> {
         let n = keys.len();
-        let ck = match ckeys(keys) {
-            Ok(k) => k,
+        let mut b = match CBatch::new(keys, bufs) {
+            Ok(b) => b,
             Err(e) => return vec![Err(e); n],
         };
-        let kp: Vec<*const c_char> = ck.iter().map(|k| k.as_ptr()).collect();
-        let mut ptrs: Vec<*mut c_void> = bufs.iter().map(|b| b.0).collect();
-        let sizes: Vec<usize> = bufs.iter().map(|b| b.1).collect();
         let mut out = vec![0i32; n];
         let config = self.replicate_config();
-        let deadline = self.cfg.deadline_for(sizes.iter().sum::<usize>() as u64);
+        let deadline = self.cfg.deadline_for(b.bytes());
         // SAFETY: arrays of `n` entries and a config, alive for the call; the buffers are
         // registered and the callee only reads them.
         let rc = self.client.transfer(deadline, |c| unsafe {
             c.lib.mooncake_store_batch_put_from(
                 c.store,
-                kp.as_ptr().cast_mut(),
-                ptrs.as_mut_ptr(),
-                sizes.as_ptr(),
+                b.keys.as_ptr().cast_mut(),
+                b.ptrs.as_mut_ptr(),
+                b.sizes.as_ptr(),
                 n,
                 &config,
                 out.as_mut_ptr(),
@@ -73,23 +97,20 @@ impl MooncakeCPool {
     /// One batch get into registered buffers (at most `max_batch`); per-key lengths.
     pub(super) fn get_raw(&self, keys: &[&str], bufs: &[Buf]) -> Vec<Result<usize, PoolError>> {
         let n = keys.len();
-        let ck = match ckeys(keys) {
-            Ok(k) => k,
+        let mut b = match CBatch::new(keys, bufs) {
+            Ok(b) => b,
             Err(e) => return vec![Err(e); n],
         };
-        let kp: Vec<*const c_char> = ck.iter().map(|k| k.as_ptr()).collect();
-        let mut ptrs: Vec<*mut c_void> = bufs.iter().map(|b| b.0).collect();
-        let sizes: Vec<usize> = bufs.iter().map(|b| b.1).collect();
         let mut out = vec![0i64; n];
-        let deadline = self.cfg.deadline_for(sizes.iter().sum::<usize>() as u64);
+        let deadline = self.cfg.deadline_for(b.bytes());
         // SAFETY: as in `put_raw`; the callee writes at most `sizes[i]` bytes to `ptrs[i]`,
         // and returns before this function does (a transfer is never abandoned).
         let rc = self.client.transfer(deadline, |c| unsafe {
             c.lib.mooncake_store_batch_get_into(
                 c.store,
-                kp.as_ptr().cast_mut(),
-                ptrs.as_mut_ptr(),
-                sizes.as_ptr(),
+                b.keys.as_ptr().cast_mut(),
+                b.ptrs.as_mut_ptr(),
+                b.sizes.as_ptr(),
                 n,
                 out.as_mut_ptr(),
             )
@@ -98,7 +119,7 @@ impl MooncakeCPool {
             Err(e) => vec![Err(e); n],
             Ok(0) => out
                 .into_iter()
-                .zip(&sizes)
+                .zip(&b.sizes)
                 .map(|(c, &s)| codes::get_result(c, s))
                 .collect(),
             Ok(rc) => vec![Err(codes::to_error(rc as i64, 0)); n],
