@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{hashes, identity, kvtier_bin, small_spec};
+use common::{admin_json, complete_prefix, hashes, identity, kvtier_bin, small_spec, until};
 use kvtier::client::ClientError;
 use kvtier::hints::{HintOutcome, Reason};
 use kvtier::page::PageHash;
@@ -87,27 +87,9 @@ impl Drop for Serve {
     }
 }
 
-fn admin(sock: &Path, method: &str, target: &str, body: Option<&[u8]>) -> (u16, Value) {
-    let r = kvtier::cli::client::request(sock, method, target, body, Some(Duration::from_secs(30))).unwrap();
-    let status = r.status;
-    let body = r.body().unwrap();
-    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
-}
-
 /// Leading pages of `pages` complete on host, as the admin socket reports them.
 fn host_prefix(sock: &Path, pages: &[PageHash]) -> u64 {
-    let list: Vec<String> = pages.iter().map(|h| h.to_hex()).collect();
-    let (status, v) = admin(sock, "GET", &format!("/v1/pages?prefix={}", list.join("%2C")), None);
-    assert_eq!(status, 200, "{v}");
-    v["complete_prefix"]["host"].as_u64().unwrap()
-}
-
-fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(20), "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    complete_prefix(sock, pages, "host")
 }
 
 /// Stores pages, copies them to the pool, then squeezes host so they leave it: afterwards
@@ -121,11 +103,13 @@ fn pages_in_pool_only(admin_sock: &Path, c: &kvtier::client::Client, pages: &[Pa
     };
     c.hint(demote).unwrap();
     let tight = json!({"host_watermarks": {"high": 0.0002, "resume": 0.0002, "target": 0.0001}});
-    let (s, v) = admin(admin_sock, "PUT", "/v1/config", Some(tight.to_string().as_bytes()));
+    let (s, v) = admin_json(admin_sock, "PUT", "/v1/config", Some(tight.to_string().as_bytes()));
     assert_eq!(s, 200, "{v}");
-    until("the pages left host", || host_prefix(admin_sock, pages) == 0);
+    until("the pages left host", Duration::from_secs(20), || {
+        host_prefix(admin_sock, pages) == 0
+    });
     let normal = json!({"host_watermarks": {"high": 0.95, "resume": 0.85, "target": 0.8}});
-    let (s, v) = admin(admin_sock, "PUT", "/v1/config", Some(normal.to_string().as_bytes()));
+    let (s, v) = admin_json(admin_sock, "PUT", "/v1/config", Some(normal.to_string().as_bytes()));
     assert_eq!(s, 200, "{v}");
 }
 
@@ -163,7 +147,7 @@ fn kv_fetch_envelopes_prefetch_to_host_through_client_and_admin() {
     actions.push(v2);
     actions
         .push(json!({"action_id": "m-admin-x", "action_type": "kv.migrate", "action_version": "1.0", "payload": {}}));
-    let (s, v) = admin(&admin_sock, "POST", "/v1/kv-hints", Some(env.to_string().as_bytes()));
+    let (s, v) = admin_json(&admin_sock, "POST", "/v1/kv-hints", Some(env.to_string().as_bytes()));
     assert_eq!(s, 200, "{v}");
     let outcomes: Vec<(&str, Value)> = v["actions"]
         .as_array()
@@ -211,9 +195,9 @@ fn kv_fetch_envelopes_prefetch_to_host_through_client_and_admin() {
         matches!(&e, ClientError::BadInput(m) if m.contains("more than")),
         "{e:?}"
     );
-    let (s, v) = admin(&admin_sock, "POST", "/v1/kv-hints", Some(huge.as_bytes()));
+    let (s, v) = admin_json(&admin_sock, "POST", "/v1/kv-hints", Some(huge.as_bytes()));
     assert_eq!((s, v["code"].as_str()), (413, Some("body_too_large")), "{v}");
-    let (s, v) = admin(&admin_sock, "POST", "/v1/kv-hints", Some(b"{not json"));
+    let (s, v) = admin_json(&admin_sock, "POST", "/v1/kv-hints", Some(b"{not json"));
     assert_eq!((s, v["code"].as_str()), (400, Some("malformed_envelope")), "{v}");
     // The daemon still serves: the pages the rank holds on device, and on host behind them.
     let hit = c.lookup(&b).unwrap();
@@ -221,7 +205,7 @@ fn kv_fetch_envelopes_prefetch_to_host_through_client_and_admin() {
     assert_eq!(host_prefix(&admin_sock, &b), 3);
 
     // The log: every delivered envelope, numbered, with who sent it.
-    let (s, v) = admin(&admin_sock, "GET", "/v1/kv-hints?since=0", None);
+    let (s, v) = admin_json(&admin_sock, "GET", "/v1/kv-hints?since=0", None);
     assert_eq!(s, 200, "{v}");
     let recs = v["records"].as_array().unwrap();
     let got: Vec<(u64, &str, &str)> = recs
@@ -242,7 +226,7 @@ fn kv_fetch_envelopes_prefetch_to_host_through_client_and_admin() {
             (3, "client", "m-unknown")
         ]
     );
-    let (_, v) = admin(&admin_sock, "GET", "/v1/kv-hints?since=2", None);
+    let (_, v) = admin_json(&admin_sock, "GET", "/v1/kv-hints?since=2", None);
     assert_eq!(v["records"].as_array().unwrap().len(), 1);
 
     // The CLI sends an envelope file and prints one line per action.

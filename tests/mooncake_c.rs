@@ -12,11 +12,10 @@ use std::time::{Duration, Instant};
 
 use common::rank::RankProc;
 use common::require::{require, tool};
-use common::{hashes, identity, kvtier_bin, spec};
+use common::{admin_json, complete_prefix, hashes, identity, kvtier_bin, spec, until};
 use kvtier::client::{Client, ClientConfig};
 use kvtier::hints::{Hint, HintOutcome, HintTarget};
-use kvtier::page::PageHash;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// Builds the stub library (`defines` as `-D` flags) into `dir`.
 fn stub(dir: &Path, name: &str, defines: &[&str]) -> PathBuf {
@@ -81,30 +80,6 @@ impl Drop for Serve {
     }
 }
 
-fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < limit, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn admin(sock: &Path, method: &str, target: &str, body: Option<&[u8]>) -> (u16, Value) {
-    let r = kvtier::cli::client::request(sock, method, target, body, Some(Duration::from_secs(30))).unwrap();
-    let status = r.status;
-    (
-        status,
-        serde_json::from_slice(&r.body().unwrap()).unwrap_or(Value::Null),
-    )
-}
-
-fn complete(sock: &Path, pages: &[PageHash], tier: &str) -> u64 {
-    let list: Vec<String> = pages.iter().map(|h| h.to_hex()).collect();
-    let (status, v) = admin(sock, "GET", &format!("/v1/pages?prefix={}", list.join("%2C")), None);
-    assert_eq!(status, 200, "{v}");
-    v["complete_prefix"][tier].as_u64().unwrap()
-}
-
 /// Lines of the stub's call log that start with `op`.
 fn calls(dir: &Path, op: &str) -> usize {
     let log = std::fs::read_to_string(dir.join("stub.log")).unwrap_or_default();
@@ -129,7 +104,7 @@ fn pages_stored_shared_evicted_from_host_load_back_bit_identical_through_the_c_a
     until("the daemon serves", Duration::from_secs(20), || {
         common::serving(&sock) && admin_sock.exists()
     });
-    let (_, status) = admin(&admin_sock, "GET", "/v1/status", None);
+    let (_, status) = admin_json(&admin_sock, "GET", "/v1/status", None);
     assert!(
         status.to_string().contains("mooncake-c"),
         "status names the C ABI backend: {status}"
@@ -149,22 +124,23 @@ fn pages_stored_shared_evicted_from_host_load_back_bit_identical_through_the_c_a
         target: HintTarget::Prefix(hs.clone()),
     };
     until("the pages are complete in the pool", Duration::from_secs(30), || {
-        matches!(ctl.hint(share.clone()), Ok(HintOutcome::Accepted { .. })) && complete(&admin_sock, &hs, "pool") == 8
+        matches!(ctl.hint(share.clone()), Ok(HintOutcome::Accepted { .. }))
+            && complete_prefix(&admin_sock, &hs, "pool") == 8
     });
     let puts = calls(dir.path(), "put");
     assert!(puts >= 1, "the stub library saw no put; log:\n{}", log());
 
     // Host is squeezed until the pages leave it: the pool holds their only copy.
     let tight = json!({"host_watermarks": {"high": 0.0002, "resume": 0.0002, "target": 0.0001}});
-    let (s, v) = admin(&admin_sock, "PUT", "/v1/config", Some(tight.to_string().as_bytes()));
+    let (s, v) = admin_json(&admin_sock, "PUT", "/v1/config", Some(tight.to_string().as_bytes()));
     assert_eq!(s, 200, "{v}");
     until("the pages left host", Duration::from_secs(30), || {
-        complete(&admin_sock, &hs, "host") == 0
+        complete_prefix(&admin_sock, &hs, "host") == 0
     });
     let normal = json!({"host_watermarks": {"high": 0.95, "resume": 0.85, "target": 0.8}});
-    let (s, v) = admin(&admin_sock, "PUT", "/v1/config", Some(normal.to_string().as_bytes()));
+    let (s, v) = admin_json(&admin_sock, "PUT", "/v1/config", Some(normal.to_string().as_bytes()));
     assert_eq!(s, 200, "{v}");
-    assert_eq!(complete(&admin_sock, &hs, "pool"), 8);
+    assert_eq!(complete_prefix(&admin_sock, &hs, "pool"), 8);
 
     // A prefetch brings every page back from the store to host, and a load to the
     // engine, each byte the rank wrote.
@@ -176,7 +152,7 @@ fn pages_stored_shared_evicted_from_host_load_back_bit_identical_through_the_c_a
     };
     until("the pages are back on host", Duration::from_secs(30), || {
         matches!(ctl.hint(prefetch.clone()), Ok(HintOutcome::Accepted { .. }))
-            && complete(&admin_sock, &hs, "host") == 8
+            && complete_prefix(&admin_sock, &hs, "host") == 8
     });
     let loaded = rank.nums("load 7000 8");
     assert_eq!(
@@ -187,7 +163,7 @@ fn pages_stored_shared_evicted_from_host_load_back_bit_identical_through_the_c_a
     );
     assert!(calls(dir.path(), "get") > gets, "the load read through the C library");
     // Every object carried the MAC and none failed it.
-    let (_, status) = admin(&admin_sock, "GET", "/v1/status", None);
+    let (_, status) = admin_json(&admin_sock, "GET", "/v1/status", None);
     let text = status.to_string();
     assert!(text.contains("\"integrity\""), "{text}");
     rank.exit();

@@ -232,3 +232,29 @@ pub fn code(r: Option<Response>) -> Option<ErrorCode> {
         _ => None,
     }
 }
+
+/// One admin-socket request; the status and the body as JSON (`Null` when it is not).
+pub fn admin_json(sock: &Path, method: &str, target: &str, body: Option<&[u8]>) -> (u16, serde_json::Value) {
+    let r = kvtier::cli::client::request(sock, method, target, body, Some(Duration::from_secs(30))).unwrap();
+    let status = r.status;
+    let body = r.body().unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null))
+}
+
+/// Leading pages of `pages` complete in `tier` ("host", "pool", ...), as the admin
+/// socket's `/v1/pages` reports them.
+pub fn complete_prefix(sock: &Path, pages: &[PageHash], tier: &str) -> u64 {
+    let list: Vec<String> = pages.iter().map(|h| h.to_hex()).collect();
+    let (status, v) = admin_json(sock, "GET", &format!("/v1/pages?prefix={}", list.join("%2C")), None);
+    assert_eq!(status, 200, "{v}");
+    v["complete_prefix"][tier].as_u64().unwrap()
+}
+
+/// Polls `f` until it holds; fails the test after `limit`.
+pub fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
