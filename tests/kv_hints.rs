@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{admin_json, complete_prefix, hashes, identity, kvtier_bin, small_spec, until};
+use common::{admin_json, complete_prefix, hashes, identity, kvtier_bin, small_spec, squeeze_host};
 use kvtier::client::ClientError;
 use kvtier::hints::{HintOutcome, Reason};
 use kvtier::page::PageHash;
@@ -102,15 +102,7 @@ fn pages_in_pool_only(admin_sock: &Path, c: &kvtier::client::Client, pages: &[Pa
         to: kvtier::TierKind::Pool,
     };
     c.hint(demote).unwrap();
-    let tight = json!({"host_watermarks": {"high": 0.0002, "resume": 0.0002, "target": 0.0001}});
-    let (s, v) = admin_json(admin_sock, "PUT", "/v1/config", Some(tight.to_string().as_bytes()));
-    assert_eq!(s, 200, "{v}");
-    until("the pages left host", Duration::from_secs(20), || {
-        host_prefix(admin_sock, pages) == 0
-    });
-    let normal = json!({"host_watermarks": {"high": 0.95, "resume": 0.85, "target": 0.8}});
-    let (s, v) = admin_json(admin_sock, "PUT", "/v1/config", Some(normal.to_string().as_bytes()));
-    assert_eq!(s, 200, "{v}");
+    squeeze_host(admin_sock, pages, Duration::from_secs(20));
 }
 
 #[test]

@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 
 use common::rank::RankProc;
 use common::require::{require, tool};
-use common::{admin_json, complete_prefix, hashes, identity, kvtier_bin, spec, until};
+use common::{admin_json, complete_prefix, hashes, identity, kvtier_bin, spec, squeeze_host, until};
 use kvtier::client::{Client, ClientConfig};
 use kvtier::hints::{Hint, HintOutcome, HintTarget};
-use serde_json::json;
 
 /// Builds the stub library (`defines` as `-D` flags) into `dir`.
 fn stub(dir: &Path, name: &str, defines: &[&str]) -> PathBuf {
@@ -131,15 +130,7 @@ fn pages_stored_shared_evicted_from_host_load_back_bit_identical_through_the_c_a
     assert!(puts >= 1, "the stub library saw no put; log:\n{}", log());
 
     // Host is squeezed until the pages leave it: the pool holds their only copy.
-    let tight = json!({"host_watermarks": {"high": 0.0002, "resume": 0.0002, "target": 0.0001}});
-    let (s, v) = admin_json(&admin_sock, "PUT", "/v1/config", Some(tight.to_string().as_bytes()));
-    assert_eq!(s, 200, "{v}");
-    until("the pages left host", Duration::from_secs(30), || {
-        complete_prefix(&admin_sock, &hs, "host") == 0
-    });
-    let normal = json!({"host_watermarks": {"high": 0.95, "resume": 0.85, "target": 0.8}});
-    let (s, v) = admin_json(&admin_sock, "PUT", "/v1/config", Some(normal.to_string().as_bytes()));
-    assert_eq!(s, 200, "{v}");
+    squeeze_host(&admin_sock, &hs, Duration::from_secs(30));
     assert_eq!(complete_prefix(&admin_sock, &hs, "pool"), 8);
 
     // A prefetch brings every page back from the store to host, and a load to the

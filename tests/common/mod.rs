@@ -258,3 +258,18 @@ pub fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Squeezes host through the admin socket's watermarks until none of `pages` is
+/// complete there (within `limit`), then puts the usual watermarks back: pages already
+/// copied to the pool are then complete in the pool only.
+pub fn squeeze_host(admin_sock: &Path, pages: &[PageHash], limit: Duration) {
+    let tight = serde_json::json!({"host_watermarks": {"high": 0.0002, "resume": 0.0002, "target": 0.0001}});
+    let (s, v) = admin_json(admin_sock, "PUT", "/v1/config", Some(tight.to_string().as_bytes()));
+    assert_eq!(s, 200, "{v}");
+    until("the pages left host", limit, || {
+        complete_prefix(admin_sock, pages, "host") == 0
+    });
+    let normal = serde_json::json!({"host_watermarks": {"high": 0.95, "resume": 0.85, "target": 0.8}});
+    let (s, v) = admin_json(admin_sock, "PUT", "/v1/config", Some(normal.to_string().as_bytes()));
+    assert_eq!(s, 200, "{v}");
+}
