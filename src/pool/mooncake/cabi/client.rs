@@ -102,6 +102,10 @@ pub fn open_library(path: &Path) -> Result<sys::MooncakeStoreC, MooncakeError> {
             path.display()
         )));
     }
+    // The library runs in the daemon with the arena mapped: held to the rules of the
+    // helper's interpreter, placed and swappable only by the daemon's user or root.
+    crate::pool::mooncake::programs::check(path, "mooncake.library")
+        .map_err(|e| MooncakeError::Library(e.to_string()))?;
     // SAFETY: loading runs the library's initialisers; it is the Mooncake library the
     // operator named, and every symbol of upstream's header is resolved before use.
     unsafe { sys::MooncakeStoreC::new(path) }.map_err(|e| {

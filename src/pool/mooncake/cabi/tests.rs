@@ -179,6 +179,23 @@ fn a_missing_library_is_a_typed_error() {
 }
 
 #[test]
+fn a_library_another_user_could_swap_is_refused() {
+    if !test_env::require("cc", "builds the stub Mooncake library") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lib = stub_library(dir.path(), "libmooncake_store.so", &[]);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = MooncakeCPool::open(config(), Some(&lib), None);
+    assert!(
+        matches!(&err, Err(MooncakeError::Library(m)) if m.contains("no one else can write")),
+        "{:?}",
+        err.err()
+    );
+}
+
+#[test]
 fn a_library_without_every_function_of_upstreams_header_is_refused() {
     if !test_env::require("cc", "builds the stub Mooncake library") {
         return;
