@@ -22,6 +22,7 @@ for line in sys.stdin:
         print(m["executable"])')
 [ -x "$bin" ] || { echo "soak.sh: the soak test binary was not built" >&2; exit 1; }
 eval "$(scripts/mooncake-env.sh env)"
+echo "soak.sh: running $bin for $seconds s"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 rc=0

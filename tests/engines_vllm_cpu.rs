@@ -22,15 +22,16 @@
 //!   hit loads both ranks' blocks bit-identical.
 //!
 //! Threads are pinned the same way in every case (`VLLM_CPU_OMP_THREADS_BIND`; TP=2 binds
-//! one core to each rank).
+//! one core to each rank). Every case uses one model directory ([`model_dir`]), so vLLM
+//! compiles the model once per engine configuration rather than once per case.
 
 mod common;
 mod pkg_support;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::sync::mpsc;
+use std::sync::{OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use common::Daemon;
@@ -57,6 +58,22 @@ fn daemon(dir: &Path, arena: u64, sets: &[&str]) -> Daemon {
     Daemon::start_with(dir, arena, &all)
 }
 
+/// The test model's directory, shared by every case: built by the first case that needs
+/// it (from a fixed seed, `build_model` in the script), under cargo's temporary directory
+/// for tests, named by the script's contents so that a changed script builds anew. vLLM's
+/// compile cache is keyed by the model's path among its configuration: one path, one
+/// compilation per configuration (the single-process cases share one, TP=2 has its own).
+fn model_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        use std::hash::{Hash, Hasher};
+        let script = std::fs::read(pkg_support::repo("python/tests/vllm_cpu_engine.py")).unwrap();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        script.hash(&mut h);
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("vllm-cpu-model-{:016x}", h.finish()))
+    })
+}
+
 struct Killed(Child);
 
 impl Drop for Killed {
@@ -75,6 +92,7 @@ fn run_case(py: &Path, case: &str, d: &mut Daemon, running: bool, work: &Path, s
     cmd.arg(case)
         .arg(&d.socket)
         .arg(work)
+        .arg(model_dir())
         .env("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         .env("VLLM_CPU_OMP_THREADS_BIND", "0-1")
         .env("VLLM_CPU_KVCACHE_SPACE", "1")

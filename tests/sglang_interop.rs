@@ -4,7 +4,9 @@
 //! `_tag_keys` / `_batch_preprocess`) equal kvtier's, key by key.
 //!
 //! The SGLang side is `python/tests/sglang_mooncake_interop.py` in the SGLang venv (which
-//! holds the Mooncake wheel, see scripts/engine-venvs.sh); the kvtier side is a manager
+//! holds the Mooncake wheel, see scripts/engine-venvs.sh): one server per test process
+//! imports torch and SGLang once, and each read or write is a fresh process forked from it
+//! (its own Mooncake clients and segments, gone when it exits). The kvtier side is a manager
 //! with `PoolConfig::Mooncake` whose engine ranks are emulated devices written layer by
 //! layer, as an attention kernel writes them. Needs the master from
 //! `scripts/mooncake-env.sh` (`KVTIER_MOONCAKE_MASTER`, `KVTIER_MOONCAKE_METADATA`);
@@ -14,10 +16,11 @@ mod common;
 mod pkg_support;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::require::{engine_python, require};
@@ -183,17 +186,115 @@ fn check_keys(out: &[String], m: &Manager, ns: &Namespace, l: &Layout, hs: &[Pag
     n
 }
 
-fn sglang(py: &Path, mode: &str, case_json: &str) -> Command {
-    let mut cmd = pkg_support::script(py, "sglang_mooncake_interop.py");
-    let var = |k: &str| std::env::var(k).unwrap_or_default();
-    cmd.args([mode, case_json])
-        .env("MOONCAKE_MASTER", var("KVTIER_MOONCAKE_MASTER"))
-        .env("MOONCAKE_TE_META_DATA_SERVER", var("KVTIER_MOONCAKE_METADATA"))
-        .env("MOONCAKE_PROTOCOL", "tcp")
-        .env("MOONCAKE_DEVICE", "")
-        .env("MOONCAKE_GLOBAL_SEGMENT_SIZE", "67108864")
-        .env("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1");
-    cmd
+/// The SGLang server (`sglang_mooncake_interop.py serve`): torch and SGLang imported once
+/// per test process, a child forked per request. Its stdin is held for the life of the
+/// test process: the server exits when it ends, and removes its socket and the socket's
+/// directory then. Its own stderr is the test process's.
+struct Server {
+    socket: PathBuf,
+    _stdin: ChildStdin,
+    _child: Child,
+}
+
+/// How long the server may take to import SGLang, and a request to finish (as each
+/// process of SGLang's was given before).
+const SGLANG_SECS: u64 = 300;
+
+fn server(py: &Path) -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let socket = tempfile::tempdir().unwrap().keep().join("sglang.sock");
+        let var = |k: &str| std::env::var(k).unwrap_or_default();
+        let mut child = pkg_support::script(py, "sglang_mooncake_interop.py")
+            .arg("serve")
+            .arg(&socket)
+            .env("MOONCAKE_MASTER", var("KVTIER_MOONCAKE_MASTER"))
+            .env("MOONCAKE_TE_META_DATA_SERVER", var("KVTIER_MOONCAKE_METADATA"))
+            .env("MOONCAKE_PROTOCOL", "tcp")
+            .env("MOONCAKE_DEVICE", "")
+            .env("MOONCAKE_GLOBAL_SEGMENT_SIZE", "67108864")
+            .env("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the SGLang server");
+        let stdin = child.stdin.take().unwrap();
+        let rx = lines(child.stdout.take().unwrap());
+        match rx.recv_timeout(Duration::from_secs(SGLANG_SECS)) {
+            Ok(s) if s == "LISTENING" => {}
+            other => {
+                let _ = child.kill();
+                panic!("the SGLang server did not start ({other:?}); its stderr is above");
+            }
+        }
+        Server {
+            socket,
+            _stdin: stdin,
+            _child: child,
+        }
+    })
+}
+
+/// The lines of `r`, read on a thread of their own.
+fn lines(r: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::sync_channel::<String>(256);
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// One request to the SGLang server: a fresh process forked for `mode` on the case.
+struct Request {
+    conn: UnixStream,
+    rx: mpsc::Receiver<String>,
+    stderr: PathBuf,
+}
+
+/// A request's stderr goes to `<dir>/<mode>.stderr`.
+fn sglang(py: &Path, dir: &Path, mode: &str, case_json: &str) -> Request {
+    let srv = server(py);
+    let stderr = dir.join(format!("{mode}.stderr"));
+    let mut conn = UnixStream::connect(&srv.socket).expect("connect to the SGLang server");
+    writeln!(conn, "{mode}\t{}\t{case_json}", stderr.display()).unwrap();
+    let rx = lines(conn.try_clone().unwrap());
+    Request { conn, rx, stderr }
+}
+
+impl Request {
+    /// The lines up to the first that is `stop` (not included), or every line until the
+    /// child's `STATUS` line when `stop` is `None`; panics unless they come within `secs`
+    /// and the child exits 0.
+    fn until(&self, stop: Option<&str>, secs: u64, seen: &mut Vec<String>) {
+        let end = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left.max(Duration::from_millis(1))) {
+                Ok(s) if Some(s.as_str()) == stop => return,
+                Ok(s) if s.starts_with("STATUS ") => {
+                    if stop.is_none() && s == "STATUS 0" {
+                        return;
+                    }
+                    self.fail(&format!("exited: {s}"), seen);
+                }
+                Ok(s) => seen.push(s),
+                Err(e) => self.fail(&format!("{e} after {secs} s"), seen),
+            }
+        }
+    }
+
+    fn fail(&self, why: &str, seen: &[String]) -> ! {
+        panic!(
+            "SGLang's side {why}\nstdout:\n{}\nstderr:\n{}",
+            seen.join("\n"),
+            std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        )
+    }
 }
 
 /// kvtier writes (store from every rank, Share), SGLang reads every element.
@@ -231,8 +332,9 @@ fn kvtier_to_sglang(py: &Path, mc: &MooncakeConfig, case: &Case) {
             .is_some_and(|s| s.tiers[TierKind::Pool.index()].complete)
     };
     assert!(hs.iter().all(in_pool), "every shared page is pool-complete");
-    let out = pkg_support::run_ok(sglang(py, "read", &case.json(&name.model, &hs)), 300, &|| String::new());
-    let lines: Vec<String> = out.lines().map(str::to_owned).collect();
+    let mut lines = Vec::new();
+    sglang(py, dir.path(), "read", &case.json(&name.model, &hs)).until(None, SGLANG_SECS, &mut lines);
+    let out = lines.join("\n");
     let want_ranks = if case.mla {
         l.pp_size() as usize
     } else {
@@ -258,32 +360,9 @@ fn sglang_to_kvtier(py: &Path, mc: &MooncakeConfig, case: &Case) {
     let l = case.layout();
     let name = Namespace::model(format!("sgl-interop/{}", unique(case.name)));
     let hs = hashes();
-    let mut child = sglang(py, "write", &case.json(&name.model, &hs))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::sync_channel::<String>(256);
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut writer = sglang(py, dir.path(), "write", &case.json(&name.model, &hs));
     let mut lines = Vec::new();
-    loop {
-        match rx.recv_timeout(Duration::from_secs(300)) {
-            Ok(s) if s == "READY" => break,
-            Ok(s) => lines.push(s),
-            Err(e) => {
-                let _ = child.kill();
-                panic!("SGLang writer ended before READY ({e}): {lines:?}");
-            }
-        }
-    }
+    writer.until(Some("READY"), SGLANG_SECS, &mut lines);
     let m = manager(dir.path(), mc, &l);
     let ns = m.register_namespace(name.clone(), l.clone()).unwrap();
     healthy(&m);
@@ -330,8 +409,8 @@ fn sglang_to_kvtier(py: &Path, mc: &MooncakeConfig, case: &Case) {
     }
     let per_rank = if case.mla { LATENT } else { HEADS * DIM } * PAGE * LAYERS / l.pp_size() as u32;
     assert_eq!(elements, per_rank as usize * PAGES * movers.len());
-    let _ = child.stdin.take().map(|mut s| s.write_all(b"done\n"));
-    assert!(child.wait().unwrap().success());
+    writeln!(writer.conn, "done").unwrap();
+    writer.until(None, 60, &mut lines);
 }
 
 fn setup() -> Option<(std::path::PathBuf, MooncakeConfig)> {

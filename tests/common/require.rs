@@ -238,8 +238,23 @@ fn probe_python(modules: &[&str]) -> Result<PathBuf, String> {
     imports(&py, modules).map_err(|e| format!("{e} (scripts/test.sh installs python/requirements-test.txt)"))
 }
 
-/// `Ok(py)` when `py` runs and imports `modules`, else why not.
+/// `Ok(py)` when `py` runs and imports `modules`, else why not. Asked once per test process for each interpreter and
+/// module list (an engine's `import vllm` or `import sglang` costs many CPU seconds, and
+/// every case of a binary asks); the answer cannot change while the process runs.
 fn imports(py: &Path, modules: &[&str]) -> Result<PathBuf, String> {
+    type Probes = std::collections::HashMap<(PathBuf, Vec<String>), Result<PathBuf, String>>;
+    static PROBED: std::sync::Mutex<Option<Probes>> = std::sync::Mutex::new(None);
+    let key = (py.to_path_buf(), modules.iter().map(|m| m.to_string()).collect());
+    // Held while probing: a second case asking the same waits for the first's answer.
+    let mut probed = PROBED.lock().unwrap_or_else(|e| e.into_inner());
+    probed
+        .get_or_insert_with(Default::default)
+        .entry(key)
+        .or_insert_with(|| import_now(py, modules))
+        .clone()
+}
+
+fn import_now(py: &Path, modules: &[&str]) -> Result<PathBuf, String> {
     let import = if modules.is_empty() {
         "pass".to_owned()
     } else {
