@@ -87,6 +87,7 @@ impl Manager {
                 self.walk_dir(|st, range| {
                     pages.extend(
                         st.dir
+                            .order()
                             .pages_of_session_in(idx, range)
                             .into_iter()
                             .filter(|&p| st.dir.info(p).ns == ns),
@@ -227,7 +228,7 @@ impl Manager {
                 for &p in &on_host {
                     if st.dir.is_complete(p, TierKind::Pool) {
                         // The host copy goes first when host needs room.
-                        st.dir.set_retain(p, i8::MIN);
+                        st.dir.order_mut().set_retain(p, i8::MIN);
                         done += 1;
                     }
                 }
@@ -292,7 +293,7 @@ impl Manager {
         let mut timers = self.timers();
         for &p in pages {
             let hash = st.dir.info(p).hash;
-            st.dir.set_retain(p, priority);
+            st.dir.order_mut().set_retain(p, priority);
             timers.retain(p.0, hash, expires);
         }
         drop(timers);

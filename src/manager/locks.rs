@@ -178,7 +178,7 @@ impl Manager {
         let mut start = 0;
         loop {
             let st = self.read();
-            let end = st.dir.record_slots().min(start + WALK_CHUNK);
+            let end = st.dir.order().record_slots().min(start + WALK_CHUNK);
             if start >= end {
                 return;
             }
@@ -198,6 +198,7 @@ impl Manager {
         self.walk_dir(|st, range| {
             out.extend(
                 st.dir
+                    .order()
                     .eviction_candidates_in(tier, range)
                     .into_iter()
                     .filter(|(id, i)| keep(st, *id, i)),

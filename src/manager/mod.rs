@@ -427,8 +427,8 @@ impl Manager {
         let per_tier = TierKind::ALL.map(|t| TierStatus {
             tier: t,
             complete: st.dir.is_complete(id, t),
-            missing: st.dir.missing_objects(id, t),
-            inflight: st.dir.inflight_objects(id, t),
+            missing: st.dir.objects().missing_objects(id, t),
+            inflight: st.dir.objects().inflight_objects(id, t),
             pinned: st.dir.is_pinned(id, t),
         });
         let info = st.dir.info(id);
@@ -494,16 +494,16 @@ impl Manager {
         if session == 0 {
             return;
         }
-        self.write().dir.note_session_idle(session, idle);
-        let pages = self.read().dir.session_pages(session);
+        self.write().dir.order_mut().note_session_idle(session, idle);
+        let pages = self.read().dir.order().session_pages(session);
         for chunk in pages.chunks(CHUNK) {
             let mut st = self.write();
             for &p in chunk {
-                st.dir.set_session_page_idle(p, session, idle);
+                st.dir.order_mut().set_session_page_idle(p, session, idle);
             }
         }
         if ended {
-            self.write().dir.end_session(session);
+            self.write().dir.order_mut().end_session(session);
         }
     }
 

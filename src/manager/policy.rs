@@ -279,9 +279,9 @@ impl Manager {
                 let mut st = self.write();
                 for h in &hashes {
                     if let Some(id) = st.dir.find(ns, h) {
-                        st.dir.set_retain(id, priority);
+                        st.dir.order_mut().set_retain(id, priority);
                         if disown {
-                            st.dir.set_session(id, 0);
+                            st.dir.order_mut().set_session(id, 0);
                         }
                     }
                 }

@@ -227,7 +227,7 @@ impl super::Manager {
             DirCounts {
                 pages: st.dir.len() as u64,
                 complete: TierKind::ALL.map(|t| st.dir.complete_count(t) as u64),
-                inflight: TierKind::ALL.map(|t| st.dir.inflight_pages(t) as u64),
+                inflight: TierKind::ALL.map(|t| st.dir.objects().inflight_pages(t) as u64),
                 event_seq: st.dir.last_seq(),
             }
         };

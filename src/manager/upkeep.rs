@@ -159,7 +159,7 @@ impl Manager {
             }
             match (key, tier) {
                 (TimerKey::Pin(..), Some(tier)) => st.dir.set_pinned(page, tier, false),
-                (TimerKey::Retain(_), _) => st.dir.set_retain(page, 0),
+                (TimerKey::Retain(_), _) => st.dir.order_mut().set_retain(page, 0),
                 (TimerKey::Pin(..), None) => {}
             }
         }
@@ -210,12 +210,12 @@ impl Manager {
         let slot_kib = self.arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
         let victims = {
             let st = self.read();
-            let Some(&head) = st.dir.victims(TierKind::Pool, 1, |_| false).first() else {
+            let Some(&head) = st.dir.order().victims(TierKind::Pool, 1, |_| false).first() else {
                 return;
             };
             let per_page = st.dir.layout(st.dir.info(head).ns).map_or(1, |l| l.object_count());
             let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
-            st.dir.victims(TierKind::Pool, pages, |_| false)
+            st.dir.order().victims(TierKind::Pool, pages, |_| false)
         };
         // A batch at a time, so the write lock is held for one batch's marks only.
         for batch in victims.chunks(POOL_EVICT_BATCH) {
@@ -316,14 +316,15 @@ impl Manager {
             self.walk_dir(|st, range| {
                 cold.extend(
                     st.dir
+                        .order()
                         .eviction_candidates_in(TierKind::Device, range)
                         .into_iter()
                         .filter(|(id, i)| {
                             i.ns == ns
-                                && !st.dir.is_protected(*id)
+                                && !st.dir.order().is_protected(*id)
                                 && (st.dir.is_complete(*id, TierKind::Host) || st.dir.is_complete(*id, TierKind::Pool))
                         })
-                        .map(|(id, i)| (st.dir.evict_key(id), i.hash)),
+                        .map(|(id, i)| (st.dir.order().evict_key(id), i.hash)),
                 );
             });
             if reclaim < cold.len() {
