@@ -236,10 +236,10 @@ impl super::Manager {
             (g.grants.len() as u64, g.leased_pages() as u64)
         };
         let pinned = {
-            let t = self.timers();
+            let t = self.inner.upkeep.timers();
             TierKind::ALL.map(|tier| t.pins_in(tier) as u64)
         };
-        let deferred_hints = self.queues().deferred_len() as u64;
+        let deferred_hints = self.inner.queues.lock().deferred_len() as u64;
         let device_pages = self.inner.devices.pages().values().sum::<usize>() as u64;
         let arena = self.arena();
         let pool = self.pool().map(|p| p.usage());
