@@ -27,18 +27,18 @@ fn bench(c: &mut Criterion) {
             let id = dir.find_or_insert(ns, &PageHash::from_u64(i)).expect("room");
             dir.set_page(id, TierKind::Host, true);
             // A spread of sessions and retain priorities, so every key field matters.
-            dir.set_session(id, (i % 97) as u32 + 1);
-            dir.set_retain(id, (i % 5) as i8 - 2);
+            dir.order_mut().set_session(id, (i % 97) as u32 + 1);
+            dir.order_mut().set_retain(id, (i % 5) as i8 - 2);
             id
         })
         .collect();
     for s in (1..=97u32).filter(|s| s.is_multiple_of(3)) {
-        dir.set_session_idle(s, true);
+        dir.order_mut().set_session_idle(s, true);
     }
     // Access times in a scrambled order (61,813 is prime, so the walk visits every page
     // once), so the candidate list is not already in LRU order.
     for j in 0..PAGES {
-        dir.touch(ids[(j * 61_813 % PAGES) as usize], false);
+        dir.order_mut().touch(ids[(j * 61_813 % PAGES) as usize], false);
     }
     dir.drain_events();
     // The scan: the `n` first candidates by the directory's eviction key.
@@ -49,20 +49,21 @@ fn bench(c: &mut Criterion) {
         cands.into_iter().map(|c| c.0).collect::<Vec<_>>()
     };
     let keyed = |dir: &Directory| {
-        dir.eviction_candidates(TierKind::Host)
+        dir.order()
+            .eviction_candidates(TierKind::Host)
             .into_iter()
-            .map(|(id, _)| (id, dir.evict_key(id)))
+            .map(|(id, _)| (id, dir.order().evict_key(id)))
             .collect::<Vec<_>>()
     };
     assert_eq!(
         select(keyed(&dir), VICTIMS),
-        dir.victims(TierKind::Host, VICTIMS, |_| false),
+        dir.order().victims(TierKind::Host, VICTIMS, |_| false),
         "the lists keep the order the scan finds"
     );
     let mut g = c.benchmark_group("eviction");
     g.bench_function("lists_64_of_100k", |b| {
         b.iter(|| {
-            let v = dir.victims(TierKind::Host, VICTIMS, |_| false);
+            let v = dir.order().victims(TierKind::Host, VICTIMS, |_| false);
             assert_eq!(v.len(), VICTIMS);
             v
         })

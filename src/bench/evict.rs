@@ -95,11 +95,11 @@ fn hash(i: usize) -> PageHash {
 fn store(dir: &mut Directory, ns: NamespaceId, i: usize) -> anyhow::Result<()> {
     let id = dir.find_or_insert(ns, &hash(i))?;
     dir.set_page(id, TierKind::Host, true);
-    dir.set_session(id, (i % 97) as u32 + 1);
+    dir.order_mut().set_session(id, (i % 97) as u32 + 1);
     if i.is_multiple_of(8) {
-        dir.set_retain(id, 1);
+        dir.order_mut().set_retain(id, 1);
     }
-    dir.touch(id, false);
+    dir.order_mut().touch(id, false);
     Ok(())
 }
 
@@ -142,7 +142,7 @@ fn store_and_evict(s: &Shared, high: usize, target: usize, costs: &mut Vec<f64>)
             if over == 0 {
                 break;
             }
-            d.victims(TierKind::Host, over.min(BATCH), |_| false)
+            d.order().victims(TierKind::Host, over.min(BATCH), |_| false)
         };
         if victims.is_empty() {
             break;

@@ -229,7 +229,7 @@ pub fn serve(mut cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Resu
     announce(&cfg, &backend)?;
     tracing::info!(socket = %cfg.socket.display(), "serving");
     let shared = Arc::new(Shared::new(backend.clone(), cfg.limits()));
-    backend.manager().set_upkeep_waker(shared.upkeep_waker());
+    backend.manager().upkeep().set_waker(shared.upkeep_waker());
     let tick = Duration::from_millis(cfg.tiers.tick_ms.max(1));
     let (extras, served) = rt.block_on(async {
         tokio::spawn(signals);

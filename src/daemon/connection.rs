@@ -131,7 +131,7 @@ impl Shared {
         }
     }
 
-    /// A waker for the manager (`Manager::set_upkeep_waker`): called from any thread
+    /// A waker for the manager (`Upkeep::set_waker`): called from any thread
     /// when eviction becomes due, it makes the upkeep task run now rather than at its next
     /// periodic tick. Wakes while a run is in progress coalesce into one more run.
     pub fn upkeep_waker(&self) -> Arc<dyn Fn() + Send + Sync> {

@@ -57,7 +57,7 @@ fn serve_with(max_connections: usize, arena_bytes: u64, tick: Duration, waker: b
     let backend = Arc::new(ManagedTiers::open(cfg.tiers(), SystemClock::new()).unwrap());
     let shared = Arc::new(Shared::new(backend.clone(), cfg.limits()));
     if waker {
-        backend.manager().set_upkeep_waker(shared.upkeep_waker());
+        backend.manager().upkeep().set_waker(shared.upkeep_waker());
     }
     let listener = UnixListener::bind(&cfg.socket).unwrap();
     let shutdown = Shutdown::new();

@@ -22,19 +22,20 @@ pub(crate) mod index;
 mod objects;
 mod view;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 pub use bitset::ObjectSet;
+pub use classes::{Order, OrderMut};
+pub use objects::Objects;
 pub use view::DirView;
 
 use crate::events::{PageEvent, PageEventKind};
-use crate::expiry::ExpiryHeap;
 use crate::layout::Layout;
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::tier::TierKind;
 use crate::wire::PrefixHit;
-use evict::{Lists, SessionLists};
+use classes::EvictOrder;
+use objects::ObjectMarks;
 
 const ABSENT: u8 = 0;
 const PARTIAL: u8 = 1;
@@ -52,7 +53,7 @@ fn listed(tier: TierKind) -> Option<usize> {
     LISTED.iter().position(|&t| t == tier)
 }
 
-/// Where [`Directory::relink`] puts a page in its bucket.
+/// Where [`classes::EvictOrder::relink`] puts a page in its bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Place {
     /// Leave it where it is if its bucket did not change; else at the tail.
@@ -103,6 +104,9 @@ pub enum DirectoryError {
 /// A map keyed by small integers (record indices, tiers): foldhash instead of SipHash,
 /// since its keys are not chosen by a client and a move touches several entries per
 /// object.
+/// The registered namespaces with their layouts, indexed by [`NamespaceId`].
+type NsLayouts = [(Namespace, Layout)];
+
 pub(crate) type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The fixed per-page record the writer keeps: 24 bytes, beside the page's 40-byte cell
@@ -143,6 +147,17 @@ impl PageRecord {
     fn is_empty(&self) -> bool {
         self.state == 0 && self.inflight == 0 && self.pinned == 0
     }
+
+    fn info(&self, hash: PageHash) -> PageInfo {
+        PageInfo {
+            hash,
+            ns: self.ns,
+            retain: self.retain,
+            hits: self.hits,
+            session: self.session,
+            last_access: self.last_access,
+        }
+    }
 }
 
 /// Public view of one page.
@@ -166,25 +181,15 @@ pub struct Directory {
     records: Vec<PageRecord>,
     live: Vec<bool>,
     free: Vec<u32>,
-    partial: IdMap<(u32, u8), ObjectSet>,
-    inflight: IdMap<(u32, u8), ObjectSet>,
     pending: Vec<PageEvent>,
     next_seq: u64,
     complete: [usize; 3],
-    /// Pages with an entry in `inflight`, per tier (kept as it changes, so stats are O(1)).
-    inflight_count: [usize; 3],
-    access_clock: u64,
     now_ms: u64,
     max_pages: usize,
-    /// Eviction order of the listed tiers ([`LISTED`]).
-    lists: [Lists; 2],
-    /// Pages per session, so a session changing class touches only its pages.
-    by_session: SessionLists,
-    /// Sessions whose new pages start in the idle class.
-    idle_sessions: HashSet<u32>,
-    /// Protected pages and when their protection ends, in the core's expiry heap
-    /// (entries whose page was unprotected or reused are skipped when they come up).
-    protected: ExpiryHeap<u32>,
+    /// The eviction order: lists, pages per session, idle sessions, protections.
+    order: EvictOrder,
+    /// Objects of partial and in-flight pages.
+    marks: ObjectMarks,
 }
 
 impl Directory {
@@ -211,19 +216,13 @@ impl Directory {
             records: Vec::new(),
             live: Vec::new(),
             free: Vec::new(),
-            partial: IdMap::default(),
-            inflight: IdMap::default(),
             pending: Vec::new(),
             next_seq: 1,
             complete: [0; 3],
-            inflight_count: [0; 3],
-            access_clock: 0,
             now_ms: 0,
             max_pages,
-            lists: Default::default(),
-            by_session: SessionLists::default(),
-            idle_sessions: HashSet::new(),
-            protected: ExpiryHeap::default(),
+            order: EvictOrder::default(),
+            marks: ObjectMarks::default(),
         })
     }
 
@@ -292,12 +291,7 @@ impl Directory {
     }
 
     pub fn find(&self, ns: NamespaceId, hash: &PageHash) -> Option<PageId> {
-        self.find_hashed(ns, hash, hash.table_hash(ns))
-    }
-
-    #[inline]
-    fn find_hashed(&self, ns: NamespaceId, hash: &PageHash, h: u64) -> Option<PageId> {
-        self.view.find(ns, hash, h).map(|(i, _)| PageId(i))
+        self.view.find(ns, hash, hash.table_hash(ns)).map(|(i, _)| PageId(i))
     }
 
     /// The page's hash (kept only in its cell).
@@ -344,15 +338,18 @@ impl Directory {
     }
 
     pub fn info(&self, id: PageId) -> PageInfo {
-        let r = &self.records[id.0 as usize];
-        PageInfo {
-            hash: self.hash_of(id),
-            ns: r.ns,
-            retain: r.retain,
-            hits: r.hits,
-            session: r.session,
-            last_access: r.last_access,
+        self.records[id.0 as usize].info(self.hash_of(id))
+    }
+
+    pub fn set_pinned(&mut self, id: PageId, tier: TierKind, on: bool) {
+        let bit = 1u8 << tier.index();
+        let rec = &mut self.records[id.0 as usize];
+        if on {
+            rec.pinned |= bit;
+        } else {
+            rec.pinned &= !bit;
         }
+        self.release_if_empty(id);
     }
 
     pub fn is_complete(&self, id: PageId, tier: TierKind) -> bool {
@@ -370,54 +367,6 @@ impl Directory {
 
     pub fn is_pinned(&self, id: PageId, tier: TierKind) -> bool {
         self.records[id.0 as usize].pinned & (1 << tier.index()) != 0
-    }
-
-    /// Up to `n` victims in `tier` in eviction order (idle sessions' pages, then low
-    /// retain, then least recently used), never pinned, in-flight or protected, skipping
-    /// pages for which `skip` holds (e.g. leased). For host and pool this follows the
-    /// lists: O(n + skipped), read-only, so it runs under a read lock; at most `n * 4 +
-    /// 1024` skipped pages are stepped over. Device pages are walked and sorted (advice).
-    pub fn victims(&self, tier: TierKind, n: usize, mut skip: impl FnMut(PageId) -> bool) -> Vec<PageId> {
-        if n == 0 {
-            return Vec::new();
-        }
-        let Some(k) = listed(tier) else {
-            let mut c = self.eviction_candidates(tier);
-            c.retain(|(id, _)| !self.is_protected(*id) && !skip(*id));
-            c.sort_unstable_by_key(|(id, _)| self.evict_key(*id));
-            return c.into_iter().take(n).map(|(id, _)| id).collect();
-        };
-        let mut budget = n * 4 + 1024;
-        let mut out = Vec::with_capacity(n);
-        for i in self.lists[k].iter() {
-            if out.len() == n {
-                break;
-            }
-            if skip(PageId(i)) {
-                if budget == 0 {
-                    break;
-                }
-                budget -= 1;
-                continue;
-            }
-            out.push(PageId(i));
-        }
-        out
-    }
-
-    /// A page's place in eviction order as a sort key, smallest first: the idle class
-    /// (idle and ended sessions' pages) before the others, then low retain priority, then
-    /// least recently used. The host and pool lists keep this order as it changes; the
-    /// device tier (advice to the engine, and `kvtier replay`'s emulated device) sorts
-    /// by it.
-    pub fn evict_key(&self, id: PageId) -> (bool, i8, u64) {
-        let rec = &self.records[id.0 as usize];
-        (rec.class & CLASS_IDLE == 0, rec.retain, rec.last_access)
-    }
-
-    /// Pages evictable in `tier` now (linked in its lists). O(1); host and pool only.
-    pub fn evictable(&self, tier: TierKind) -> usize {
-        listed(tier).map_or(0, |k| self.lists[k].len())
     }
 
     /// Sets the page's state in `tier` in the record and in its cell (one store there, so
@@ -457,7 +406,7 @@ impl Directory {
     /// Frees the record of a page that has no state left (e.g. one found by
     /// `find_or_insert` and then not used). Its `PageId` is invalid afterwards.
     pub fn release_if_empty(&mut self, id: PageId) {
-        self.relink(id, Place::Keep);
+        self.order.relink(&self.records, &self.live, id, Place::Keep);
         let rec = self.records[id.0 as usize];
         if !rec.is_empty() || !self.live[id.0 as usize] {
             return;
@@ -466,11 +415,10 @@ impl Directory {
         self.live[id.0 as usize] = false;
         self.free.push(id.0);
         // A reused slot starts with no session, class or protection.
-        self.by_session.remove(rec.session, id.0);
+        self.order.forget(id, rec.session);
         self.records[id.0 as usize].session = 0;
         self.records[id.0 as usize].class = 0;
-        self.protected.remove(&id.0);
-        self.relink(id, Place::Keep);
+        self.order.relink(&self.records, &self.live, id, Place::Keep);
     }
 
     /// Drops every page of `tier` at once and emits a single `cleared` event.
@@ -484,7 +432,7 @@ impl Directory {
                 n += 1;
             }
             self.write_state(i, tier, ABSENT);
-            self.partial.remove(&(i as u32, tier as u8));
+            self.marks.clear_partial(PageId(i as u32), tier);
             self.release_if_empty(PageId(i as u32));
         }
         self.complete[tier.index()] = 0;
@@ -517,44 +465,6 @@ impl Directory {
         self.view.lookup_prefix(ns, hashes)
     }
 
-    /// Pages complete in `tier` that may be evicted (not pinned there, not in flight
-    /// anywhere), with their eviction facts. The policy decides the order.
-    pub fn eviction_candidates(&self, tier: TierKind) -> Vec<(PageId, PageInfo)> {
-        self.eviction_candidates_in(tier, 0..self.records.len())
-    }
-
-    /// [`Self::eviction_candidates`] among the records in `range` (clipped to
-    /// [`Self::record_slots`]), so a caller can walk the directory in bounded chunks and
-    /// let go of its lock between them.
-    pub fn eviction_candidates_in(&self, tier: TierKind, range: std::ops::Range<usize>) -> Vec<(PageId, PageInfo)> {
-        let bit = 1u8 << tier.index();
-        let range = range.start.min(self.records.len())..range.end.min(self.records.len());
-        self.records[range.clone()]
-            .iter()
-            .zip(range)
-            .filter(|(r, i)| self.live[*i] && r.tier_state(tier) == COMPLETE && r.pinned & bit == 0 && r.inflight == 0)
-            .map(|(_, i)| (PageId(i as u32), self.info(PageId(i as u32))))
-            .collect()
-    }
-
-    /// Record slots, live or free: the end of the ranges the `_in` walks take.
-    pub fn record_slots(&self) -> usize {
-        self.records.len()
-    }
-
-    /// Every live page last touched by `session`.
-    pub fn pages_of_session(&self, session: u32) -> Vec<PageId> {
-        self.pages_of_session_in(session, 0..self.records.len())
-    }
-
-    /// [`Self::pages_of_session`] among the records in `range` (clipped).
-    pub fn pages_of_session_in(&self, session: u32, range: std::ops::Range<usize>) -> Vec<PageId> {
-        (range.start.min(self.records.len())..range.end.min(self.records.len()))
-            .filter(|&i| self.live[i] && self.records[i].session == session)
-            .map(|i| PageId(i as u32))
-            .collect()
-    }
-
     /// Every live page holding any object in `tier`.
     pub fn pages_in(&self, tier: TierKind) -> Vec<PageId> {
         (0..self.records.len())
@@ -567,15 +477,8 @@ impl Directory {
     pub fn heap_bytes(&self) -> usize {
         let rec = self.records.capacity() * std::mem::size_of::<PageRecord>() + self.live.capacity();
         let table = self.view.heap_bytes(self.records.len());
-        let side = (self.partial.capacity() + self.inflight.capacity())
-            * (std::mem::size_of::<((u32, u8), ObjectSet)>() + 1)
-            + self
-                .partial
-                .values()
-                .chain(self.inflight.values())
-                .map(ObjectSet::heap_bytes)
-                .sum::<usize>();
-        let order = self.lists.iter().map(Lists::heap_bytes).sum::<usize>() + self.by_session.heap_bytes();
+        let side = self.marks.heap_bytes();
+        let order = self.order.heap_bytes();
         rec + table + side + self.free.capacity() * 4 + order
     }
 

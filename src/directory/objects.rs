@@ -2,31 +2,120 @@
 //! per page, or for a whole object set. A page's two-bit tier state (absent, partial,
 //! complete) follows from these changes, and only a change of completeness emits an
 //! event (`Directory::set_state`).
+//!
+//! [`ObjectMarks`] owns the side tables of the rare pages that are partial or in flight
+//! (and the in-flight count per tier kept with them); the directory's writes change them
+//! through its API, and readers reach them through [`Directory::objects`].
 
-use super::{ABSENT, COMPLETE, Directory, DirectoryError, ObjectSet, PARTIAL, PageId};
+use super::{ABSENT, COMPLETE, Directory, DirectoryError, IdMap, NsLayouts, ObjectSet, PARTIAL, PageId, PageRecord};
 use crate::tier::TierKind;
 
-impl Directory {
-    fn object_count(&self, id: PageId) -> usize {
-        let ns = self.records[id.0 as usize].ns;
-        self.layouts[ns.0 as usize].1.object_count()
+/// A page's side-table key: (record slot, tier).
+type Key = (u32, u8);
+
+fn key(id: PageId, tier: TierKind) -> Key {
+    (id.0, tier as u8)
+}
+
+/// The objects present on partial pages and the objects in flight, per (page, tier).
+#[derive(Debug, Default)]
+pub(super) struct ObjectMarks {
+    partial: IdMap<Key, ObjectSet>,
+    inflight: IdMap<Key, ObjectSet>,
+    /// Pages with an entry in `inflight`, per tier (kept as it changes, so stats are O(1)).
+    inflight_count: [usize; 3],
+}
+
+impl ObjectMarks {
+    /// Forgets the partial set of the page in `tier` (it became absent or complete).
+    pub(super) fn clear_partial(&mut self, id: PageId, tier: TierKind) {
+        self.partial.remove(&key(id, tier));
     }
 
+    /// Marks `objs` of the page (of `count` objects) in flight into `tier` (`on`) or no
+    /// longer. Returns whether the page still has objects in flight there.
+    fn mark_inflight(&mut self, id: PageId, tier: TierKind, count: usize, objs: &[usize], on: bool) -> bool {
+        let k = key(id, tier);
+        if on && !objs.is_empty() {
+            let set = self.inflight.entry(k).or_insert_with(|| {
+                self.inflight_count[tier.index()] += 1;
+                ObjectSet::new(count)
+            });
+            for &o in objs {
+                set.insert(o);
+            }
+        } else if !on && let Some(s) = self.inflight.get_mut(&k) {
+            for &o in objs {
+                s.remove(o);
+            }
+            if s.is_empty() {
+                self.inflight.remove(&k);
+                self.inflight_count[tier.index()] -= 1;
+            }
+        }
+        self.inflight.contains_key(&k)
+    }
+
+    /// Heap bytes of the side tables.
+    pub(super) fn heap_bytes(&self) -> usize {
+        (self.partial.capacity() + self.inflight.capacity()) * (std::mem::size_of::<(Key, ObjectSet)>() + 1)
+            + self
+                .partial
+                .values()
+                .chain(self.inflight.values())
+                .map(ObjectSet::heap_bytes)
+                .sum::<usize>()
+    }
+}
+
+fn object_count(layouts: &NsLayouts, rec: &PageRecord) -> usize {
+    layouts[rec.ns.0 as usize].1.object_count()
+}
+
+fn check_index(count: usize, index: usize) -> Result<(), DirectoryError> {
+    if index >= count {
+        return Err(DirectoryError::ObjectOutOfRange { index, count });
+    }
+    Ok(())
+}
+
+fn check_indices(count: usize, objs: &[usize]) -> Result<(), DirectoryError> {
+    match objs.iter().find(|&&o| o >= count) {
+        Some(&index) => Err(DirectoryError::ObjectOutOfRange { index, count }),
+        None => Ok(()),
+    }
+}
+
+/// Which objects of a page are present or in flight, read-only ([`Directory::objects`]).
+#[derive(Clone, Copy)]
+pub struct Objects<'a> {
+    records: &'a [PageRecord],
+    layouts: &'a NsLayouts,
+    marks: &'a ObjectMarks,
+}
+
+impl Objects<'_> {
     /// Whether object `index` of the page is present in `tier`.
     pub fn has_object(&self, id: PageId, tier: TierKind, index: usize) -> bool {
-        match self.records[id.0 as usize].tier_state(tier) {
-            COMPLETE => index < self.object_count(id),
-            PARTIAL => self.partial.get(&(id.0, tier as u8)).is_some_and(|s| s.contains(index)),
+        let rec = &self.records[id.0 as usize];
+        match rec.tier_state(tier) {
+            COMPLETE => index < object_count(self.layouts, rec),
+            PARTIAL => self
+                .marks
+                .partial
+                .get(&key(id, tier))
+                .is_some_and(|s| s.contains(index)),
             _ => false,
         }
     }
 
     /// Objects of the page that are not present in `tier`, in canonical order.
     pub fn missing_objects(&self, id: PageId, tier: TierKind) -> Vec<usize> {
-        let n = self.object_count(id);
-        match self.records[id.0 as usize].tier_state(tier) {
+        let rec = &self.records[id.0 as usize];
+        let n = object_count(self.layouts, rec);
+        match rec.tier_state(tier) {
             COMPLETE => Vec::new(),
-            PARTIAL => match self.partial.get(&(id.0, tier as u8)) {
+            PARTIAL => match self.marks.partial.get(&key(id, tier)) {
                 Some(s) => (0..n).filter(|&i| !s.contains(i)).collect(),
                 None => (0..n).collect(),
             },
@@ -36,16 +125,17 @@ impl Directory {
 
     /// Pages with at least one object being written into `tier`.
     pub fn inflight_pages(&self, tier: TierKind) -> usize {
-        self.inflight_count[tier.index()]
+        self.marks.inflight_count[tier.index()]
     }
 
     /// Objects of the page that are being written into `tier`.
     pub fn inflight_objects(&self, id: PageId, tier: TierKind) -> Vec<usize> {
-        if !self.is_inflight(id, tier) {
+        if self.records[id.0 as usize].inflight & (1 << tier.index()) == 0 {
             return Vec::new();
         }
-        self.inflight
-            .get(&(id.0, tier as u8))
+        self.marks
+            .inflight
+            .get(&key(id, tier))
             .map(|s| s.iter().collect())
             .unwrap_or_default()
     }
@@ -53,19 +143,23 @@ impl Directory {
     /// Whether object `index` of the page is being written into `tier`. Answers from the
     /// record's in-flight bit when the page has nothing in flight there.
     pub fn is_inflight_object(&self, id: PageId, tier: TierKind, index: usize) -> bool {
-        self.is_inflight(id, tier)
+        self.records[id.0 as usize].inflight & (1 << tier.index()) != 0
             && self
+                .marks
                 .inflight
-                .get(&(id.0, tier as u8))
+                .get(&key(id, tier))
                 .is_some_and(|s| s.contains(index))
     }
+}
 
-    fn check_index(&self, id: PageId, index: usize) -> Result<usize, DirectoryError> {
-        let count = self.object_count(id);
-        if index >= count {
-            return Err(DirectoryError::ObjectOutOfRange { index, count });
+impl Directory {
+    /// Which objects of each page are present or in flight, read-only.
+    pub fn objects(&self) -> Objects<'_> {
+        Objects {
+            records: &self.records,
+            layouts: &self.layouts,
+            marks: &self.marks,
         }
-        Ok(count)
     }
 
     /// Marks one object present or gone. Emits `stored` when this completes the page and
@@ -77,8 +171,9 @@ impl Directory {
         index: usize,
         present: bool,
     ) -> Result<bool, DirectoryError> {
-        let count = self.check_index(id, index)?;
-        let key = (id.0, tier as u8);
+        let count = object_count(&self.layouts, &self.records[id.0 as usize]);
+        check_index(count, index)?;
+        let key = key(id, tier);
         let state = self.records[id.0 as usize].tier_state(tier);
         let changed = match (state, present) {
             (COMPLETE, true) | (ABSENT, false) => false,
@@ -89,7 +184,7 @@ impl Directory {
                 } else {
                     let mut s = ObjectSet::new(count);
                     s.insert(index);
-                    self.partial.insert(key, s);
+                    self.marks.partial.insert(key, s);
                     self.set_state(id, tier, PARTIAL);
                     false
                 }
@@ -100,16 +195,16 @@ impl Directory {
                 } else {
                     let mut s = ObjectSet::full(count);
                     s.remove(index);
-                    self.partial.insert(key, s);
+                    self.marks.partial.insert(key, s);
                     self.set_state(id, tier, PARTIAL);
                 }
                 true
             }
             (_, true) => {
-                let s = self.partial.get_mut(&key).expect("partial pages have a set");
+                let s = self.marks.partial.get_mut(&key).expect("partial pages have a set");
                 s.insert(index);
                 if s.is_full() {
-                    self.partial.remove(&key);
+                    self.marks.partial.remove(&key);
                     self.set_state(id, tier, COMPLETE);
                     true
                 } else {
@@ -117,10 +212,10 @@ impl Directory {
                 }
             }
             (_, false) => {
-                let s = self.partial.get_mut(&key).expect("partial pages have a set");
+                let s = self.marks.partial.get_mut(&key).expect("partial pages have a set");
                 s.remove(index);
                 if s.is_empty() {
-                    self.partial.remove(&key);
+                    self.marks.partial.remove(&key);
                     self.set_state(id, tier, ABSENT);
                 }
                 false
@@ -134,7 +229,7 @@ impl Directory {
     /// Returns whether completeness changed (at most one event).
     pub fn set_page(&mut self, id: PageId, tier: TierKind, present: bool) -> bool {
         let state = self.records[id.0 as usize].tier_state(tier);
-        self.partial.remove(&(id.0, tier as u8));
+        self.marks.clear_partial(id, tier);
         let target = if present { COMPLETE } else { ABSENT };
         let changed = (state == COMPLETE) != present;
         if state != target {
@@ -156,11 +251,9 @@ impl Directory {
         objs: &[usize],
         present: bool,
     ) -> Result<bool, DirectoryError> {
-        let count = self.object_count(id);
-        if let Some(&index) = objs.iter().find(|&&o| o >= count) {
-            return Err(DirectoryError::ObjectOutOfRange { index, count });
-        }
-        let key = (id.0, tier as u8);
+        let count = object_count(&self.layouts, &self.records[id.0 as usize]);
+        check_indices(count, objs)?;
+        let key = key(id, tier);
         let state = self.records[id.0 as usize].tier_state(tier);
         let mut set = match (state, present) {
             (COMPLETE, true) | (ABSENT, false) => {
@@ -170,7 +263,7 @@ impl Directory {
             _ if objs.is_empty() => return Ok(false),
             (COMPLETE, false) => ObjectSet::full(count),
             (ABSENT, true) => ObjectSet::new(count),
-            _ => self.partial.remove(&key).unwrap_or_else(|| ObjectSet::new(count)),
+            _ => self.marks.partial.remove(&key).unwrap_or_else(|| ObjectSet::new(count)),
         };
         for &o in objs {
             if present {
@@ -184,7 +277,7 @@ impl Directory {
         } else if set.is_empty() {
             ABSENT
         } else {
-            self.partial.insert(key, set);
+            self.marks.partial.insert(key, set);
             PARTIAL
         };
         if target != state {
@@ -203,60 +296,32 @@ impl Directory {
         objs: &[usize],
         on: bool,
     ) -> Result<(), DirectoryError> {
-        let count = self.object_count(id);
-        if let Some(&index) = objs.iter().find(|&&o| o >= count) {
-            return Err(DirectoryError::ObjectOutOfRange { index, count });
-        }
-        let key = (id.0, tier as u8);
-        let bit = 1u8 << tier.index();
-        if on && !objs.is_empty() {
-            let set = self.inflight.entry(key).or_insert_with(|| {
-                self.inflight_count[tier.index()] += 1;
-                ObjectSet::new(count)
-            });
-            for &o in objs {
-                set.insert(o);
-            }
-            self.records[id.0 as usize].inflight |= bit;
-        } else if !on && let Some(s) = self.inflight.get_mut(&key) {
-            for &o in objs {
-                s.remove(o);
-            }
-            if s.is_empty() {
-                self.inflight.remove(&key);
-                self.inflight_count[tier.index()] -= 1;
-                self.records[id.0 as usize].inflight &= !bit;
-            }
-        }
-        self.release_if_empty(id);
+        let count = object_count(&self.layouts, &self.records[id.0 as usize]);
+        check_indices(count, objs)?;
+        let still = self.marks.mark_inflight(id, tier, count, objs, on);
+        self.write_inflight(id, tier, still);
         Ok(())
     }
 
     /// Marks one object as being written into `tier` (or no longer).
     pub fn set_inflight(&mut self, id: PageId, tier: TierKind, index: usize, on: bool) -> Result<(), DirectoryError> {
-        let count = self.check_index(id, index)?;
-        let key = (id.0, tier as u8);
-        if on {
-            let set = self.inflight.entry(key).or_insert_with(|| {
-                self.inflight_count[tier.index()] += 1;
-                ObjectSet::new(count)
-            });
-            set.insert(index);
-        } else if let Some(s) = self.inflight.get_mut(&key) {
-            s.remove(index);
-            if s.is_empty() {
-                self.inflight.remove(&key);
-                self.inflight_count[tier.index()] -= 1;
-            }
-        }
+        let count = object_count(&self.layouts, &self.records[id.0 as usize]);
+        check_index(count, index)?;
+        let still = self.marks.mark_inflight(id, tier, count, &[index], on);
+        self.write_inflight(id, tier, still);
+        Ok(())
+    }
+
+    /// Sets the record's in-flight bit for `tier` as the side table says, and relinks
+    /// (or frees) the page.
+    fn write_inflight(&mut self, id: PageId, tier: TierKind, on: bool) {
         let bit = 1u8 << tier.index();
         let rec = &mut self.records[id.0 as usize];
-        if self.inflight.contains_key(&key) {
+        if on {
             rec.inflight |= bit;
         } else {
             rec.inflight &= !bit;
         }
         self.release_if_empty(id);
-        Ok(())
     }
 }

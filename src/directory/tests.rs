@@ -23,7 +23,7 @@ fn fifteen_of_sixteen_objects_is_not_a_hit_and_the_sixteenth_emits_one_stored() 
     }
     assert!(!d.is_complete(id, TierKind::Host));
     assert_eq!(d.lookup_prefix(ns, &[h]).total(), 0);
-    assert_eq!(d.missing_objects(id, TierKind::Host), vec![15]);
+    assert_eq!(d.objects().missing_objects(id, TierKind::Host), vec![15]);
     assert!(d.drain_events().is_empty());
 
     assert!(d.set_object(id, TierKind::Host, 15, true).unwrap());
@@ -50,7 +50,7 @@ fn fifteen_of_sixteen_objects_is_not_a_hit_and_the_sixteenth_emits_one_stored() 
     let evs = d.drain_events();
     assert_eq!(evs.len(), 1);
     assert_eq!((evs[0].kind, evs[0].seq), (PageEventKind::Removed, 2));
-    assert_eq!(d.missing_objects(id, TierKind::Host), vec![7, 8]);
+    assert_eq!(d.objects().missing_objects(id, TierKind::Host), vec![7, 8]);
     assert_eq!(d.lookup_prefix(ns, &[h]).total(), 0);
 }
 
@@ -140,7 +140,7 @@ fn empty_pages_are_released_and_slots_reused() {
     // In-flight keeps a page alive even with no objects present.
     d.set_inflight(b, TierKind::Host, 0, true).unwrap();
     assert!(d.find(ns, &PageHash::from_u64(2)).is_some());
-    assert!(d.eviction_candidates(TierKind::Host).is_empty());
+    assert!(d.order().eviction_candidates(TierKind::Host).is_empty());
     d.set_inflight(b, TierKind::Host, 0, false).unwrap();
     assert!(d.find(ns, &PageHash::from_u64(2)).is_none());
 }
@@ -298,12 +298,12 @@ proptest! {
                     for t in TierKind::ALL {
                         prop_assert_eq!(d.is_complete(id, t), after[p][t.index()]);
                         let missing: Vec<usize> = (0..4).filter(|&o| !model[p][t.index()][o]).collect();
-                        prop_assert_eq!(d.missing_objects(id, t), missing);
+                        prop_assert_eq!(d.objects().missing_objects(id, t), missing);
                         prop_assert_eq!(d.is_inflight(id, t), inflight[p][t.index()].iter().any(|&b| b));
                         let flying: Vec<usize> = (0..4).filter(|&o| inflight[p][t.index()][o]).collect();
-                        prop_assert_eq!(d.inflight_objects(id, t), flying.clone());
+                        prop_assert_eq!(d.objects().inflight_objects(id, t), flying.clone());
                         for o in 0..4 {
-                            prop_assert_eq!(d.is_inflight_object(id, t, o), flying.contains(&o));
+                            prop_assert_eq!(d.objects().is_inflight_object(id, t, o), flying.contains(&o));
                         }
                     }
                 }
@@ -406,13 +406,13 @@ proptest! {
                 }
                 EvOp::Retain { page, level } => {
                     if let Some(id) = d.find(ns, &PageHash::from_u64(page as u64)) {
-                        d.set_retain(id, level);
+                        d.order_mut().set_retain(id, level);
                         m[page as usize].retain = level;
                     }
                 }
                 EvOp::Touch { page, hit } => {
                     if let Some(id) = d.find(ns, &PageHash::from_u64(page as u64)) {
-                        d.touch(id, hit);
+                        d.order_mut().touch(id, hit);
                         if hit {
                             m[page as usize].protected_until = None;
                         }
@@ -421,14 +421,14 @@ proptest! {
                 }
                 EvOp::Session { page, session } => {
                     if let Some(id) = d.find(ns, &PageHash::from_u64(page as u64)) {
-                        d.set_session(id, session as u32);
+                        d.order_mut().set_session(id, session as u32);
                         let p = &mut m[page as usize];
                         p.session = session;
                         p.idle = session != 0 && idle_sessions[session as usize];
                     }
                 }
                 EvOp::SessionIdle { session, idle } => {
-                    d.set_session_idle(session as u32, idle);
+                    d.order_mut().set_session_idle(session as u32, idle);
                     idle_sessions[session as usize] = idle;
                     for p in m.iter_mut().filter(|p| p.session == session) {
                         p.idle = idle;
@@ -436,12 +436,12 @@ proptest! {
                 }
                 EvOp::Protect { page, until } => {
                     if let Some(id) = d.find(ns, &PageHash::from_u64(page as u64)) {
-                        d.set_class(id, EvictClass::Protected { until_ms: until as u64 });
+                        d.order_mut().set_class(id, EvictClass::Protected { until_ms: until as u64 });
                         m[page as usize].protected_until = Some(until);
                     }
                 }
                 EvOp::Expire { now } => {
-                    d.expire_protection(now as u64);
+                    d.order_mut().expire_protection(now as u64);
                     for (i, p) in m.iter_mut().enumerate() {
                         if p.protected_until.is_some_and(|u| u <= now) {
                             p.protected_until = None;
@@ -482,6 +482,7 @@ proptest! {
                     }
                 }
                 let got: Vec<usize> = d
+                    .order()
                     .victims(tier, 100, |_| false)
                     .into_iter()
                     .map(|id| (0..10).find(|&i| d.info(id).hash == PageHash::from_u64(i as u64)).unwrap())
@@ -492,9 +493,9 @@ proptest! {
                 prop_assert_eq!(&got_set, &want, "{:?} set", tier);
                 let keys: Vec<Entered> = got.iter().map(|&i| at[i][k].unwrap()).collect();
                 prop_assert!(keys.windows(2).all(|w| w[0] <= w[1]), "{:?} order {:?}", tier, keys);
-                prop_assert_eq!(d.evictable(tier), want.len());
+                prop_assert_eq!(d.order().evictable(tier), want.len());
                 // Skipping pages steps over them and keeps the order.
-                let skip_first = d.victims(tier, 100, |id| Some(id) == d.victims(tier, 1, |_| false).first().copied());
+                let skip_first = d.order().victims(tier, 100, |id| Some(id) == d.order().victims(tier, 1, |_| false).first().copied());
                 prop_assert_eq!(skip_first.len(), want.len().saturating_sub(1));
             }
         }
@@ -511,24 +512,34 @@ fn a_protected_page_is_not_a_victim_until_its_ttl_or_a_load() {
             id
         })
         .collect();
-    d.set_class(ids[0], EvictClass::Protected { until_ms: 100 });
-    d.set_class(ids[1], EvictClass::Protected { until_ms: 50 });
-    assert_eq!(d.victims(TierKind::Host, 3, |_| false), vec![ids[2]]);
-    assert_eq!((d.protected_pages(), d.next_protection_expiry()), (2, Some(50)));
-    assert_eq!(d.expire_protection(49), 0);
-    assert_eq!(d.expire_protection(50), 1);
+    d.order_mut().set_class(ids[0], EvictClass::Protected { until_ms: 100 });
+    d.order_mut().set_class(ids[1], EvictClass::Protected { until_ms: 50 });
+    assert_eq!(d.order().victims(TierKind::Host, 3, |_| false), vec![ids[2]]);
+    assert_eq!(
+        (d.order().protected_pages(), d.order().next_protection_expiry()),
+        (2, Some(50))
+    );
+    assert_eq!(d.order_mut().expire_protection(49), 0);
+    assert_eq!(d.order_mut().expire_protection(50), 1);
     // Staged and never loaded: at the head of its bucket, the next victim.
-    assert_eq!(d.victims(TierKind::Host, 3, |_| false), vec![ids[1], ids[2]]);
+    assert_eq!(d.order().victims(TierKind::Host, 3, |_| false), vec![ids[1], ids[2]]);
     // A load (a hit) ends protection before the TTL, and is an access: at the tail.
-    d.touch(ids[0], true);
-    assert_eq!(d.victims(TierKind::Host, 3, |_| false), vec![ids[1], ids[2], ids[0]]);
-    assert_eq!(d.protected_pages(), 0);
-    assert_eq!(d.expire_protection(1_000), 0, "the stale heap entry ends nothing");
+    d.order_mut().touch(ids[0], true);
+    assert_eq!(
+        d.order().victims(TierKind::Host, 3, |_| false),
+        vec![ids[1], ids[2], ids[0]]
+    );
+    assert_eq!(d.order().protected_pages(), 0);
+    assert_eq!(
+        d.order_mut().expire_protection(1_000),
+        0,
+        "the stale heap entry ends nothing"
+    );
     // Idle sessions' pages go first, whatever their recency.
-    d.set_session(ids[0], 9);
-    d.set_session_idle(9, true);
-    assert_eq!(d.victims(TierKind::Host, 1, |_| false), vec![ids[0]]);
-    assert_eq!(d.session_pages(9), vec![ids[0]]);
-    d.end_session(9);
-    assert!(d.is_idle_class(ids[0]), "an ended session's pages stay first");
+    d.order_mut().set_session(ids[0], 9);
+    d.order_mut().set_session_idle(9, true);
+    assert_eq!(d.order().victims(TierKind::Host, 1, |_| false), vec![ids[0]]);
+    assert_eq!(d.order().session_pages(9), vec![ids[0]]);
+    d.order_mut().end_session(9);
+    assert!(d.order().is_idle_class(ids[0]), "an ended session's pages stay first");
 }

@@ -82,7 +82,7 @@ fn step(d: &mut Directory, ns: NamespaceId, truth: &Truth, k: usize, r: usize) {
                 truth.set(k, true);
                 d.set_objects(id, TierKind::Host, &[0, 1], true).unwrap();
             } else {
-                let have = d.missing_objects(id, TierKind::Host);
+                let have = d.objects().missing_objects(id, TierKind::Host);
                 let obj = usize::from(have == vec![0]);
                 d.set_object(id, TierKind::Host, obj, false).unwrap();
             }
@@ -160,7 +160,10 @@ fn lookups_racing_inserts_evictions_and_reuse_never_credit_an_incomplete_page() 
         claims.load(SeqCst)
     );
     assert!(stable_hits.load(SeqCst) > 1_000);
-    assert!(d.record_slots() <= ROOM, "records are reused, never more than the room");
+    assert!(
+        d.order().record_slots() <= ROOM,
+        "records are reused, never more than the room"
+    );
     // Quiescent: the view answers exactly what the directory holds, page by page.
     for k in 0..PAGES {
         let complete = d.find(ns, &hash(k)).is_some_and(|id| d.is_complete(id, TierKind::Host));

@@ -248,7 +248,7 @@ fn advice_is_taken_per_namespace_within_a_page_budget() {
     let other = NamespaceId(f.ns.0 + 1);
     let hs = hashes(0..5);
     {
-        let mut st = f.m.queues();
+        let mut st = f.m.inner.queues.lock();
         st.push_advice(Advice::EvictFirst {
             ns: f.ns,
             hashes: hs[..3].to_vec(),
@@ -263,7 +263,7 @@ fn advice_is_taken_per_namespace_within_a_page_budget() {
         });
     }
     // Two pages: the first entry is split, its rest stays first in line.
-    let (got, more) = f.m.take_advice_for(f.ns, 2);
+    let (got, more) = f.m.engine_queues().take_advice_for(f.ns, 2);
     assert_eq!(
         (got, more),
         (
@@ -274,7 +274,7 @@ fn advice_is_taken_per_namespace_within_a_page_budget() {
             true
         )
     );
-    let (got, more) = f.m.take_advice_for(f.ns, 100);
+    let (got, more) = f.m.engine_queues().take_advice_for(f.ns, 100);
     assert_eq!(
         (got, more),
         (
@@ -291,10 +291,10 @@ fn advice_is_taken_per_namespace_within_a_page_budget() {
             false
         )
     );
-    assert_eq!(f.m.take_advice_for(f.ns, 100), (vec![], false));
+    assert_eq!(f.m.engine_queues().take_advice_for(f.ns, 100), (vec![], false));
     // The other namespace's advice was left alone.
     assert_eq!(
-        f.m.take_advice(),
+        f.m.engine_queues().take_advice(),
         vec![Advice::Offload {
             ns: other,
             hashes: hs[..1].to_vec()

@@ -319,7 +319,7 @@ impl Manager {
                 break;
             }
             gt.lease(id);
-            st.dir.touch(id, true);
+            st.dir.order_mut().touch(id, true);
             // Write-through-selective: a page hit often enough earns its pool copy now.
             if let crate::policy::WritePolicy::WriteThroughSelective { hits } = host_to_pool
                 && st.dir.info(id).hits == hits

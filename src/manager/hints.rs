@@ -87,6 +87,7 @@ impl Manager {
                 self.walk_dir(|st, range| {
                     pages.extend(
                         st.dir
+                            .order()
                             .pages_of_session_in(idx, range)
                             .into_iter()
                             .filter(|&p| st.dir.info(p).ns == ns),
@@ -102,22 +103,12 @@ impl Manager {
         Ok((pages, requested))
     }
 
-    /// Queues a hint for a later tick, or answers `ignored: queue_full` when the queue is full.
-    pub(crate) fn defer(&self, ns: NamespaceId, hint: &Hint, pages: usize, reason: Reason) -> HintOutcome {
-        if !self.queues().defer(ns, hint.clone()) {
-            return HintOutcome::Ignored {
-                reason: Reason::QueueFull,
-            };
-        }
-        HintOutcome::Deferred { pages, reason }
-    }
-
     fn share(&self, ns: NamespaceId, pages: &[PageId], requested: usize, hint: &Hint) -> HintOutcome {
         let Some(pool) = self.pool() else {
             return HintOutcome::Ignored { reason: Reason::NoPool };
         };
         if pool.health() != PoolHealth::Ok {
-            return self.defer(ns, hint, pages.len(), Reason::PoolDegraded);
+            return self.inner.queues.defer(ns, hint, pages.len(), Reason::PoolDegraded);
         }
         let (already, on_host, offload) = {
             let st = self.read();
@@ -129,9 +120,9 @@ impl Manager {
                 .collect();
             (already, on_host, offload_advice(&st, ns, pages))
         };
-        let device_only = self.push_offload(offload);
+        let device_only = self.inner.queues.push_offload(offload);
         if !on_host.is_empty() && !self.spawn_copy_to_pool(ns, on_host.clone()) {
-            return self.defer(ns, hint, on_host.len(), Reason::QueueFull);
+            return self.inner.queues.defer(ns, hint, on_host.len(), Reason::QueueFull);
         }
         clip(
             already + on_host.len(),
@@ -162,7 +153,7 @@ impl Manager {
         };
         if !in_pool.is_empty() {
             if self.pool().is_none_or(|p| p.health() != PoolHealth::Ok) {
-                return self.defer(ns, hint, in_pool.len(), Reason::PoolDegraded);
+                return self.inner.queues.defer(ns, hint, in_pool.len(), Reason::PoolDegraded);
             }
             // Staging is synchronous for the hint's own pages so that a prefetch to device
             // can say which pages are ready; it is bounded by the batch size.
@@ -177,7 +168,7 @@ impl Manager {
         let hashes: Vec<_> = ready.iter().map(|&p| st.dir.info(p).hash).collect();
         drop(st);
         if to == TierKind::Device && !hashes.is_empty() {
-            self.queues().push_advice(Advice::ReadyToLoad { ns, hashes });
+            self.inner.queues.lock().push_advice(Advice::ReadyToLoad { ns, hashes });
         }
         let _ = on_host;
         clip(ready.len(), requested, Reason::NotComplete)
@@ -200,9 +191,9 @@ impl Manager {
                 let offload = offload_advice(&st, ns, &on_device);
                 let hashes: Vec<_> = covered.iter().map(|&p| st.dir.info(p).hash).collect();
                 drop(st);
-                self.push_offload(offload);
+                self.inner.queues.push_offload(offload);
                 if !hashes.is_empty() {
-                    self.queues().push_advice(Advice::EvictFirst { ns, hashes });
+                    self.inner.queues.lock().push_advice(Advice::EvictFirst { ns, hashes });
                 }
                 clip(covered.len(), requested, Reason::NotComplete)
             }
@@ -211,7 +202,7 @@ impl Manager {
                     return HintOutcome::Ignored { reason: Reason::NoPool };
                 };
                 if pool.health() != PoolHealth::Ok {
-                    return self.defer(ns, hint, pages.len(), Reason::PoolDegraded);
+                    return self.inner.queues.defer(ns, hint, pages.len(), Reason::PoolDegraded);
                 }
                 let on_host: Vec<PageId> = {
                     let st = self.read();
@@ -227,7 +218,7 @@ impl Manager {
                 for &p in &on_host {
                     if st.dir.is_complete(p, TierKind::Pool) {
                         // The host copy goes first when host needs room.
-                        st.dir.set_retain(p, i8::MIN);
+                        st.dir.order_mut().set_retain(p, i8::MIN);
                         done += 1;
                     }
                 }
@@ -243,7 +234,7 @@ impl Manager {
         let expires = expiry(self.inner.clock.now_ms(), ttl);
         // Directory, then timers: the pin mark and its expiry change together.
         let mut st = self.write();
-        let mut timers = self.timers();
+        let mut timers = self.inner.upkeep.timers();
         let mut room = budget.saturating_sub(timers.pins_in(tier));
         let mut pinned = 0;
         let mut over_budget = false;
@@ -289,10 +280,10 @@ impl Manager {
         let (ttl, ttl_clipped) = clip_ttl(&self.tunables(), ttl_ms);
         let expires = expiry(self.inner.clock.now_ms(), ttl);
         let mut st = self.write();
-        let mut timers = self.timers();
+        let mut timers = self.inner.upkeep.timers();
         for &p in pages {
             let hash = st.dir.info(p).hash;
-            st.dir.set_retain(p, priority);
+            st.dir.order_mut().set_retain(p, priority);
             timers.retain(p.0, hash, expires);
         }
         drop(timers);
@@ -332,7 +323,7 @@ impl Manager {
     /// stats); a re-run that fails (its namespace or pages gone wrong since) is logged
     /// here, since nobody waits for it any more.
     pub(crate) fn retry_deferred(&self) -> DeferredRetry {
-        let pending = self.queues().take_deferred();
+        let pending = self.inner.queues.lock().take_deferred();
         let mut r = DeferredRetry::default();
         for (ns, hint) in pending {
             let kind = hint.kind();
@@ -367,16 +358,6 @@ pub struct DeferredRetry {
     pub ignored: usize,
     /// Re-runs that returned an error.
     pub failed: usize,
-}
-
-impl Manager {
-    /// Queues offload advice (if any); returns how many pages it names.
-    fn push_offload(&self, advice: Option<Advice>) -> usize {
-        let Some(a) = advice else { return 0 };
-        let n = a.hashes().len();
-        self.queues().push_advice(a);
-        n
-    }
 }
 
 /// Advice to store the pages that are complete only on device, so a colder copy can be

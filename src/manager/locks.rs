@@ -19,9 +19,7 @@ use std::ops::{Deref, DerefMut};
 use parking_lot::{MutexGuard, RwLockReadGuard};
 
 use super::grants::GrantTable;
-use super::queues::Queues;
 use super::state::{DirState, DirWrite};
-use super::timers::Timers;
 use super::{Manager, ManagerError};
 use crate::directory::{DirectoryError, PageId, PageInfo};
 use crate::page::{NamespaceId, PageHash};
@@ -144,14 +142,6 @@ impl Manager {
         Ordered::take(Rank::Grants, || self.inner.grants.lock())
     }
 
-    pub(super) fn timers(&self) -> Ordered<MutexGuard<'_, Timers>> {
-        Ordered::take(Rank::Timers, || self.inner.timers.lock())
-    }
-
-    pub(super) fn queues(&self) -> Ordered<MutexGuard<'_, Queues>> {
-        Ordered::take(Rank::Queues, || self.inner.queues.lock())
-    }
-
     /// Holds the lock of `rank` until the returned value is dropped (tests: proving that
     /// an operation does not need that lock).
     #[cfg(test)]
@@ -160,8 +150,8 @@ impl Manager {
             Rank::Init => Box::new(self.init_lock()),
             Rank::Dir => Box::new(self.write()),
             Rank::Grants => Box::new(self.grants()),
-            Rank::Timers => Box::new(self.timers()),
-            Rank::Queues => Box::new(self.queues()),
+            Rank::Timers => Box::new(self.inner.upkeep.timers()),
+            Rank::Queues => Box::new(self.inner.queues.lock()),
             Rank::Sessions => Box::new(self.inner.sessions.lock()),
             Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
             Rank::Devices => self.inner.devices.hold(),
@@ -178,7 +168,7 @@ impl Manager {
         let mut start = 0;
         loop {
             let st = self.read();
-            let end = st.dir.record_slots().min(start + WALK_CHUNK);
+            let end = st.dir.order().record_slots().min(start + WALK_CHUNK);
             if start >= end {
                 return;
             }
@@ -198,6 +188,7 @@ impl Manager {
         self.walk_dir(|st, range| {
             out.extend(
                 st.dir
+                    .order()
                     .eviction_candidates_in(tier, range)
                     .into_iter()
                     .filter(|(id, i)| keep(st, *id, i)),

@@ -67,7 +67,7 @@ pub use host_pages::host_complete_pages;
 pub use moves::{MOVE_QUEUE, MoveCounts};
 pub use policy::SessionPolicyPart;
 pub use pool_recover::{PoolAdopted, adopt_recovered_pool};
-pub use queues::Advice;
+pub use queues::{Advice, EngineQueues};
 #[cfg(feature = "daemon")]
 pub use remote::{LookupStep, PendingLookup};
 pub use remote::{PoolOrigin, PoolReport, RemoteConfig, RemoteSnapshot};
@@ -96,10 +96,8 @@ use crate::transfer::{TicketError, Tickets, TransferEngine};
 use crate::wire::PrefixHit;
 use grants::GrantTable;
 use locks::{Ordered, Rank};
-use queues::Queues;
 use state::DirState;
-use timers::Timers;
-use upkeep::Upkeep;
+pub use upkeep::Upkeep;
 
 /// Errors of the manager's API. Each is a caller's mistake or a resource problem; none
 /// leaves the manager in a bad state.
@@ -160,9 +158,9 @@ pub struct Manager {
 
 /// The manager's state, split by who touches it. Each lock's rank (in brackets) is its
 /// place in the one nesting order: a thread takes locks in increasing rank only, through
-/// the helpers in `locks` (`init_lock`, `read`, `write`, `grants`, `timers`, `queues`,
-/// `tunables`) or, for the components that own their state (`sessions`, `devices`,
-/// `policy`), inside the component's own methods; all check the order in test and debug
+/// the helpers in `locks` (`init_lock`, `read`, `write`, `grants`, `tunables`)
+/// or, for the components that own their state (`sessions`, `devices`, `policy`,
+/// `upkeep`, `queues`), inside the component's own methods; all check the order in test and debug
 /// builds. See docs/ARCHITECTURE.md, "Locks".
 pub(crate) struct Inner {
     cfg: ManagerConfig,
@@ -179,10 +177,8 @@ pub(crate) struct Inner {
     /// [Grants] Open grants and host-slot leases. Nested inside `dir` when a lease must
     /// agree with completeness (loads, pool writes, eviction).
     grants: Mutex<GrantTable>,
-    /// [Timers] Pin and retain expiries. Nested inside `dir` (pin, expire).
-    timers: Mutex<Timers>,
     /// [Queues] Advice and deferred hints; filled after the directory work is done.
-    queues: Mutex<Queues>,
+    queues: EngineQueues,
     /// [Sessions] Interned sessions and the idle set (a component that owns its lock).
     sessions: SessionRegistry,
     /// [Tunables] Runtime tunables; read as a copy.
@@ -191,7 +187,8 @@ pub(crate) struct Inner {
     devices: devices::Devices,
     /// [Policy] The session-aware policy, when configured; taken alone.
     policy: SessionPolicyPart,
-    /// Watermark crossings and the upkeep waker (lock-free on the hot path).
+    /// [Timers] Pin and retain expiries, watermark crossings and the upkeep waker (a
+    /// component that owns its lock; crossings are lock-free on the hot path).
     upkeep: Upkeep,
     events: EventLog,
     /// Pauses and resumes for routers, read from a sequence (a leaf lock).
@@ -239,13 +236,12 @@ impl Manager {
                 dir: RwLock::new(DirState::new(dir)),
                 view,
                 grants: Mutex::new(GrantTable::default()),
-                timers: Mutex::new(Timers::default()),
-                queues: Mutex::new(Queues::default()),
+                queues: EngineQueues::default(),
                 sessions: SessionRegistry::default(),
                 tun: RwLock::new(cfg.tunables),
                 devices: devices::Devices::default(),
                 policy: SessionPolicyPart::new(session_policy),
-                upkeep: Upkeep::default(),
+                upkeep: Upkeep::new(clock.clone()),
                 clock,
                 cfg,
             }),
@@ -427,8 +423,8 @@ impl Manager {
         let per_tier = TierKind::ALL.map(|t| TierStatus {
             tier: t,
             complete: st.dir.is_complete(id, t),
-            missing: st.dir.missing_objects(id, t),
-            inflight: st.dir.inflight_objects(id, t),
+            missing: st.dir.objects().missing_objects(id, t),
+            inflight: st.dir.objects().inflight_objects(id, t),
             pinned: st.dir.is_pinned(id, t),
         });
         let info = st.dir.info(id);
@@ -494,16 +490,16 @@ impl Manager {
         if session == 0 {
             return;
         }
-        self.write().dir.note_session_idle(session, idle);
-        let pages = self.read().dir.session_pages(session);
+        self.write().dir.order_mut().note_session_idle(session, idle);
+        let pages = self.read().dir.order().session_pages(session);
         for chunk in pages.chunks(CHUNK) {
             let mut st = self.write();
             for &p in chunk {
-                st.dir.set_session_page_idle(p, session, idle);
+                st.dir.order_mut().set_session_page_idle(p, session, idle);
             }
         }
         if ended {
-            self.write().dir.end_session(session);
+            self.write().dir.order_mut().end_session(session);
         }
     }
 
@@ -511,18 +507,6 @@ impl Manager {
     /// did (shutdown, tests).
     pub fn quiesce(&self, timeout: std::time::Duration) -> bool {
         self.inner.xfer.wait_idle(timeout)
-    }
-
-    /// Takes the advice for engines gathered since the last call.
-    pub fn take_advice(&self) -> Vec<Advice> {
-        self.queues().take_advice()
-    }
-
-    /// Takes one namespace's advice, at most `max_pages` page hashes in all (an entry that
-    /// does not fit is split); other namespaces' advice stays. Returns the advice, oldest
-    /// first, and whether more of the namespace's is waiting.
-    pub fn take_advice_for(&self, ns: NamespaceId, max_pages: usize) -> (Vec<Advice>, bool) {
-        self.queues().take_advice_for(ns, max_pages)
     }
 
     /// Current tunables.

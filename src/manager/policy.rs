@@ -279,9 +279,9 @@ impl Manager {
                 let mut st = self.write();
                 for h in &hashes {
                     if let Some(id) = st.dir.find(ns, h) {
-                        st.dir.set_retain(id, priority);
+                        st.dir.order_mut().set_retain(id, priority);
                         if disown {
-                            st.dir.set_session(id, 0);
+                            st.dir.order_mut().set_session(id, 0);
                         }
                     }
                 }
@@ -315,7 +315,7 @@ impl Manager {
         } else {
             Vec::new()
         };
-        let mut q = self.queues();
+        let mut q = self.inner.queues.lock();
         for (ns, session_id, pause) in advice {
             let targets = ns.map_or_else(|| all.clone(), |ns| vec![ns]);
             for ns in targets {
@@ -396,7 +396,9 @@ impl Manager {
                     .collect()
             };
             if !ready.is_empty() {
-                self.queues()
+                self.inner
+                    .queues
+                    .lock()
                     .push_advice(EngineAdvice::ReadyToLoad { ns, hashes: ready });
             }
         }

@@ -56,7 +56,8 @@ impl Manager {
                 .pages_in(TierKind::Pool)
                 .into_iter()
                 .filter(|&id| {
-                    st.dir.is_complete(id, TierKind::Pool) && st.dir.inflight_objects(id, TierKind::Pool).is_empty()
+                    st.dir.is_complete(id, TierKind::Pool)
+                        && st.dir.objects().inflight_objects(id, TierKind::Pool).is_empty()
                 })
                 .map(|id| {
                     let i = st.dir.info(id);
@@ -103,7 +104,7 @@ impl Manager {
             for (ns, h) in lost {
                 if let Some(id) = st.dir.find(ns, &h)
                     && st.dir.is_complete(id, TierKind::Pool)
-                    && st.dir.inflight_objects(id, TierKind::Pool).is_empty()
+                    && st.dir.objects().inflight_objects(id, TierKind::Pool).is_empty()
                 {
                     st.dir.set_page(id, TierKind::Pool, false);
                     dropped.push((ns, h));

@@ -7,9 +7,12 @@
 
 use std::collections::VecDeque;
 
+use parking_lot::{Mutex, MutexGuard};
 use serde::Serialize;
 
-use crate::hints::Hint;
+use super::Manager;
+use super::locks::{Ordered, Rank};
+use crate::hints::{Hint, HintOutcome, Reason};
 use crate::page::{NamespaceId, PageHash};
 use crate::wire::MAX_SESSION_ADVICE;
 
@@ -85,6 +88,57 @@ impl Advice {
                 session_id: session_id.clone(),
             },
         }
+    }
+}
+
+/// The advice and deferred-hint queues as a component, behind their own lock
+/// ([`Rank::Queues`]): filled after the directory work is done, read by engines.
+#[derive(Debug, Default)]
+pub struct EngineQueues {
+    q: Mutex<Queues>,
+}
+
+impl EngineQueues {
+    /// Both queues, under their lock.
+    pub(super) fn lock(&self) -> Ordered<MutexGuard<'_, Queues>> {
+        Ordered::take(Rank::Queues, || self.q.lock())
+    }
+
+    /// Takes the advice for engines gathered since the last call.
+    pub fn take_advice(&self) -> Vec<Advice> {
+        self.lock().take_advice()
+    }
+
+    /// Takes one namespace's advice, at most `max_pages` page hashes in all (an entry that
+    /// does not fit is split); other namespaces' advice stays. Returns the advice, oldest
+    /// first, and whether more of the namespace's is waiting.
+    pub fn take_advice_for(&self, ns: NamespaceId, max_pages: usize) -> (Vec<Advice>, bool) {
+        self.lock().take_advice_for(ns, max_pages)
+    }
+
+    /// Queues a hint for a later tick, or answers `ignored: queue_full` when the queue is full.
+    pub(crate) fn defer(&self, ns: NamespaceId, hint: &Hint, pages: usize, reason: Reason) -> HintOutcome {
+        if !self.lock().defer(ns, hint.clone()) {
+            return HintOutcome::Ignored {
+                reason: Reason::QueueFull,
+            };
+        }
+        HintOutcome::Deferred { pages, reason }
+    }
+
+    /// Queues offload advice (if any); returns how many pages it names.
+    pub(super) fn push_offload(&self, advice: Option<Advice>) -> usize {
+        let Some(a) = advice else { return 0 };
+        let n = a.hashes().len();
+        self.lock().push_advice(a);
+        n
+    }
+}
+
+impl Manager {
+    /// The advice for engines and the deferred hints.
+    pub fn engine_queues(&self) -> &EngineQueues {
+        &self.inner.queues
     }
 }
 

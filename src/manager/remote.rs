@@ -468,7 +468,9 @@ impl Manager {
                 }
                 let Ok(id) = st.dir.find_or_insert(ns, h) else { break };
                 // Another thread may have settled it meanwhile; set_page emits only on change.
-                if !st.dir.is_complete(id, TierKind::Pool) && st.dir.inflight_objects(id, TierKind::Pool).is_empty() {
+                if !st.dir.is_complete(id, TierKind::Pool)
+                    && st.dir.objects().inflight_objects(id, TierKind::Pool).is_empty()
+                {
                     st.dir.set_page(id, TierKind::Pool, true);
                     found.push(*h);
                 }
@@ -477,7 +479,7 @@ impl Manager {
                 && known[i] == Known::Pool
                 && answer[i] == Some(false)
                 && let Some(id) = st.dir.find(ns, &window[i])
-                && st.dir.inflight_objects(id, TierKind::Pool).is_empty()
+                && st.dir.objects().inflight_objects(id, TierKind::Pool).is_empty()
             {
                 st.dir.set_page(id, TierKind::Pool, false);
                 vanished.push(window[i]);

@@ -121,7 +121,7 @@ fn a_repin_extends_the_ttl_and_tick_expires_at_the_latest_deadline() {
         .unwrap()
     };
     let pinned = |m: &Manager| m.page_status(f.ns, &hs[0]).unwrap().unwrap().tiers[TierKind::Host.index()].pinned;
-    assert_eq!(f.m.next_deadline_ms(), None);
+    assert_eq!(f.m.upkeep().next_deadline_ms(), None);
     assert_eq!(pin(100), HintOutcome::Accepted { pages: 1 });
     f.m.hint(
         f.ns,
@@ -132,12 +132,12 @@ fn a_repin_extends_the_ttl_and_tick_expires_at_the_latest_deadline() {
         },
     )
     .unwrap();
-    assert_eq!(f.m.next_deadline_ms(), Some(100));
+    assert_eq!(f.m.upkeep().next_deadline_ms(), Some(100));
     f.clock.advance(50);
     assert_eq!(pin(100), HintOutcome::Accepted { pages: 1 }, "a re-pin");
     assert_eq!(f.m.stats().tier(TierKind::Host).pinned_pages, 1, "still one pin");
     assert_eq!(
-        f.m.next_deadline_ms(),
+        f.m.upkeep().next_deadline_ms(),
         Some(120),
         "the pin moved to 150, the retain is next"
     );
@@ -151,7 +151,7 @@ fn a_repin_extends_the_ttl_and_tick_expires_at_the_latest_deadline() {
         0,
         "retain ended at 120"
     );
-    assert_eq!(f.m.next_deadline_ms(), Some(150));
+    assert_eq!(f.m.upkeep().next_deadline_ms(), Some(150));
     f.clock.advance(29);
     f.m.tick().unwrap();
     assert!(pinned(&f.m), "149: not yet");
@@ -159,7 +159,7 @@ fn a_repin_extends_the_ttl_and_tick_expires_at_the_latest_deadline() {
     f.m.tick().unwrap();
     assert!(!pinned(&f.m), "expired at the extended deadline, 150");
     assert_eq!(f.m.stats().tier(TierKind::Host).pinned_pages, 0);
-    assert_eq!(f.m.next_deadline_ms(), None);
+    assert_eq!(f.m.upkeep().next_deadline_ms(), None);
 }
 
 #[test]
@@ -179,7 +179,7 @@ fn a_full_deferred_queue_answers_queue_full_and_keeps_what_it_holds() {
         ttl_ms: 10,
     };
     {
-        let mut q = m.queues();
+        let mut q = m.inner.queues.lock();
         for _ in 0..MAX_DEFERRED {
             assert!(q.defer(ns, filler.clone()));
         }
@@ -187,7 +187,7 @@ fn a_full_deferred_queue_answers_queue_full_and_keeps_what_it_holds() {
     assert_eq!(m.stats().deferred_hints, MAX_DEFERRED as u64);
     // A share with no pool is ignored anyway; a demote to pool with no pool too. Defer
     // through the manager's own path instead: the queue refuses it.
-    let out = m.defer(ns, &filler, 1, Reason::PoolDegraded);
+    let out = m.inner.queues.defer(ns, &filler, 1, Reason::PoolDegraded);
     assert_eq!(
         out,
         HintOutcome::Ignored {
@@ -195,9 +195,9 @@ fn a_full_deferred_queue_answers_queue_full_and_keeps_what_it_holds() {
         }
     );
     assert_eq!(m.stats().deferred_hints, MAX_DEFERRED as u64, "nothing was dropped");
-    m.queues().take_deferred();
+    m.inner.queues.lock().take_deferred();
     assert_eq!(
-        m.defer(ns, &filler, 1, Reason::PoolDegraded),
+        m.inner.queues.defer(ns, &filler, 1, Reason::PoolDegraded),
         HintOutcome::Deferred {
             pages: 1,
             reason: Reason::PoolDegraded
@@ -218,7 +218,7 @@ fn the_upkeep_waker_fires_once_per_crossing_of_the_host_high_watermark() {
     let ns = m.register_namespace(Namespace::model("w"), layout.clone()).unwrap();
     let woken = Arc::new(AtomicUsize::new(0));
     let w = woken.clone();
-    m.set_upkeep_waker(Arc::new(move || {
+    m.upkeep().set_waker(Arc::new(move || {
         w.fetch_add(1, Ordering::SeqCst);
     }));
     let arena = m.arena().unwrap();

@@ -150,8 +150,8 @@ impl StageBatch {
             // host is protected at once, so a huge prefetch cannot lock stores out.
             if st.dir.is_complete(page, TierKind::Host) {
                 staged += 1;
-                if self.protect_ms > 0 && st.dir.protected_pages() < cap {
-                    st.dir.set_class(page, EvictClass::Protected { until_ms });
+                if self.protect_ms > 0 && st.dir.order().protected_pages() < cap {
+                    st.dir.order_mut().set_class(page, EvictClass::Protected { until_ms });
                 }
             }
         }
@@ -298,7 +298,7 @@ impl Manager {
                 .iter()
                 .filter_map(|h| st.dir.find(ns, h))
                 .filter(|&id| st.dir.is_complete(id, TierKind::Pool) && !st.dir.is_complete(id, TierKind::Host))
-                .map(|id| st.dir.missing_objects(id, TierKind::Host).len())
+                .map(|id| st.dir.objects().missing_objects(id, TierKind::Host).len())
                 .sum::<usize>()
                 .min(layout.object_count() * POOL_BATCH)
         };
@@ -324,8 +324,8 @@ impl Manager {
             if st.dir.is_complete(id, TierKind::Host) {
                 continue;
             }
-            let mut missing = st.dir.missing_objects(id, TierKind::Host);
-            missing.retain(|&o| !st.dir.is_inflight_object(id, TierKind::Host, o));
+            let mut missing = st.dir.objects().missing_objects(id, TierKind::Host);
+            missing.retain(|&o| !st.dir.objects().is_inflight_object(id, TierKind::Host, o));
             let Some(slots) = arena.alloc_n(missing.len()) else {
                 stop = true;
                 break;

@@ -227,7 +227,7 @@ impl super::Manager {
             DirCounts {
                 pages: st.dir.len() as u64,
                 complete: TierKind::ALL.map(|t| st.dir.complete_count(t) as u64),
-                inflight: TierKind::ALL.map(|t| st.dir.inflight_pages(t) as u64),
+                inflight: TierKind::ALL.map(|t| st.dir.objects().inflight_pages(t) as u64),
                 event_seq: st.dir.last_seq(),
             }
         };
@@ -236,10 +236,10 @@ impl super::Manager {
             (g.grants.len() as u64, g.leased_pages() as u64)
         };
         let pinned = {
-            let t = self.timers();
+            let t = self.inner.upkeep.timers();
             TierKind::ALL.map(|tier| t.pins_in(tier) as u64)
         };
-        let deferred_hints = self.queues().deferred_len() as u64;
+        let deferred_hints = self.inner.queues.lock().deferred_len() as u64;
         let device_pages = self.inner.devices.pages().values().sum::<usize>() as u64;
         let arena = self.arena();
         let pool = self.pool().map(|p| p.usage());

@@ -60,11 +60,11 @@ pub(super) fn plan_store(
         // (its objects are on their way, as the in-flight check would say after apply).
         let planned_before = out.iter().any(|p| p.id == id && !p.objects.is_empty());
         // Read once per page (it is a fresh list each call).
-        let inflight = st.dir.inflight_objects(id, TierKind::Host);
+        let inflight = st.dir.objects().inflight_objects(id, TierKind::Host);
         let todo: Vec<usize> = objs
             .iter()
             .copied()
-            .filter(|&o| !st.dir.has_object(id, TierKind::Host, o) && !inflight.contains(&o))
+            .filter(|&o| !st.dir.objects().has_object(id, TierKind::Host, o) && !inflight.contains(&o))
             .collect();
         let mut p = Planned {
             id,
@@ -172,15 +172,15 @@ fn apply_marks(
         let on_device: Vec<usize> = objs
             .iter()
             .copied()
-            .filter(|&o| !st.dir.has_object(p.id, TierKind::Device, o))
+            .filter(|&o| !st.dir.objects().has_object(p.id, TierKind::Device, o))
             .collect();
         if !on_device.is_empty() {
             st.dir.set_objects(p.id, TierKind::Device, &on_device, true)?;
             done.push(Done::Device(p.id, on_device));
         }
-        st.dir.touch(p.id, false);
+        st.dir.order_mut().touch(p.id, false);
         if session != 0 {
-            st.dir.set_session(p.id, session);
+            st.dir.order_mut().set_session(p.id, session);
         }
     }
     Ok(())

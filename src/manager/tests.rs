@@ -326,7 +326,7 @@ fn demote_and_share_move_pages_to_the_right_tier() {
         )
         .unwrap();
     assert_eq!(out, HintOutcome::Accepted { pages: 4 });
-    assert!(f.m.take_advice().contains(&Advice::EvictFirst {
+    assert!(f.m.engine_queues().take_advice().contains(&Advice::EvictFirst {
         ns: f.ns,
         hashes: hs.clone()
     }));
@@ -373,7 +373,7 @@ fn demote_and_share_move_pages_to_the_right_tier() {
         .unwrap();
     assert_eq!(out, HintOutcome::Accepted { pages: 4 });
     assert!(hs.iter().all(|h| f.status(h, TierKind::Host)));
-    assert!(f.m.take_advice().contains(&Advice::ReadyToLoad {
+    assert!(f.m.engine_queues().take_advice().contains(&Advice::ReadyToLoad {
         ns: f.ns,
         hashes: hs.clone()
     }));

@@ -86,7 +86,7 @@ impl Manager {
         self.expire_protection();
         let st = self.read();
         let gt = self.grants();
-        let first = st.dir.victims(TierKind::Host, 1, |id| gt.leased(id));
+        let first = st.dir.order().victims(TierKind::Host, 1, |id| gt.leased(id));
         let Some(&head) = first.first() else {
             return Vec::new();
         };
@@ -97,6 +97,7 @@ impl Manager {
             .max(1);
         let want = slots.div_ceil(per_page).clamp(1, POOL_BATCH);
         st.dir
+            .order()
             .victims(TierKind::Host, want, |id| gt.leased(id))
             .into_iter()
             .map(|id| (id, st.dir.info(id).ns))
@@ -107,10 +108,16 @@ impl Manager {
     /// read lock; the write lock is taken only when one is due.
     pub(crate) fn expire_protection(&self) {
         let now = self.inner.clock.now_ms();
-        if self.read().dir.next_protection_expiry().is_none_or(|at| at > now) {
+        if self
+            .read()
+            .dir
+            .order()
+            .next_protection_expiry()
+            .is_none_or(|at| at > now)
+        {
             return;
         }
-        self.write().dir.expire_protection(now);
+        self.write().dir.order_mut().expire_protection(now);
     }
 
     /// Copies host-complete pages to the pool in the background (write-through, share).
@@ -153,8 +160,8 @@ impl Manager {
                     let hash = st.dir.info(page).hash;
                     let first = moves.len();
                     let slots = st.host_slots(page).unwrap_or(&[]);
-                    for obj in st.dir.missing_objects(page, TierKind::Pool) {
-                        if st.dir.is_inflight_object(page, TierKind::Pool, obj) {
+                    for obj in st.dir.objects().missing_objects(page, TierKind::Pool) {
+                        if st.dir.objects().is_inflight_object(page, TierKind::Pool, obj) {
                             continue;
                         }
                         let Some(&slot) = slots.get(obj).filter(|&&s| s != NO_SLOT) else {

@@ -1,26 +1,29 @@
 //! What wakes the daemon's upkeep: the next timer deadline, and watermark crossings.
 //!
 //! Upkeep (`Manager::tick`) has work to do at two kinds of moments: when a pin or retain
-//! expires (a deadline known in advance, [`Manager::next_deadline_ms`]) and when host or
+//! expires (a deadline known in advance, [`Upkeep::next_deadline_ms`]) and when host or
 //! pool usage reaches its high watermark (eviction becomes due). A store or a stage that
 //! pushes usage across the high watermark calls the waker the daemon registered with
-//! [`Manager::set_upkeep_waker`] outside every manager lock: once per crossing, and again
+//! [`Upkeep::set_waker`] outside every manager lock: once per crossing, and again
 //! at most once after each upkeep run while usage stays above. The daemon's upkeep sleeps
 //! until one of the two instead of polling.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
+use super::locks::{Ordered, Rank};
 use super::queues::Advice;
-use super::timers::TimerKey;
+use super::timers::{TimerKey, Timers};
 use super::{Manager, ManagerError};
+use crate::clock::Clock;
 use crate::directory::PageId;
 use crate::page::{NamespaceId, PageHash};
 use crate::policy::Watermarks;
-use crate::pool::PoolError;
+use crate::pool::{PoolBackend, PoolError};
 use crate::tier::TierKind;
+use crate::tier::host::HostArena;
 
 /// Pool victims marked per write lock.
 const POOL_EVICT_BATCH: usize = 64;
@@ -29,9 +32,14 @@ const POOL_EVICT_BATCH: usize = 64;
 /// into the manager synchronously (it runs on the thread that crossed the watermark).
 pub type UpkeepWaker = Arc<dyn Fn() + Send + Sync>;
 
-/// Crossing state per watched tier and the waker.
-#[derive(Default)]
-pub(crate) struct Upkeep {
+/// Upkeep as a component: the pin and retain timers (behind their own lock,
+/// [`Rank::Timers`]), the watermark crossing state per watched tier and the waker. It
+/// answers when upkeep next has timer work and wakes upkeep on a crossing; what usage is,
+/// and what to do at a deadline, the manager passes in or does itself.
+pub struct Upkeep {
+    clock: Arc<dyn Clock>,
+    /// [Timers] Pin and retain expiries. Nested inside `dir` (pin, expire).
+    timers: Mutex<Timers>,
     /// Whether host (0) and pool (1) usage was at or above its high watermark when last
     /// looked at; a wake fires on a change from below to above.
     above: [AtomicBool; 2],
@@ -44,12 +52,39 @@ fn over(w: &Watermarks, used: u64, capacity: u64) -> bool {
     capacity > 0 && used as f64 >= w.high * capacity as f64
 }
 
-impl Manager {
+/// Whether the arena's slots in use are at or above the high watermark.
+fn host_over(arena: Option<Arc<HostArena>>, w: &Watermarks) -> bool {
+    arena.is_some_and(|a| over(w, a.used() as u64, a.slots() as u64))
+}
+
+/// Whether the pool's bytes in use are at or above the high watermark.
+fn pool_over(pool: Option<Arc<dyn PoolBackend>>, w: &Watermarks) -> bool {
+    pool.is_some_and(|p| {
+        let u = p.usage();
+        over(w, u.used_bytes, u.capacity_bytes)
+    })
+}
+
+impl Upkeep {
+    pub(super) fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            timers: Mutex::new(Timers::default()),
+            above: Default::default(),
+            waker: Mutex::new(None),
+        }
+    }
+
+    /// The pin and retain timers, under their lock ([`Rank::Timers`]).
+    pub(super) fn timers(&self) -> Ordered<MutexGuard<'_, Timers>> {
+        Ordered::take(Rank::Timers, || self.timers.lock())
+    }
+
     /// Registers the callback that wakes the upkeep task when a store or a stage pushes
     /// host or pool usage across its high watermark. Replaces any earlier one. The waker
     /// is called outside every manager lock.
-    pub fn set_upkeep_waker(&self, waker: Arc<dyn Fn() + Send + Sync>) {
-        *self.inner.upkeep.waker.lock() = Some(waker);
+    pub fn set_waker(&self, waker: UpkeepWaker) {
+        *self.waker.lock() = Some(waker);
     }
 
     /// The earliest pin or retain expiry (clock milliseconds), if any: when `tick` next
@@ -58,42 +93,25 @@ impl Manager {
         self.timers().next_deadline()
     }
 
-    /// How long from now until [`Manager::next_deadline_ms`], if there is one (zero when
+    /// How long from now until [`Upkeep::next_deadline_ms`], if there is one (zero when
     /// it has passed).
     pub fn until_next_deadline(&self) -> Option<std::time::Duration> {
-        let now = self.inner.clock.now_ms();
+        let now = self.clock.now_ms();
         self.next_deadline_ms()
             .map(|at| std::time::Duration::from_millis(at.saturating_sub(now)))
     }
 
-    /// Looks at `tier`'s usage (host or pool) after it may have grown; on a crossing of
-    /// its high watermark from below, calls the upkeep waker. Call with no manager lock
-    /// held. Only the tier that grew is read, so a store does not touch the pool's lock.
-    pub(crate) fn usage_grew(&self, tier: TierKind) {
-        let tun = self.tunables();
-        let (i, now) = match tier {
-            TierKind::Pool => (1, self.pool_over(&tun.pool_watermarks)),
-            _ => (0, self.host_over(&tun.host_watermarks)),
-        };
+    /// Records whether watched tier `i` (host 0, pool 1) is above its high watermark now;
+    /// on a change from below, calls the waker (outside every lock but its own clone).
+    fn crossed(&self, i: usize, now: bool) {
         // Always record the state: eviction outside `tick` may have brought it below.
-        let was = self.inner.upkeep.above[i].swap(now, Ordering::AcqRel);
+        let was = self.above[i].swap(now, Ordering::AcqRel);
         if now && !was {
-            let waker = self.inner.upkeep.waker.lock().clone();
+            let waker = self.waker.lock().clone();
             if let Some(w) = waker {
                 w();
             }
         }
-    }
-
-    fn host_over(&self, w: &Watermarks) -> bool {
-        self.arena().is_some_and(|a| over(w, a.used() as u64, a.slots() as u64))
-    }
-
-    fn pool_over(&self, w: &Watermarks) -> bool {
-        self.pool().is_some_and(|p| {
-            let u = p.usage();
-            over(w, u.used_bytes, u.capacity_bytes)
-        })
     }
 
     /// Re-arms both crossings after upkeep ran: the next store or stage that finds usage at
@@ -101,9 +119,33 @@ impl Manager {
     /// the pages it could evict were in flight or pinned; once those settle, the next
     /// growth must not wait for the fallback tick. So a wake happens at most once per
     /// upkeep run, never once per store. Never wakes itself: upkeep is what is running.
-    pub(crate) fn refresh_crossings(&self) {
-        for flag in &self.inner.upkeep.above {
+    fn rearm(&self) {
+        for flag in &self.above {
             flag.store(false, Ordering::Release);
+        }
+    }
+}
+
+impl Manager {
+    /// Upkeep's timers, deadlines and waker.
+    pub fn upkeep(&self) -> &Upkeep {
+        &self.inner.upkeep
+    }
+
+    /// Looks at `tier`'s usage (host or pool) after it may have grown; on a crossing of
+    /// its high watermark from below, calls the upkeep waker. Call with no manager lock
+    /// held. Only the tier that grew is read, so a store does not touch the pool's lock.
+    pub(crate) fn usage_grew(&self, tier: TierKind) {
+        let tun = self.tunables();
+        match tier {
+            TierKind::Pool => self
+                .inner
+                .upkeep
+                .crossed(1, pool_over(self.pool(), &tun.pool_watermarks)),
+            _ => self
+                .inner
+                .upkeep
+                .crossed(0, host_over(self.arena(), &tun.host_watermarks)),
         }
     }
 }
@@ -135,18 +177,18 @@ impl Manager {
         let _retried = self.retry_deferred();
         self.device_advice();
         // Re-arm: the next growth that finds usage above a high watermark wakes upkeep.
-        self.refresh_crossings();
+        self.inner.upkeep.rearm();
         Ok(())
     }
 
     /// Ends the pins and retains due at `now`: O(log n) each from the timer heap. Nothing
     /// is locked exclusively when none is due.
     fn expire(&self, now: u64) {
-        if self.timers().next_deadline().is_none_or(|at| at > now) {
+        if self.inner.upkeep.timers().next_deadline().is_none_or(|at| at > now) {
             return;
         }
         let mut st = self.write();
-        let due = self.timers().expire(now);
+        let due = self.inner.upkeep.timers().expire(now);
         for (key, e) in due {
             let (page, tier) = match key {
                 TimerKey::Pin(p, t) => (PageId(p), TierKind::from_index(t as usize)),
@@ -159,7 +201,7 @@ impl Manager {
             }
             match (key, tier) {
                 (TimerKey::Pin(..), Some(tier)) => st.dir.set_pinned(page, tier, false),
-                (TimerKey::Retain(_), _) => st.dir.set_retain(page, 0),
+                (TimerKey::Retain(_), _) => st.dir.order_mut().set_retain(page, 0),
                 (TimerKey::Pin(..), None) => {}
             }
         }
@@ -210,12 +252,12 @@ impl Manager {
         let slot_kib = self.arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
         let victims = {
             let st = self.read();
-            let Some(&head) = st.dir.victims(TierKind::Pool, 1, |_| false).first() else {
+            let Some(&head) = st.dir.order().victims(TierKind::Pool, 1, |_| false).first() else {
                 return;
             };
             let per_page = st.dir.layout(st.dir.info(head).ns).map_or(1, |l| l.object_count());
             let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
-            st.dir.victims(TierKind::Pool, pages, |_| false)
+            st.dir.order().victims(TierKind::Pool, pages, |_| false)
         };
         // A batch at a time, so the write lock is held for one batch's marks only.
         for batch in victims.chunks(POOL_EVICT_BATCH) {
@@ -316,14 +358,15 @@ impl Manager {
             self.walk_dir(|st, range| {
                 cold.extend(
                     st.dir
+                        .order()
                         .eviction_candidates_in(TierKind::Device, range)
                         .into_iter()
                         .filter(|(id, i)| {
                             i.ns == ns
-                                && !st.dir.is_protected(*id)
+                                && !st.dir.order().is_protected(*id)
                                 && (st.dir.is_complete(*id, TierKind::Host) || st.dir.is_complete(*id, TierKind::Pool))
                         })
-                        .map(|(id, i)| (st.dir.evict_key(id), i.hash)),
+                        .map(|(id, i)| (st.dir.order().evict_key(id), i.hash)),
                 );
             });
             if reclaim < cold.len() {
@@ -333,7 +376,7 @@ impl Manager {
             cold.sort_unstable_by_key(|c| c.0);
             let hashes: Vec<PageHash> = cold.into_iter().map(|(_, h)| h).collect();
             if !hashes.is_empty() {
-                self.queues().push_advice(Advice::EvictFirst { ns, hashes });
+                self.inner.queues.lock().push_advice(Advice::EvictFirst { ns, hashes });
             }
         }
     }

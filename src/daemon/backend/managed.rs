@@ -636,7 +636,7 @@ impl Backend for ManagedTiers {
     }
 
     fn take_advice(&self, ns: NamespaceId, max_pages: usize) -> AdviceBatch {
-        let (taken, more) = self.mgr.take_advice_for(ns, max_pages);
+        let (taken, more) = self.mgr.engine_queues().take_advice_for(ns, max_pages);
         let advice = taken
             .into_iter()
             .map(|a| match a {
@@ -665,7 +665,7 @@ impl Backend for ManagedTiers {
     }
 
     fn next_deadline(&self) -> Option<Duration> {
-        self.mgr.until_next_deadline()
+        self.mgr.upkeep().until_next_deadline()
     }
 
     fn host_keep(&self) -> Option<crate::admin::HostKeep> {

@@ -169,7 +169,7 @@ impl<'a> Sim<'a> {
             self.dir.set_now(t);
             // Staged pages the engine did not load within the TTL lose their protection,
             // as the daemon's upkeep ends them.
-            self.dir.expire_protection(t);
+            self.dir.order_mut().expire_protection(t);
             match ev {
                 Event::Arrive(i) => {
                     self.arrive(i)?;
@@ -238,12 +238,12 @@ impl<'a> Sim<'a> {
             // (here the workload's), never 0.
             let tag = session_tag(r.session);
             for &id in &ids {
-                self.dir.set_session(id, tag);
+                self.dir.order_mut().set_session(id, tag);
             }
             self.apply(hd);
         }
         for &id in ids.iter().rev() {
-            self.dir.touch(id, true);
+            self.dir.order_mut().touch(id, true);
         }
         // The request's own pages stay on the device while it runs (at most half of it).
         let pinned = ids.len().min(self.cap(TierKind::Device) / 2);

@@ -60,12 +60,12 @@ impl Sim<'_> {
                     {
                         self.dir.set_page(id, TierKind::Host, true);
                         self.out.bytes.pool_host += page_bytes;
-                        self.dir.touch(id, false);
+                        self.dir.order_mut().touch(id, false);
                         // Protected until loaded or the TTL ends, at most half of host
                         // at once: the daemon's rule for staged pages.
-                        if self.dir.protected_pages() < self.cap(TierKind::Host) / 2 {
+                        if self.dir.order().protected_pages() < self.cap(TierKind::Host) / 2 {
                             let until_ms = self.clock.now_ms() + self.stage_protect_ms;
-                            self.dir.set_class(id, EvictClass::Protected { until_ms });
+                            self.dir.order_mut().set_class(id, EvictClass::Protected { until_ms });
                         }
                         self.log_move(id, TierKind::Pool, TierKind::Host);
                     }
@@ -89,9 +89,9 @@ impl Sim<'_> {
             } => {
                 for h in &hashes {
                     if let Some(id) = self.dir.find(self.ns, h) {
-                        self.dir.set_retain(id, priority);
+                        self.dir.order_mut().set_retain(id, priority);
                         if disown {
-                            self.dir.set_session(id, 0);
+                            self.dir.order_mut().set_session(id, 0);
                         }
                     }
                 }
@@ -103,9 +103,9 @@ impl Sim<'_> {
     /// does with the policy's class changes.
     pub(super) fn set_class(&mut self, tag: u32, class: SessionClass) {
         match class {
-            SessionClass::Normal => self.dir.set_session_idle(tag, false),
-            SessionClass::Idle => self.dir.set_session_idle(tag, true),
-            SessionClass::Ended => self.dir.end_session(tag),
+            SessionClass::Normal => self.dir.order_mut().set_session_idle(tag, false),
+            SessionClass::Idle => self.dir.order_mut().set_session_idle(tag, true),
+            SessionClass::Ended => self.dir.order_mut().end_session(tag),
         }
     }
 
@@ -119,7 +119,7 @@ impl Sim<'_> {
         let n = used - cap + cap / EVICT_SLACK_DIVISOR;
         // The directory's own order, the one the daemon's eviction and device advice
         // follow: the idle and ended classes first, then retain priority, then recency.
-        let victims = self.dir.victims(tier, n, |_| false);
+        let victims = self.dir.order().victims(tier, n, |_| false);
         let mut spilled = false;
         for id in victims {
             let colder = tier.colder().filter(|&c| self.cap(c) > 0);
@@ -140,7 +140,7 @@ impl Sim<'_> {
                 }
             }
             if self.dir.info(id).retain == i8::MIN {
-                self.dir.set_retain(id, 0);
+                self.dir.order_mut().set_retain(id, 0);
             }
             self.dir.set_page(id, tier, false);
             if tier == TierKind::Host && self.dir.is_complete(id, TierKind::Pool) {
