@@ -65,3 +65,40 @@ impl ManagedTiers {
         Err(BackendError::SlotTooSmall { need, slot, how })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::config::DaemonConfig;
+    use crate::layout::LayoutSpec;
+    use crate::pool::mooncake::integrity::KeyMaterial;
+
+    #[test]
+    fn fitted_slots_hold_the_largest_object_and_the_mac_where_a_mooncake_pool_seals_objects() {
+        let l = LayoutSpec::mha(4, 2, 64, 2, 16).build().unwrap();
+        assert_eq!(fitted_slot(&l, 0), 16 << 10);
+        assert_eq!(fitted_slot(&l, MAC_LEN as u64), (16 << 10) + 64);
+        let odd = LayoutSpec::mha(1, 1, 3, 2, 5).build().unwrap();
+        assert_eq!((odd.max_object_bytes(), fitted_slot(&odd, 0)), (30, 64));
+
+        // No pool, the local pool, a Mooncake pool without integrity: no trailer room;
+        // with integrity's key material (read at start): the MAC's 32 bytes.
+        let flags = |p: &[(&str, &str)]| -> Vec<(String, String)> {
+            p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        assert_eq!(tail_bytes(&DaemonConfig::default().tiers()), 0);
+        let mut c = DaemonConfig::load(
+            None,
+            Vec::new(),
+            &flags(&[
+                ("pool.kind", "mooncake"),
+                ("mooncake.master", "10.0.0.1:50051"),
+                ("mooncake.integrity", "false"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(tail_bytes(&c.tiers()), 0);
+        c.mooncake.integrity_key = Some(KeyMaterial(vec![7; 32]));
+        assert_eq!(tail_bytes(&c.tiers()), MAC_LEN as u64);
+    }
+}
