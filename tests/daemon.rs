@@ -472,8 +472,8 @@ fn serve_without_configuration_prints_where_things_are() {
     assert!(text.contains("control socket .kvtier/kvtier.sock"), "{text}");
     assert!(text.contains("host arena") && text.contains("1024 MiB"), "{text}");
     assert!(
-        text.contains("512 slots of 2097152 bytes (host.slot_bytes)"),
-        "the default slot size, whatever connects first: {text}"
+        text.contains("1024 MiB, slots fitted to the first engine's objects (host.slot_bytes = 0, the default)"),
+        "by default the slots fit the first engine that registers: {text}"
     );
 }
 

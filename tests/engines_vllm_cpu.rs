@@ -40,8 +40,10 @@ use pkg_support::script;
 
 /// Arena for the cases: 4,096 tokens are 128 pages of 2 x 128 KiB objects (32 MiB).
 const ARENA: u64 = 256 << 20;
-/// One object of the test model's page: 8 layers x 32 tokens x 4 heads x 64 dims x 2 bytes.
-const SLOT: &str = "slot_bytes=131072";
+/// The daemon's default slot size (the common harness sets a small one): fitted to the
+/// first engine's objects, here one object of the test model's page, 8 layers x 32 tokens
+/// x 4 heads x 64 dims x 2 bytes = 128 KiB.
+const SLOT: &str = "slot_bytes=0";
 /// The daemon's endpoints in its own directory (tests run side by side).
 const QUIET: [&str; 3] = [
     "events_endpoint=ipc",
@@ -194,6 +196,21 @@ fn vllm_cpu_loads_prefixes_from_kvtier_host_bit_identical_and_in_a_second_proces
             "OK agent session: turns 2-4 loaded",
             "OK done",
         ],
+    );
+    // Issue 24 item 5: the default slots fit the engine's pages: arena bytes per stored
+    // page within a tenth of the page's own, as the daemon's status reports them.
+    let (status, v) = common::admin_json(&tmp.path().join("admin.sock"), "GET", "/v1/status", None);
+    assert_eq!(status, 200, "{v}");
+    let arena = &v["host_arena"];
+    assert_eq!(arena["slot_bytes"], 131072, "{arena}");
+    let per_page = arena["bytes_per_stored_page"].as_f64().unwrap();
+    let page = arena["page_bytes"].as_f64().unwrap();
+    eprintln!("vLLM CPU: {per_page} arena bytes per stored page, page {page} bytes");
+    assert!(per_page <= 1.1 * page, "{arena}");
+    let models = arena["models"].as_array().unwrap();
+    assert!(
+        !models.is_empty() && models.iter().all(|m| m["overhead"].as_f64().unwrap() <= 1.1),
+        "{arena}"
     );
     let out = run_case(&py, "second", &mut d, true, tmp.path(), 600);
     lines_with(

@@ -1,5 +1,6 @@
-//! Issue 15's recovery cases, through real `kvtier serve` processes: the slot size is
-//! configuration (never the first connector's layout), `arena_bytes` holds across a
+//! Issue 15's recovery cases, through real `kvtier serve` processes: a set slot size is
+//! configuration (never the first connector's layout), the default one fits the first
+//! layout and is kept across restarts (issue 24), `arena_bytes` holds across a
 //! restart and a truncated arena is detected, and the manifest is read record by record
 //! with each discard counted in `/metrics`.
 
@@ -58,16 +59,24 @@ fn slot_size_is_configuration_not_the_first_layouts() {
     assert!(d.log().contains("differs from the arena's"), "{}", d.log());
 }
 
-/// Issue 15 item 4: a tiny layout that connects first (a test, a draft model) used to
-/// size every slot (128 bytes here), and a real model was refused with `bad_layout`, even
-/// after a clean restart. With the default configuration, a 512 KiB-object layout stores
-/// and loads its exact bytes after the tiny one, and again after a restart.
+/// Issue 15 item 4: a tiny layout that connects first (a test, a draft model) sized
+/// every slot (128 bytes here), and a real model was refused with `bad_layout`, even
+/// after a clean restart. Since slots fit the first layout by default (issue 24), a node
+/// that mixes geometries sets `host.slot_bytes`: with it set to 2 MiB, a 512 KiB-object
+/// layout stores and loads its exact bytes after the tiny one, and again after a restart.
 #[test]
-fn a_tiny_first_layout_does_not_lock_out_a_real_model_even_after_a_restart() {
+fn a_tiny_first_layout_does_not_lock_out_a_real_model_when_the_slot_size_is_set() {
     let dir = tempdir();
     let arena = dir.path().join("state/arena");
-    // 32 MiB: 16 slots of the default 2 MiB; nothing else about slots is configured.
-    let args = ["--arena-path", arena.to_str().unwrap(), "--arena-bytes", "33554432"];
+    // 32 MiB: 16 slots of 2 MiB.
+    let args = [
+        "--arena-path",
+        arena.to_str().unwrap(),
+        "--arena-bytes",
+        "33554432",
+        "--set",
+        "host.slot_bytes=2097152",
+    ];
     let tiny = small_spec();
     let real = LayoutSpec::mha(32, 8, 128, 2, 8);
     let size = |l: &LayoutSpec| l.clone().build().unwrap().max_object_bytes();
@@ -256,9 +265,8 @@ fn a_bad_manifest_record_costs_that_record_only_and_garbage_is_reported() {
     );
 }
 
-/// Arena bytes per stored page, from `/v1/status` on the daemon's admin socket, and the
-/// ratio the daemon itself reports, with `kvtier status` printing the same figure.
-fn arena_per_page(d: &Serve) -> (f64, f64, String) {
+/// `/v1/status` from the daemon's admin socket, and what `kvtier status` prints.
+fn status(d: &Serve) -> (serde_json::Value, String) {
     let admin = d.socket.with_extension("admin.sock");
     let r = kvtier::cli::client::request(
         &admin,
@@ -269,51 +277,75 @@ fn arena_per_page(d: &Serve) -> (f64, f64, String) {
     )
     .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&r.body().unwrap()).unwrap();
-    let a = &v["host_arena"];
     let out = std::process::Command::new(common::kvtier_bin())
         .args(["status", "--socket", admin.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+    (v, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Arena bytes per stored page, from `/v1/status` on the daemon's admin socket, and the
+/// ratio the daemon itself reports, with `kvtier status` printing the same figure.
+fn arena_per_page(d: &Serve) -> (f64, f64, String) {
+    let (v, text) = status(d);
+    let a = &v["host_arena"];
     (
         a["bytes_per_stored_page"].as_f64().unwrap(),
         a["overhead"].as_f64().unwrap(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
+        text,
     )
 }
 
-/// Issue 24 item 5: with `slot_bytes = 0` the arena is cut into slots of the first
-/// engine's objects, so the host memory a stored page takes is within a tenth of the
-/// page's own bytes, for the small test model (16 KiB objects) and for Llama-3-8B's
-/// geometry (32 layers, 8 KV heads, head_dim 128, bf16, 16-token pages: 1 MiB objects,
-/// which the default 2 MiB slots hold at twice their size). The figure is read through
-/// the daemon's admin socket; the pages load byte for byte, and again after a restart,
-/// which reopens the arena with the fitted size from the manifest.
+/// One model's row of `host_arena.models` in `/v1/status`: (arena bytes per page, its
+/// page's own bytes, their ratio).
+fn model_row(v: &serde_json::Value, model: &str) -> (u64, u64, f64) {
+    let rows = v["host_arena"]["models"].as_array().expect("host_arena.models");
+    let m = rows
+        .iter()
+        .find(|m| m["model"] == model)
+        .unwrap_or_else(|| panic!("no row for {model}: {rows:?}"));
+    (
+        m["arena_bytes_per_page"].as_u64().unwrap(),
+        m["page_bytes"].as_u64().unwrap(),
+        m["overhead"].as_f64().unwrap(),
+    )
+}
+
+/// The geometry of the model the vLLM CPU engine tests serve (tests/engines_vllm_cpu.rs):
+/// 8 layers, 4 KV heads, head_dim 64, bf16, 32-token blocks: 128 KiB objects.
+fn vllm_cpu_test_model() -> LayoutSpec {
+    LayoutSpec::mha(8, 4, 64, 2, 32)
+}
+
+/// Llama-3-8B's geometry: 32 layers, 8 KV heads, head_dim 128, bf16, 16-token pages,
+/// TP 1: 1 MiB objects, which 2 MiB slots held at twice their size.
+fn llama3_8b() -> LayoutSpec {
+    LayoutSpec::mha(32, 8, 128, 2, 16)
+}
+
+/// Issue 24 item 5: by default (no `host.slot_bytes` set) the arena is cut into slots of
+/// the first engine's objects, so the host memory a stored page takes is within a tenth
+/// of the page's own bytes, for the vLLM CPU tests' model and for Llama-3-8B's geometry.
+/// The figure is read through the daemon's admin socket (`/v1/status` and `kvtier
+/// status`); the pages load byte for byte, and again after a restart, which reopens the
+/// arena with the fitted size from the manifest.
 #[test]
-fn slots_fitted_to_the_first_engine_keep_arena_bytes_per_page_within_a_tenth() {
-    let small = LayoutSpec::mha(4, 2, 64, 2, 16);
-    let llama = LayoutSpec::mha(32, 8, 128, 2, 16);
+fn slots_fit_the_first_engine_by_default_so_arena_bytes_per_page_stay_within_a_tenth() {
     for (name, spec, object, arena_bytes) in [
-        ("small", small, 16u64 << 10, 4u64 << 20),
-        ("llama3-8b", llama, 1 << 20, 40 << 20),
+        ("vllm-cpu-test-model", vllm_cpu_test_model(), 128u64 << 10, 4u64 << 20),
+        ("llama3-8b", llama3_8b(), 1 << 20, 40 << 20),
     ] {
         let page = spec.clone().build().unwrap().page_bytes();
         assert_eq!(page, 2 * object, "{name}");
         let dir = tempdir();
         let arena = dir.path().join("state/arena");
         let bytes = arena_bytes.to_string();
-        let args = [
-            "--arena-path",
-            arena.to_str().unwrap(),
-            "--arena-bytes",
-            &bytes,
-            "--set",
-            "host.slot_bytes=0",
-        ];
+        let args = ["--arena-path", arena.to_str().unwrap(), "--arena-bytes", &bytes];
         let mut d = serve_default_slots(dir.path(), name, &args).ready();
         assert!(
             d.banner()
-                .contains("slots fitted to the first engine's objects (host.slot_bytes = 0)"),
+                .contains("slots fitted to the first engine's objects (host.slot_bytes = 0, the default)"),
             "{}",
             d.banner()
         );
@@ -330,6 +362,14 @@ fn slots_fitted_to_the_first_engine_keep_arena_bytes_per_page_within_a_tenth() {
         assert!((overhead - per_page / page as f64).abs() < 1e-9, "{overhead}");
         assert!(
             text.contains("8 pages stored") && text.contains(&format!("{per_page:.0} arena bytes per page")),
+            "{text}"
+        );
+        let (v, text) = status(&d);
+        assert_eq!(model_row(&v, name), (page, page, 1.0), "{name}");
+        assert!(
+            text.contains(&format!(
+                "model \"{name}\": {page} arena bytes per page, 1.000x its own {page}"
+            )),
             "{text}"
         );
         assert_eq!(load_verified(&c, &spec, &hs, 5), 8, "{name}: every page, byte for byte");
@@ -350,6 +390,82 @@ fn slots_fitted_to_the_first_engine_keep_arena_bytes_per_page_within_a_tenth() {
         let (per_page, _, _) = arena_per_page(&d);
         assert!(per_page <= 1.1 * page as f64, "{name} after the restart: {per_page}");
     }
+}
+
+/// Issue 24 item 5's rule for mixed models on the default (fitted) slots: after the
+/// vLLM CPU test model fitted them (128 KiB), Llama-3-8B's 1 MiB objects are refused at
+/// `Connect` with `bad_layout`, naming both sizes and `host.slot_bytes`, and the daemon
+/// keeps serving the first model; a smaller model is served in the larger slots, and
+/// status shows its waste. A restart keeps the fitted size: the larger model is still
+/// refused, every page comes back.
+#[test]
+fn with_fitted_slots_a_larger_model_is_refused_by_name_and_a_smaller_one_shows_its_waste() {
+    let dir = tempdir();
+    let arena = dir.path().join("state/arena");
+    // 8 MiB: 64 slots of 128 KiB.
+    let args = ["--arena-path", arena.to_str().unwrap(), "--arena-bytes", "8388608"];
+    let (first, large, small) = (vllm_cpu_test_model(), llama3_8b(), LayoutSpec::mha(4, 2, 64, 2, 16));
+    let size = |l: &LayoutSpec| l.clone().build().unwrap().max_object_bytes();
+    assert_eq!(
+        (size(&first), size(&large), size(&small)),
+        (128 << 10, 1 << 20, 16 << 10)
+    );
+    let refused = |d: &Serve| match d.client("large", large.clone()) {
+        Err(ClientError::Remote(e)) => {
+            assert_eq!(e.code, ErrorCode::BadLayout, "{}", e.message);
+            for part in [
+                "objects of 1048576 bytes",
+                "131072-byte slots",
+                "host.slot_bytes",
+                "first layout",
+            ] {
+                assert!(e.message.contains(part), "{part:?} in {}", e.message);
+            }
+        }
+        other => panic!("a layout over the fitted slots must be refused: {:?}", other.err()),
+    };
+
+    let mut d = serve_default_slots(dir.path(), "mixed", &args).ready();
+    let f = d.client("first", first.clone()).unwrap();
+    assert_eq!(f.arena().unwrap().slot_bytes, 128 << 10);
+    let fhs = hashes(100, 4);
+    store(&f, &first, &fhs, 1);
+    refused(&d);
+    assert_eq!(load_verified(&f, &first, &fhs, 1), 4, "the first model is still served");
+    let s = d.client("small", small.clone()).unwrap();
+    assert_eq!(
+        s.arena().unwrap().slot_bytes,
+        128 << 10,
+        "the smaller model shares the slots"
+    );
+    let shs = hashes(200, 4);
+    store(&s, &small, &shs, 2);
+    assert_eq!(
+        load_verified(&s, &small, &shs, 2),
+        4,
+        "the smaller model, byte for byte"
+    );
+    let (v, text) = status(&d);
+    assert_eq!(model_row(&v, "first"), (256 << 10, 256 << 10, 1.0));
+    assert_eq!(model_row(&v, "small"), (256 << 10, 32 << 10, 8.0), "the waste, shown");
+    assert!(
+        text.contains("model \"small\": 262144 arena bytes per page, 8.000x its own 32768"),
+        "{text}"
+    );
+    assert!(
+        v["host_arena"]["page_bytes"].is_null(),
+        "two page sizes: no single figure"
+    );
+    drop((f, s));
+    d.stop(libc::SIGTERM);
+
+    let d = serve_default_slots(dir.path(), "mixed", &args).ready();
+    assert!(d.banner().contains("in 64 slots of 131072 bytes"), "{}", d.banner());
+    refused(&d);
+    let f = d.client("first", first.clone()).unwrap();
+    assert_eq!(load_verified(&f, &first, &fhs, 1), 4, "recovered, byte for byte");
+    let s = d.client("small", small.clone()).unwrap();
+    assert_eq!(load_verified(&s, &small, &shs, 2), 4, "recovered, byte for byte");
 }
 
 /// Issue 28 item 3: pages that the host arena pushed into the local pool survive a

@@ -101,7 +101,9 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
 
 /// The arena's slots and what its stored pages cost: `bytes_per_stored_page` is the
 /// bytes of the slots in use over the pages complete on host, `page_bytes` a page's own
-/// bytes when every registered layout has the same (else null), `overhead` their ratio;
+/// bytes when every registered layout has the same (else null), `overhead` their ratio,
+/// `models` the same per registered namespace (a complete page's slots against its own
+/// bytes: a layout with smaller objects than the slots shows its waste there);
 /// `mapping` is the page size backing the arena's memory (`page_bytes`: 4096, or the huge
 /// page size where the host gave huge pages), its bytes in huge pages, and why it has
 /// none when it has none.
@@ -124,11 +126,25 @@ fn host_arena(ctx: &AdminState, stats: &crate::manager::StatsSnapshot) -> Value 
         .collect();
     let page_bytes = (sizes.len() == 1).then(|| sizes.first().copied().unwrap_or(0));
     let overhead = per_page.zip(page_bytes).map(|(p, b)| p / b.max(1) as f64);
+    // What a complete page of each model takes: one slot per object, against its own bytes.
+    let models: Vec<Value> = ctx
+        .manager
+        .namespaces()
+        .iter()
+        .map(|(_, ns, l)| {
+            let arena_bytes = l.object_count() as u64 * a.slot_bytes() as u64;
+            json!({
+                "model": ns.model, "lora": ns.lora, "page_bytes": l.page_bytes(),
+                "arena_bytes_per_page": arena_bytes,
+                "overhead": arena_bytes as f64 / l.page_bytes().max(1) as f64,
+            })
+        })
+        .collect();
     let r = a.report();
     json!({
         "slot_bytes": a.slot_bytes(), "slots": a.slots(), "used_slots": a.used(),
         "stored_pages": stored, "bytes_per_stored_page": per_page, "page_bytes": page_bytes,
-        "overhead": overhead,
+        "overhead": overhead, "models": models,
         "mapping": {
             "page_bytes": r.page_bytes, "huge_bytes": r.huge_bytes,
             "small_pages_why": r.small_pages_why,

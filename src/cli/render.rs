@@ -72,6 +72,17 @@ pub fn status(v: &Value) -> String {
         if let (Some(o), Some(p)) = (arena["overhead"].as_f64(), arena["page_bytes"].as_u64()) {
             let _ = write!(out, " ({o:.3}x the page's own {p})");
         }
+        for m in arena["models"].as_array().into_iter().flatten() {
+            let _ = write!(
+                out,
+                "\n            model {}: {} arena bytes per page, {:.3}x its own {}",
+                // JSON-quoted: an engine's model name reaches the terminal escaped.
+                m["model"],
+                s(&m["arena_bytes_per_page"]),
+                m["overhead"].as_f64().unwrap_or(0.0),
+                s(&m["page_bytes"]),
+            );
+        }
         let mapping = &arena["mapping"];
         if let Some(p) = mapping["page_bytes"].as_u64() {
             let _ = write!(out, "\n            mapped with {} pages", page_size(p));

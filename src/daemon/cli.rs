@@ -268,7 +268,7 @@ fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
             a.slot_bytes()
         ),
         None if cfg.host.slot_bytes == 0 => format!(
-            "{} MiB, slots fitted to the first engine's objects (host.slot_bytes = 0)",
+            "{} MiB, slots fitted to the first engine's objects (host.slot_bytes = 0, the default)",
             cfg.host.bytes >> 20
         ),
         None => format!(

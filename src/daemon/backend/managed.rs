@@ -16,7 +16,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::clock::Clock;
 use crate::hints::{Hint, HintOutcome};
-use crate::layout::{Layout, LayoutSpec};
+use crate::layout::LayoutSpec;
 use crate::manager::{self, LookupStep, Manager, ManagerConfig, ManagerError, PendingLookup, PoolConfig, StoreStatus};
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::pool::PoolError;
@@ -34,6 +34,8 @@ use super::journal::{Journal, Recovered};
 use super::manifest::ObjectRecord;
 use super::tickets::Tickets;
 use super::{Backend, BackendError, Registered};
+
+mod fit;
 
 /// Configuration of [`ManagedTiers`].
 #[derive(Clone, Debug)]
@@ -79,6 +81,9 @@ pub struct SharedPool {
     pub key_format: crate::pool::keys::KeyFormat,
     /// Discovery of pages other nodes wrote.
     pub remote: manager::RemoteConfig,
+    /// Objects carry the 32-byte integrity trailer (`mooncake.integrity`), sealed in place
+    /// where their slot has room for it: fitted slots keep that room.
+    pub sealed: bool,
 }
 
 struct StoreInfo {
@@ -297,29 +302,6 @@ impl ManagedTiers {
     /// Host slots quarantined by the restart fence right now.
     pub fn fenced_slots(&self) -> usize {
         self.fence.lock().quarantined()
-    }
-
-    /// Cuts an unfitted arena into slots of `layout`'s largest object (rounded up to 64
-    /// bytes), once, at the first registration; later layouts take those slots (larger
-    /// objects are refused at registration, `SlotTooSmall`).
-    fn fit_arena(&self, layout: &Layout) -> Result<(), BackendError> {
-        let mut unfitted = self.unfitted.lock();
-        let Some(u) = unfitted.as_ref() else {
-            return Ok(());
-        };
-        let slot = layout.max_object_bytes().div_ceil(64) * 64;
-        u.fits(slot).map_err(ManagerError::from)?;
-        if let Some(u) = unfitted.take() {
-            let arena = self.mgr.adopt_arena(u.fit(slot).map_err(ManagerError::from)?)?;
-            self.fence
-                .lock()
-                .attach(&arena, None, self.cfg.fence_timeout)
-                .map_err(|source| BackendError::Manifest {
-                    path: self.cfg.arena_path.with_extension("fence").display().to_string(),
-                    source,
-                })?;
-        }
-        Ok(())
     }
 }
 

@@ -41,6 +41,12 @@ pub enum BackendError {
     FlagCount { grant: u64, pages: usize, flags: usize },
     #[error("the host arena has no free slot, even after eviction")]
     NoSpace,
+    /// A layout whose objects are larger than the host arena's slots (`bad_layout`).
+    #[error(
+        "objects of {need} bytes do not fit the host arena's {slot}-byte slots, {how}; set host.slot_bytes \
+         to at least {need} (a restart with it starts a fresh arena) to serve this layout beside the others"
+    )]
+    SlotTooSmall { need: u64, slot: u64, how: String },
     #[error(transparent)]
     Private(#[from] crate::tier::private::PrivateError),
     #[error("manifest {path}: {source}")]

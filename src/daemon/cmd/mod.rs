@@ -171,6 +171,7 @@ pub(crate) fn error_response(e: &BackendError) -> Response {
         BackendError::Hint(_) => ErrorCode::BadHint,
         BackendError::UnknownGrant(_) => ErrorCode::UnknownGrant,
         BackendError::FlagCount { .. } => ErrorCode::BadRequest,
+        BackendError::SlotTooSmall { .. } => ErrorCode::BadLayout,
         BackendError::NoSpace => ErrorCode::NoSpace,
         BackendError::Manifest { .. } | BackendError::Private(_) => ErrorCode::Internal,
     };

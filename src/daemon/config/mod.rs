@@ -372,8 +372,8 @@ impl DaemonConfig {
         }
         if host.slot_bytes > host.bytes {
             return Err(ConfigError::Invalid(format!(
-                "host.slot_bytes must be at most host.bytes ({}), got {}; the default, {}, holds an object \
-                 of most models at 16-token pages, and 0 fits the slots to the first engine's objects",
+                "host.slot_bytes must be at most host.bytes ({}), got {}; the default, {}, fits the slots \
+                 to the first engine's objects",
                 host.bytes, host.slot_bytes, DEFAULT_SLOT_BYTES
             )));
         }
@@ -521,6 +521,7 @@ impl DaemonConfig {
                 key_tag: self.mooncake.key_tag.clone(),
                 key_format: self.mooncake.key_format,
                 remote: self.mooncake.remote(),
+                sealed: self.mooncake.integrity_key.is_some(),
             }),
         }
     }

@@ -12,13 +12,14 @@ use crate::publish::vllm::{HashFormat, ReplayProtocol};
 
 pub use super::super::pool_config::{MooncakeSection, PoolKind};
 
-/// The default slot size: 2 MiB holds one object (K or V of a rank, or an MLA latent) of
-/// a 16-token page for Llama 3.1 8B and Mistral 7B (1 MiB), Qwen2.5 7B (448 KiB), Qwen3
-/// 32B (2 MiB), Llama 3.1 70B at TP 2 or more (1.25 MiB at TP 2) and DeepSeek V3's
-/// latent (1.07 MiB), all in bf16. Larger pages (SGLang's 64 tokens, Mooncake's 512)
-/// need `host.slot_bytes` set; `host.slot_bytes = 0` fits the slots to the first engine's
-/// objects.
-pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
+/// The default slot size, 0: the arena's slots are fitted to the first layout that
+/// registers (its largest object, plus the 32-byte integrity trailer where a Mooncake pool
+/// seals objects, rounded up to 64), so a stored page takes its own bytes of host memory
+/// and at most 64 more per object, whatever the model and page size. A layout with
+/// larger objects after it is refused at `Connect` (`bad_layout`, naming both sizes and
+/// `host.slot_bytes`); a node that serves models of several sizes sets `host.slot_bytes`
+/// to the largest object among them.
+pub const DEFAULT_SLOT_BYTES: u64 = 0;
 
 /// `[access]`: who may use the control socket and map the host arena.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -77,15 +78,19 @@ pub struct HostSection {
     pub bytes: u64,
     /// Size of each host arena slot in bytes (one object of a page per slot: K or V of one
     /// TP/PP rank, or an MLA latent), rounded up to 64, and of the local pool's slots.
-    /// A set size is used whichever engine connects first, so a tiny or draft layout that
-    /// connects first locks out no larger model. 0 fits the slots to the first engine that
-    /// registers instead: the arena is created at start and cut into slots of that
-    /// layout's largest object (rounded up to 64), for a node that serves one geometry
-    /// (arena bytes per page within 64 bytes per object of the page's own). Either way a
-    /// layout whose objects are larger than the slots is refused at `Connect`
-    /// (`bad_layout`, naming both sizes and this key); a restart with another set size
-    /// starts a fresh arena (the old pages are discarded and counted), a restart with 0
-    /// keeps the manifest's. Default: 2 MiB ([`DEFAULT_SLOT_BYTES`]).
+    /// 0 (the default) fits the slots to the first layout that registers: the arena is
+    /// created and touched at start and cut at that registration into slots of the
+    /// layout's largest object (plus 32 bytes where a Mooncake pool checks integrity),
+    /// rounded up to 64, so arena bytes per stored page are the page's own within 64 bytes
+    /// per object. Later layouts with objects as large or smaller are served in those
+    /// slots (`kvtier status` shows each model's arena bytes per page against its own);
+    /// one with larger objects is refused at `Connect` (`bad_layout`, naming both sizes
+    /// and this key). A set size is used whichever engine connects first, for a node
+    /// that serves several geometries (e.g. a draft model beside a large one): set it to
+    /// the largest object among them. A restart with 0 keeps the manifest's slot size
+    /// (every recovered page stays where it was); one with another set size starts a
+    /// fresh arena (the old pages are discarded and counted). Default: 0
+    /// ([`DEFAULT_SLOT_BYTES`]).
     pub slot_bytes: u64,
     /// Recover the arena from its manifest at start. Default: true.
     pub recover: bool,

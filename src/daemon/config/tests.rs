@@ -236,13 +236,18 @@ fn the_default_arena_follows_the_socket_and_instance_and_security_keys_are_check
         set("host.slot_bytes", &(2u64 << 30).to_string()).is_err(),
         "larger than the arena"
     );
-    // The slot size is configuration with a default; 0 fits it to the first layout.
-    assert_eq!(DaemonConfig::default().tiers().slot_bytes, DEFAULT_SLOT_BYTES);
-    assert_eq!(set("host.slot_bytes", "0").unwrap().tiers().slot_bytes, 0);
+    // The slot size is configuration; its default, 0, fits it to the first layout.
+    assert_eq!(DEFAULT_SLOT_BYTES, 0);
+    assert_eq!(DaemonConfig::default().tiers().slot_bytes, 0);
+    assert_eq!(set("host.slot_bytes", "4096").unwrap().tiers().slot_bytes, 4096);
     let e = DaemonConfig::load(
         None,
         Vec::new(),
-        &pairs(&[("host.bytes", "8388608"), ("pool.bytes", "1048576")]),
+        &pairs(&[
+            ("host.bytes", "8388608"),
+            ("host.slot_bytes", "2097152"),
+            ("pool.bytes", "1048576"),
+        ]),
     )
     .unwrap_err()
     .to_string();

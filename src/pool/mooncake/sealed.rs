@@ -1,8 +1,8 @@
 //! Puts and gets with the integrity MAC ([`super::integrity`]).
 //!
 //! An object is `page bytes ‖ MAC(32)`. Where the caller's bytes start a host arena slot
-//! (a slot holds one object, from its start) with at least 32 free bytes after them (the default 2 MiB slot holds most models'
-//! objects with room to spare), the object moves straight between that slot and the
+//! (a slot holds one object, from its start) with at least 32 free bytes after them (the daemon fits its slots to
+//! the objects plus these 32 bytes by default), the object moves straight between that slot and the
 //! store: a put writes the MAC into the slot's tail and sends `len + 32` bytes from the
 //! slot; a get lands `len + 32` bytes in the slot and checks them there, before the call
 //! returns, so no caller ever sees a slot whose MAC failed as loaded. Other objects go
