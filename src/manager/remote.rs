@@ -132,8 +132,8 @@ pub(super) struct Cache {
     answers: PageMap<(bool, u64)>,
     /// Pages this node found in the pool rather than wrote (bounded like `answers`).
     found: PageMap<u64>,
-    /// Directory work of lookups answered on a connection task, not done yet (bounded:
-    /// [`settle::MAX_PENDING`]).
+    /// Directory work of lookups answered on a connection task, not done yet (bounded: 64
+    /// lookups, see `settle`).
     pending: Vec<settle::Settle>,
 }
 

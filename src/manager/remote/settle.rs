@@ -17,7 +17,7 @@
 //! until it does. The queue is bounded ([`MAX_PENDING`] lookups); past it a lookup settles
 //! everything itself.
 
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::time::Duration;
 
 use super::{Cache, Discovery, Known};
@@ -29,6 +29,7 @@ use crate::wire::PrefixHit;
 
 /// Most lookups whose directory work waits for their connection task; past it a lookup
 /// settles everything itself (a connection task that never got to write its answer).
+#[cfg(feature = "daemon")]
 pub(crate) const MAX_PENDING: usize = 64;
 
 /// The directory work one lookup's answer leaves (see the module doc).
@@ -126,6 +127,7 @@ pub(super) fn credit(m: &Manager, hashes: &[PageHash], d: Discovery, res: Answer
 
 /// Leaves `work` for the connection task that answers the lookup (see the module doc);
 /// settles at once when [`MAX_PENDING`] lookups wait already.
+#[cfg(feature = "daemon")]
 pub(super) fn defer(m: &Manager, work: Option<Settle>) {
     let (Some(work), Some(remote)) = (work, m.inner.remote.as_ref()) else {
         return;
@@ -134,7 +136,7 @@ pub(super) fn defer(m: &Manager, work: Option<Settle>) {
         let Some(mut cache) = m.remote_cache() else { return };
         if cache.pending.len() < MAX_PENDING {
             cache.pending.push(work);
-            remote.pending.store(true, Release);
+            remote.pending.store(true, std::sync::atomic::Ordering::Release);
             return;
         }
         work
