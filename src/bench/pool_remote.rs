@@ -14,7 +14,10 @@
 //! alternating which goes first. Medians over rounds; the goal is a ratio of at most 0.1.
 //!
 //! A round fails unless the subject's own counters show no existence query to the master
-//! and one more lookup answered from its index. Every round's pages are new (hashes no
+//! and one more lookup answered from its index. The subject enters the pages it credited
+//! in its directory after its reply; a round also waits for that (and fails unless each
+//! page was entered once), and when the subject went first the reference runs only then,
+//! so neither side is timed beside the other's work. Every round's pages are new (hashes no
 //! round used before), so the lookup finds them through the index, not the directory.
 //! A few uncounted warm-up rounds let the subject's directory and lookup view become
 //! resident, as in a daemon that has served for a while.
@@ -128,11 +131,13 @@ fn subject_daemon(args: &PoolBenchArgs, slot_bytes: u64, events: &str) -> anyhow
     DaemonChild::start_with(&exe, 64 << 20, slot_bytes, &pool)
 }
 
-/// The subject's counters: master existence queries, and its index's mode, events
-/// applied, lookups answered, last resync (µs) and keys listed then.
+/// The subject's counters: master existence queries, pages found in the pool and entered
+/// in its directory, and its index's mode, events applied, lookups answered, last resync
+/// (µs) and keys listed then.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Counters {
     queries: u64,
+    found: u64,
     in_sync: bool,
     events: u64,
     index_lookups: u64,
@@ -145,9 +150,15 @@ fn counters(admin: &Path) -> anyhow::Result<Counters> {
     let v: serde_json::Value = serde_json::from_slice(&r.body()?)?;
     let (remote, ix) = (&v["pool"]["remote"], &v["pool"]["index"]);
     let n = |x: &serde_json::Value| x.as_u64();
-    match (n(&remote["exists_queries"]), n(&ix["events"]), n(&ix["index_lookups"])) {
-        (Some(queries), Some(events), Some(index_lookups)) => Ok(Counters {
+    match (
+        n(&remote["exists_queries"]),
+        n(&remote["found_pages"]),
+        n(&ix["events"]),
+        n(&ix["index_lookups"]),
+    ) {
+        (Some(queries), Some(found), Some(events), Some(index_lookups)) => Ok(Counters {
             queries,
+            found,
             in_sync: ix["mode"] == "in_sync",
             events,
             index_lookups,
@@ -256,16 +267,23 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Row> {
             }
             Ok(raw.seconds)
         };
+        // The subject enters the credited pages in its directory after its reply.
+        let want = before.found + PAGES as u64;
+        let entered = |c: &Counters| c.found >= want;
         let (ks, rs) = if round % 2 == 0 {
             let rs = reference()?;
             (subject()?, rs)
         } else {
             let ks = subject()?;
+            wait_for(&admin, EVENT_WAIT, "the lookup's pages entered", entered)?;
+            std::thread::sleep(QUIET);
             (ks, reference()?)
         };
-        let after = counters(&admin)?;
-        if after.queries != before.queries || after.index_lookups != before.index_lookups + 1 {
-            bail!("the lookup was not answered from the index alone: before {before:?}, after {after:?}");
+        let after = wait_for(&admin, EVENT_WAIT, "the lookup's pages entered", entered)?;
+        if after.queries != before.queries || after.index_lookups != before.index_lookups + 1 || after.found != want {
+            bail!(
+                "the lookup was not answered from the index alone, or its pages not entered once: before {before:?}, after {after:?}"
+            );
         }
         if counted {
             k.push(ks);

@@ -278,6 +278,8 @@ async fn serve(
             }
         };
         let (kind, request_id) = (frame.header.kind, frame.header.request_id);
+        // No request sees the directory behind a lookup answered before it.
+        shared.backend.settle_lookups();
         let resp = match Request::decode(kind, &frame.body) {
             // A lookup that asks a shared pool awaits the pool's answer here when it can,
             // and leaves the connection task when the answer would block a thread.
@@ -307,6 +309,9 @@ async fn serve(
                 Err(ConnError::Frame(FrameError::Io(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
                 other => other?,
             }
+            // Answers are out: now the directory work their lookups left (pages found in
+            // the pool entered), off the lookups' round trip.
+            shared.backend.settle_lookups();
         }
     }
 }

@@ -14,6 +14,8 @@ impl Manager {
     /// Applies a hint. docs/ARCHITECTURE.md, "Hints", gives the semantics of each kind.
     pub fn hint(&self, ns: NamespaceId, hint: Hint) -> Result<HintOutcome, ManagerError> {
         self.validate_hint(&hint)?;
+        // Pages that earlier lookups credited from the pool are named here too.
+        super::settle_lookups(self);
         // Hints are soft: naming only pages (or a session) kvtier does not know is an
         // outcome, not an error.
         let (pages, requested) = match self.resolve(ns, hint.target()) {

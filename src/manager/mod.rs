@@ -70,7 +70,7 @@ pub use pool_recover::{PoolAdopted, adopt_recovered_pool};
 pub use queues::{Advice, EngineQueues};
 #[cfg(feature = "daemon")]
 pub use remote::{LookupStep, PendingLookup};
-pub use remote::{PoolOrigin, PoolReport, RemoteConfig, RemoteSnapshot};
+pub use remote::{PoolOrigin, PoolReport, RemoteConfig, RemoteSnapshot, settle_lookups};
 pub use session_events::{
     SESSION_EVENT_RING, SessionEvent, SessionEventBatch, SessionEventKind, SessionEventLog, SessionEventReason,
 };
@@ -415,6 +415,7 @@ impl Manager {
 
     /// Completeness of a page per tier, and which objects are missing where.
     pub fn page_status(&self, ns: NamespaceId, hash: &PageHash) -> Result<Option<PageStatus>, ManagerError> {
+        settle_lookups(self);
         let st = self.read();
         st.dir.layout(ns)?;
         let Some(id) = st.dir.find(ns, hash) else {

@@ -12,16 +12,26 @@
 //! Bounded: only the part of the prefix that device and host do not cover is asked about, at
 //! most [`RemoteConfig::budget_pages`] pages per lookup, and answers are cached for a short
 //! while ([`RemoteConfig::positive_ttl_ms`], [`RemoteConfig::negative_ttl_ms`]). The query
-//! runs with no manager lock held; the cache has its own lock ([`Rank::Remote`]), always
-//! taken alone. While the pool is not healthy (master unreachable) nothing gets pool credit.
+//! runs with no manager lock held; the cache has its own lock ([`Rank::Remote`]), taken
+//! alone, or inside the directory's while a lookup's entries are settled. While the pool is not healthy (master unreachable) nothing gets pool credit.
 //!
 //! With a pool index ([`Manager::set_pool_index`], [`crate::pool::index`]) in sync, the
 //! window is answered from the index instead: no query and no cache. Pages this node wrote
 //! stay the directory's to judge; pages found in the pool follow the index.
+//!
+//! The answer comes first: a lookup's credit needs no directory write, and one answered
+//! on the daemon's connection task leaves the directory's entries for after its reply
+//! ([`settle`]).
+
+mod report;
+pub(super) mod settle;
+
+pub use report::PoolReport;
+pub use settle::settle_lookups;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -30,8 +40,10 @@ use serde::Serialize;
 use super::Manager;
 use super::locks::{Ordered, Rank};
 use crate::page::{NamespaceId, PageHash};
-use crate::pool::index::{IndexMode, IndexSnapshot, PoolIndex};
-use crate::pool::{KeyBatch, PoolError, PoolHealth};
+#[cfg(feature = "daemon")]
+use crate::pool::PoolError;
+use crate::pool::index::{IndexMode, PoolIndex};
+use crate::pool::{KeyBatch, PoolHealth};
 use crate::tier::TierKind;
 use crate::wire::PrefixHit;
 
@@ -120,6 +132,9 @@ pub(super) struct Cache {
     answers: PageMap<(bool, u64)>,
     /// Pages this node found in the pool rather than wrote (bounded like `answers`).
     found: PageMap<u64>,
+    /// Directory work of lookups answered on a connection task, not done yet (bounded: 64
+    /// lookups, see `settle`).
+    pending: Vec<settle::Settle>,
 }
 
 impl Cache {
@@ -142,6 +157,8 @@ pub(crate) struct Remote {
     cache: Mutex<Cache>,
     n: Counters,
     index: std::sync::OnceLock<Arc<PoolIndex>>,
+    /// Whether `Cache::pending` holds work (read without the cache's lock).
+    pending: AtomicBool,
 }
 
 impl Remote {
@@ -151,6 +168,7 @@ impl Remote {
             cache: Mutex::new(Cache::default()),
             n: Counters::default(),
             index: std::sync::OnceLock::new(),
+            pending: AtomicBool::new(false),
         }
     }
 
@@ -173,7 +191,7 @@ impl Remote {
 }
 
 /// A lookup's discovery between the directory's answer and the pool's: see
-/// [`Manager::discover_plan`] and [`Manager::discover_apply`].
+/// [`Manager::discover_plan`] and [`settle::credit`].
 pub(crate) struct Discovery {
     ns: NamespaceId,
     /// The directory's answer, before the pool.
@@ -196,8 +214,10 @@ pub(crate) struct Discovery {
 enum Known {
     /// Complete on device or host: counts without the pool.
     Near,
-    /// Credited to the pool by the directory (to be confirmed).
+    /// Credited to the pool by the directory, written here (to be confirmed).
     Pool,
+    /// Credited to the pool by the directory, found there by this node: the pool judges.
+    Found,
     /// Unknown here, or incomplete everywhere.
     No,
 }
@@ -226,6 +246,7 @@ impl Manager {
 
     /// Where a pool-complete page came from (`None` when it is not pool-complete).
     pub fn pool_origin(&self, ns: NamespaceId, hash: &PageHash) -> Option<PoolOrigin> {
+        settle_lookups(self);
         let complete = {
             let st = self.read();
             st.dir
@@ -260,9 +281,10 @@ impl Manager {
 
     /// Lookup credit on a shared pool: `hit` is the directory's answer for `hashes`. Pages
     /// past the device/host prefix are confirmed (or found) in the pool, and the directory
-    /// is brought in line before the prefix is counted again. No pool, or a local one:
-    /// `hit` unchanged.
+    /// is brought in line before this returns. No pool, or a local one: `hit` unchanged.
     pub(crate) fn discover(&self, ns: NamespaceId, hashes: &[PageHash], hit: PrefixHit) -> PrefixHit {
+        // What earlier lookups left to do first, so a load sees the pages they credited.
+        settle_lookups(self);
         match self.discover_plan(ns, hashes, hit) {
             Err(hit) => hit,
             Ok((d, None)) => self.discover_apply(hashes, d, None),
@@ -317,19 +339,25 @@ impl Manager {
                 })
                 .collect()
         };
+        let mut known = known;
+        if known.contains(&Known::Pool)
+            && let Some(cache) = self.remote_cache()
+        {
+            for (k, h) in known.iter_mut().zip(window) {
+                if *k == Known::Pool && cache.found.contains_key(&(ns, *h)) {
+                    *k = Known::Found;
+                }
+            }
+        }
         let now = self.inner.clock.now_ms();
         let mut answer: Vec<Option<bool>> = known.iter().map(|k| (*k == Known::Near).then_some(true)).collect();
         // The pool index, while in sync, answers every page here: no query, no cache.
         // Pages this node wrote stay the directory's to judge (a node's own lookup may run
         // before its own events reach its index); pages found in the pool follow the index.
         if let Some(index) = self.pool_index().filter(|i| i.mode() == IndexMode::InSync) {
-            if known.contains(&Known::Pool)
-                && let Some(cache) = self.remote_cache()
-            {
-                for (i, h) in window.iter().enumerate() {
-                    if known[i] == Known::Pool && !cache.found.contains_key(&(ns, *h)) {
-                        answer[i] = Some(true);
-                    }
+            for (a, k) in answer.iter_mut().zip(&known) {
+                if *k == Known::Pool {
+                    *a = Some(true);
                 }
             }
             if let Some(per_page) = index_answers(self, index, ns, window, &mut answer) {
@@ -403,115 +431,15 @@ impl Manager {
         Ok((d, keys))
     }
 
-    /// Discovery from the pool's answer on: the cache and the directory brought in line,
-    /// and the prefix counted again. `res` is the query's answers and how long it took
-    /// (`None`: nothing was asked).
-    pub(crate) fn discover_apply(
-        &self,
-        hashes: &[PageHash],
-        d: Discovery,
-        res: Option<(Vec<Result<bool, PoolError>>, std::time::Duration)>,
-    ) -> PrefixHit {
-        let Some(remote) = self.inner.remote.as_ref() else {
-            return d.hit;
-        };
-        let Discovery {
-            ns,
-            hit,
-            start,
-            end,
-            known,
-            mut answer,
-            ask,
-            per_page,
-            now,
-        } = d;
-        let window = &hashes[start..end];
-        if let Some((res, took)) = res {
-            let asked = ask.len() * per_page;
-            let res: Result<Vec<bool>, _> = res.into_iter().collect();
-            remote.n.exists_queries.fetch_add(1, Relaxed);
-            remote.n.exists_keys.fetch_add(asked as u64, Relaxed);
-            remote
-                .n
-                .exists_ns
-                .fetch_add(took.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
-            let Ok(present) = res else {
-                // Unreachable or failing: nothing in the pool gets credit on this answer.
-                remote.n.exists_failed.fetch_add(1, Relaxed);
-                return PrefixHit { pool: 0, ..hit };
-            };
-            if let Some(mut cache) = self.remote_cache() {
-                Cache::trim(&mut cache.answers, remote.cfg.cache_entries);
-                for (j, &i) in ask.iter().enumerate() {
-                    let yes = present.len() == asked && present[j * per_page..(j + 1) * per_page].iter().all(|&p| p);
-                    answer[i] = Some(yes);
-                    let ttl = if yes {
-                        remote.cfg.positive_ttl_ms
-                    } else {
-                        remote.cfg.negative_ttl_ms
-                    };
-                    cache.answers.insert((ns, window[i]), (yes, now + ttl));
-                }
-            }
+    /// Discovery from the pool's answer on: the lookup's credit, with the cache and the
+    /// directory brought in line before it returns. `res` is the query's answers and how
+    /// long it took (`None`: nothing was asked).
+    pub(crate) fn discover_apply(&self, hashes: &[PageHash], d: Discovery, res: settle::Answers) -> PrefixHit {
+        let (hit, work) = settle::credit(self, hashes, d, res);
+        if work.is_some() {
+            settle::settle(self, work);
         }
-        // Bring the directory in line: found pages become pool-complete, vanished ones stop
-        // being so. Only the leading run matters for the prefix.
-        let lead = answer.iter().take_while(|a| **a == Some(true)).count();
-        let mut found = Vec::new();
-        let mut vanished = Vec::new();
-        {
-            let mut st = self.write();
-            for (i, h) in window.iter().enumerate().take(lead) {
-                if known[i] != Known::No {
-                    continue;
-                }
-                let Ok(id) = st.dir.find_or_insert(ns, h) else { break };
-                // Another thread may have settled it meanwhile; set_page emits only on change.
-                if !st.dir.is_complete(id, TierKind::Pool)
-                    && st.dir.objects().inflight_objects(id, TierKind::Pool).is_empty()
-                {
-                    st.dir.set_page(id, TierKind::Pool, true);
-                    found.push(*h);
-                }
-            }
-            if let Some(i) = (lead < window.len()).then_some(lead)
-                && known[i] == Known::Pool
-                && answer[i] == Some(false)
-                && let Some(id) = st.dir.find(ns, &window[i])
-                && st.dir.objects().inflight_objects(id, TierKind::Pool).is_empty()
-            {
-                st.dir.set_page(id, TierKind::Pool, false);
-                vanished.push(window[i]);
-            }
-        }
-        remote.n.found_pages.fetch_add(found.len() as u64, Relaxed);
-        remote.n.vanished_pages.fetch_add(vanished.len() as u64, Relaxed);
-        let mut remote_hits = 0;
-        if let Some(mut cache) = self.remote_cache() {
-            Cache::trim(&mut cache.found, remote.cfg.cache_entries);
-            for h in &found {
-                cache.found.insert((ns, *h), now);
-            }
-            for h in &vanished {
-                cache.found.remove(&(ns, *h));
-            }
-            remote_hits = window[..lead]
-                .iter()
-                .zip(&known)
-                .filter(|(h, k)| **k != Known::Near && cache.found.contains_key(&(ns, **h)))
-                .count();
-        }
-        remote.n.remote_hit_pages.fetch_add(remote_hits as u64, Relaxed);
-        let again = self.inner.view.lookup_prefix(ns, hashes);
-        // Credit stops at the budget: pages past it were not confirmed in this lookup.
-        let cap = start + lead;
-        let total = again.total().min(cap.max(start));
-        PrefixHit {
-            device: again.device.min(total),
-            host: again.host.min(total.saturating_sub(again.device)),
-            pool: total.saturating_sub(again.device + again.host),
-        }
+        hit
     }
 }
 
@@ -581,7 +509,9 @@ impl PendingLookup {
 impl Manager {
     /// [`Manager::lookup`] for a caller on an async runtime that must not block: when the
     /// lookup needs the pool and the pool's query can be awaited, the query is handed back
-    /// to await, with no manager lock held; [`Manager::lookup_finish`] completes it.
+    /// to await, with no manager lock held; [`Manager::lookup_finish`] completes it. Either
+    /// way the directory's entries for pages found in the pool are left for after the
+    /// reply: call [`settle_lookups`] once it is written.
     pub fn lookup_begin(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<LookupStep, super::ManagerError> {
         self.check_batch(hashes.len())?;
         // Planned here whatever the pool: a lookup the directory or the pool index answers
@@ -590,7 +520,12 @@ impl Manager {
         let hit = self.view_lookup(ns, hashes)?;
         let hit = match self.discover_plan(ns, hashes, hit) {
             Err(hit) => hit,
-            Ok((d, None)) => self.discover_apply(hashes, d, None),
+            Ok((d, None)) => {
+                // The answer goes out first; the connection task settles the directory after.
+                let (hit, work) = settle::credit(self, hashes, d, None);
+                settle::defer(self, work);
+                hit
+            }
             Ok((d, Some(keys))) => {
                 let pool = self.pool().filter(|p| p.awaits_exists());
                 let Some(query) = pool.and_then(|p| p.exists_async(keys)) else {
@@ -616,68 +551,9 @@ impl Manager {
         answers: Vec<Result<bool, PoolError>>,
     ) -> PrefixHit {
         let took = p.started.elapsed();
-        let hit = self.discover_apply(hashes, p.d, Some((answers, took)));
+        let (hit, work) = settle::credit(self, hashes, p.d, Some((answers, took)));
+        settle::defer(self, work);
         self.inner.stats.record_lookup(hashes.len(), &hit);
         hit
-    }
-}
-
-/// Which pool this manager uses and how it is doing, for `kvtier status` and `/metrics`.
-#[derive(Clone, Debug, Serialize)]
-pub struct PoolReport {
-    /// `none`, `local`, `mooncake`, or a caller-built backend's name.
-    pub backend: &'static str,
-    /// Whether the backend is built yet (it starts with the first namespace).
-    pub started: bool,
-    /// Its health once started.
-    pub health: Option<PoolHealth>,
-    /// Whether other nodes write to it (pages found there are hits here).
-    pub shared: bool,
-    /// Discovery counters on a shared pool.
-    pub remote: Option<RemoteSnapshot>,
-    /// The pool index's mode and counters, when the daemon runs one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub index: Option<IndexSnapshot>,
-    /// Who answers existence queries, where the backend has a choice (`master`, `helper`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exists_via: Option<&'static str>,
-    /// The master's version, where the backend asks it (Mooncake: existence queries go to
-    /// the master only when this client speaks its version).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub master_version: Option<String>,
-    /// Whether pool objects carry a keyed MAC, and how many failed it (never loaded).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub integrity: Option<crate::pool::IntegrityReport>,
-    /// The page size of the memory holding the pool's objects, where kvtier maps it (the
-    /// local pool): 4096, or the huge page size.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mapping_page_bytes: Option<u64>,
-}
-
-impl Manager {
-    /// The pool's name, health and discovery counters.
-    pub fn pool_report(&self) -> PoolReport {
-        use super::PoolConfig;
-        let pool = self.pool();
-        let backend = match (&self.inner.cfg.pool, &pool) {
-            (_, Some(p)) => p.name(),
-            (PoolConfig::None, None) => "none",
-            (PoolConfig::LocalDefault | PoolConfig::Local { .. }, None) => "local",
-            (PoolConfig::Backend(b), None) => b.name(),
-            (PoolConfig::Build(f), None) => f.label,
-            (PoolConfig::Mooncake(_), None) => "mooncake",
-        };
-        PoolReport {
-            backend,
-            started: pool.is_some(),
-            health: pool.as_ref().map(|p| p.health()),
-            shared: self.inner.remote.is_some(),
-            remote: self.remote_stats(),
-            index: self.pool_index().map(|i| i.snapshot()),
-            exists_via: pool.as_ref().and_then(|p| p.exists_source()),
-            master_version: pool.as_ref().and_then(|p| p.master_version()),
-            integrity: pool.as_ref().and_then(|p| p.integrity()),
-            mapping_page_bytes: pool.as_ref().and_then(|p| p.mapping_page_bytes()),
-        }
     }
 }

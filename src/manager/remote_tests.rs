@@ -241,7 +241,10 @@ fn an_awaited_lookup_credits_what_a_blocking_one_does() {
         "the prefix ends at the page missing an object"
     );
     let r = b.remote_stats().unwrap();
-    assert_eq!((r.exists_queries, r.exists_keys, r.found_pages), (1, 16, 2));
+    // Credited before the directory knows them: their entries wait for the reply.
+    assert_eq!((r.exists_queries, r.exists_keys, r.found_pages), (1, 16, 0));
+    settle_lookups(&b);
+    assert_eq!(b.remote_stats().unwrap().found_pages, 2);
     assert_eq!(b.pool_origin(ns, &hs[1]), Some(PoolOrigin::FoundInPool));
     // Within the TTL the cache answers: no query to await, and the same credit.
     match b.lookup_begin(ns, &hs).unwrap() {
@@ -375,9 +378,60 @@ fn an_in_sync_index_answers_a_lookup_without_leaving_the_callers_thread() {
         LookupStep::Query(_) => panic!("the index answers: nothing to ask the pool"),
         LookupStep::Blocking => panic!("the index answers on the caller's thread"),
     }
-    let r = b.m.remote_stats().unwrap();
-    assert_eq!((r.exists_queries, r.found_pages), (0, 2));
     let ix = index.snapshot();
     // Probing stops at the page that lacks an object: the fourth is never rendered.
     assert_eq!((ix.index_lookups, ix.index_pages), (1, 3));
+    // The answer needed no directory write: the pages are entered after it.
+    let r = b.m.remote_stats().unwrap();
+    assert_eq!((r.exists_queries, r.found_pages, r.remote_hit_pages), (0, 0, 2));
+    assert!(
+        b.pool_stored_events().is_empty(),
+        "nothing announced before the settling"
+    );
+    // A load that comes before the connection task settles still finds both pages, with
+    // A's bytes, and each is entered (and announced) once.
+    assert_eq!(b.load(&hs[..2]), vec![2, 2]);
+    assert_eq!(b.pool_stored_events(), hs[..2].to_vec());
+    assert_eq!(b.m.remote_stats().unwrap().found_pages, 2);
+    assert_eq!(b.m.pool_origin(b.ns, &hs[1]), Some(PoolOrigin::FoundInPool));
+}
+
+/// Lookups answered on a connection task leave their directory work queued, bounded: past
+/// `MAX_PENDING` a lookup settles everything itself; the settling enters each page once,
+/// and any reader of a page's state (its status, its origin) settles first.
+#[cfg(feature = "daemon")]
+#[test]
+fn the_directory_work_lookups_leave_is_bounded_and_settled_before_anyone_reads_it() {
+    use crate::pool::index::PoolIndex;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = shared_pool(dir.path());
+    let a = node(dir.path(), "a", &pool, Namespace::model("m"));
+    let b = node(dir.path(), "b", &pool, Namespace::model("m"));
+    let hs = hashes(3);
+    a.store_and_share(&hs);
+    let scheme = a.m.key_scheme(a.ns).unwrap();
+    let listing: Vec<String> = hs.iter().flat_map(|h| scheme.page_keys(&layout(), h)).collect();
+    let index = Arc::new(PoolIndex::new(1 << 10));
+    index.begin_resync();
+    assert!(index.finish_resync(listing, std::time::Instant::now()));
+    assert!(b.m.set_pool_index(index));
+    let credit = |hs: &[PageHash]| match b.m.lookup_begin(b.ns, hs).unwrap() {
+        LookupStep::Done(hit) => hit.pool,
+        _ => panic!("the index answers"),
+    };
+    for _ in 0..super::remote::settle::MAX_PENDING {
+        assert_eq!(credit(&hs[..2]), 2);
+    }
+    assert_eq!(b.m.remote_stats().unwrap().found_pages, 0, "all queued");
+    assert_eq!(credit(&hs[..2]), 2, "one past the bound settles everything");
+    assert_eq!(b.m.remote_stats().unwrap().found_pages, 2, "each page entered once");
+    assert_eq!(b.pool_stored_events(), hs[..2].to_vec());
+    // A page's status right after a lookup's answer knows the page.
+    assert_eq!(credit(&hs), 3);
+    let st =
+        b.m.page_status(b.ns, &hs[2])
+            .unwrap()
+            .expect("entered before its status is read");
+    assert!(st.tiers[TierKind::Pool.index()].complete);
+    assert_eq!(b.m.remote_stats().unwrap().found_pages, 3);
 }

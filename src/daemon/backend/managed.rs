@@ -343,6 +343,10 @@ impl Backend for ManagedTiers {
         Ok(self.mgr.lookup_begin(ns, hashes)?)
     }
 
+    fn settle_lookups(&self) {
+        crate::manager::settle_lookups(&self.mgr);
+    }
+
     fn lookup_finish(
         &self,
         _ns: NamespaceId,

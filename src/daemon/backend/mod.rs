@@ -85,6 +85,9 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (ns, hashes);
         Ok(LookupStep::Blocking)
     }
+    /// The directory work that lookups answered on the connection task left for after
+    /// their reply (see [`crate::manager::settle_lookups`]). Default: none.
+    fn settle_lookups(&self) {}
     /// Completes a lookup that [`Backend::lookup_begin`] handed back as a query.
     fn lookup_finish(
         &self,
