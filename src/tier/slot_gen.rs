@@ -4,11 +4,12 @@
 //!
 //! The daemon numbers every allocation of a slot from one counter that never repeats
 //! within an arena file's life (a restart that reopens the arena goes on above the
-//! highest number in the file). Each allocation writes its number twice: in the daemon's
-//! own table (`expected`, in its memory, which no engine can write) and in the slot's
-//! stamp, a `u64` in `<arena>.stamps`, a file beside the arena that engines map as they
-//! map the arena. A store grant carries each slot's number; the client library stamps it
-//! after its copy into the slot is complete. A commit keeps only pages whose stamps still
+//! highest number given, kept in the file's header). Each allocation writes its number
+//! twice: in the daemon's own table (`expected`, in its memory, which no engine can
+//! write) and in the slot's stamp, a `u64` in `<arena>.stamps`, a file beside the
+//! arena that engines map as they map the arena. A store grant carries each slot's
+//! number; the client library stamps it after its copy into the slot is complete. A
+//! commit keeps only pages whose stamps still
 //! hold the numbers granted; a load grant carries them again, and the client library
 //! checks the stamps after its copy out: a page with a stamp that differs is reported not
 //! loaded (the engine recomputes it), never used.
@@ -23,7 +24,10 @@
 //! The cost on the copy path is one 8-byte store per object after a store's copy and
 //! one 8-byte load per object after a load's copy.
 //!
-//! File: `KVTSTMP1`, `u64` slot count (64-byte header), then one `u64` per slot.
+//! File: `KVTSTMP1`, `u64` slot count, `u64` highest number given so far (64-byte
+//! header), then one `u64` per slot. The highest number is kept apart from the stamps:
+//! a late stamp may overwrite the highest one in a slot, and a reopen must not give it
+//! out again.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,6 +139,12 @@ impl SlotStamps {
         Some(unsafe { &*(self.map.as_ptr().add(HEADER + 8 * slot as usize) as *const AtomicU64) })
     }
 
+    /// The highest number given so far (header bytes 16..24).
+    fn high(&self) -> &AtomicU64 {
+        // SAFETY: inside the header, 8-byte aligned, only ever accessed atomically.
+        unsafe { &*(self.map.as_ptr().add(16) as *const AtomicU64) }
+    }
+
     /// Stamps `slot` with `generation`, after the bytes written before it.
     pub fn stamp(&self, slot: u32, generation: u64) {
         if let Some(c) = self.cell(slot) {
@@ -172,7 +182,12 @@ impl Generations {
         let expected: Box<[AtomicU64]> = (0..n)
             .map(|s| AtomicU64::new(if kept { stamps.read(s) } else { 0 }))
             .collect();
-        let top = expected.iter().map(|e| e.load(Ordering::Relaxed)).max().unwrap_or(0);
+        let stamped = expected.iter().map(|e| e.load(Ordering::Relaxed)).max().unwrap_or(0);
+        let top = if kept {
+            stamped.max(stamps.high().load(Ordering::Relaxed))
+        } else {
+            stamped
+        };
         Self {
             stamps,
             expected,
@@ -184,6 +199,7 @@ impl Generations {
     pub fn bump(&self, slot: SlotId) {
         if let Some(e) = self.expected.get(slot.0 as usize) {
             let g = self.next.fetch_add(1, Ordering::Relaxed);
+            self.stamps.high().fetch_max(g, Ordering::Relaxed);
             e.store(g, Ordering::Relaxed);
             self.stamps.stamp(slot.0, g);
         }
