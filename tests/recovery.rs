@@ -5,6 +5,8 @@
 //! with each discard counted in `/metrics`.
 
 mod common;
+#[path = "recovery/fence.rs"]
+mod fence;
 #[path = "security/serve.rs"]
 mod serve;
 

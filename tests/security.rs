@@ -4,6 +4,7 @@
 //! 65534 (`nobody`) and need root: they skip loudly without it, and fail where
 //! `KVTIER_REQUIRE` lists `root`. Slot size, arena size and the manifest: tests/recovery.rs.
 
+mod cluster_support;
 mod common;
 #[path = "security/events_default.rs"]
 mod events_default;
@@ -11,6 +12,8 @@ mod events_default;
 mod fake_daemon;
 #[path = "security/mooncake_paths.rs"]
 mod mooncake_paths;
+#[path = "security/pool_geometry.rs"]
+mod pool_geometry;
 #[path = "security/serve.rs"]
 mod serve;
 

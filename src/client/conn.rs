@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use crate::protocol::{ArenaInfo, ErrorCode, FrameError, Request, Response, frame, read_frame};
 use crate::tier::host::{ArenaOptions, HostArena};
+use crate::tier::slot_gen::{SlotStamps, stamps_path};
 
 use super::{ClientConfig, ClientError};
 use crate::paths::{self, ArenaRefusal};
@@ -49,6 +50,11 @@ fn arena_identity(path: &std::path::Path, expected: u32) -> Result<(u64, u64), C
 pub(super) struct Conn {
     raw: RawConn,
     pub arena: Arc<HostArena>,
+    /// The arena's slot stamps (`crate::tier::slot_gen`); `None` from a daemon that
+    /// keeps none (its grants carry generation 0, never checked).
+    pub stamps: Option<Arc<SlotStamps>>,
+    /// Store plans of this connection still alive (a copy into their slots may run).
+    pub plans: Arc<std::sync::atomic::AtomicUsize>,
     pub arena_info: ArenaInfo,
     pub objects: Vec<u16>,
     pub connection: u64,
@@ -139,13 +145,35 @@ impl Conn {
                 arena_path.display()
             )));
         }
+        let stamps = Self::stamps(arena_path, arena.slots(), expected)?;
         Ok(Self {
             raw,
+            stamps,
+            plans: Arc::default(),
             arena: Arc::new(arena),
             arena_info,
             objects,
             connection,
         })
+    }
+
+    /// The stamps beside the arena at `arena`, held to the arena's rules; `None` when
+    /// there are none.
+    fn stamps(arena: &std::path::Path, slots: u32, expected: u32) -> Result<Option<Arc<SlotStamps>>, ClientError> {
+        let path = stamps_path(arena);
+        let before = match arena_identity(&path, expected) {
+            Err(ClientError::Unavailable(_)) if !path.exists() => return Ok(None),
+            other => other?,
+        };
+        let stamps = SlotStamps::open(&path, slots)
+            .map_err(|e| ClientError::Unavailable(format!("slot stamps {}: {e}", path.display())))?;
+        if arena_identity(&path, expected)? != before {
+            return Err(ClientError::Protocol(format!(
+                "slot stamps {} changed while they were being mapped",
+                path.display()
+            )));
+        }
+        Ok(stamps.map(Arc::new))
     }
 
     /// One request, one response. Any error here leaves the connection unusable.

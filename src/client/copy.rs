@@ -52,6 +52,8 @@ impl Client {
             }
         }
         dev.copy_to_host(&mut batch)?;
+        // After the bytes: a commit (and every load) checks these.
+        super::fence::stamp(plan.stamps.as_deref(), plan.pages.iter().map(|p| p.slots.as_slice()));
         Ok(vec![true; plan.pages.len()])
     }
 

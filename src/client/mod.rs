@@ -9,6 +9,7 @@
 
 mod conn;
 mod copy;
+mod fence;
 mod routing;
 
 pub use crate::paths::{default_socket, runtime_dir};
@@ -29,6 +30,7 @@ use crate::protocol::{
 };
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
+use crate::tier::slot_gen::SlotStamps;
 use crate::wire::PrefixHit;
 
 use conn::Conn;
@@ -119,6 +121,9 @@ pub struct StorePlan {
     /// Pages (by position in the request) whose objects this rank must write.
     pub pages: Vec<GrantPage>,
     arena: Arc<HostArena>,
+    stamps: Option<Arc<SlotStamps>>,
+    /// Counted on its connection while alive (restart fencing: see `fence`).
+    _live: fence::Live,
 }
 
 /// What a finished store did.
@@ -132,12 +137,22 @@ pub struct StoreReceipt {
     pub complete: u32,
 }
 
+/// What a transfer works on: the arena, its stamps, and its plan's place on the
+/// connection ([`fence::Live`]).
+type Mapped = (Arc<HostArena>, Option<Arc<SlotStamps>>, fence::Live);
+
 /// The rank of a connected client.
 pub struct Client {
     cfg: ClientConfig,
     layout: Layout,
     conn: Mutex<Option<Conn>>,
     device: RwLock<Option<Arc<dyn DeviceRegion>>>,
+    /// This library's restart-fence token (see `fence`).
+    token: u64,
+    /// Live-plan counts of earlier connections that still had plans alive.
+    stale: Mutex<Vec<Arc<std::sync::atomic::AtomicUsize>>>,
+    /// A `Fence` with `done` is still to be sent.
+    owes_done: std::sync::atomic::AtomicBool,
 }
 
 impl Client {
@@ -150,6 +165,9 @@ impl Client {
             layout,
             conn: Mutex::new(None),
             device: RwLock::new(None),
+            token: fence::new_token(),
+            stale: Mutex::new(Vec::new()),
+            owes_done: Default::default(),
         };
         c.call(Request::Ping { payload: Vec::new() })?;
         Ok(c)
@@ -172,6 +190,12 @@ impl Client {
     }
 
     fn ensure<'a>(&self, slot: &'a mut Option<Conn>) -> Result<&'a mut Conn, ClientError> {
+        if let Some(c) = slot.as_mut()
+            && self.may_say_done()
+            && self.announce(c).is_err()
+        {
+            self.retire(slot.take());
+        }
         if slot.is_none() {
             let hello = Request::Connect {
                 identity: self.cfg.identity.clone(),
@@ -183,6 +207,8 @@ impl Client {
             if let Some(dev) = self.device.read().as_deref() {
                 Self::pin_arena(&conn.arena, dev)?;
             }
+            let mut conn = conn;
+            self.announce(&mut conn)?;
             *slot = Some(conn);
         }
         slot.as_mut()
@@ -204,7 +230,7 @@ impl Client {
                 Ok(Response::Error(e)) => return Err(ClientError::Remote(e)),
                 Ok(r) => return Ok(r),
                 Err(e) => {
-                    *guard = None;
+                    self.retire(guard.take());
                     if !(retry && matches!(e, ClientError::Unavailable(_))) {
                         return Err(e);
                     }
@@ -234,6 +260,13 @@ impl Client {
     fn arena_map(&self) -> Result<Arc<HostArena>, ClientError> {
         let mut guard = self.conn.lock();
         Ok(self.ensure(&mut guard)?.arena.clone())
+    }
+
+    /// The arena, its stamps, and a store plan counted on the connection.
+    fn mapped(&self) -> Result<Mapped, ClientError> {
+        let mut guard = self.conn.lock();
+        let c = self.ensure(&mut guard)?;
+        Ok((c.arena.clone(), c.stamps.clone(), fence::Live::new(&c.plans)))
     }
 
     /// Registers this rank's device region; copies go through it from now on.
@@ -271,12 +304,18 @@ impl Client {
 
     /// Asks for slots to store this rank's objects of `hashes`.
     pub fn begin_store(&self, hashes: &[PageHash], session: &str) -> Result<StorePlan, ClientError> {
-        let arena = self.arena_map()?;
+        let (arena, stamps, live) = self.mapped()?;
         match self.call(Request::Store {
             hashes: hashes.to_vec(),
             session: session.into(),
         })? {
-            Response::StoreGrant { grant, pages } => Ok(StorePlan { grant, pages, arena }),
+            Response::StoreGrant { grant, pages } => Ok(StorePlan {
+                grant,
+                pages,
+                arena,
+                stamps,
+                _live: live,
+            }),
             r => Err(Self::unexpected(r)),
         }
     }
@@ -326,7 +365,7 @@ impl Client {
         if hashes.len() != device_slots.len() {
             return Err(ClientError::BadInput("one device slot per page hash".into()));
         }
-        let arena = self.arena_map()?;
+        let (arena, stamps, _) = self.mapped()?;
         // The daemon must answer before this call times out, so waits are bounded by it.
         let budget = self.cfg.timeout.saturating_sub(Duration::from_millis(100)).as_millis() as u32;
         let wait = match wait {
@@ -342,11 +381,27 @@ impl Client {
             r => return Err(Self::unexpected(r)),
         };
         let copied = self.read_pages(&arena, &pages, device_slots);
-        let loaded = if copied.is_ok() { pages.len() as u32 } else { 0 };
-        let done = self.call(Request::LoadDone { grant, loaded });
+        // Only pages whose slots still hold the generations granted count as loaded (a
+        // late copy of an earlier grant stamped its own): the rest are missing.
+        let loaded = if copied.is_ok() {
+            fence::held(stamps.as_deref(), &pages)
+        } else {
+            0
+        };
+        if copied.is_ok() && loaded < pages.len() {
+            tracing::warn!(
+                loaded,
+                granted = pages.len(),
+                "a loaded page's slot was stamped by another grant's copy; it is reported missing"
+            );
+        }
+        let done = self.call(Request::LoadDone {
+            grant,
+            loaded: loaded as u32,
+        });
         copied?;
         done?;
-        Ok(pages.len())
+        Ok(loaded)
     }
 
     pub fn poll(&self, ticket: u64) -> Result<TicketStatus, ClientError> {

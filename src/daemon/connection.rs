@@ -434,6 +434,7 @@ fn release(shared: &Shared, conn: &mut Conn) {
     for g in conn.load_grants.drain() {
         let _ = shared.backend.finish_load(g, 0);
     }
+    shared.backend.forget_conn(conn.id);
     if let Some(rank) = conn.rank.take() {
         shared.ranks.lock().remove(&conn.id);
         let mut inst = shared.instances.lock();

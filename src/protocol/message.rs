@@ -94,6 +94,15 @@ pub enum Request {
         output_length: u64,
         hashes: Vec<PageHash>,
     },
+    /// The client library's restart-fence token (random, the same for the library's
+    /// whole life, across reconnects), sent after `Connect`: the daemon marks the slots
+    /// of this connection's store grants with it. `done`: no copy into a slot of a grant
+    /// of an earlier connection is still running (each finished or was abandoned), so
+    /// the slots a restarted daemon quarantined for this token may be freed now.
+    Fence {
+        token: u64,
+        done: bool,
+    },
 }
 
 /// The daemon's answer to one request.
@@ -145,7 +154,7 @@ kinds! {
     ABORT = 0x06, LOAD = 0x07, LOAD_DONE = 0x08, POLL = 0x09, WAIT = 0x0a, REMOVED = 0x0b,
     SESSION = 0x0c, HINT = 0x0d, STATS = 0x0e, PING = 0x0f, TAKE_ADVICE = 0x10, TOKENS = 0x11,
     KV_HINTS = 0x12,
-    REQUEST_END = 0x1c,
+    REQUEST_END = 0x1c, FENCE = 0x1d,
     R_CONNECTED = 0x81, R_OK = 0x82, R_LOOKUP = 0x83, R_STORE_GRANT = 0x84, R_COMMITTED = 0x85,
     R_LOAD_GRANT = 0x86, R_TICKET = 0x87, R_HINT = 0x88, R_STATS = 0x89, R_PONG = 0x8a,
     R_ADVICE = 0x8b, R_KV_HINTS = 0x8c, R_ERROR = 0xff,
@@ -205,6 +214,7 @@ impl Request {
             Request::Tokens { .. } => TOKENS,
             Request::KvHints { .. } => KV_HINTS,
             Request::RequestEnd { .. } => REQUEST_END,
+            Request::Fence { .. } => FENCE,
         }
     }
 
@@ -288,6 +298,10 @@ impl Request {
                 w.u64(*output_length);
                 w.hashes(hashes);
             }
+            Request::Fence { token, done } => {
+                w.u64(*token);
+                w.bool(*done);
+            }
         }
     }
 
@@ -321,6 +335,10 @@ impl Request {
             kind::LOAD => Request::Load {
                 hashes: r.hashes(MAX_PAGES)?,
                 wait: LoadWait::decode(&mut r)?,
+            },
+            kind::FENCE => Request::Fence {
+                token: r.u64()?,
+                done: r.bool()?,
             },
             kind::LOAD_DONE => Request::LoadDone {
                 grant: r.u64()?,

@@ -83,7 +83,11 @@ fn hint() -> impl Strategy<Value = Hint> {
 
 fn slots() -> impl Strategy<Value = Vec<ObjectSlot>> {
     prop::collection::vec(
-        (any::<u16>(), any::<u32>()).prop_map(|(object, slot)| ObjectSlot { object, slot }),
+        (any::<u16>(), any::<u32>(), any::<u64>()).prop_map(|(object, slot, generation)| ObjectSlot {
+            object,
+            slot,
+            generation,
+        }),
         0..5,
     )
 }
@@ -157,6 +161,7 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::Stats),
         prop::collection::vec(any::<u8>(), 0..64).prop_map(|payload| Request::Ping { payload }),
         (1..=MAX_PAGES as u32).prop_map(|max_pages| Request::TakeAdvice { max_pages }),
+        (any::<u64>(), any::<bool>()).prop_map(|(token, done)| Request::Fence { token, done }),
     ]
 }
 

@@ -170,6 +170,10 @@ pub struct ObjectSlot {
     pub object: u16,
     /// The arena slot.
     pub slot: u32,
+    /// The slot's generation when the daemon granted it (0: unchecked). A store's writer
+    /// stamps it beside the slot after its copy; a load checks the stamp after its copy
+    /// (see `crate::tier::slot_gen`).
+    pub generation: u64,
 }
 
 pub(crate) fn encode_slots(w: &mut Writer, slots: &[ObjectSlot]) {
@@ -177,16 +181,18 @@ pub(crate) fn encode_slots(w: &mut Writer, slots: &[ObjectSlot]) {
     for s in slots {
         w.u16(s.object);
         w.u32(s.slot);
+        w.u64(s.generation);
     }
 }
 
 pub(crate) fn decode_slots(r: &mut Reader) -> Result<Vec<ObjectSlot>, DecodeError> {
-    let n = r.count("object slots", crate::layout::MAX_OBJECTS_PER_PAGE, 6)?;
+    let n = r.count("object slots", crate::layout::MAX_OBJECTS_PER_PAGE, 14)?;
     (0..n)
         .map(|_| {
             Ok(ObjectSlot {
                 object: r.u16()?,
                 slot: r.u32()?,
+                generation: r.u64()?,
             })
         })
         .collect()

@@ -149,6 +149,8 @@ pub struct HostArena {
     slots: u32,
     free: Mutex<FreeList>,
     report: MapReport,
+    /// The daemon's slot generations (`super::slot_gen`): every allocation is numbered.
+    gens: std::sync::OnceLock<std::sync::Arc<super::slot_gen::Generations>>,
 }
 
 /// How many `slot_bytes` slots fit in `capacity`: slots are a non-zero multiple of 64
@@ -318,6 +320,7 @@ impl HostArena {
             slots,
             free: Mutex::new(FreeList::new(slots)),
             report,
+            gens: std::sync::OnceLock::new(),
         })
     }
 
@@ -348,12 +351,25 @@ impl HostArena {
 
     /// Allocates one slot, O(1).
     pub fn alloc(&self) -> Option<SlotId> {
-        self.free.lock().pop().map(SlotId)
+        let s = self.free.lock().pop().map(SlotId)?;
+        self.generations().inspect(|g| g.bump(s));
+        Some(s)
     }
 
     /// Allocates `n` slots, all or none.
     pub fn alloc_n(&self, n: usize) -> Option<Vec<SlotId>> {
-        Some(self.free.lock().pop_n(n)?.into_iter().map(SlotId).collect())
+        let slots: Vec<SlotId> = self.free.lock().pop_n(n)?.into_iter().map(SlotId).collect();
+        self.generations().inspect(|g| slots.iter().for_each(|&s| g.bump(s)));
+        Some(slots)
+    }
+
+    /// Numbers every allocation from now on through `gens` (the daemon's arena, once).
+    pub fn attach_generations(&self, gens: std::sync::Arc<super::slot_gen::Generations>) {
+        let _ = self.gens.set(gens);
+    }
+
+    pub fn generations(&self) -> Option<&super::slot_gen::Generations> {
+        self.gens.get().map(|g| g.as_ref())
     }
 
     /// Takes a specific slot out of the free stack (recovery after a restart), O(1):

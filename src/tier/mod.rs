@@ -12,6 +12,7 @@ pub mod device;
 pub mod host;
 pub mod mapping;
 pub mod private;
+pub mod slot_gen;
 pub(crate) mod stream;
 pub mod tensors;
 

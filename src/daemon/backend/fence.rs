@@ -1,59 +1,83 @@
 //! Restart fencing: host slots that an open store grant held when the daemon died are not
-//! handed out again until the fence timeout has passed.
+//! handed out again until that grant's engine has reconnected and said it is done, or the
+//! fence timeout has passed.
 //!
 //! An engine copies into its granted slots through its own mapping of the arena file. A
 //! daemon that dies and reopens the same file (recovery) would otherwise grant those slots
 //! to other pages while the engine's copy is still landing: the late bytes would become
 //! another page's. So every slot of an open store grant is marked in `arena.fence` beside
-//! the arena (one byte per slot, updated in place in a shared mapping, so a SIGKILL keeps
-//! the marks), and cleared when the grant is committed or aborted. A restarted daemon that
-//! reopened the arena takes the marked slots that no recovered page holds out of the free
-//! list (quarantine): a late copy lands there, harming nothing. When `fence_timeout` has
-//! passed they are freed. A daemon that starts a fresh arena fences nothing: the old file
-//! is unlinked and a late copy lands in the old inode.
+//! the arena (the fence token of the client library that holds it, updated in place in a
+//! shared mapping, so a SIGKILL keeps the marks), and cleared when the grant is committed
+//! or aborted. A restarted daemon that reopened the arena takes the marked slots that no
+//! recovered page holds out of the free list (quarantine): a late copy lands there,
+//! harming nothing. A library that reconnects sends its token with `done` once no copy of
+//! an earlier connection's grant is still running: its slots are freed then. When
+//! `fence_timeout` has passed the rest are freed. A daemon that starts a fresh arena
+//! fences nothing: the old file is unlinked and a late copy lands in the old inode.
 //!
-//! File: `KVTFENC1`, `u64` slot size, `u64` slot count (64-byte header), then one byte per
-//! slot (1: held by a store grant).
+//! The fence also starts the arena's slot generations (`crate::tier::slot_gen`), which
+//! guard against what a quarantine leaves.
+//!
+//! File: `KVTFENC2`, `u64` slot size, `u64` slot count (64-byte header), then one `u64`
+//! per slot: 0 free, else the token of the library whose store grant holds it
+//! ([`UNKNOWN`] when its connection sent none). `KVTFENC1` files (one byte per slot, no
+//! owner) are read as marks of unknown owners.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::tier::host::{HostArena, SlotId};
 
-const MAGIC: &[u8; 8] = b"KVTFENC1";
+use crate::tier::slot_gen::{Generations, SlotStamps, stamps_path};
+
+const MAGIC: &[u8; 8] = b"KVTFENC2";
+const MAGIC_V1: &[u8; 8] = b"KVTFENC1";
 const HEADER: usize = 64;
+/// The mark of a slot whose grant's connection sent no fence token: only the timeout
+/// frees it.
+pub(super) const UNKNOWN: u64 = u64::MAX;
 
 /// What an earlier life left marked, read before the arena is reopened.
 #[derive(Debug, Default)]
 pub(super) struct Marked {
     slot_bytes: u64,
-    slots: Vec<u32>,
+    /// (slot, token of its grant's library).
+    slots: Vec<(u32, u64)>,
 }
 
 /// The fence of a live arena.
 #[derive(Debug)]
 pub(super) struct Fence {
     path: PathBuf,
+    /// The arena's group, for the stamps file.
+    group: Option<u32>,
     map: Option<MmapRaw>,
     slots: u32,
-    /// Slots quarantined from the earlier life, and when they go free.
-    quarantined: Vec<SlotId>,
+    /// Slots quarantined from the earlier life (with their library's token), and when
+    /// they go free.
+    quarantined: Vec<(SlotId, u64)>,
     until: Option<Instant>,
+    /// The fence token each live connection sent.
+    tokens: HashMap<u64, u64>,
 }
 
 // SAFETY: the mapping is written only through `&mut self` (the backend's fence mutex).
 unsafe impl Send for Fence {}
 
 impl Fence {
-    pub fn new(path: PathBuf) -> Self {
+    pub fn new(path: PathBuf, group: Option<u32>) -> Self {
         Self {
             path,
+            group,
             map: None,
             slots: 0,
             quarantined: Vec::new(),
             until: None,
+            tokens: HashMap::new(),
         }
     }
 
@@ -64,26 +88,44 @@ impl Fence {
             return Marked::default();
         };
         let mut bytes = Vec::new();
-        if std::io::Read::read_to_end(&mut f, &mut bytes).is_err() || bytes.len() < HEADER || &bytes[..8] != MAGIC {
+        if std::io::Read::read_to_end(&mut f, &mut bytes).is_err() || bytes.len() < HEADER {
             return Marked::default();
         }
+        let width = match &bytes[..8] {
+            m if m == MAGIC => 8,
+            m if m == MAGIC_V1 => 1,
+            _ => return Marked::default(),
+        };
         let slot_bytes = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or_default());
         let slots = u64::from_le_bytes(bytes[16..24].try_into().unwrap_or_default());
-        if bytes.len() as u64 != HEADER as u64 + slots {
+        if bytes.len() as u64 != HEADER as u64 + slots * width as u64 {
             return Marked::default();
         }
+        let mark = |s: usize| {
+            let at = HEADER + s * width;
+            match width {
+                8 => u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default()),
+                _ => (bytes[at] != 0) as u64 * UNKNOWN,
+            }
+        };
         Marked {
             slot_bytes,
-            slots: (0..slots as u32).filter(|&s| bytes[HEADER + s as usize] != 0).collect(),
+            slots: (0..slots as usize)
+                .filter_map(|s| Some((s as u32, mark(s))).filter(|&(_, t)| t != 0))
+                .collect(),
         }
     }
 
-    /// Starts the fence of `arena` with a fresh file. With `earlier` (the arena was
-    /// reopened, of the same slot size), its marked slots that are still free are taken
-    /// out of the free list until `timeout` from now, and stay marked in the new file.
+    /// Starts the fence of `arena` with a fresh file, and the arena's slot generations.
+    /// With `earlier` (the arena was reopened, of the same slot size), its marked slots
+    /// that are still free are taken out of the free list until `timeout` from now, and
+    /// stay marked in the new file.
     pub fn attach(&mut self, arena: &HostArena, earlier: Option<Marked>, timeout: Duration) -> std::io::Result<()> {
         let slots = arena.slots();
-        let len = HEADER as u64 + slots as u64;
+        let (stamps, kept) = SlotStamps::create(&stamps_path(arena.path()), slots, self.group, earlier.is_some())
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        arena.attach_generations(Arc::new(Generations::new(stamps, kept)));
+        let len = HEADER as u64 + 8 * slots as u64;
         let file = crate::tier::private::replace(&self.path).map_err(|e| std::io::Error::other(e.to_string()))?;
         file.set_len(len)?;
         let map = MmapOptions::new().len(len as usize).map_raw(&file)?;
@@ -95,9 +137,14 @@ impl Fence {
         self.map = Some(map);
         self.slots = slots;
         if let Some(m) = earlier.filter(|m| m.slot_bytes == arena.slot_bytes() as u64) {
-            self.quarantined = m.slots.into_iter().map(SlotId).filter(|&s| arena.claim(s)).collect();
-            for s in self.quarantined.clone() {
-                self.set(s, true);
+            self.quarantined = m
+                .slots
+                .into_iter()
+                .map(|(s, t)| (SlotId(s), t))
+                .filter(|&(s, _)| arena.claim(s))
+                .collect();
+            for (s, t) in self.quarantined.clone() {
+                self.set(s, t);
             }
             if !self.quarantined.is_empty() {
                 self.until = Some(Instant::now() + timeout);
@@ -111,23 +158,57 @@ impl Fence {
         Ok(())
     }
 
-    fn set(&mut self, slot: SlotId, held: bool) {
+    fn set(&mut self, slot: SlotId, token: u64) {
         let Some(map) = &self.map else { return };
         if slot.0 >= self.slots {
             return;
         }
+        let at = HEADER + 8 * slot.0 as usize;
         // SAFETY: inside the mapping (checked above); only `&mut self` writes it.
-        unsafe { *map.as_mut_ptr().add(HEADER + slot.0 as usize) = held as u8 };
+        unsafe { std::ptr::copy_nonoverlapping(token.to_le_bytes().as_ptr(), map.as_mut_ptr().add(at), 8) };
     }
 
-    /// Marks the slots of a store grant before the engine learns them.
-    pub fn hold(&mut self, slots: impl IntoIterator<Item = SlotId>) {
-        slots.into_iter().for_each(|s| self.set(s, true));
+    /// Connection `conn`'s library sent its fence `token`; with `done`, frees the slots
+    /// quarantined for that token (no copy of its earlier grants is still running).
+    /// Returns how many were freed.
+    pub fn engine(&mut self, arena: Option<&HostArena>, conn: u64, token: u64, done: bool) -> usize {
+        if token == 0 || token == UNKNOWN {
+            return 0;
+        }
+        self.tokens.insert(conn, token);
+        let Some(arena) = arena.filter(|_| done) else { return 0 };
+        let (freed, kept): (Vec<_>, Vec<_>) = self.quarantined.iter().partition(|&&(_, t)| t == token);
+        self.quarantined = kept;
+        for &(s, _) in &freed {
+            self.set(s, 0);
+        }
+        arena.free_all(freed.iter().map(|&(s, _)| s));
+        if self.quarantined.is_empty() {
+            self.until = None;
+        }
+        if !freed.is_empty() {
+            tracing::info!(
+                slots = freed.len(),
+                "an engine reconnected with no copy of its earlier grants running; its quarantined host slots are free again"
+            );
+        }
+        freed.len()
+    }
+
+    /// Connection `conn` closed.
+    pub fn forget(&mut self, conn: u64) {
+        self.tokens.remove(&conn);
+    }
+
+    /// Marks the slots of a store grant of connection `conn` before the engine learns them.
+    pub fn hold(&mut self, conn: u64, slots: impl IntoIterator<Item = SlotId>) {
+        let token = self.tokens.get(&conn).copied().unwrap_or(UNKNOWN);
+        slots.into_iter().for_each(|s| self.set(s, token));
     }
 
     /// Clears the marks of a grant committed or aborted.
     pub fn release(&mut self, slots: impl IntoIterator<Item = SlotId>) {
-        slots.into_iter().for_each(|s| self.set(s, false));
+        slots.into_iter().for_each(|s| self.set(s, 0));
     }
 
     /// Slots in quarantine now.
@@ -138,7 +219,10 @@ impl Fence {
     /// Frees the quarantined slots once the fence timeout has passed.
     pub fn expire(&mut self, arena: &HostArena) {
         if self.until.is_some_and(|t| Instant::now() >= t) {
-            let slots = std::mem::take(&mut self.quarantined);
+            let slots: Vec<SlotId> = std::mem::take(&mut self.quarantined)
+                .into_iter()
+                .map(|(s, _)| s)
+                .collect();
             tracing::info!(
                 slots = slots.len(),
                 "fence timeout passed; quarantined host slots are free again"
@@ -148,4 +232,24 @@ impl Fence {
             self.until = None;
         }
     }
+}
+
+/// The protocol's slot of `object` in `slot`, with the generation it was allocated at.
+pub(super) fn object_slot(arena: Option<&HostArena>, object: usize, slot: SlotId) -> crate::protocol::ObjectSlot {
+    crate::protocol::ObjectSlot {
+        object: object as u16,
+        slot: slot.0,
+        generation: arena.and_then(HostArena::generations).map_or(0, |g| g.expected(slot)),
+    }
+}
+
+/// Whether every slot of a page a store grant wrote still holds the generation it was
+/// granted at (a late copy of an earlier grant stamped its own after its bytes).
+pub(super) fn stamped(arena: &HostArena, objects: &[(usize, SlotId)]) -> bool {
+    let Some(g) = arena.generations() else { return true };
+    let held = objects.iter().all(|&(_, s)| g.holds(s));
+    if !held {
+        tracing::warn!("a stored page's slot was stamped by another grant's copy; the page is not kept");
+    }
+    held
 }

@@ -29,7 +29,7 @@ use crate::tier::host::{ArenaOptions, HostArena, SlotId};
 use crate::tier::private::{self, OwnerLock};
 use crate::wire::PrefixHit;
 
-use super::fence::Fence;
+use super::fence::{self, Fence};
 use super::journal::{Journal, Recovered};
 use super::manifest::ObjectRecord;
 use super::tickets::Tickets;
@@ -179,7 +179,7 @@ impl ManagedTiers {
         let mut journal = Journal::new(cfg.arena_path.with_extension("manifest"));
         let fence_path = cfg.arena_path.with_extension("fence");
         let marked = Fence::read_marked(&fence_path);
-        let mut fence = Fence::new(fence_path);
+        let mut fence = Fence::new(fence_path, cfg.arena.group);
         let recovered = if cfg.recover {
             journal.recover(&mgr, &cfg.arena_path, cfg.slot_bytes)?
         } else {
@@ -331,6 +331,14 @@ impl Backend for ManagedTiers {
         })
     }
 
+    fn fence_engine(&self, conn: u64, token: u64, done: bool) -> usize {
+        self.fence.lock().engine(self.mgr.arena().as_deref(), conn, token, done)
+    }
+
+    fn forget_conn(&self, conn: u64) {
+        self.fence.lock().forget(conn);
+    }
+
     fn discovers_remotely(&self) -> bool {
         self.mgr.discovers_remotely()
     }
@@ -385,16 +393,14 @@ impl Backend for ManagedTiers {
         for (i, p) in g.pages.iter().enumerate() {
             match p.status {
                 StoreStatus::Write => {
+                    let arena = self.mgr.arena();
+                    let slots = p
+                        .objects
+                        .iter()
+                        .map(|&(o, s)| fence::object_slot(arena.as_deref(), o, s));
                     out.push(GrantPage {
                         index: i as u32,
-                        slots: p
-                            .objects
-                            .iter()
-                            .map(|&(o, s)| ObjectSlot {
-                                object: o as u16,
-                                slot: s.0,
-                            })
-                            .collect(),
+                        slots: slots.collect(),
                     });
                     pages.push((i, p.objects.clone()));
                 }
@@ -407,9 +413,10 @@ impl Backend for ManagedTiers {
             return Err(BackendError::NoSpace);
         }
         // Marked before the engine learns the slots: a restart fences them.
-        self.fence
-            .lock()
-            .hold(pages.iter().flat_map(|(_, objects)| objects.iter().map(|&(_, s)| s)));
+        self.fence.lock().hold(
+            owner,
+            pages.iter().flat_map(|(_, objects)| objects.iter().map(|&(_, s)| s)),
+        );
         self.stores.lock().insert(
             g.id,
             StoreInfo {
@@ -441,6 +448,8 @@ impl Backend for ManagedTiers {
         let mut flags = vec![false; info.hashes.len()];
         let mut recs = Vec::new();
         for ((i, objects), &ok) in info.pages.iter().zip(written) {
+            // A page whose slot stamps changed since the grant is not kept (a late copy).
+            let ok = ok && fence::stamped(&arena, objects);
             flags[*i] = ok;
             if !ok {
                 continue;
@@ -515,19 +524,9 @@ impl Backend for ManagedTiers {
             // Wait only while the next page is on its way (another rank holds part of it).
             let pending = n < hashes.len() && self.host_state(ns, &hashes[n]).1;
             if !pending || Instant::now() >= deadline {
-                let pages = g
-                    .pages
-                    .iter()
-                    .map(|p| {
-                        p.objects
-                            .iter()
-                            .map(|&(o, s, _)| ObjectSlot {
-                                object: o as u16,
-                                slot: s.0,
-                            })
-                            .collect()
-                    })
-                    .collect();
+                let arena = self.mgr.arena();
+                let slot = |&(o, s, _): &_| fence::object_slot(arena.as_deref(), o, s);
+                let pages = g.pages.iter().map(|p| p.objects.iter().map(slot).collect()).collect();
                 return Ok((g.id, pages));
             }
             self.mgr.finish_load(g.id, 0)?;

@@ -126,6 +126,13 @@ pub trait Backend: Send + Sync + 'static {
         wait: LoadWait,
         owner: u64,
     ) -> Result<(u64, Vec<Vec<ObjectSlot>>), BackendError>;
+    /// Connection `conn`'s client library sent its restart-fence token; `done`: no copy
+    /// of its earlier grants is still running. Returns the quarantined slots freed.
+    fn fence_engine(&self, _conn: u64, _token: u64, _done: bool) -> usize {
+        0
+    }
+    /// Connection `conn` closed (after its grants were given back).
+    fn forget_conn(&self, _conn: u64) {}
     /// Ends a load: the first `loaded` pages are now on the rank's device.
     fn finish_load(&self, grant: u64, loaded: usize) -> Result<(), BackendError>;
     /// A ticket's status, waiting up to `timeout` for it to finish.

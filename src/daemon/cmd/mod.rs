@@ -57,6 +57,7 @@ pub(crate) fn blocks(req: &Request, remote: bool) -> bool {
         | Request::TakeAdvice { .. }
         | Request::Stats
         | Request::Tokens { .. }
+        | Request::Fence { .. }
         | Request::Ping { .. } => false,
     }
 }
@@ -128,6 +129,10 @@ fn run(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Response, Backe
         Request::TakeAdvice { max_pages } => Ok(advice::take_advice(shared, rank(conn)?, max_pages)),
         Request::Tokens { parent, hashes, tokens } => tokens::tokens(shared, rank(conn)?, parent, &hashes, &tokens),
         Request::KvHints { envelope } => hint::kv_hints(shared, rank(conn)?, &envelope),
+        Request::Fence { token, done } => {
+            shared.backend.fence_engine(conn.id, token, done);
+            Ok(Response::Ok)
+        }
         Request::Connect { .. } | Request::Ping { .. } | Request::Stats => unreachable_request(),
     }
 }
