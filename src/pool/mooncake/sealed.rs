@@ -90,9 +90,12 @@ pub(super) fn par_each<T: Send>(jobs: &mut [T], bytes: impl Fn(&T) -> usize, f: 
     });
 }
 
-/// Most parts of one sealed batch in flight at once. The helper runs requests on several
-/// workers, so a part's MACs are computed or checked while other parts are on the wire.
-const PARTS_IN_FLIGHT: usize = 4;
+/// Most parts of one sealed batch in flight at once: one. A part's thread waits on the
+/// master, and a trickling master must hold no thread beyond the caller's place in the
+/// daemon's bounded blocking pool (tests/mooncake_trickle.rs counts them); parts in
+/// flight on threads of their own held up to four more per call. [`run_parts`] keeps
+/// the concurrent form for a bounded pool of part workers, which is not built.
+const PARTS_IN_FLIGHT: usize = 1;
 
 /// Runs `f` on every part, on up to `threads` threads that take the parts in order
 /// (inline, one after another, for one thread or one part); each part's result, `None`
@@ -303,20 +306,22 @@ impl MooncakePool {
         par: bool,
     ) -> Vec<Result<(), PoolError>> {
         let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
-        // The existence query waits on the master while this thread hashes. An answer
-        // that is an error puts the object: the put reports the outage.
+        // A scoped thread hashes while this thread's existence query waits on the master:
+        // the hashing ends in bounded time, so a master that trickles holds this thread
+        // only, never one outside the daemon's blocking pool. An answer that is an error
+        // puts the object: the put reports the outage.
         let taken: Vec<usize> = std::thread::scope(|s| {
-            let asked = s.spawn(|| self.batch_exists(&keys));
-            seal_tails(mac, &mut seals, par);
-            asked.join().map_or_else(
-                |_| Vec::new(),
-                |e| {
-                    e.into_iter()
-                        .enumerate()
-                        .filter_map(|(i, e)| matches!(e, Ok(true)).then_some(i))
-                        .collect()
-                },
-            )
+            let sealing = s.spawn(|| seal_tails(mac, &mut seals, par));
+            let asked = self.batch_exists(&keys);
+            if let Err(panic) = sealing.join() {
+                // No object of this part is put unsealed: the part fails as a whole.
+                std::panic::resume_unwind(panic);
+            }
+            asked
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, e)| matches!(e, Ok(true)).then_some(i))
+                .collect()
         });
         if taken.is_empty() {
             let all: Vec<usize> = (0..items.len()).collect();
