@@ -7,8 +7,8 @@
 //! slot; a get lands `len + 32` bytes in the slot and checks them there, before the call
 //! returns, so no caller ever sees a slot whose MAC failed as loaded. Other objects go
 //! through the staging region, copied and hashed there. A batch is cut into parts of
-//! [`PART_BYTES`] that run concurrently, so one part is hashed while others are on the
-//! wire; a batch of a single part hashes on several threads ([`par_each`]).
+//! [`PART_BYTES`], run one after another on the calling thread; a part hashes on several
+//! threads ([`par_each`]) while its existence query waits on the master.
 //!
 //! An object that fails its MAC is a miss (`NotFound`), is counted, and is removed from
 //! the store, so neither this daemon's lookups nor a peer's credit it again. A put first
@@ -30,10 +30,9 @@ const PAR_MIN_BYTES: usize = 1 << 20;
 /// Most threads one batch's MACs use.
 const PAR_MAX_THREADS: usize = 8;
 
-/// Bytes of one part of a sealed batch. Parts run concurrently ([`run_parts`]), each one
-/// request to the helper: a part is hashed while others are on the wire. Each request
-/// costs the wheel a round of master calls, so parts are large: 4 MiB parts, sent one
-/// after another, made a 64 MiB batch of 64 KiB objects 16 requests where the raw client
+/// Bytes of one part of a sealed batch ([`run_parts`]), each one request to the helper.
+/// Each request costs the wheel a round of master calls, so parts are large: 4 MiB parts
+/// made a 64 MiB batch of 64 KiB objects 16 requests where the raw client
 /// makes one (the wheel's own client, given 64-object batches, took about twice as long
 /// as with 1024-object ones).
 const PART_BYTES: usize = 16 << 20;
@@ -90,52 +89,17 @@ pub(super) fn par_each<T: Send>(jobs: &mut [T], bytes: impl Fn(&T) -> usize, f: 
     });
 }
 
-/// Most parts of one sealed batch in flight at once: one. A part's thread waits on the
-/// master, and a trickling master must hold no thread beyond the caller's place in the
-/// daemon's bounded blocking pool (tests/mooncake_trickle.rs counts them); parts in
-/// flight on threads of their own held up to four more per call. [`run_parts`] keeps
-/// the concurrent form for a bounded pool of part workers, which is not built.
-const PARTS_IN_FLIGHT: usize = 1;
-
-/// Runs `f` on every part, on up to `threads` threads that take the parts in order
-/// (inline, one after another, for one thread or one part); each part's result, `None`
-/// where it panicked (the other parts still run).
-fn run_parts<T: Send, R: Send>(parts: Vec<T>, threads: usize, f: impl Fn(T) -> R + Sync) -> Vec<Option<R>> {
-    let n = parts.len();
-    if n <= 1 || threads <= 1 {
-        return parts
-            .into_iter()
-            .map(|p| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(p))).ok())
-            .collect();
-    }
-    let queue = parking_lot::Mutex::new(parts.into_iter().enumerate());
-    let done: parking_lot::Mutex<Vec<Option<R>>> = parking_lot::Mutex::new((0..n).map(|_| None).collect());
-    std::thread::scope(|s| {
-        let work = || {
-            loop {
-                let Some((i, p)) = queue.lock().next() else { return };
-                let r = f(p);
-                done.lock()[i] = Some(r);
-            }
-        };
-        let threads: Vec<_> = (0..n.min(threads)).map(|_| s.spawn(work)).collect();
-        for t in threads {
-            // A part whose thread panicked stays `None`; the others carry on.
-            let _ = t.join();
-        }
-    });
-    done.into_inner()
-}
-
-/// How many parts of a batch run at once: [`PARTS_IN_FLIGHT`] when every object moves
-/// from or into its slot; one when any goes through staging, which a transfer holds
-/// until its reply, so concurrent parts would only wait on each other for it.
-fn in_flight(at: &[Option<u64>]) -> usize {
-    if at.iter().all(Option::is_some) {
-        PARTS_IN_FLIGHT
-    } else {
-        1
-    }
+/// Runs `f` on every part, one after another on the calling thread; each part's result,
+/// `None` where it panicked (the other parts still run). Parts never run on threads of
+/// their own: a part waits on the master, and a trickling master must hold no thread
+/// beyond the caller's place in the daemon's bounded blocking pool
+/// (tests/mooncake_trickle.rs counts them; up to 4 parts in flight on threads of their
+/// own held 76 threads against its bound of 74).
+fn run_parts<T, R>(parts: Vec<T>, f: impl Fn(T) -> R) -> Vec<Option<R>> {
+    parts
+        .into_iter()
+        .map(|p| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(p))).ok())
+        .collect()
 }
 
 /// The error of every object of a part whose thread failed.
@@ -259,8 +223,8 @@ impl MooncakePool {
         Some(Tail(unsafe { a.base_ptr().add(off as usize + len) }))
     }
 
-    /// Puts a sealed batch, in parts ([`parts`]) that run concurrently ([`run_parts`]):
-    /// while one part is on the wire, another is hashed. Within a part, keys the store
+    /// Puts a sealed batch, in parts ([`parts`]) run one after another ([`run_parts`]).
+    /// Within a part, keys the store
     /// already holds are asked for while the part is hashed, and checked before the put:
     /// an object that carries its MAC is a peer's copy of the same page and is kept (not
     /// sent again); one that fails (a pre-put by someone without the cluster key) is
@@ -282,7 +246,7 @@ impl MooncakePool {
                 (r.clone(), seals)
             })
             .collect();
-        let done = run_parts(work, in_flight(&at), |(r, seals)| {
+        let done = run_parts(work, |(r, seals)| {
             self.put_part(mac, &items[r.clone()], &at[r], seals, par)
         });
         let mut out = Vec::with_capacity(items.len());
@@ -411,8 +375,7 @@ impl MooncakePool {
         bad
     }
 
-    /// Gets a sealed batch, in parts that run concurrently ([`run_parts`]): while one
-    /// part is on the wire, another is checked. Every object is checked before this call
+    /// Gets a sealed batch, in parts run one after another ([`run_parts`]). Every object is checked before this call
     /// returns; one that fails its MAC reads as absent and is removed from the store.
     pub(super) fn sealed_get(&self, mac: &Integrity, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>> {
         let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
@@ -435,7 +398,7 @@ impl MooncakePool {
                 tails: tails.by_ref().take(r.len()).collect(),
             })
             .collect();
-        let done = run_parts(work, in_flight(&at), |p| {
+        let done = run_parts(work, |p| {
             let r = p.range.clone();
             self.get_part(mac, &keys[r.clone()], &lens[r.clone()], &at[r], p, par)
         });
@@ -549,21 +512,14 @@ mod tests {
 
     #[test]
     fn run_parts_answers_every_part_in_order_and_none_for_a_part_that_panicked() {
-        for threads in [1, 4] {
-            let out = run_parts((0..9usize).collect(), threads, |i| i * 10);
-            assert_eq!(out, (0..9).map(|i| Some(i * 10)).collect::<Vec<_>>());
-        }
-        assert_eq!(run_parts(vec![3usize], 4, |i| i + 1), vec![Some(4)]);
-        let out = run_parts((0..6usize).collect(), 4, |i| {
+        let out = run_parts((0..9usize).collect(), |i| i * 10);
+        assert_eq!(out, (0..9).map(|i| Some(i * 10)).collect::<Vec<_>>());
+        assert_eq!(run_parts(vec![3usize], |i| i + 1), vec![Some(4)]);
+        let out = run_parts((0..6usize).collect(), |i| {
             assert_ne!(i, 2, "part 2 fails");
             i
         });
         assert_eq!(out, vec![Some(0), Some(1), None, Some(3), Some(4), Some(5)]);
-        let out = run_parts((0..3usize).collect(), 1, |i| {
-            assert_ne!(i, 1, "part 1 fails");
-            i
-        });
-        assert_eq!(out, vec![Some(0), None, Some(2)]);
     }
 
     #[test]
