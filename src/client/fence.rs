@@ -108,9 +108,9 @@ pub(super) fn stamp<'a>(stamps: Option<&SlotStamps>, pages: impl IntoIterator<It
 pub(super) fn held(stamps: Option<&SlotStamps>, pages: &[Vec<ObjectSlot>]) -> usize {
     pages
         .iter()
-        .take_while(|p| {
-            p.iter()
-                .all(|s| s.generation == 0 || stamps.is_some_and(|st| st.read(s.slot) == s.generation))
+        .take_while(|p| match stamps {
+            Some(st) => st.hold(p.iter().map(|s| (s.slot, s.generation))),
+            None => p.iter().all(|s| s.generation == 0),
         })
         .count()
 }

@@ -47,6 +47,13 @@ pub fn stamps_path(arena: &Path) -> PathBuf {
     p.into()
 }
 
+/// Whether `map` (at least [`HEADER`] bytes) starts with the stamps header of `slots` slots.
+fn header_is(map: &MmapRaw, slots: u32) -> bool {
+    // SAFETY: every mapping of stamps is at least `HEADER` bytes long.
+    let head = unsafe { std::slice::from_raw_parts(map.as_ptr(), 16) };
+    &head[..8] == MAGIC && head[8..16] == (slots as u64).to_le_bytes()
+}
+
 /// One stamp per slot, in a mapping shared with every engine of the arena.
 #[derive(Debug)]
 pub struct SlotStamps {
@@ -91,9 +98,7 @@ impl SlotStamps {
             && file.metadata().is_ok_and(|m| m.len() == Self::len(slots) as u64)
         {
             let s = Self::map(path, &file, slots)?;
-            // SAFETY: the header lies inside the mapping; read before anyone is told of it.
-            let head = unsafe { std::slice::from_raw_parts(s.map.as_ptr(), 16) };
-            if &head[..8] == MAGIC && u64::from_le_bytes(head[8..16].try_into().unwrap_or_default()) == slots as u64 {
+            if header_is(&s.map, slots) {
                 private::share_file(path, &file, group)?;
                 return Ok((s, true));
             }
@@ -122,9 +127,7 @@ impl SlotStamps {
             return Ok(None);
         }
         let map = MmapOptions::new().len(Self::len(slots)).map_raw(&file)?;
-        // SAFETY: the header lies inside the mapping.
-        let head = unsafe { std::slice::from_raw_parts(map.as_ptr(), 16) };
-        if &head[..8] != MAGIC || u64::from_le_bytes(head[8..16].try_into().unwrap_or_default()) != slots as u64 {
+        if !header_is(&map, slots) {
             return Ok(None);
         }
         Ok(Some(Self { map, slots }))
