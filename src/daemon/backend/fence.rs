@@ -81,6 +81,11 @@ impl Fence {
         }
     }
 
+    /// The fence file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The slots the fence file at `path` has marked (an earlier life's open grants), if
     /// it is the daemon's own file and a fence file at all.
     pub fn read_marked(path: &Path) -> Marked {

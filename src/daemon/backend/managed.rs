@@ -179,7 +179,7 @@ impl ManagedTiers {
         let mut journal = Journal::new(cfg.arena_path.with_extension("manifest"));
         let fence_path = cfg.arena_path.with_extension("fence");
         let marked = Fence::read_marked(&fence_path);
-        let mut fence = Fence::new(fence_path, cfg.arena.group);
+        let mut fence = Fence::new(fence_path.clone(), cfg.arena.group);
         let recovered = if cfg.recover {
             journal.recover(&mgr, &cfg.arena_path, cfg.slot_bytes)?
         } else {
@@ -194,7 +194,7 @@ impl ManagedTiers {
             recovered.garbage as u64,
         ]);
         let fence_io = |source| BackendError::Manifest {
-            path: cfg.arena_path.with_extension("fence").display().to_string(),
+            path: fence_path.display().to_string(),
             source,
         };
         // Only a reopened arena can receive an earlier life's late copies.

@@ -41,11 +41,11 @@ impl ManagedTiers {
             u.fits(slot).map_err(ManagerError::from)?;
             if let Some(u) = unfitted.take() {
                 let arena = self.mgr.adopt_arena(u.fit(slot).map_err(ManagerError::from)?)?;
-                self.fence
-                    .lock()
+                let mut fence = self.fence.lock();
+                fence
                     .attach(&arena, None, self.cfg.fence_timeout)
                     .map_err(|source| BackendError::Manifest {
-                        path: self.cfg.arena_path.with_extension("fence").display().to_string(),
+                        path: fence.path().display().to_string(),
                         source,
                     })?;
             }
