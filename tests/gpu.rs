@@ -89,11 +89,7 @@ fn without_a_driver_construction_is_an_error_not_a_panic() {
         .expect("no region without a driver");
     assert!(e.to_string().contains("no CUDA driver"), "{e}");
     // Bad tensors are refused before the driver is asked.
-    let t = KvTensors {
-        bases: vec![1 << 20; 3],
-        page_stride: 4096,
-        pages: 4,
-    };
+    let t = KvTensors::new(vec![1 << 20; 3], 4096, 4);
     // SAFETY: refused before any address is used.
     let e = unsafe { CudaDevice::wrap(&layout, 0, &t, 0) }.err().unwrap();
     assert!(matches!(e, DeviceError::Tensors(_)), "{e}");
@@ -304,11 +300,7 @@ fn wrapped_case(order: ByteOrder, interleaved: bool) {
     let run = (layout.page_tokens() as usize * layout.token_layer_bytes()) as u64;
     let (offs, stride, len) = vllm_offsets(3, blocks as u64, run, interleaved);
     // The reference: an emulated device addressed the same way.
-    let t = KvTensors {
-        bases: offs.clone(),
-        page_stride: stride,
-        pages: blocks,
-    };
+    let t = KvTensors::new(offs.clone(), stride, blocks);
     let emu = EmulatedDevice::with_tensors(&layout, 0, &t, len as usize).unwrap();
     for s in 0..blocks {
         emu.fill_page(s, 1000 + s as u64).unwrap();
@@ -316,11 +308,7 @@ fn wrapped_case(order: ByteOrder, interleaved: bool) {
     let probe = CudaDevice::new(&layout, 0, 1, 0).unwrap();
     let tensor = engine_alloc(&probe, len as usize);
     engine_write(&probe, tensor, &emu.read_raw(0, len as usize).unwrap());
-    let t = KvTensors {
-        bases: offs.iter().map(|o| tensor + o).collect(),
-        page_stride: stride,
-        pages: blocks,
-    };
+    let t = KvTensors::new(offs.iter().map(|o| tensor + o).collect(), stride, blocks);
     let before = (driver() == Driver::Emulated).then(stats);
     {
         // SAFETY: `tensor` is device memory of this context, freed after the region.
@@ -380,11 +368,7 @@ fn wrapped_tensors_outside_device_memory_fail_the_copy() {
     let run = (layout.page_tokens() as usize * layout.token_layer_bytes()) as u64;
     let probe = CudaDevice::new(&layout, 0, 1, 0).unwrap();
     let tensor = engine_alloc(&probe, (3 * 2 * run) as usize);
-    let t = KvTensors {
-        bases: vec![tensor, tensor + run],
-        page_stride: 2 * run,
-        pages: 4,
-    };
+    let t = KvTensors::new(vec![tensor, tensor + run], 2 * run, 4);
     // SAFETY: deliberately wrong, on the emulated driver only.
     let dev = unsafe { CudaDevice::wrap(&layout, 0, &t, 0) }.unwrap();
     let mut buf = vec![0u8; dev.object_bytes()];

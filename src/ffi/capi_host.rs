@@ -35,11 +35,7 @@ pub unsafe extern "C" fn kvtier_register_host_tensors(
         }
         // SAFETY: caller contract: `ptrs` readable for `n_ptrs` values (bounded above).
         let bases = unsafe { std::slice::from_raw_parts(ptrs, n_ptrs) }.to_vec();
-        let tensors = KvTensors {
-            bases,
-            page_stride,
-            pages,
-        };
+        let tensors = KvTensors::new(bases, page_stride, pages);
         let layout = h.client().layout();
         // SAFETY: caller contract: the pages are live host memory while registered.
         let region = unsafe { HostTensors::wrap(layout, h.client().identity().pp_rank, &tensors) }?;

@@ -187,11 +187,7 @@ impl Handle {
         pages: u32,
         stream: u64,
     ) -> Result<(), FfiError> {
-        let tensors = KvTensors {
-            bases: ptrs.to_vec(),
-            page_stride,
-            pages,
-        };
+        let tensors = KvTensors::new(ptrs.to_vec(), page_stride, pages);
         let layout = self.client.layout();
         let pp = self.client.identity().pp_rank;
         PageMap::wrap(layout, pp, &tensors).map_err(DeviceError::from)?;

@@ -80,11 +80,7 @@ mod tests {
             mem[0].as_mut_ptr() as u64 + run as u64,
             mem[1].as_mut_ptr() as u64 + run as u64,
         ];
-        let t = KvTensors {
-            bases,
-            page_stride: 2 * run as u64,
-            pages: 3,
-        };
+        let t = KvTensors::new(bases, 2 * run as u64, 3);
         // SAFETY: `mem` outlives the region and holds every page.
         let region = unsafe { HostTensors::wrap(&layout, 0, &t) }.unwrap();
         let obj: Vec<u8> = (0..2 * run).map(|i| (i * 7 % 251) as u8).collect();

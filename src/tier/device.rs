@@ -257,10 +257,12 @@ impl EmulatedDevice {
     pub fn write_layer(&self, slot: u32, part: Part, layer: u32, data: &[u8]) -> Result<(), DeviceError> {
         let p = self.map.part_index(part)?;
         self.map.check_layer(slot, layer, data.len())?;
-        let at = self.map.chunk(p, layer, slot) as usize;
-        // SAFETY: bounds checked; the engine owns this device page while writing it.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.base().add(at), data.len());
+        let piece = self.map.piece();
+        for (at, off) in self.map.layer_runs(p, layer, slot) {
+            // SAFETY: bounds checked; the engine owns this device page while writing it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr().add(off), self.base().add(at as usize), piece);
+            }
         }
         Ok(())
     }
@@ -270,10 +272,12 @@ impl EmulatedDevice {
         let p = self.map.part_index(part)?;
         self.map.check_layer(slot, layer, self.map.run())?;
         let mut out = vec![0u8; self.map.run()];
-        let at = self.map.chunk(p, layer, slot) as usize;
-        // SAFETY: bounds checked.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.base().add(at), out.as_mut_ptr(), out.len());
+        let piece = self.map.piece();
+        for (at, off) in self.map.layer_runs(p, layer, slot) {
+            // SAFETY: bounds checked.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.base().add(at as usize), out.as_mut_ptr().add(off), piece);
+            }
         }
         Ok(out)
     }
@@ -418,11 +422,7 @@ mod tests {
             let (blocks, run) = (6u64, 128u64);
             let layer_bytes = blocks * 2 * run;
             let l = |i: u64| 64 + i * layer_bytes;
-            let t = KvTensors {
-                bases: vec![l(0), l(1), l(0) + run, l(1) + run],
-                page_stride: 2 * run,
-                pages: blocks as u32,
-            };
+            let t = KvTensors::new(vec![l(0), l(1), l(0) + run, l(1) + run], 2 * run, blocks as u32);
             let len = (64 + 2 * layer_bytes) as usize;
             assert!(matches!(
                 EmulatedDevice::with_tensors(&layout, 0, &t, len - 1),

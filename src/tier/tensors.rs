@@ -15,6 +15,11 @@
 //! `[tokens, layers, heads, head_dim]`, so one page of one part is a whole page-first
 //! object, contiguous. A page-first layout registers it with one base per part instead of
 //! one per (part, layer) ([`PageMap::whole_objects`]), and each object copies as one run.
+//!
+//! vLLM's layouts with heads outside blocks (`LHBNC`, `BHLNC`) keep one block of one
+//! layer as one run per head, the runs a head stride apart. Such tensors register with
+//! [`KvTensors::with_runs`]: each page of one (part, layer) is `runs` runs of equal bytes,
+//! `run_stride` apart, whose bytes in run order are the page's bytes.
 
 use crate::layout::{ByteOrder, Layout, Part};
 
@@ -34,7 +39,38 @@ pub struct KvTensors {
     pub page_stride: u64,
     /// Pages each tensor holds.
     pub pages: u32,
+    /// Equal runs each page of one (part, layer) is cut into, in the object's byte order
+    /// (1: the page is one contiguous run). Layer-first layouts only.
+    pub runs: u32,
+    /// Bytes from one run of a page to the next; unused with one run.
+    pub run_stride: u64,
 }
+
+impl KvTensors {
+    /// Tensors whose pages are each one contiguous run.
+    pub fn new(bases: Vec<u64>, page_stride: u64, pages: u32) -> Self {
+        Self {
+            bases,
+            page_stride,
+            pages,
+            runs: 1,
+            run_stride: 0,
+        }
+    }
+
+    /// Each page of one (part, layer) is `runs` runs of equal bytes, `run_stride` apart
+    /// (vLLM's `LHBNC`/`BHLNC`: one run per head, at the head stride). Default: 1 run.
+    pub fn with_runs(self, runs: u32, run_stride: u64) -> Self {
+        Self {
+            runs,
+            run_stride,
+            ..self
+        }
+    }
+}
+
+/// Most runs one page of one tensor may be cut into (the overlap check walks them).
+pub const MAX_RUNS: u32 = 1024;
 
 /// Why a set of tensors cannot be wrapped.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -61,6 +97,14 @@ pub enum TensorError {
     Overlap { a: usize, b: usize },
     #[error("tensor {index} runs past the region's {len} bytes")]
     OutOfBuffer { index: usize, len: u64 },
+    #[error("a page's run of {run} bytes does not cut into {runs} equal runs (1 to {MAX_RUNS})")]
+    Runs { runs: u32, run: u64 },
+    #[error("pages cut into runs need a layer-first layout (a page-first object interleaves the layers)")]
+    RunsPageFirst,
+    #[error("run stride {stride} is smaller than one run of {run} bytes")]
+    RunStride { stride: u64, run: u64 },
+    #[error("the runs of tensor pages overlap each other (page stride {page_stride}, run stride {run_stride})")]
+    RunsOverlap { page_stride: u64, run_stride: u64 },
 }
 
 /// One contiguous device run of a page in one (part, layer), and where its bytes go in
@@ -88,6 +132,9 @@ pub struct PageMap {
     stride: u64,
     /// One base per part, each page a whole page-first object ([`PageMap::whole_objects`]).
     whole: bool,
+    /// Runs each page of one (part, layer) is cut into, `run_stride` apart.
+    runs: u32,
+    run_stride: u64,
 }
 
 impl PageMap {
@@ -102,6 +149,8 @@ impl PageMap {
             bases,
             stride,
             whole: false,
+            runs: 1,
+            run_stride: 0,
         }
     }
 
@@ -120,8 +169,9 @@ impl PageMap {
     }
 
     /// Engine-owned tensors, checked: one non-null address per (part, layer), a stride of
-    /// at least one page's run, no page of one tensor overlapping a page of another, and
-    /// no address wrapping around.
+    /// at least one page's run, pages cut into equal runs that fit their strides, no byte
+    /// of one page in another page (of the same tensor or another one), and no address
+    /// wrapping around.
     /// With a page-first layout, one address per part wraps memory whose pages are whole
     /// page-first objects (see [`PageMap::whole_objects`]).
     pub fn wrap(layout: &Layout, pp_rank: u16, t: &KvTensors) -> Result<Self, TensorError> {
@@ -145,31 +195,52 @@ impl PageMap {
             });
         }
         let run = map.span() as u64;
-        if t.page_stride < run {
+        if t.runs == 0 || t.runs > MAX_RUNS || run == 0 || run % t.runs as u64 != 0 {
+            return Err(TensorError::Runs { runs: t.runs, run });
+        }
+        if t.runs > 1 && map.order == ByteOrder::PageFirst {
+            return Err(TensorError::RunsPageFirst);
+        }
+        map.runs = t.runs;
+        map.run_stride = if t.runs > 1 { t.run_stride } else { 0 };
+        let piece = map.piece() as u64;
+        if t.page_stride < piece || (t.runs == 1 && t.page_stride < run) {
             return Err(TensorError::Stride {
                 stride: t.page_stride,
-                run,
+                run: if t.runs == 1 { run } else { piece },
+            });
+        }
+        if t.runs > 1 && t.run_stride < piece {
+            return Err(TensorError::RunStride {
+                stride: t.run_stride,
+                run: piece,
             });
         }
         if t.pages == 0 {
             return Err(TensorError::NoPages);
         }
+        let last = map.last_bytes();
         for (index, &b) in t.bases.iter().enumerate() {
-            let span = (t.pages as u64 - 1)
-                .checked_mul(t.page_stride)
-                .and_then(|s| s.checked_add(run));
-            if span.and_then(|s| b.checked_add(s)).is_none() {
+            if last.and_then(|s| b.checked_add(s)).is_none() {
                 return Err(TensorError::Overflow { index });
             }
         }
-        // Pages of two tensors sharing a stride S overlap when their bases differ by
-        // k*S + r with r (or S - r) shorter than a run and the page indices in range.
+        let lattice = Lattice {
+            piece: piece as i128,
+            page_stride: t.page_stride as i128,
+            pages: t.pages as i128,
+            run_stride: map.run_stride as i128,
+            runs: t.runs as i128,
+        };
+        if t.runs > 1 && lattice.meets(0, true) {
+            return Err(TensorError::RunsOverlap {
+                page_stride: t.page_stride,
+                run_stride: t.run_stride,
+            });
+        }
         for a in 0..t.bases.len() {
             for b in a + 1..t.bases.len() {
-                let d = t.bases[a].abs_diff(t.bases[b]);
-                let (k, r) = (d / t.page_stride, d % t.page_stride);
-                let last = t.pages as u64 - 1;
-                if (r < run && k <= last) || (t.page_stride - r < run && k < last) {
+                if lattice.meets(t.bases[b] as i128 - t.bases[a] as i128, false) {
                     return Err(TensorError::Overlap { a, b });
                 }
             }
@@ -210,16 +281,34 @@ impl PageMap {
         self.layers as usize * self.run()
     }
 
+    /// Bytes of one run of a page of one (part, layer): the layer's run cut in `runs`.
+    pub fn piece(&self) -> usize {
+        self.span() / self.runs as usize
+    }
+
+    /// Runs each page of one (part, layer) is cut into (1: one contiguous run).
+    pub fn runs(&self) -> u32 {
+        self.runs
+    }
+
+    /// Bytes from a tensor's base to one past the last byte of its last page, if that fits.
+    fn last_bytes(&self) -> Option<u64> {
+        (self.pages.max(1) as u64 - 1)
+            .checked_mul(self.stride)?
+            .checked_add((self.runs as u64 - 1).checked_mul(self.run_stride)?)?
+            .checked_add(self.piece() as u64)
+    }
+
     /// One past the highest address any page reaches.
     pub fn end(&self) -> u64 {
-        let last = (self.pages.max(1) as u64 - 1) * self.stride + self.span() as u64;
-        self.bases.iter().map(|b| b + last).max().unwrap_or(0)
+        let last = self.last_bytes().unwrap_or(u64::MAX);
+        self.bases.iter().map(|b| b.saturating_add(last)).max().unwrap_or(0)
     }
 
     /// The first tensor whose pages reach past `len`, if any.
     pub fn beyond(&self, len: u64) -> Option<usize> {
-        let last = (self.pages.max(1) as u64 - 1) * self.stride + self.span() as u64;
-        self.bases.iter().position(|b| b + last > len)
+        let last = self.last_bytes().unwrap_or(u64::MAX);
+        self.bases.iter().position(|b| b.saturating_add(last) > len)
     }
 
     pub fn part_index(&self, part: Part) -> Result<usize, DeviceError> {
@@ -236,6 +325,13 @@ impl PageMap {
             return self.bases[part] + slot as u64 * self.stride + (layer as usize * self.token_bytes) as u64;
         }
         self.bases[part * self.layers as usize + layer as usize] + slot as u64 * self.stride
+    }
+
+    /// The runs of page `slot` of (part index, layer): each run's address and its offset
+    /// in the layer's bytes, [`PageMap::piece`] bytes each. Callers check the bounds.
+    pub fn layer_runs(&self, part: usize, layer: u32, slot: u32) -> impl Iterator<Item = (u64, usize)> + '_ {
+        let (at, piece, stride) = (self.chunk(part, layer, slot), self.piece(), self.run_stride);
+        (0..self.runs as u64).map(move |r| (at + r * stride, r as usize * piece))
     }
 
     /// Checks one object copy; returns the part's index.
@@ -301,6 +397,18 @@ impl PageMap {
         }
         let run = self.run();
         for layer in 0..self.layers {
+            if self.runs > 1 {
+                // Heads outside blocks: the layer's bytes are `runs` runs in object order.
+                for (dev, off) in self.layer_runs(p, layer, slot) {
+                    f(Run {
+                        dev,
+                        host_off: layer as usize * run + off,
+                        width: self.piece(),
+                        rows: None,
+                    });
+                }
+                continue;
+            }
             let (host_off, width, rows) = match self.order {
                 ByteOrder::LayerFirst => (layer as usize * run, run, None),
                 ByteOrder::PageFirst => (
@@ -320,6 +428,39 @@ impl PageMap {
     }
 }
 
+/// The pieces one tensor's pages occupy, relative to its base: `piece` bytes at
+/// `s * page_stride + r * run_stride` for `s < pages`, `r < runs`.
+struct Lattice {
+    piece: i128,
+    page_stride: i128,
+    pages: i128,
+    run_stride: i128,
+    runs: i128,
+}
+
+impl Lattice {
+    /// Whether a piece of a lattice at offset `d` from this one shares a byte with a piece
+    /// of this one (`same`: the lattice itself, a piece never meeting itself). Per run
+    /// difference, only the page differences nearest to cancelling the offset can bring
+    /// two pieces within `piece` bytes of each other, so it checks those.
+    fn meets(&self, d: i128, same: bool) -> bool {
+        let last = self.pages - 1;
+        for dr in -(self.runs - 1)..=self.runs - 1 {
+            let x = d + dr * self.run_stride;
+            let q = (-x).div_euclid(self.page_stride);
+            let near: &[i128] = if same && dr == 0 {
+                if last == 0 { &[] } else { &[1] }
+            } else {
+                &[q.clamp(-last, last), (q + 1).clamp(-last, last)]
+            };
+            if near.iter().any(|&ds| (x + ds * self.page_stride).abs() < self.piece) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,15 +472,7 @@ mod tests {
     }
 
     fn wrap(bases: Vec<u64>, page_stride: u64, pages: u32) -> Result<PageMap, TensorError> {
-        PageMap::wrap(
-            &layout(),
-            0,
-            &KvTensors {
-                bases,
-                page_stride,
-                pages,
-            },
-        )
+        PageMap::wrap(&layout(), 0, &KvTensors::new(bases, page_stride, pages))
     }
 
     #[test]
@@ -375,11 +508,7 @@ mod tests {
             .build()
             .unwrap();
         let (k, v, obj) = (1u64 << 20, 2u64 << 20, 256u64);
-        let t = KvTensors {
-            bases: vec![k, v],
-            page_stride: obj,
-            pages: 8,
-        };
+        let t = KvTensors::new(vec![k, v], obj, 8);
         let m = PageMap::wrap(&l, 0, &t).unwrap();
         assert!(m.whole_objects());
         assert_eq!(m.end(), v + 8 * obj);
@@ -411,11 +540,7 @@ mod tests {
             Err(TensorError::Count { got: 2, want: 4, .. })
         ));
         // Per-(part, layer) bases keep their meaning under a page-first layout.
-        let per_layer = KvTensors {
-            bases: vec![k, k + 8 * 128, v, v + 8 * 128],
-            page_stride: 128,
-            pages: 8,
-        };
+        let per_layer = KvTensors::new(vec![k, k + 8 * 128, v, v + 8 * 128], 128, 8);
         assert!(!PageMap::wrap(&l, 0, &per_layer).unwrap().whole_objects());
     }
 
@@ -464,3 +589,7 @@ mod tests {
         wrap(vec![base, 2 << 20, base + 128, 4 << 20], 256, 4).unwrap();
     }
 }
+
+#[cfg(test)]
+#[path = "tensor_runs_tests.rs"]
+mod runs_tests;
