@@ -242,6 +242,18 @@ int32_t kvtier_register_cuda_tensors(kvtier_client_t *client, uint32_t ordinal, 
  * KVTIER_ERR_INVALID as for the CUDA tensors. */
 int32_t kvtier_register_host_tensors(kvtier_client_t *client, const uint64_t *ptrs, size_t n_ptrs,
                                      uint64_t page_stride, uint32_t pages);
+/* As kvtier_register_host_tensors and kvtier_register_cuda_tensors, for tensors whose
+ * page of one (part, layer) is not one contiguous run but `runs` runs of equal bytes
+ * (page bytes / runs), run r of page s at ptrs[i] + s * page_stride + r * run_stride; the
+ * page's bytes are the runs in order (vLLM's LHBNC/BHLNC layouts: one run per head, at
+ * the head stride). runs = 1 is the entries above (run_stride unused). Layer-first
+ * layouts only. KVTIER_ERR_INVALID besides: runs 0, above 1024 or not dividing the page,
+ * a run stride below one run, a page-first layout, runs of pages overlapping. */
+int32_t kvtier_register_host_tensor_runs(kvtier_client_t *client, const uint64_t *ptrs, size_t n_ptrs,
+                                         uint64_t page_stride, uint32_t pages, uint32_t runs, uint64_t run_stride);
+int32_t kvtier_register_cuda_tensor_runs(kvtier_client_t *client, uint32_t ordinal, const uint64_t *ptrs,
+                                         size_t n_ptrs, uint64_t page_stride, uint32_t pages, uint32_t runs,
+                                         uint64_t run_stride, uint64_t stream);
 /* Bytes of one object (one part of one page) of this rank. */
 int32_t kvtier_object_bytes(const kvtier_client_t *client, size_t *out);
 /* Writes the deterministic test pattern of `seed` into every part and layer of a page. */

@@ -149,6 +149,7 @@ fn batches_and_a_closed_daemon() {
         );
         assert_eq!(kvtier_session(h, session.as_ptr(), null(), 9), ffi::ERR_INVALID);
         register_tensors_checks_its_arguments(h);
+        register_tensor_runs_checks_its_arguments(h);
         let mut m = 0i32;
         assert_eq!(kvtier_device_page_matches(h, 8, 1, &mut m), ffi::ERR_DEVICE);
         assert_eq!(
@@ -237,6 +238,67 @@ unsafe fn register_tensors_checks_its_arguments(h: *mut Handle) {
         assert!(last_error().contains("without the `cuda` feature"), "{}", last_error());
         // SAFETY: live handle.
         assert_eq!(unsafe { kvtier_register_cuda(h, 0, 4) }, ffi::ERR_UNSUPPORTED);
+    }
+}
+
+/// `kvtier_register_{host,cuda}_tensor_runs` on the same handle: pages of 512 bytes cut
+/// into 2 runs of 256, vLLM's `LHBNC` shape (per layer `[heads, 16 blocks, ...]`, K the
+/// first two head runs, V the last two).
+///
+/// # Safety
+/// `h` is a live handle.
+unsafe fn register_tensor_runs_checks_its_arguments(h: *mut Handle) {
+    let (piece, blocks) = (256u64, 16u64);
+    let layer = |l: u64| (1 + l) << 20;
+    let good: Vec<u64> = (0..8u64).map(|i| layer(i % 4) + (i / 4) * 2 * blocks * piece).collect();
+    let host = |ptrs: *const u64, n: usize, runs: u32, run_stride: u64| {
+        // SAFETY: `ptrs` is null or points at `good`-sized arrays below; every call here is
+        // refused before an address is touched.
+        unsafe { kvtier_register_host_tensor_runs(h, ptrs, n, piece, blocks as u32, runs, run_stride) }
+    };
+    assert_eq!(host(null(), 8, 2, blocks * piece), ffi::ERR_NULL);
+    assert_eq!(host(good.as_ptr(), 7, 2, blocks * piece), ffi::ERR_LENGTH_MISMATCH);
+    assert_eq!(host(good.as_ptr(), 8, 0, blocks * piece), ffi::ERR_INVALID);
+    assert!(last_error().contains("0 equal runs"), "{}", last_error());
+    assert_eq!(host(good.as_ptr(), 8, 3, blocks * piece), ffi::ERR_INVALID);
+    assert!(
+        last_error().contains("512 bytes does not cut into 3"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(host(good.as_ptr(), 8, u32::MAX, 1), ffi::ERR_INVALID);
+    assert_eq!(host(good.as_ptr(), 8, 2, piece - 1), ffi::ERR_INVALID);
+    assert!(last_error().contains("run stride 255"), "{}", last_error());
+    // The second head run of a page inside the first one's last block.
+    assert_eq!(host(good.as_ptr(), 8, 2, (blocks - 1) * piece), ffi::ERR_INVALID);
+    assert!(last_error().contains("overlap"), "{}", last_error());
+    // V's first run is K's second (V based one head run early).
+    let mut bad = good.clone();
+    bad[4] = bad[0] + blocks * piece;
+    assert_eq!(host(bad.as_ptr(), 8, 2, blocks * piece), ffi::ERR_INVALID);
+    assert!(last_error().contains("tensors 0 and 4 overlap"), "{}", last_error());
+    let mut bad = good.clone();
+    bad[7] = u64::MAX - piece;
+    assert_eq!(host(bad.as_ptr(), 8, 2, blocks * piece), ffi::ERR_INVALID);
+    assert!(last_error().contains("address space"), "{}", last_error());
+    // SAFETY: null handle, refused first.
+    let rc = unsafe { kvtier_register_host_tensor_runs(null_mut(), good.as_ptr(), 8, piece, 16, 2, blocks * piece) };
+    assert_ne!(rc, ffi::OK);
+    // The CUDA entry checks the same way, then needs the feature.
+    let cuda = |ptrs: *const u64, runs: u32, run_stride: u64| {
+        // SAFETY: as for `host`; no address is touched without a driver.
+        unsafe { kvtier_register_cuda_tensor_runs(h, 0, ptrs, 8, piece, blocks as u32, runs, run_stride, 0) }
+    };
+    assert_eq!(cuda(null(), 2, blocks * piece), ffi::ERR_NULL);
+    assert_eq!(cuda(good.as_ptr(), 3, blocks * piece), ffi::ERR_INVALID);
+    assert_eq!(cuda(good.as_ptr(), 2, (blocks - 1) * piece), ffi::ERR_INVALID);
+    let rc = cuda(good.as_ptr(), 2, blocks * piece);
+    if cfg!(feature = "cuda") {
+        if !kvtier_driver_present() {
+            assert_eq!(rc, ffi::ERR_DEVICE, "{}", last_error());
+        }
+    } else {
+        assert_eq!(rc, ffi::ERR_UNSUPPORTED, "{}", last_error());
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::capi::{handle, out, run};
 use super::{ERR_LENGTH_MISMATCH, ERR_NULL, FfiError, Handle};
 use crate::protocol::TicketStatus;
+use crate::tier::tensors::KvTensors;
 
 /// # Safety
 /// `client` is null or a live handle.
@@ -41,23 +42,53 @@ pub unsafe extern "C" fn kvtier_register_cuda_tensors(
     pages: u32,
     stream: u64,
 ) -> i32 {
+    // SAFETY: caller contract, forwarded (one run a page).
+    unsafe { kvtier_register_cuda_tensor_runs(client, ordinal, ptrs, n_ptrs, page_stride, pages, 1, 0, stream) }
+}
+
+/// # Safety
+/// As [`kvtier_register_cuda_tensors`]; each page of a tensor is `runs` runs
+/// `run_stride` bytes apart (`kvtier_register_cuda_tensor_runs` in `include/kvtier.h`).
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // the C signature: one value per argument
+pub unsafe extern "C" fn kvtier_register_cuda_tensor_runs(
+    client: *mut Handle,
+    ordinal: u32,
+    ptrs: *const u64,
+    n_ptrs: usize,
+    page_stride: u64,
+    pages: u32,
+    runs: u32,
+    run_stride: u64,
+    stream: u64,
+) -> i32 {
     run(|| {
         // SAFETY: caller contract.
         let h = unsafe { handle(client) }?;
-        if ptrs.is_null() {
-            return Err(FfiError::new(ERR_NULL, "the tensor address array is a null pointer"));
-        }
-        if n_ptrs == 0 || n_ptrs > MAX_TENSORS {
-            return Err(FfiError::new(
-                ERR_LENGTH_MISMATCH,
-                format!("{n_ptrs} tensor addresses; a rank passes 1 to {MAX_TENSORS}"),
-            ));
-        }
-        // SAFETY: caller contract: `ptrs` readable for `n_ptrs` values (bounded above).
-        let ptrs = unsafe { std::slice::from_raw_parts(ptrs, n_ptrs) };
+        // SAFETY: caller contract: `ptrs` null or readable for `n_ptrs` values.
+        let bases = unsafe { tensor_addresses(ptrs, n_ptrs) }?;
+        let tensors = KvTensors::new(bases, page_stride, pages).with_runs(runs, run_stride);
         // SAFETY: caller contract (the addresses are the engine's live KV tensors).
-        unsafe { h.register_cuda_tensors(ordinal, ptrs, page_stride, pages, stream) }
+        unsafe { h.register_cuda_tensors(ordinal, &tensors, stream) }
     })
+}
+
+/// The tensor address array of a registration, checked: not null, 1 to [`MAX_TENSORS`].
+///
+/// # Safety
+/// `ptrs` is null or readable for `n_ptrs` values.
+pub(super) unsafe fn tensor_addresses(ptrs: *const u64, n_ptrs: usize) -> Result<Vec<u64>, FfiError> {
+    if ptrs.is_null() {
+        return Err(FfiError::new(ERR_NULL, "the tensor address array is a null pointer"));
+    }
+    if n_ptrs == 0 || n_ptrs > MAX_TENSORS {
+        return Err(FfiError::new(
+            ERR_LENGTH_MISMATCH,
+            format!("{n_ptrs} tensor addresses; a rank passes 1 to {MAX_TENSORS}"),
+        ));
+    }
+    // SAFETY: caller contract: `ptrs` readable for `n_ptrs` values (bounded above).
+    Ok(unsafe { std::slice::from_raw_parts(ptrs, n_ptrs) }.to_vec())
 }
 
 /// # Safety

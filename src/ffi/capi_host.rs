@@ -2,10 +2,10 @@
 //! `include/kvtier.h`): vLLM's CPU KV caches, SGLang's HiCache host pool. kvtier then
 //! copies pages directly between those tensors and its arena.
 
+use super::Handle;
 use super::capi::run;
-use super::capi_device::MAX_TENSORS;
+use super::capi_device::tensor_addresses;
 use super::host_tensors::HostTensors;
-use super::{ERR_LENGTH_MISMATCH, ERR_NULL, FfiError, Handle};
 use crate::tier::tensors::KvTensors;
 use std::sync::Arc;
 
@@ -21,21 +21,29 @@ pub unsafe extern "C" fn kvtier_register_host_tensors(
     page_stride: u64,
     pages: u32,
 ) -> i32 {
+    // SAFETY: caller contract, forwarded (one run a page).
+    unsafe { kvtier_register_host_tensor_runs(client, ptrs, n_ptrs, page_stride, pages, 1, 0) }
+}
+
+/// # Safety
+/// As [`kvtier_register_host_tensors`], for every run of every page: `runs` runs of each
+/// page, `run_stride` bytes apart.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvtier_register_host_tensor_runs(
+    client: *mut Handle,
+    ptrs: *const u64,
+    n_ptrs: usize,
+    page_stride: u64,
+    pages: u32,
+    runs: u32,
+    run_stride: u64,
+) -> i32 {
     run(|| {
         // SAFETY: any handle value is checked.
         let h = unsafe { super::capi::handle(client) }?;
-        if ptrs.is_null() {
-            return Err(FfiError::new(ERR_NULL, "the tensor address array is a null pointer"));
-        }
-        if n_ptrs == 0 || n_ptrs > MAX_TENSORS {
-            return Err(FfiError::new(
-                ERR_LENGTH_MISMATCH,
-                format!("{n_ptrs} tensor addresses; a rank passes 1 to {MAX_TENSORS}"),
-            ));
-        }
-        // SAFETY: caller contract: `ptrs` readable for `n_ptrs` values (bounded above).
-        let bases = unsafe { std::slice::from_raw_parts(ptrs, n_ptrs) }.to_vec();
-        let tensors = KvTensors::new(bases, page_stride, pages);
+        // SAFETY: caller contract: `ptrs` null or readable for `n_ptrs` values.
+        let bases = unsafe { tensor_addresses(ptrs, n_ptrs) }?;
+        let tensors = KvTensors::new(bases, page_stride, pages).with_runs(runs, run_stride);
         let layout = h.client().layout();
         // SAFETY: caller contract: the pages are live host memory while registered.
         let region = unsafe { HostTensors::wrap(layout, h.client().identity().pp_rank, &tensors) }?;

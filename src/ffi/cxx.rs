@@ -8,6 +8,7 @@
 
 use super::convert::{self, ConnectFields, HintFields};
 use super::{ERR_INVALID, FfiError, Handle, guard, hashes_from};
+use crate::tier::tensors::KvTensors;
 
 #[cxx::bridge(namespace = "kvtier")]
 mod bridge {
@@ -229,7 +230,10 @@ impl CxxClient {
         stream: u64,
     ) -> Result<(), FfiError> {
         // SAFETY: caller contract.
-        guard(|| unsafe { self.0.register_cuda_tensors(ordinal, ptrs, page_stride, pages, stream) })
+        guard(|| unsafe {
+            self.0
+                .register_cuda_tensors(ordinal, &KvTensors::new(ptrs.to_vec(), page_stride, pages), stream)
+        })
     }
 
     fn object_bytes(&self) -> usize {

@@ -171,31 +171,23 @@ impl Handle {
     }
 
     /// Wraps the engine's own KV tensors on GPU `ordinal` and registers them (feature
-    /// `cuda`): `ptrs[p * layers + l]` is page 0 of part `p`, layer `l` of this rank's
-    /// stage, each page `page_stride` bytes after the previous one. The addresses are
-    /// checked in every build; without the feature a valid set is
-    /// [`ERR_UNSUPPORTED`](super::ERR_UNSUPPORTED).
+    /// `cuda`): `tensors.bases[p * layers + l]` is page 0 of part `p`, layer `l` of this
+    /// rank's stage, each page `page_stride` bytes after the previous one (and cut into
+    /// `runs` runs `run_stride` apart). The addresses are checked in every build; without
+    /// the feature a valid set is [`ERR_UNSUPPORTED`](super::ERR_UNSUPPORTED).
     ///
     /// # Safety
     /// As [`crate::tier::cuda::CudaDevice::wrap`]; a non-zero `stream` is a `CUstream` of
     /// the same context that outlives the registration.
-    pub unsafe fn register_cuda_tensors(
-        &self,
-        ordinal: u32,
-        ptrs: &[u64],
-        page_stride: u64,
-        pages: u32,
-        stream: u64,
-    ) -> Result<(), FfiError> {
-        let tensors = KvTensors::new(ptrs.to_vec(), page_stride, pages);
+    pub unsafe fn register_cuda_tensors(&self, ordinal: u32, tensors: &KvTensors, stream: u64) -> Result<(), FfiError> {
         let layout = self.client.layout();
         let pp = self.client.identity().pp_rank;
-        PageMap::wrap(layout, pp, &tensors).map_err(DeviceError::from)?;
+        PageMap::wrap(layout, pp, tensors).map_err(DeviceError::from)?;
         #[cfg(feature = "cuda")]
         {
             // SAFETY: caller contract.
             let dev = unsafe {
-                crate::tier::cuda::CudaDevice::wrap(layout, pp, &tensors, ordinal as usize)?
+                crate::tier::cuda::CudaDevice::wrap(layout, pp, tensors, ordinal as usize)?
                     .with_raw_compute_stream(stream)
             };
             self.register(Arc::new(dev))

@@ -16,12 +16,15 @@ const B: u64 = 6;
 const HEAD: u64 = 128;
 const OFF: u64 = 64;
 
+/// Where (layer, head, block)'s run starts in the buffer, by vLLM's strides.
+type At = Box<dyn Fn(u64, u64, u64) -> u64>;
+
 fn layout() -> Layout {
     LayoutSpec::mha(L as u32, H as u32, 8, 2, 4).build().unwrap()
 }
 
 /// `LHBNC`: per layer `[heads, blocks, tokens, K+V]`; the halves are heads 0..2 and 2..4.
-fn lhbnc() -> (KvTensors, Box<dyn Fn(u64, u64, u64) -> u64>) {
+fn lhbnc() -> (KvTensors, At) {
     let layer = |l: u64| OFF + l * H * B * HEAD;
     let k = (0..L).map(layer);
     let v = (0..L).map(|l| layer(l) + H / 2 * B * HEAD);
@@ -30,7 +33,7 @@ fn lhbnc() -> (KvTensors, Box<dyn Fn(u64, u64, u64) -> u64>) {
 }
 
 /// `BHLNC` (cross-layer): `[blocks, heads, layers, tokens, K+V]`.
-fn bhlnc() -> (KvTensors, Box<dyn Fn(u64, u64, u64) -> u64>) {
+fn bhlnc() -> (KvTensors, At) {
     let at = |l: u64, h: u64, b: u64| OFF + b * H * L * HEAD + h * L * HEAD + l * HEAD;
     let k = (0..L).map(|l| at(l, 0, 0));
     let v = (0..L).map(|l| at(l, H / 2, 0));

@@ -195,7 +195,7 @@ impl PageMap {
             });
         }
         let run = map.span() as u64;
-        if t.runs == 0 || t.runs > MAX_RUNS || run == 0 || run % t.runs as u64 != 0 {
+        if t.runs == 0 || t.runs > MAX_RUNS || run == 0 || !run.is_multiple_of(t.runs as u64) {
             return Err(TensorError::Runs { runs: t.runs, run });
         }
         if t.runs > 1 && map.order == ByteOrder::PageFirst {
