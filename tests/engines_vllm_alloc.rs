@@ -2,11 +2,13 @@
 //! GPU build's Python code, on CPU), against a real daemon (`python/tests/vllm_allocator.py`
 //! says how): for every attention backend of vLLM's registry whose module imports without
 //! a GPU, and every KV cache layout it declares, `get_kv_cache_configs` and the model
-//! runner's `allocate_kv_cache` give the tensors the connector registers (or, for heads
-//! outside blocks, refuses with a `LayoutError` naming the layout); per distinct geometry
-//! (packed NHD/HND, layer- and block-outermost, MHA and MLA) a store and a load through
-//! vLLM's Scheduler and the worker side, in the model runner's call order, give blocks
-//! bit-identical to the stored ones and no stray bytes elsewhere in the buffer.
+//! runner's `allocate_kv_cache` give the tensors the connector registers, every layout
+//! (heads outside blocks, `LHBNC`/`BHLNC`, as pages of head runs) with 2 and 4 KV heads;
+//! per distinct geometry (packed NHD/HND, layer- and block-outermost, heads outside
+//! blocks, K/V head slots, MHA and MLA) a store and a load through vLLM's Scheduler and
+//! the worker side, in the model runner's call order, give blocks bit-identical to the
+//! stored ones and no stray bytes elsewhere in the buffer; pages an `LHBNC`/`BHLNC` engine
+//! stored load into an `LBHNC` engine with the same logical blocks.
 
 mod common;
 mod pkg_support;
@@ -59,14 +61,33 @@ fn vllm_allocator_tensors_register_and_round_trip() {
         out.lines().any(|l| l.starts_with("round trip ") && l.contains(" MLA ")),
         "no MLA round trip:\n{out}"
     );
-    // The refusals are counted: heads outside blocks exist among vLLM's backends (ROCm's
-    // LHBNC, the Triton backends' BHLNC/LHBNC).
+    // Heads outside blocks round-trip with one head run a half (2 heads) and two (4), and
+    // their pages load into an LBHNC engine.
+    for layout in ["LHBNC", "BHLNC"] {
+        for heads in [2, 4] {
+            assert!(
+                out.lines().any(|l| l.starts_with(&format!("round trip {layout} MHA "))
+                    && l.ends_with(&format!(" heads {heads}: ok"))),
+                "no {layout} MHA round trip with {heads} heads:\n{out}"
+            );
+            assert!(
+                out.lines().any(|l| l.starts_with(&format!("shared {layout} -> LBHNC MHA "))
+                    && l.ends_with(&format!(" heads {heads}: ok"))),
+                "no {layout} page with {heads} heads loaded into LBHNC:\n{out}"
+            );
+        }
+    }
+    // Nothing vLLM allocates without a GPU is refused, and heads outside blocks and K/V
+    // head slots were among what registered.
     let line = out.lines().find(|l| l.starts_with("OK registered ")).unwrap();
-    let refused: u32 = line
-        .split("refused ")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .expect("the refused count");
-    assert!(refused > 0, "{line}");
+    let count = |after: &str| -> u32 {
+        line.split(after)
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).find(|n| !n.is_empty()))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count after {after:?} in {line}"))
+    };
+    assert_eq!(count("refused "), 0, "{line}");
+    assert!(count("MLA; ") > 0, "no MHA layout with heads outside blocks registered: {line}");
+    assert!(count("blocks, ") > 0, "no K/V head slot layout registered: {line}");
 }

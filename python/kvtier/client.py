@@ -194,17 +194,28 @@ class Client:
     def register_cuda(self, ordinal, pages):
         check(self._lib.kvtier_register_cuda(self._handle, ordinal, pages))
 
-    def register_cuda_tensors(self, ordinal, ptrs, page_stride, pages, stream=0):
-        """The engine's own KV tensors on GPU ``ordinal`` (addresses: ``include/kvtier.h``)."""
+    def register_cuda_tensors(self, ordinal, ptrs, page_stride, pages, stream=0, runs=1, run_stride=0):
+        """The engine's own KV tensors on GPU ``ordinal`` (addresses: ``include/kvtier.h``);
+        ``runs`` > 1 says each page of a tensor is that many equal runs ``run_stride``
+        bytes apart."""
         arr = (c_uint64 * len(ptrs))(*ptrs)
-        check(self._lib.kvtier_register_cuda_tensors(self._handle, ordinal, arr, len(ptrs), page_stride, pages,
-                                                     stream))
+        if runs == 1:
+            check(self._lib.kvtier_register_cuda_tensors(self._handle, ordinal, arr, len(ptrs), page_stride, pages,
+                                                         stream))
+        else:
+            check(self._lib.kvtier_register_cuda_tensor_runs(self._handle, ordinal, arr, len(ptrs), page_stride,
+                                                             pages, runs, run_stride, stream))
 
-    def register_host_tensors(self, ptrs, page_stride, pages):
+    def register_host_tensors(self, ptrs, page_stride, pages, runs=1, run_stride=0):
         """The engine's own KV tensors in host memory; kvtier copies pages straight into
-        and out of them. They must stay allocated while registered."""
+        and out of them. They must stay allocated while registered. ``runs`` as for
+        :meth:`register_cuda_tensors`."""
         arr = (c_uint64 * len(ptrs))(*ptrs)
-        check(self._lib.kvtier_register_host_tensors(self._handle, arr, len(ptrs), page_stride, pages))
+        if runs == 1:
+            check(self._lib.kvtier_register_host_tensors(self._handle, arr, len(ptrs), page_stride, pages))
+        else:
+            check(self._lib.kvtier_register_host_tensor_runs(self._handle, arr, len(ptrs), page_stride, pages, runs,
+                                                             run_stride))
 
     def object_bytes(self):
         n = c_size_t()

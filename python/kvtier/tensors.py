@@ -18,6 +18,15 @@ Two tensor forms reach it:
   keeps such pages apart from split ones. MLA's ``[blocks, 1, block_size, latent]`` is
   one latent run a block.
 
+  vLLM's ``LHBNC``/``BHLNC`` layouts keep heads outside blocks: the same 4-D view, but one
+  block of one layer is ``heads`` runs of ``block_size x 2 x head_dim`` elements (one per
+  head) a head stride apart. Read in head order those runs are the bytes of the same block
+  in ``LBHNC``, so the halves are the first and the last ``heads / 2`` head runs,
+  registered as pages of ``heads / 2`` runs at the head stride (``kvtier_register_*_
+  tensor_runs``), with ``kv_order`` ``packed-hnd``: the pages are ``LBHNC``'s, byte for
+  byte, and are shared with ``LBHNC`` engines. An odd number of heads above one cannot be
+  halved into whole head runs and is refused.
+
 Both check the tensors against the client's :class:`~kvtier.client.Layout` and raise
 :class:`~kvtier.errors.LayoutError` naming what differs; :func:`register` picks the host or
 the CUDA entry by the tensors' device.
@@ -109,59 +118,96 @@ def whole_page_views(layout, parts):
 
 
 def packed_order(t):
-    """The order of a packed 4-D ``[blocks, heads, tokens, content]`` block: ``"hnd"``
-    (heads outside tokens), ``"nhd"`` (tokens outside heads), or None when one block of the
-    layer is not one contiguous run. One head (or one token) is both: ``"hnd"``."""
+    """The order of a packed 4-D ``[blocks, heads, tokens, content]`` block's bytes:
+    ``"hnd"`` (heads outside tokens, a head's tokens contiguous: a block is one run, or, see
+    :func:`head_stride`, one run per head), ``"nhd"`` (tokens outside heads, one run), or
+    None when kvtier cannot address it. One head (or one token) is both: ``"hnd"``."""
     _, h, n, c = t.shape
     s = t.stride()
     if s[3] != 1:
         return None
-    if (s[2] == c or n == 1) and (s[1] == n * c or h == 1):
+    if (s[2] == c or n == 1) and (s[1] == n * c or h == 1 or head_stride(t) is not None):
         return "hnd"
     if (s[1] == c or h == 1) and (s[2] == h * c or n == 1):
         return "nhd"
     return None
 
 
-def packed_views(layout, layers, tp_heads):
+def head_stride(t):
+    """The head stride in elements of a packed 4-D view whose heads sit outside its blocks
+    (vLLM's ``LHBNC``/``BHLNC``: each head's ``[tokens, content]`` run contiguous, the runs
+    of one block not), or None when a block is one run (or the runs are not of that form)."""
+    _, h, n, c = t.shape
+    s = t.stride()
+    if h == 1 or s[3] != 1 or not (s[2] == c or n == 1) or s[1] == n * c:
+        return None
+    return s[1] if s[1] >= n * c else None
+
+
+def packed_views(layout, layers, tp_heads, kv_groups=False):
     """``layers[l]`` is vLLM's 4-D view of layer ``l``: ``[blocks, tp_heads, page_tokens,
     2 x head_dim]`` for MHA (K dims then V dims per token and head), ``[blocks, 1,
-    page_tokens, latent]`` for MLA. Returns ``(parts, page_stride_bytes, pages, device)``
-    where ``parts`` are the addresses :func:`register` takes (MHA: the K halves, then the V
-    halves)."""
+    page_tokens, latent]`` for MLA. Returns ``(parts, page_stride_bytes, pages, device,
+    runs, run_stride_bytes)`` where ``parts`` are the addresses :func:`register_addresses`
+    takes (MHA: the K halves, then the V halves) and each page of one is ``runs`` runs
+    ``run_stride_bytes`` apart (heads outside blocks; else one run).
+
+    ``kv_groups``: vLLM's K/V-group packing, ``[blocks, 2, page_tokens, tp_heads x
+    head_dim]`` (two head slots, K then V, each tokens outside heads): the halves are K and
+    V, the layout's ``kv_order`` ``nhd``."""
     if len(layers) != layout.layers:
         raise _bad(f"{len(layers)} layer tensors given; the layout has {layout.layers} layers")
     content = layout.head_dim if layout.mla else 2 * layout.head_dim
     heads = 1 if layout.mla else tp_heads
     order = "hnd" if layout.mla else layout.kv_order.removeprefix("packed-")
-    if not layout.mla and not layout.kv_order.startswith("packed-"):
+    if kv_groups:
+        heads, content, order = 2, tp_heads * layout.head_dim, "hnd"
+        if layout.mla or layout.kv_order != "nhd":
+            raise _bad(f"K and V head slots given; the layout's kv_order is {layout.kv_order} (want nhd)")
+    elif not layout.mla and not layout.kv_order.startswith("packed-"):
         raise _bad(f"packed K|V blocks given; the layout's kv_order is {layout.kv_order}")
-    first, ks, vs = [None, None, None], [], []
+    first, ks, vs, runs = [None, None, None], [], [], None
     for l, t in enumerate(layers):
         where = f"layer {l}"
         if t.dim() != 4 or tuple(t.shape[1:]) != (heads, layout.page_tokens, content):
+            what = "latent" if layout.mla else "heads x head_dim" if kv_groups else "K + V head dims"
             raise _bad(f"{where}: shape {tuple(t.shape)} is not [blocks, {heads}, {layout.page_tokens}, {content}] "
-                       "(heads of this rank, page_tokens, " + ("latent" if layout.mla else "K + V head dims") + ")")
+                       f"({'K and V slots' if kv_groups else 'heads of this rank'}, page_tokens, {what})")
         _check_dtype(layout, where, t)
         got = packed_order(t)
         if got != order:
             raise _bad(f"{where}: strides {t.stride()} are " + (f"a packed {got} block" if got else
-                       "not one contiguous run a block") + f"; the layout says {layout.kv_order}")
+                       "not one contiguous run a block, nor one run a head") + f"; the layout says {layout.kv_order}"
+                       + (" with K and V slots" if kv_groups else ""))
         esz = t.element_size()
         _same_pages(where, t.stride(0) * esz, t.shape[0], t.device, first)
+        hs = head_stride(t)
+        if hs is not None and heads % 2:
+            raise _bad(f"{where}: strides {t.stride()} keep each of {heads} heads in its own run; an odd number of "
+                       "heads does not halve into whole head runs (kvtier keeps MHA pages as two equal halves)")
+        # The halves: the first heads / 2 head runs, then the last (heads outside blocks);
+        # else the first and second half of the block's one run.
+        got_runs = (heads // 2, hs * esz) if hs is not None else (1, 0)
+        if runs is None:
+            runs = got_runs
+        elif got_runs != runs:
+            raise _bad(f"{where}: {got_runs[0]} run(s) of a page at stride {got_runs[1]}; layer 0 has {runs[0]} at "
+                       f"{runs[1]}")
         ks.append(t.data_ptr())
-        vs.append(t.data_ptr() + heads * layout.page_tokens * content * esz // 2)
-    return (ks if layout.mla else ks + vs), first[0], first[1], first[2]
+        half = heads // 2 * hs * esz if hs is not None else heads * layout.page_tokens * content * esz // 2
+        vs.append(t.data_ptr() + half)
+    return (ks if layout.mla else ks + vs), first[0], first[1], first[2], runs[0], runs[1]
 
 
-def register_addresses(client, ptrs, stride, pages, device, stream=0):
+def register_addresses(client, ptrs, stride, pages, device, stream=0, runs=1, run_stride=0):
     """Registers the (part, layer) addresses ``ptrs`` (parts outer) as ``client``'s KV
     memory: host memory directly, CUDA memory through the device registration (``stream``
-    is the engine's compute stream, 0 for the default one). Returns the number of pages."""
+    is the engine's compute stream, 0 for the default one); each page of a tensor is
+    ``runs`` runs ``run_stride`` bytes apart. Returns the number of pages."""
     if device.type == "cpu":
-        client.register_host_tensors(ptrs, stride, pages)
+        client.register_host_tensors(ptrs, stride, pages, runs, run_stride)
     elif device.type == "cuda":
-        client.register_cuda_tensors(device.index or 0, ptrs, stride, pages, stream)
+        client.register_cuda_tensors(device.index or 0, ptrs, stride, pages, stream, runs, run_stride)
     else:
         raise _bad(f"tensors on {device}: kvtier registers host (cpu) or cuda tensors")
     return pages

@@ -158,11 +158,14 @@ def total_kv_heads(per_rank, tp_size, vllm_config=None):
     return per_rank * tp_size
 
 
-#: vLLM's KV cache layouts (``KVCacheLayout``, logical ``[L, B, H, N, C]``) whose block of
-#: one layer is one contiguous run, and the order of the bytes inside it. The legacy names
-#: ``NHD``/``HND`` are vLLM's aliases of ``LBNHC``/``LBHNC``.
-VLLM_LAYOUTS = {"LBHNC": "packed-hnd", "BLHNC": "packed-hnd", "LBNHC": "packed-nhd", "BLNHC": "packed-nhd",
-                "HND": "packed-hnd", "NHD": "packed-nhd"}
+#: vLLM's KV cache layouts (``KVCacheLayout``, logical ``[L, B, H, N, C]``) and the order
+#: of the bytes of one block of one layer read as kvtier copies it. In ``LHBNC``/``BHLNC``
+#: (heads outside blocks) a block is one run per head; read in head order the runs are the
+#: same block's bytes in ``LBHNC``, so those pages are ``packed-hnd`` too and shared with
+#: ``LBHNC`` engines (``kvtier.tensors.packed_views``). The legacy names ``NHD``/``HND``
+#: are vLLM's aliases of ``LBNHC``/``LBHNC``.
+VLLM_LAYOUTS = {"LBHNC": "packed-hnd", "BLHNC": "packed-hnd", "LHBNC": "packed-hnd", "BHLNC": "packed-hnd",
+                "LBNHC": "packed-nhd", "BLNHC": "packed-nhd", "HND": "packed-hnd", "NHD": "packed-nhd"}
 #: vLLM ``cache_dtype`` values that name the stored KV dtype (its tensors hold fp8 as uint8).
 FP8_CACHE_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
@@ -186,9 +189,8 @@ def kv_order_of(kv_cache_config, vllm_config=None, mla=False):
         return "nhd"
     order = VLLM_LAYOUTS.get(str(name).upper())
     if order is None:
-        raise LayoutError(_capi.ERR_LAYOUT, f"vLLM's KV cache layout {name} keeps one block of one layer in more than "
-                          f"one run (heads outside blocks); kvtier addresses {sorted(VLLM_LAYOUTS)} "
-                          "(set VLLM_KV_CACHE_LAYOUT to one of them)", "layout")
+        raise LayoutError(_capi.ERR_LAYOUT, f"vLLM's KV cache layout {name} is not one kvtier knows; kvtier "
+                          f"addresses {sorted(VLLM_LAYOUTS)} (set VLLM_KV_CACHE_LAYOUT to one of them)", "layout")
     return order
 
 
@@ -199,6 +201,23 @@ def kv_dtype(torch_dtype, vllm_config=None):
     if isinstance(cache_dtype, str) and cache_dtype in FP8_CACHE_DTYPES:
         return FP8_CACHE_DTYPES[cache_dtype]
     return dtype_name(torch_dtype)
+
+
+def kv_groups(spec):
+    """Whether an MHA spec's page is vLLM's K/V-group packing (``num_head_slots`` 2, each
+    slot one of K and V for all heads: ``[2, block_size, heads x head_dim]`` a block, as
+    ROCm's attention backends customize it): its halves are K and V themselves, tokens
+    outside heads, the bytes of split ``nhd`` pages. Any other head-slot packing (packed
+    fp4 with scales) is refused with a ``LayoutError``."""
+    slots = getattr(spec, "num_head_slots", None)
+    if slots is None or isinstance(spec, MLAAttentionSpec):
+        return False
+    group = spec.num_kv_heads * spec.head_size * torch.empty((), dtype=spec.dtype).element_size()
+    if slots == 2 and getattr(spec, "state_content_bytes", None) == group:
+        return True
+    raise LayoutError(_capi.ERR_LAYOUT, f"vLLM's KV cache spec packs {slots} head slots of "
+                      f"{getattr(spec, 'state_content_bytes', None)} bytes a token; kvtier addresses one slot per "
+                      "KV head, or K and V as two slots", "layout")
 
 
 def layout_of(kv_cache_config, tp_size=1, vllm_config=None):
@@ -223,7 +242,7 @@ def layout_of(kv_cache_config, tp_size=1, vllm_config=None):
         page_tokens=spec.block_size,
         mla=mla,
         dtype=kv_dtype(spec.dtype, vllm_config),
-        kv_order=kv_order_of(kv_cache_config, vllm_config, mla),
+        kv_order="nhd" if kv_groups(spec) else kv_order_of(kv_cache_config, vllm_config, mla),
     )
 
 
@@ -530,14 +549,23 @@ class KvtierConnector(KVConnectorBase_V1):
             order = _tensors.packed_order(t0)
             if order is None:
                 raise LayoutError(_capi.ERR_LAYOUT, f"KV cache {names[0]} has shape {tuple(t0.shape)} and strides "
-                                  f"{t0.stride()}: one block of one layer is not one contiguous run", "layout")
+                                  f"{t0.stride()}: one block of one layer is neither one contiguous run nor one run "
+                                  "per head", "layout")
             heads, block, content = t0.shape[1], t0.shape[2], t0.shape[3]
+            groups = self._kv_cache_config is not None and not mla and \
+                kv_groups(self._kv_cache_config.kv_cache_groups[0].kv_cache_spec)
+            if groups:
+                # [blocks, 2, block_size, heads x head_dim]: K and V slots.
+                spec = self._kv_cache_config.kv_cache_groups[0].kv_cache_spec
+                heads, head_dim, kv_order = spec.num_kv_heads, spec.head_size, "nhd"
+            else:
+                head_dim, kv_order = (content, "nhd") if mla else (content // 2, f"packed-{order}")
             layout = Layout(layers=len(tensors), kv_heads=1 if mla else total_kv_heads(heads, self._tp_size,
                                                                                           self._vllm_config),
-                            head_dim=content if mla else content // 2, dtype_bytes=t0.element_size(),
-                            page_tokens=block, mla=mla, dtype=dtype, kv_order="nhd" if mla else f"packed-{order}")
+                            head_dim=head_dim, dtype_bytes=t0.element_size(), page_tokens=block, mla=mla,
+                            dtype=dtype, kv_order=kv_order)
             self._check_layout(layout, names[0], t0)
-            addresses = _tensors.packed_views(layout, tensors, heads)
+            addresses = _tensors.packed_views(layout, tensors, heads, kv_groups=groups)
         else:
             ks, vs = [], []
             for name, t in zip(names, tensors):
@@ -570,7 +598,8 @@ class KvtierConnector(KVConnectorBase_V1):
             return self._connect(layout, self._instance, tp_rank)
 
         def register(client):
-            _tensors.register_addresses(client, *addresses, stream)
+            ptrs, stride, pages, device, *runs = addresses
+            _tensors.register_addresses(client, ptrs, stride, pages, device, stream, *runs)
 
         self._link = Link(connect, "vLLM", f"worker (TP rank {tp_rank})", register)
         self._link.get()

@@ -13,10 +13,13 @@ layout recorded on the config as the engine core does), then the model runner's
 the block-outermost layouts). vLLM's ``KVConnectorFactory`` builds the scheduler and
 worker connectors from that config and the worker registers the tensors:
 
-* a layout where one block of one layer is one contiguous run (vLLM's
-  ``is_block_compact``, or one head, as MLA has) registers;
-* any other (heads outside blocks: ``LHBNC``/``BHLNC`` with several heads) is refused with
-  kvtier's ``LayoutError`` naming the layout, when the connector is built.
+* every layout registers: one block of one layer one contiguous run (vLLM's
+  ``is_block_compact``, or one head, as MLA has), or one run per head (heads outside
+  blocks: ``LHBNC``/``BHLNC``), registered as pages cut into head runs;
+* MHA runs with 2 and with 4 KV heads a rank, so the heads-outside halves are one head
+  run each and two head runs each (kvtier's multi-run pages);
+* a backend's K/V head slots (ROCm's ``num_head_slots=2``) register as split ``nhd``
+  pages, any other head-slot packing would be refused (counted, none expected).
 
 For each distinct geometry that registered (layout, MLA or not, dtype, block size), a
 store and a load run through vLLM's v1 ``Scheduler`` and the worker side in the order
@@ -27,6 +30,11 @@ random bytes into the slots of request A's tokens (the forward pass's stand-in) 
 stores its full blocks; engine 2, a fresh allocation, gets request B's shared prefix from
 kvtier (``num_computed_tokens``), and every loaded block is bit-identical to engine 1's
 block, while every other byte of engine 2's backing buffer is still zero.
+
+Then the sharing check: pages an ``LHBNC`` (and a ``BHLNC``) engine stored load into an
+``LBHNC`` engine of the same model, and each of its blocks holds the same logical
+``[heads, tokens, K + V]`` values as the storing engine's block: the head runs in order
+are the ``LBHNC`` block's bytes.
 """
 
 import os
@@ -163,11 +171,13 @@ def request(rid, tokens, bs):
                    pooling_params=None, block_hasher=get_request_block_hasher(bs, sha256))
 
 
-def round_trip(backend, layout, spec, name):
-    """Engine 1 stores request A's 3 full blocks; engine 2 (fresh tensors) loads them for
-    B. Returns the bytes compared."""
+def round_trip(backend, layout, spec, name, load_as=None):
+    """Engine 1 stores request A's 3 full blocks; engine 2 (fresh tensors; ``load_as``'s
+    backend and layout when given, else engine 1's) loads them for B. Returns the bytes
+    compared."""
     bs = spec.block_size
     e1 = Engine(*allocate(backend, layout, spec, name))
+    backend, layout = load_as or (backend, layout)
     prefix = [(i * 37 + 11) % 1000 for i in range(3 * bs)]
     a = request("A", prefix + [901, 902], bs)
     e1.sched.add_request(a)
@@ -209,31 +219,35 @@ def round_trip(backend, layout, spec, name):
 
 
 def main():
-    mha = lambda bs, dtype: FullAttentionSpec(block_size=bs, num_kv_heads=HEADS, head_size=DIM, dtype=dtype)  # noqa: E731
-    mla = lambda bs, dtype: MLAAttentionSpec(block_size=bs, num_kv_heads=1, head_size=LATENT, dtype=dtype)  # noqa: E731
+    mha = lambda bs, dtype, heads: FullAttentionSpec(block_size=bs, num_kv_heads=heads, head_size=DIM,  # noqa: E731
+                                                     dtype=dtype)
+    mla = lambda bs, dtype, _: MLAAttentionSpec(block_size=bs, num_kv_heads=1, head_size=LATENT, dtype=dtype)  # noqa: E731
     counts, skipped, geometries = Counter(), [], {}
-    for member in AttentionBackendEnum:
+    for member, heads in [(m, h) for m in AttentionBackendEnum for h in (HEADS, 2 * HEADS)]:
         try:
             backend = member.get_class()
         except Exception as e:  # noqa: BLE001 - a backend whose module needs a GPU library
-            skipped.append(f"{member.name} ({type(e).__name__})")
+            if heads == HEADS:
+                skipped.append(f"{member.name} ({type(e).__name__})")
             continue
         is_mla = bool(backend.is_mla())
+        if is_mla and heads != HEADS:
+            continue  # MLA has one latent head
         dtypes = list(getattr(backend, "supported_dtypes", [torch.float16]))
         dtype = torch.float16 if torch.float16 in dtypes else dtypes[0]
 
-        def make(bs, dtype=dtype, is_mla=is_mla, backend=backend):
-            spec = (mla if is_mla else mha)(bs, dtype)
+        def make(bs, dtype=dtype, is_mla=is_mla, backend=backend, heads=heads):
+            spec = (mla if is_mla else mha)(bs, dtype, heads)
             return backend.customize_spec(spec) if hasattr(backend, "customize_spec") else spec
 
         bs = block_size_for(backend, make)
         if bs is None:
-            skipped.append(f"{member.name} (no block size up to 256 without a kernel split)")
+            if heads == HEADS:
+                skipped.append(f"{member.name} (no block size up to 256 without a kernel split)")
             continue
         spec = make(bs)
         for layout in get_supported_kv_cache_layouts([backend]):
-            name = f"alloc-{os.getpid()}-{member.name}-{layout.name}"
-            one_run = layout.is_block_compact or is_mla
+            name = f"alloc-{os.getpid()}-{member.name}-{layout.name}-h{heads}"
             try:
                 cfg, kvc, caches = allocate(backend, layout, spec, name)
             except (ValueError, AssertionError) as e:
@@ -241,32 +255,52 @@ def main():
                 skipped.append(f"{member.name}/{layout.name} (vLLM: {str(e)[:80]})")
                 continue
             t0 = caches[LAYERS[0]]
-            print(f"{name}: {'MLA' if is_mla else 'MHA'} {spec.dtype} block {bs} view {tuple(t0.shape)} strides "
-                  f"{t0.stride()}", flush=True)
+            slots = getattr(spec, "num_head_slots", None)
+            print(f"{name}: {'MLA' if is_mla else 'MHA'} {spec.dtype} block {bs} heads {heads} slots {slots} view "
+                  f"{tuple(t0.shape)} strides {t0.stride()}", flush=True)
             try:
-                Engine(cfg, kvc, caches)
-            except LayoutError as e:
-                assert not one_run, f"{name}: {tuple(t0.shape)} {t0.stride()} refused: {e}"
-                assert layout.name in str(e), f"{name}: the refusal does not name the layout: {e}"
+                e = Engine(cfg, kvc, caches)
+            except LayoutError as err:
+                print(f"{name}: refused: {err}", flush=True)
                 counts["refused"] += 1
                 continue
-            assert one_run, f"{name}: {layout.name} with heads outside blocks registered"
             counts["registered"] += 1
             counts["mla" if is_mla else "mha"] += 1
-            key = (layout.name, is_mla, str(spec.dtype), bs, getattr(spec, "page_size_padded", None))
+            if not (layout.is_block_compact or is_mla or slots):
+                counts["heads outside"] += 1
+                assert e.worker._layout.kv_order == "packed-hnd", (name, e.worker._layout)
+            if slots:
+                counts["kv slots"] += 1
+                assert e.worker._layout.kv_order == "nhd", (name, e.worker._layout)
+            key = (layout.name, is_mla, str(spec.dtype), bs, getattr(spec, "page_size_padded", None), heads, slots)
             geometries.setdefault(key, (backend, layout, spec, name))
     compared = 0
-    for (lname, is_mla, dtype, bs, _), (backend, layout, spec, name) in sorted(geometries.items(),
-                                                                                key=lambda kv: str(kv[0])):
+    for (lname, is_mla, dtype, bs, _, heads, slots), (backend, layout, spec, name) in \
+            sorted(geometries.items(), key=lambda kv: str(kv[0])):
         compared += round_trip(backend, layout, spec, name + "-rt")
-        print(f"round trip {lname} {'MLA' if is_mla else 'MHA'} {dtype} block {bs}: ok", flush=True)
+        print(f"round trip {lname} {'MLA' if is_mla else 'MHA'} {dtype} block {bs} heads {heads}"
+              f"{' kv-slots' if slots else ''}: ok", flush=True)
+    # Sharing: heads-outside pages load into an LBHNC engine (same spec, same model).
+    shared = 0
+    for (lname, is_mla, dtype, bs, padded, heads, slots), (backend, layout, spec, name) in \
+            sorted(geometries.items(), key=lambda kv: str(kv[0])):
+        into = geometries.get(("LBHNC", is_mla, dtype, bs, padded, heads, slots))
+        if lname not in ("LHBNC", "BHLNC") or is_mla or slots or into is None:
+            continue
+        compared += round_trip(backend, layout, spec, f"{name}-share", load_as=into[:2])
+        shared += 1
+        print(f"shared {lname} -> LBHNC MHA {dtype} block {bs} heads {heads}: ok", flush=True)
     print(f"skipped (import needs a GPU library, or vLLM refuses): {', '.join(skipped)}", flush=True)
     layouts = sorted({k[0] for k in geometries})
-    print(f"OK registered {counts['registered']} backend layouts ({counts['mha']} MHA, {counts['mla']} MLA), "
-          f"refused {counts['refused']} with heads outside blocks", flush=True)
-    print(f"OK round trips: {len(geometries)} geometries over layouts {','.join(layouts)}, "
-          f"{compared} bytes bit-identical, no stray bytes", flush=True)
-    assert {"LBHNC", "LBNHC", "BLHNC", "BLNHC"} <= set(layouts), layouts
+    print(f"OK registered {counts['registered']} backend layouts ({counts['mha']} MHA, {counts['mla']} MLA; "
+          f"{counts['heads outside']} MHA with heads outside blocks, {counts['kv slots']} with K/V head slots), "
+          f"refused {counts['refused']}", flush=True)
+    print(f"OK round trips: {len(geometries)} geometries over layouts {','.join(layouts)}, {shared} shared into "
+          f"LBHNC, {compared} bytes bit-identical, no stray bytes", flush=True)
+    assert {"LBHNC", "LBNHC", "BLHNC", "BLNHC", "LHBNC", "BHLNC"} <= set(layouts), layouts
+    assert {(k[0], k[5]) for k in geometries if not k[1] and not k[6]} >= \
+        {(lay, h) for lay in ("LHBNC", "BHLNC") for h in (HEADS, 2 * HEADS)}, sorted(geometries)
+    assert shared >= 2, shared
     assert any(k[1] for k in geometries) and any(not k[1] for k in geometries), geometries.keys()
     print("OK done", flush=True)
 
