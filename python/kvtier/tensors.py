@@ -2,8 +2,9 @@
 
 A registered region is, for each (part, layer) of the rank's stage, page 0's address and
 one page stride: page ``s`` is the contiguous run of ``page_tokens x heads x head_dim``
-elements at ``base + s * stride``. The order of the bytes inside that run is the layout's
-``kv_order``, part of the page's identity.
+elements at ``base + s * stride`` (or, registered with ``runs`` > 1, that many equal runs
+``run_stride`` bytes apart, read in order). The order of the bytes inside a page is the
+layout's ``kv_order``, part of the page's identity.
 
 Two tensor forms reach it:
 

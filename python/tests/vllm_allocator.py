@@ -272,7 +272,8 @@ def main():
             if slots:
                 counts["kv slots"] += 1
                 assert e.worker._layout.kv_order == "nhd", (name, e.worker._layout)
-            key = (layout.name, is_mla, str(spec.dtype), bs, getattr(spec, "page_size_padded", None), heads, slots)
+            key = (layout.name, is_mla, str(spec.dtype), bs, getattr(spec, "page_size_padded", None),
+                   1 if is_mla else heads, slots)
             geometries.setdefault(key, (backend, layout, spec, name))
     compared = 0
     for (lname, is_mla, dtype, bs, _, heads, slots), (backend, layout, spec, name) in \
