@@ -95,7 +95,7 @@ pub use crate::session::registry::{DEFAULT_MAX_ID_BYTES, DEFAULT_MAX_SESSIONS};
 use crate::tier::TierKind;
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
-use crate::transfer::{TicketError, Tickets, TransferEngine};
+use crate::transfer::{TicketError, TransferEngine};
 use crate::wire::PrefixHit;
 use grants::GrantTable;
 use locks::{Ordered, Rank};
@@ -195,7 +195,8 @@ pub(crate) struct Inner {
     xfer: TransferEngine,
     /// The session policy's pool moves, queued for one transfer worker at a time.
     moves: moves::PolicyMoves,
-    tickets: Arc<Tickets<OpResult>>,
+    /// In-process operations' tickets (a component that owns its table).
+    jobs: inproc::InProcJobs,
     stats: Stats,
     /// [Remote] Discovery of pages other nodes wrote, on a shared pool.
     remote: Option<remote::Remote>,
@@ -222,7 +223,7 @@ impl Manager {
                 session_events: SessionEventLog::default(),
                 xfer: TransferEngine::new(cfg.transfer_threads, cfg.transfer_queue),
                 moves: moves::PolicyMoves::default(),
-                tickets: Tickets::new(cfg.max_outstanding),
+                jobs: inproc::InProcJobs::new(cfg.max_outstanding),
                 stats: Stats::default(),
                 remote: cfg.remote.map(remote::Remote::new),
                 stores: Stores::new(&cfg),
