@@ -282,7 +282,7 @@ impl Manager {
             .is_empty();
         // Pages past what the directory knows may be in a shared pool (another node's).
         if self.inner.remote.is_some() {
-            let hit = self.view_lookup(ns, hashes)?;
+            let hit = self.inner.pages.lookup(ns, hashes)?;
             self.discover(ns, hashes, hit);
         }
         if wait != LoadWait::BestEffort {

@@ -1,9 +1,11 @@
 //! Executing KV hints against the tiers. Every well-formed hint gets an outcome; only a
 //! malformed one is an error (see `crate::hints`).
 
+use super::devices::Devices;
+use super::pages::Pages;
 use super::queues::Advice;
 use super::state::DirState;
-use super::{Manager, ManagerError};
+use super::{Manager, ManagerError, SessionRegistry, Stores};
 use crate::directory::PageId;
 use crate::hints::{Hint, HintError, HintOutcome, HintTarget, Reason};
 use crate::page::NamespaceId;
@@ -13,12 +15,12 @@ use crate::tier::TierKind;
 impl Manager {
     /// Applies a hint. docs/ARCHITECTURE.md, "Hints", gives the semantics of each kind.
     pub fn hint(&self, ns: NamespaceId, hint: Hint) -> Result<HintOutcome, ManagerError> {
-        self.validate_hint(&hint)?;
+        validate(&hint, self.inner.cfg.max_batch)?;
         // Pages that earlier lookups credited from the pool are named here too.
         super::settle_lookups(self);
         // Hints are soft: naming only pages (or a session) kvtier does not know is an
         // outcome, not an error.
-        let (pages, requested) = match self.resolve(ns, hint.target()) {
+        let (pages, requested) = match self.inner.pages.resolve(ns, hint.target(), &self.inner.sessions) {
             Ok(found) => found,
             Err(ManagerError::Hint(HintError::UnknownPages(_))) => {
                 let reason = match hint.target() {
@@ -35,74 +37,24 @@ impl Manager {
             Hint::Share { .. } => self.share(ns, &pages, requested, &hint),
             Hint::Prefetch { to, .. } => self.prefetch(ns, &pages, requested, *to, &hint),
             Hint::Demote { to, .. } => self.demote(ns, &pages, requested, *to, &hint),
-            Hint::Pin { tier, ttl_ms, .. } => self.pin(&pages, requested, *tier, *ttl_ms),
-            Hint::Retain { priority, ttl_ms, .. } => self.retain(&pages, requested, *priority, *ttl_ms),
+            Hint::Pin { tier, ttl_ms, .. } => {
+                let tun = self.tunables();
+                let capacity = capacity_pages(*tier, &self.inner.pages, &self.inner.stores, &self.inner.devices);
+                let budget = (tun.pin_budget * capacity as f64).floor() as usize;
+                let ttl = clip_ttl(&tun, *ttl_ms);
+                self.inner
+                    .upkeep
+                    .pin(&self.inner.pages, &pages, requested, *tier, budget, ttl)
+            }
+            Hint::Retain { priority, ttl_ms, .. } => {
+                let ttl = clip_ttl(&self.tunables(), *ttl_ms);
+                self.inner
+                    .upkeep
+                    .retain(&self.inner.pages, &pages, requested, *priority, ttl)
+            }
         };
         self.inner.stats.hint(hint.kind(), &outcome);
         Ok(outcome)
-    }
-
-    fn validate_hint(&self, hint: &Hint) -> Result<(), HintError> {
-        let n = match hint.target() {
-            HintTarget::Pages(h) | HintTarget::Prefix(h) => h.len(),
-            HintTarget::Session(s) => usize::from(!s.is_empty()),
-        };
-        if n == 0 {
-            return Err(HintError::Empty);
-        }
-        if n > self.inner.cfg.max_batch {
-            return Err(HintError::TooMany {
-                got: n,
-                max: self.inner.cfg.max_batch,
-            });
-        }
-        let bad = |kind: &'static str, tier| Err(HintError::BadTier { kind, tier });
-        match *hint {
-            Hint::Prefetch { to: TierKind::Pool, .. } => bad("prefetch", TierKind::Pool),
-            Hint::Demote {
-                to: TierKind::Device, ..
-            } => bad("demote", TierKind::Device),
-            Hint::Pin { ttl_ms: 0, .. } | Hint::Retain { ttl_ms: 0, .. } => Err(HintError::ZeroTtl),
-            _ => Ok(()),
-        }
-    }
-
-    /// The known pages a target names, and how many it asked for.
-    fn resolve(&self, ns: NamespaceId, target: &HintTarget) -> Result<(Vec<PageId>, usize), ManagerError> {
-        self.read().dir.layout(ns)?;
-        let (pages, requested): (Vec<PageId>, usize) = match target {
-            HintTarget::Pages(hs) => {
-                let st = self.read();
-                (hs.iter().filter_map(|h| st.dir.find(ns, h)).collect(), hs.len())
-            }
-            HintTarget::Prefix(hs) => {
-                let st = self.read();
-                (hs.iter().map_while(|h| st.dir.find(ns, h)).collect(), hs.len())
-            }
-            HintTarget::Session(s) => {
-                let Some(idx) = self.inner.sessions.get(s) else {
-                    return Err(HintError::UnknownPages(0).into());
-                };
-                // A session's pages are found by a walk: in chunks, so lookups never
-                // wait behind it.
-                let mut pages = Vec::new();
-                self.walk_dir(|st, range| {
-                    pages.extend(
-                        st.dir
-                            .order()
-                            .pages_of_session_in(idx, range)
-                            .into_iter()
-                            .filter(|&p| st.dir.info(p).ns == ns),
-                    );
-                });
-                let n = pages.len();
-                (pages, n)
-            }
-        };
-        if pages.is_empty() {
-            return Err(HintError::UnknownPages(requested).into());
-        }
-        Ok((pages, requested))
     }
 
     fn share(&self, ns: NamespaceId, pages: &[PageId], requested: usize, hint: &Hint) -> HintOutcome {
@@ -229,97 +181,6 @@ impl Manager {
         }
     }
 
-    fn pin(&self, pages: &[PageId], requested: usize, tier: TierKind, ttl_ms: u64) -> HintOutcome {
-        let tun = self.tunables();
-        let (ttl, ttl_clipped) = clip_ttl(&tun, ttl_ms);
-        let budget = (tun.pin_budget * self.capacity_pages(tier) as f64).floor() as usize;
-        let expires = expiry(self.inner.clock.now_ms(), ttl);
-        // Directory, then timers: the pin mark and its expiry change together.
-        let mut st = self.write();
-        let mut timers = self.inner.upkeep.timers();
-        let mut room = budget.saturating_sub(timers.pins_in(tier));
-        let mut pinned = 0;
-        let mut over_budget = false;
-        for &p in pages {
-            if !st.dir.is_complete(p, tier) {
-                continue;
-            }
-            let hash = st.dir.info(p).hash;
-            if timers.is_pinned(p.0, tier) {
-                timers.pin(p.0, tier, hash, expires);
-                pinned += 1;
-                continue;
-            }
-            if room == 0 {
-                over_budget = true;
-                continue;
-            }
-            room -= 1;
-            timers.pin(p.0, tier, hash, expires);
-            st.dir.set_pinned(p, tier, true);
-            pinned += 1;
-        }
-        drop(timers);
-        drop(st);
-        let reason = if over_budget {
-            Reason::PinBudget
-        } else if pinned < requested {
-            Reason::NotComplete
-        } else {
-            Reason::MaxTtl
-        };
-        if pinned == requested && ttl_clipped {
-            return HintOutcome::Clipped {
-                applied: pinned,
-                requested,
-                reason: Reason::MaxTtl,
-            };
-        }
-        clip(pinned, requested, reason)
-    }
-
-    fn retain(&self, pages: &[PageId], requested: usize, priority: i8, ttl_ms: u64) -> HintOutcome {
-        let (ttl, ttl_clipped) = clip_ttl(&self.tunables(), ttl_ms);
-        let expires = expiry(self.inner.clock.now_ms(), ttl);
-        let mut st = self.write();
-        let mut timers = self.inner.upkeep.timers();
-        for &p in pages {
-            let hash = st.dir.info(p).hash;
-            st.dir.order_mut().set_retain(p, priority);
-            timers.retain(p.0, hash, expires);
-        }
-        drop(timers);
-        drop(st);
-        if ttl_clipped {
-            return HintOutcome::Clipped {
-                applied: pages.len(),
-                requested,
-                reason: Reason::MaxTtl,
-            };
-        }
-        clip(pages.len(), requested, Reason::UnknownPages)
-    }
-
-    /// A tier's capacity in pages of the namespace layouts (the largest page if several).
-    fn capacity_pages(&self, tier: TierKind) -> usize {
-        let objs = self
-            .read()
-            .dir
-            .namespaces()
-            .map(|(_, _, l)| l.object_count())
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        match tier {
-            TierKind::Device => self.inner.devices.pages().values().copied().max().unwrap_or(0),
-            TierKind::Host => self.arena().map_or(0, |a| a.slots() as usize / objs),
-            TierKind::Pool => self.pool().map_or(0, |p| {
-                let slot = self.arena().map_or(1, |a| a.slot_bytes() as u64).max(1);
-                (p.usage().capacity_bytes / slot) as usize / objs
-            }),
-        }
-    }
-
     /// Re-runs deferred hints once each; those still blocked go back in the queue.
     /// Returns what the re-runs came to (each outcome is also counted in the hint
     /// stats); a re-run that fails (its namespace or pages gone wrong since) is logged
@@ -344,6 +205,95 @@ impl Manager {
             tracing::debug!(?r, "deferred hints re-run");
         }
         r
+    }
+}
+
+impl Pages {
+    /// The known pages a target names, and how many it asked for.
+    fn resolve(
+        &self,
+        ns: NamespaceId,
+        target: &HintTarget,
+        sessions: &SessionRegistry,
+    ) -> Result<(Vec<PageId>, usize), ManagerError> {
+        self.read().dir.layout(ns)?;
+        let (pages, requested): (Vec<PageId>, usize) = match target {
+            HintTarget::Pages(hs) => {
+                let st = self.read();
+                (hs.iter().filter_map(|h| st.dir.find(ns, h)).collect(), hs.len())
+            }
+            HintTarget::Prefix(hs) => {
+                let st = self.read();
+                (hs.iter().map_while(|h| st.dir.find(ns, h)).collect(), hs.len())
+            }
+            HintTarget::Session(s) => {
+                let Some(idx) = sessions.get(s) else {
+                    return Err(HintError::UnknownPages(0).into());
+                };
+                // A session's pages are found by a walk: in chunks, so lookups never
+                // wait behind it.
+                let mut pages = Vec::new();
+                self.walk(|st, range| {
+                    pages.extend(
+                        st.dir
+                            .order()
+                            .pages_of_session_in(idx, range)
+                            .into_iter()
+                            .filter(|&p| st.dir.info(p).ns == ns),
+                    );
+                });
+                let n = pages.len();
+                (pages, n)
+            }
+        };
+        if pages.is_empty() {
+            return Err(HintError::UnknownPages(requested).into());
+        }
+        Ok((pages, requested))
+    }
+}
+
+/// Refuses a malformed hint: an empty or oversized target, a tier the kind cannot
+/// move to, a zero TTL.
+fn validate(hint: &Hint, max_batch: usize) -> Result<(), HintError> {
+    let n = match hint.target() {
+        HintTarget::Pages(h) | HintTarget::Prefix(h) => h.len(),
+        HintTarget::Session(s) => usize::from(!s.is_empty()),
+    };
+    if n == 0 {
+        return Err(HintError::Empty);
+    }
+    if n > max_batch {
+        return Err(HintError::TooMany { got: n, max: max_batch });
+    }
+    let bad = |kind: &'static str, tier| Err(HintError::BadTier { kind, tier });
+    match *hint {
+        Hint::Prefetch { to: TierKind::Pool, .. } => bad("prefetch", TierKind::Pool),
+        Hint::Demote {
+            to: TierKind::Device, ..
+        } => bad("demote", TierKind::Device),
+        Hint::Pin { ttl_ms: 0, .. } | Hint::Retain { ttl_ms: 0, .. } => Err(HintError::ZeroTtl),
+        _ => Ok(()),
+    }
+}
+
+/// A tier's capacity in pages of the namespace layouts (the largest page if several).
+fn capacity_pages(tier: TierKind, dir: &Pages, stores: &Stores, devices: &Devices) -> usize {
+    let objs = dir
+        .read()
+        .dir
+        .namespaces()
+        .map(|(_, _, l)| l.object_count())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    match tier {
+        TierKind::Device => devices.pages().values().copied().max().unwrap_or(0),
+        TierKind::Host => stores.arena().map_or(0, |a| a.slots() as usize / objs),
+        TierKind::Pool => stores.pool().map_or(0, |p| {
+            let slot = stores.arena().map_or(1, |a| a.slot_bytes() as u64).max(1);
+            (p.usage().capacity_bytes / slot) as usize / objs
+        }),
     }
 }
 
@@ -385,12 +335,13 @@ pub(crate) fn expiry(now_ms: u64, ttl_ms: u64) -> u64 {
     now_ms.saturating_add(ttl_ms)
 }
 
+/// The TTL to apply (clipped to `max_pin_ttl_ms`) and whether it was clipped.
 fn clip_ttl(tun: &super::Tunables, ttl_ms: u64) -> (u64, bool) {
     let max = tun.max_pin_ttl_ms;
     (ttl_ms.min(max), ttl_ms > max)
 }
 
-fn clip(applied: usize, requested: usize, reason: Reason) -> HintOutcome {
+pub(super) fn clip(applied: usize, requested: usize, reason: Reason) -> HintOutcome {
     if applied >= requested {
         HintOutcome::Accepted { pages: applied }
     } else if applied == 0 {

@@ -1,17 +1,23 @@
 //! In-process engine operations: `store` and `load` for ranks whose device region is
 //! attached to the manager, run as jobs on transfer workers and collected by ticket.
+//!
+//! [`InProcJobs`] owns the ticket table: it issues a ticket before a grant, queues the
+//! grant's pages as one shared batch on the transfer workers it is handed, and settles
+//! the ticket when the batch ends, fails, or is dropped unrun.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::devices::Devices;
 use super::engine::{LoadWait, OpResult, StoreStatus};
+use super::pages::Pages;
 use super::{Manager, ManagerError};
 use crate::layout::Layout;
 use crate::page::{NamespaceId, PageHash};
 use crate::tier::TierKind;
 use crate::tier::device::{DeviceRegion, ObjectCopy};
 use crate::tier::host::{HostArena, SlotId};
-use crate::transfer::Ticket;
+use crate::transfer::{Ticket, Tickets, TransferEngine};
 
 impl Manager {
     /// In process: stores device pages of an attached rank to host on a transfer worker.
@@ -24,8 +30,15 @@ impl Manager {
         device_slots: &[u32],
         session: u32,
     ) -> Result<Ticket, ManagerError> {
-        let (device, layout, ticket) = self.prepare(ns, tp_rank, pp_rank, hashes, device_slots)?;
-        let grant = self.settle_on_error(ticket, self.begin_store(ns, tp_rank, pp_rank, hashes, session, 0))?;
+        let jobs = &self.inner.jobs;
+        let (device, layout, ticket) = jobs.prepare(
+            &self.inner.devices,
+            &self.inner.pages,
+            (ns, tp_rank, pp_rank),
+            hashes,
+            device_slots,
+        )?;
+        let grant = jobs.settle_on_error(ticket, self.begin_store(ns, tp_rank, pp_rank, hashes, session, 0))?;
         let guard = GrantGuard::new(self.clone(), grant.id, ticket);
         let slots = device_slots.to_vec();
         let bytes = grant_bytes(&layout, grant.pages.iter().map(|p| p.objects.iter().copied()));
@@ -73,7 +86,7 @@ impl Manager {
             };
             guard.done(result);
         };
-        self.submit_batch(ticket, n, bytes, item, finish)
+        jobs.submit(&self.inner.xfer, ticket, n, bytes, item, finish)
     }
 
     /// In process: loads the leading host pages of `hashes` into an attached rank's device
@@ -87,8 +100,15 @@ impl Manager {
         device_slots: &[u32],
         wait: LoadWait,
     ) -> Result<Ticket, ManagerError> {
-        let (device, layout, ticket) = self.prepare(ns, tp_rank, pp_rank, hashes, device_slots)?;
-        let grant = self.settle_on_error(ticket, self.begin_load(ns, tp_rank, pp_rank, hashes, wait, 0))?;
+        let jobs = &self.inner.jobs;
+        let (device, layout, ticket) = jobs.prepare(
+            &self.inner.devices,
+            &self.inner.pages,
+            (ns, tp_rank, pp_rank),
+            hashes,
+            device_slots,
+        )?;
+        let grant = jobs.settle_on_error(ticket, self.begin_load(ns, tp_rank, pp_rank, hashes, wait, 0))?;
         let guard = GrantGuard::new(self.clone(), grant.id, ticket);
         let slots = device_slots.to_vec();
         let total = hashes.len();
@@ -131,16 +151,40 @@ impl Manager {
             };
             guard.done(result);
         };
-        self.submit_batch(ticket, n, bytes, item, finish)
+        jobs.submit(&self.inner.xfer, ticket, n, bytes, item, finish)
+    }
+
+    /// Waits up to `timeout` for an in-process operation's result.
+    pub fn wait(&self, ticket: Ticket, timeout: Duration) -> Result<OpResult, ManagerError> {
+        self.inner.jobs.wait(ticket, timeout)
+    }
+
+    /// Every finished in-process operation, without waiting.
+    pub fn poll(&self) -> Vec<(Ticket, OpResult)> {
+        self.inner.jobs.poll()
+    }
+}
+
+/// The tickets of in-process operations, and the batches that settle them.
+pub(crate) struct InProcJobs {
+    tickets: Arc<Tickets<OpResult>>,
+}
+
+impl InProcJobs {
+    /// A table of at most `max_outstanding` tickets not yet collected.
+    pub(super) fn new(max_outstanding: usize) -> Self {
+        Self {
+            tickets: Tickets::new(max_outstanding),
+        }
     }
 
     /// What an in-process store or load needs before its grant: matching lengths, the
     /// attached device of the rank, the layout, and a ticket.
     fn prepare(
         &self,
-        ns: NamespaceId,
-        tp_rank: u16,
-        pp_rank: u16,
+        devices: &Devices,
+        pages: &Pages,
+        (ns, tp_rank, pp_rank): (NamespaceId, u16, u16),
         hashes: &[PageHash],
         device_slots: &[u32],
     ) -> Result<(Arc<dyn DeviceRegion>, Layout, Ticket), ManagerError> {
@@ -150,9 +194,9 @@ impl Manager {
                 slots: device_slots.len(),
             });
         }
-        let device = self.inner.devices.region(ns, tp_rank, pp_rank)?;
-        let layout = self.layout(ns)?;
-        let ticket = self.inner.tickets.issue()?;
+        let device = devices.region(ns, tp_rank, pp_rank)?;
+        let layout = pages.read().dir.layout(ns)?.clone();
+        let ticket = self.tickets.issue()?;
         Ok((device, layout, ticket))
     }
 
@@ -160,48 +204,50 @@ impl Manager {
     /// does not stay outstanding.
     fn settle_on_error<G>(&self, ticket: Ticket, grant: Result<G, ManagerError>) -> Result<G, ManagerError> {
         if grant.is_err() {
-            self.inner.tickets.complete(ticket, OpResult::default());
-            let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
+            self.tickets.complete(ticket, OpResult::default());
+            let _ = self.tickets.wait(ticket, Duration::ZERO);
         }
         grant
     }
 
-    /// Waits up to `timeout` for an in-process operation's result.
-    pub fn wait(&self, ticket: Ticket, timeout: Duration) -> Result<OpResult, ManagerError> {
-        Ok(self.inner.tickets.wait(ticket, timeout)?)
-    }
-
-    /// Every finished in-process operation, without waiting.
-    pub fn poll(&self) -> Vec<(Ticket, OpResult)> {
-        self.inner.tickets.poll()
-    }
-
     /// Queues a grant's pages as one batch that the transfer workers share (as many as
     /// its bytes are worth, see `TransferEngine::runners`).
-    fn submit_batch(
+    fn submit(
         &self,
+        xfer: &TransferEngine,
         ticket: Ticket,
         n: usize,
         bytes: u64,
         item: impl Fn(usize) -> bool + Send + Sync + 'static,
         finish: impl FnOnce(Vec<bool>) + Send + 'static,
     ) -> Result<Ticket, ManagerError> {
-        let runners = self.inner.xfer.runners(bytes);
+        let runners = xfer.runners(bytes);
         // Engine operations wait a bounded time for queue room rather than fail at once.
-        match self
-            .inner
-            .xfer
-            .submit_shared(n, runners, item, finish, Duration::from_secs(5))
-        {
+        match xfer.submit_shared(n, runners, item, finish, Duration::from_secs(5)) {
             Ok(()) => Ok(ticket),
             Err(job) => {
                 // Dropping the unrun job drops the batch and its guard, which aborts the
                 // grant and settles the ticket; collect that so nothing is left outstanding.
                 drop(job);
-                let _ = self.inner.tickets.wait(ticket, Duration::ZERO);
+                let _ = self.tickets.wait(ticket, Duration::ZERO);
                 Err(ManagerError::Busy)
             }
         }
+    }
+
+    /// Waits up to `timeout` for a ticket's result.
+    fn wait(&self, ticket: Ticket, timeout: Duration) -> Result<OpResult, ManagerError> {
+        Ok(self.tickets.wait(ticket, timeout)?)
+    }
+
+    /// Every finished operation, without waiting.
+    fn poll(&self) -> Vec<(Ticket, OpResult)> {
+        self.tickets.poll()
+    }
+
+    /// Settles a ticket with the operation's result.
+    fn complete(&self, ticket: Ticket, result: OpResult) {
+        self.tickets.complete(ticket, result);
     }
 }
 
@@ -267,7 +313,7 @@ impl GrantGuard {
 
     fn done(&mut self, r: OpResult) {
         self.settled = true;
-        self.m.inner.tickets.complete(self.ticket, r);
+        self.m.inner.jobs.complete(self.ticket, r);
     }
 }
 
@@ -275,7 +321,7 @@ impl Drop for GrantGuard {
     fn drop(&mut self) {
         if !self.settled {
             let _ = self.m.abort(self.grant);
-            self.m.inner.tickets.complete(
+            self.m.inner.jobs.complete(
                 self.ticket,
                 OpResult {
                     pages: 0,

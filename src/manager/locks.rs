@@ -10,7 +10,7 @@
 //! tests included) each helper checks the rule on the calling thread, so an out-of-order nesting fails the
 //! first test that reaches it instead of deadlocking one day in production.
 //!
-//! Prefix lookups take none of these locks: [`Manager::view_lookup`] reads the
+//! Prefix lookups take none of these locks: `Pages::lookup` (`pages.rs`) reads the
 //! directory's lock-free view (`directory/view.rs`), which the directory's writer keeps
 //! current under the `Dir` write lock, so a store or an eviction round never delays one.
 
@@ -18,13 +18,9 @@ use std::ops::{Deref, DerefMut};
 
 use parking_lot::{MutexGuard, RwLockReadGuard};
 
+use super::Manager;
 use super::grants::GrantTable;
 use super::state::{DirState, DirWrite};
-use super::{Manager, ManagerError};
-use crate::directory::{DirectoryError, PageId, PageInfo};
-use crate::page::{NamespaceId, PageHash};
-use crate::tier::TierKind;
-use crate::wire::PrefixHit;
 
 /// Position of a lock in the nesting order: take them in increasing rank only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -108,34 +104,16 @@ impl<G: DerefMut> DerefMut for Ordered<G> {
     }
 }
 
-/// Records per chunk when a walk over the directory lets go of its lock between chunks.
-const WALK_CHUNK: usize = 16 * 1024;
-
 // The lock helpers, one per lock, in rank order. Nothing else takes these locks.
 impl Manager {
-    pub(super) fn init_lock(&self) -> Ordered<MutexGuard<'_, ()>> {
-        Ordered::take(Rank::Init, || self.inner.init.lock())
-    }
-
-    /// A contiguous-prefix lookup through the directory's lock-free view. It takes no
-    /// lock, so it has no rank and may run while this thread or any other holds any
-    /// lock, `dir` included: a store or an eviction round never delays it.
-    pub(super) fn view_lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, ManagerError> {
-        if !self.inner.view.knows(ns) {
-            return Err(DirectoryError::UnknownNamespace(ns.0).into());
-        }
-        Ok(self.inner.view.lookup_prefix(ns, hashes))
-    }
-
     /// Shared access to the directory state: readers other than prefix lookups.
     pub(super) fn read(&self) -> Ordered<RwLockReadGuard<'_, DirState>> {
-        Ordered::take(Rank::Dir, || self.inner.dir.read())
+        self.inner.pages.read()
     }
 
     /// Exclusive access to the directory state; publishes its events when dropped.
     pub(super) fn write(&self) -> DirWrite<'_> {
-        let g = Ordered::take(Rank::Dir, || self.inner.dir.write());
-        DirWrite::new(g, &self.inner.events, &self.inner.clock)
+        self.inner.pages.write()
     }
 
     pub(super) fn grants(&self) -> Ordered<MutexGuard<'_, GrantTable>> {
@@ -147,7 +125,7 @@ impl Manager {
     #[cfg(test)]
     pub(crate) fn hold_for_test(&self, rank: Rank) -> Box<dyn Held + '_> {
         match rank {
-            Rank::Init => Box::new(self.init_lock()),
+            Rank::Init => self.inner.stores.hold(),
             Rank::Dir => Box::new(self.write()),
             Rank::Grants => Box::new(self.grants()),
             Rank::Timers => Box::new(self.inner.upkeep.timers()),
@@ -158,43 +136,6 @@ impl Manager {
             Rank::Policy => self.inner.policy.hold(),
             Rank::Remote => Box::new(self.remote_cache()),
         }
-    }
-
-    /// Walks the directory in chunks of [`WALK_CHUNK`] records under the read lock,
-    /// released between chunks, so lookups and writers never wait for a whole walk.
-    /// `f` sees each chunk's state and range. Pages may change between chunks: callers
-    /// re-check what they act on under the lock that acts.
-    pub(super) fn walk_dir(&self, mut f: impl FnMut(&DirState, std::ops::Range<usize>)) {
-        let mut start = 0;
-        loop {
-            let st = self.read();
-            let end = st.dir.order().record_slots().min(start + WALK_CHUNK);
-            if start >= end {
-                return;
-            }
-            f(&st, start..end);
-            start = end;
-        }
-    }
-
-    /// Eviction candidates of `tier` that `keep` accepts, gathered in chunks (the
-    /// directory lock is let go between them).
-    pub(super) fn candidates(
-        &self,
-        tier: TierKind,
-        keep: impl Fn(&DirState, PageId, &PageInfo) -> bool,
-    ) -> Vec<(PageId, PageInfo)> {
-        let mut out = Vec::new();
-        self.walk_dir(|st, range| {
-            out.extend(
-                st.dir
-                    .order()
-                    .eviction_candidates_in(tier, range)
-                    .into_iter()
-                    .filter(|(id, i)| keep(st, *id, i)),
-            );
-        });
-        out
     }
 }
 

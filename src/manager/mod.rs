@@ -22,7 +22,9 @@ mod host_pages;
 mod inproc;
 mod locks;
 mod moves;
+mod pages;
 mod policy;
+mod pool_evict;
 mod pool_layout;
 mod pool_recover;
 mod pool_sync;
@@ -35,6 +37,7 @@ mod stage;
 mod state;
 mod stats;
 mod store_plan;
+mod stores;
 mod tiers;
 mod timers;
 mod upkeep;
@@ -56,7 +59,7 @@ mod split_tests;
 #[cfg(test)]
 mod tests;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -76,15 +79,15 @@ pub use session_events::{
 };
 pub use session_registry::SessionRegistry;
 pub use stats::{COPY_BUCKETS_S, CopyLatency, RECOVERY_REASONS, Stats, StatsSnapshot, TierStats};
+pub use stores::Stores;
 
 use crate::clock::Clock;
-use crate::directory::{DirView, Directory, DirectoryError};
+use crate::directory::{Directory, DirectoryError};
 use crate::events::EventLog;
 use crate::hints::HintError;
 use crate::layout::Layout;
 use crate::page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};
-use crate::pool::local::LocalPool;
-use crate::pool::mooncake::{MooncakeError, MooncakePool};
+use crate::pool::mooncake::MooncakeError;
 use crate::pool::{PoolBackend, PoolError};
 pub use crate::session::SessionError;
 use crate::session::registry::Standing;
@@ -92,11 +95,11 @@ pub use crate::session::registry::{DEFAULT_MAX_ID_BYTES, DEFAULT_MAX_SESSIONS};
 use crate::tier::TierKind;
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
-use crate::transfer::{TicketError, Tickets, TransferEngine};
+use crate::transfer::{TicketError, TransferEngine};
 use crate::wire::PrefixHit;
 use grants::GrantTable;
 use locks::{Ordered, Rank};
-use state::DirState;
+use pages::Pages;
 pub use upkeep::Upkeep;
 
 /// Errors of the manager's API. Each is a caller's mistake or a resource problem; none
@@ -158,22 +161,19 @@ pub struct Manager {
 
 /// The manager's state, split by who touches it. Each lock's rank (in brackets) is its
 /// place in the one nesting order: a thread takes locks in increasing rank only, through
-/// the helpers in `locks` (`init_lock`, `read`, `write`, `grants`, `tunables`)
-/// or, for the components that own their state (`sessions`, `devices`, `policy`,
-/// `upkeep`, `queues`), inside the component's own methods; all check the order in test and debug
+/// the helpers in `locks` (`read`, `write`, `grants`, `tunables`) or, for the components
+/// that own their state (`stores`, `pages`, `sessions`, `devices`, `policy`, `upkeep`,
+/// `queues`), inside the component's own methods; all check the order in test and debug
 /// builds. See docs/ARCHITECTURE.md, "Locks".
 pub(crate) struct Inner {
     cfg: ManagerConfig,
     clock: Arc<dyn Clock>,
-    /// [Init] Serialises creating the arena and the pool; taken before any other lock.
-    init: Mutex<()>,
-    /// [Dir] The directory, key schemes and host slot map. Readers (status, hint
-    /// resolution, victim walks) take it shared; writers take it exclusively through
-    /// `write()`, which publishes events on release. Prefix lookups do not take it: they
-    /// read `view`.
-    dir: RwLock<DirState>,
-    /// The directory's lock-free read side: lookups go through it and take no lock.
-    view: Arc<DirView>,
+    /// [Init] The host arena and the pool, each made once under their own lock, taken
+    /// before any other.
+    stores: Stores,
+    /// [Dir] The directory (key schemes and host slot map with it) behind its
+    /// read-mostly lock, its lock-free lookup view and its event log.
+    pages: Pages,
     /// [Grants] Open grants and host-slot leases. Nested inside `dir` when a lease must
     /// agree with completeness (loads, pool writes, eviction).
     grants: Mutex<GrantTable>,
@@ -190,16 +190,14 @@ pub(crate) struct Inner {
     /// [Timers] Pin and retain expiries, watermark crossings and the upkeep waker (a
     /// component that owns its lock; crossings are lock-free on the hot path).
     upkeep: Upkeep,
-    events: EventLog,
     /// Pauses and resumes for routers, read from a sequence (a leaf lock).
     session_events: SessionEventLog,
     xfer: TransferEngine,
     /// The session policy's pool moves, queued for one transfer worker at a time.
     moves: moves::PolicyMoves,
-    tickets: Arc<Tickets<OpResult>>,
+    /// In-process operations' tickets (a component that owns its table).
+    jobs: inproc::InProcJobs,
     stats: Stats,
-    arena: OnceLock<Arc<HostArena>>,
-    pool: OnceLock<Option<Arc<dyn PoolBackend>>>,
     /// [Remote] Discovery of pages other nodes wrote, on a shared pool.
     remote: Option<remote::Remote>,
 }
@@ -220,21 +218,16 @@ impl Manager {
             None => None,
         };
         let dir = Directory::try_new(cfg.max_pages)?;
-        let view = dir.view();
         Ok(Self {
             inner: Arc::new(Inner {
-                events: EventLog::new(cfg.event_ring),
                 session_events: SessionEventLog::default(),
                 xfer: TransferEngine::new(cfg.transfer_threads, cfg.transfer_queue),
                 moves: moves::PolicyMoves::default(),
-                tickets: Tickets::new(cfg.max_outstanding),
+                jobs: inproc::InProcJobs::new(cfg.max_outstanding),
                 stats: Stats::default(),
-                arena: OnceLock::new(),
-                pool: OnceLock::new(),
                 remote: cfg.remote.map(remote::Remote::new),
-                init: Mutex::new(()),
-                dir: RwLock::new(DirState::new(dir)),
-                view,
+                stores: Stores::new(&cfg),
+                pages: Pages::new(dir, cfg.event_ring, clock.clone()),
                 grants: Mutex::new(GrantTable::default()),
                 queues: EngineQueues::default(),
                 sessions: SessionRegistry::default(),
@@ -253,19 +246,19 @@ impl Manager {
     }
 
     /// Registers a namespace and its layout. The first registration creates the pool, and
-    /// the host arena unless [`Manager::create_arena`] or [`Manager::open_existing_arena`]
+    /// the host arena unless [`Stores::create_arena`] or [`Stores::open_existing_arena`]
     /// made it (as the daemon always does, with its configured slot size); an arena made
     /// here has slots of this layout's largest object, for in-process callers.
     pub fn register_namespace(&self, ns: Namespace, layout: Layout) -> Result<NamespaceId, ManagerError> {
         let need = layout.max_object_bytes();
-        let arena = self.ensure_arena(need)?;
+        let arena = self.inner.stores.ensure_arena(need)?;
         if need > arena.slot_bytes() as u64 {
             return Err(ManagerError::SlotTooSmall {
                 need,
                 slot: arena.slot_bytes(),
             });
         }
-        self.ensure_pool(&arena)?;
+        self.inner.stores.ensure_pool(&arena)?;
         let scheme = pool_key_scheme(&self.inner.cfg, &ns, &layout);
         let mut st = self.write();
         let id = st.dir.register(ns, layout)?;
@@ -273,69 +266,6 @@ impl Manager {
             st.keys.push(scheme);
         }
         Ok(id)
-    }
-
-    fn ensure_arena(&self, slot_bytes: u64) -> Result<Arc<HostArena>, ManagerError> {
-        if let Some(a) = self.inner.arena.get() {
-            return Ok(a.clone());
-        }
-        let _guard = self.init_lock();
-        if let Some(a) = self.inner.arena.get() {
-            return Ok(a.clone());
-        }
-        let slot = slot_bytes.div_ceil(64) * 64;
-        let cfg = &self.inner.cfg;
-        let a = Arc::new(HostArena::create(&cfg.host_path, cfg.host_bytes, slot, &cfg.arena)?);
-        let _ = self.inner.arena.set(a.clone());
-        Ok(a)
-    }
-
-    fn ensure_pool(&self, arena: &Arc<HostArena>) -> Result<(), ManagerError> {
-        let slot_bytes = arena.slot_bytes() as u64;
-        if self.inner.pool.get().is_some() {
-            return Ok(());
-        }
-        let _guard = self.init_lock();
-        if self.inner.pool.get().is_some() {
-            return Ok(());
-        }
-        let cfg = &self.inner.cfg;
-        // Only the daemon maps the local pool: it stays private even where engines of
-        // another uid may map the arena.
-        let pool_opts = crate::tier::host::ArenaOptions {
-            group: None,
-            ..cfg.arena.clone()
-        };
-        let local = |path: &std::path::Path, bytes, recover| -> Result<Option<Arc<dyn PoolBackend>>, ManagerError> {
-            let (pool, _) = LocalPool::open(path, bytes, slot_bytes, &pool_opts, recover)?;
-            Ok(Some(Arc::new(pool)))
-        };
-        let pool = match &cfg.pool {
-            PoolConfig::None => None,
-            PoolConfig::LocalDefault => {
-                let mut p = cfg.host_path.clone().into_os_string();
-                p.push(".pool");
-                local(std::path::Path::new(&p), 2 << 30, false)?
-            }
-            PoolConfig::Local { path, bytes, recover } => local(path, *bytes, *recover)?,
-            PoolConfig::Backend(b) => Some(b.clone()),
-            PoolConfig::Build(f) => Some((f.build)(arena.clone()).map_err(ManagerError::Config)?),
-            PoolConfig::Mooncake(m) => {
-                let pool: Arc<dyn PoolBackend> = Arc::new(MooncakePool::start((**m).clone(), Some(arena.clone()))?);
-                Some(pool)
-            }
-        };
-        // Fault injection (benches, tests): the same pool, answering later.
-        let delay = cfg.tunables.pool_fault_delay_ms;
-        let pool = pool.map(|p| match delay {
-            0 => p,
-            ms => Arc::new(crate::pool::delayed::DelayedPool::new(
-                p,
-                std::time::Duration::from_millis(ms),
-            )) as Arc<dyn PoolBackend>,
-        });
-        let _ = self.inner.pool.set(pool);
-        Ok(())
     }
 
     /// Whether lookups and loads may ask a shared pool about pages other nodes wrote: a
@@ -346,12 +276,18 @@ impl Manager {
 
     /// The host arena, once a namespace is registered.
     pub fn arena(&self) -> Option<Arc<HostArena>> {
-        self.inner.arena.get().cloned()
+        self.inner.stores.arena()
     }
 
     /// The pool backend, if any.
     pub fn pool(&self) -> Option<Arc<dyn PoolBackend>> {
-        self.inner.pool.get().cloned().flatten()
+        self.inner.stores.pool()
+    }
+
+    /// The host arena and the pool: where a restarting daemon opens, creates or adopts
+    /// the arena before the first namespace is registered.
+    pub fn stores(&self) -> &Stores {
+        &self.inner.stores
     }
 
     pub fn layout(&self, ns: NamespaceId) -> Result<Layout, ManagerError> {
@@ -396,7 +332,7 @@ impl Manager {
     pub fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, ManagerError> {
         self.check_batch(hashes.len())?;
         // No lock: the view answers while stores and eviction rounds hold the directory.
-        let hit = self.view_lookup(ns, hashes)?;
+        let hit = self.inner.pages.lookup(ns, hashes)?;
         let hit = self.discover(ns, hashes, hit);
         self.inner.stats.record_lookup(hashes.len(), &hit);
         Ok(hit)
@@ -404,7 +340,7 @@ impl Manager {
 
     /// The page event log (the one internal stream publishers read).
     pub fn events(&self) -> &EventLog {
-        &self.inner.events
+        self.inner.pages.events()
     }
 
     /// The session event log: the pressure controller's pauses and resumes, which every
@@ -458,7 +394,7 @@ impl Manager {
     /// sessions' pages are evicted before others: they move to the idle eviction class.
     pub fn set_session_idle(&self, session: u32, idle: bool) {
         self.inner.sessions.set_idle(session, idle);
-        self.reclass_session(session, idle, false);
+        self.inner.pages.reclass_session(session, idle, false);
     }
 
     /// A session changed phase: `idle` (paused, acting) or not, or `ended`. An ended
@@ -466,7 +402,7 @@ impl Manager {
     /// pages stay in the idle class, so they are evicted first. Returns its index.
     pub fn session_changed(&self, id: &str, idle: bool, ended: bool) -> Result<u32, ManagerError> {
         let idx = self.session_standing(id, idle, ended)?;
-        self.reclass_session(idx, idle || ended, ended);
+        self.inner.pages.reclass_session(idx, idle || ended, ended);
         Ok(idx)
     }
 
@@ -481,27 +417,6 @@ impl Manager {
         };
         self.inner.sessions.set_standing(id, standing);
         Ok(idx)
-    }
-
-    /// Moves a session's pages between the idle and normal eviction classes: the pages
-    /// are listed under the read lock (O(pages of the session)), then reclassed under the
-    /// write lock in chunks, so lookups never wait behind a big session.
-    pub(crate) fn reclass_session(&self, session: u32, idle: bool, ended: bool) {
-        const CHUNK: usize = 4096;
-        if session == 0 {
-            return;
-        }
-        self.write().dir.order_mut().note_session_idle(session, idle);
-        let pages = self.read().dir.order().session_pages(session);
-        for chunk in pages.chunks(CHUNK) {
-            let mut st = self.write();
-            for &p in chunk {
-                st.dir.order_mut().set_session_page_idle(p, session, idle);
-            }
-        }
-        if ended {
-            self.write().dir.order_mut().end_session(session);
-        }
     }
 
     /// Waits up to `timeout` until every queued transfer has finished. Returns whether it

@@ -220,14 +220,14 @@ impl Manager {
             return;
         };
         match class {
-            SessionClass::Normal => self.reclass_session(idx, false, false),
-            SessionClass::Idle => self.reclass_session(idx, true, false),
+            SessionClass::Normal => self.inner.pages.reclass_session(idx, false, false),
+            SessionClass::Idle => self.inner.pages.reclass_session(idx, true, false),
             SessionClass::Ended => {
                 // Ended by the policy's idle timeout too: the table frees it first.
                 self.inner
                     .sessions
                     .set_standing(id, crate::session::registry::Standing::Ended);
-                self.reclass_session(idx, true, true);
+                self.inner.pages.reclass_session(idx, true, true);
             }
         }
     }

@@ -1,20 +1,18 @@
 //! Re-adopting host pages after a daemon restart.
 //!
 //! The host arena is a shared-memory file that outlives the daemon process. A restarted
-//! daemon reopens it without truncating ([`Manager::open_existing_arena`]), verifies its
+//! daemon reopens it without truncating ([`super::Stores::open_existing_arena`]), verifies its
 //! own records of what each slot held, and hands every page that checked out back to the
 //! manager ([`Manager::adopt_host_page`]). What is in the file is the caller's to vouch
 //! for: the manager only books the slots and marks the pages complete on host. A journal
 //! learns what a page that reached host by other ways than a commit (staged back from the
 //! pool) holds through [`Manager::read_host_page`].
 
-use std::sync::Arc;
-
 use super::{Manager, ManagerError};
 use crate::layout::Layout;
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::tier::TierKind;
-use crate::tier::host::{HostArena, SlotId};
+use crate::tier::host::SlotId;
 
 impl Manager {
     /// Every registered namespace with its id and layout (what a journal must record).
@@ -24,52 +22,6 @@ impl Manager {
             .namespaces()
             .map(|(id, n, l)| (id, n.clone(), l.clone()))
             .collect()
-    }
-
-    /// Maps the existing arena file at the configured path, keeping its bytes, with every
-    /// slot free until pages are adopted. The file is fitted to the configured size
-    /// (`host_bytes`): returns the arena and how many bytes the file held before, so the
-    /// caller knows which slots were cut off or read as zeros. Must run before the first
-    /// namespace is registered (which would otherwise create a fresh, empty arena).
-    pub fn open_existing_arena(&self, slot_bytes: u64) -> Result<(Arc<HostArena>, u64), ManagerError> {
-        let _guard = self.init_lock();
-        if self.inner.arena.get().is_some() {
-            return Err(ManagerError::Config("the host arena is already open".into()));
-        }
-        let cfg = &self.inner.cfg;
-        let r = HostArena::reopen(&cfg.host_path, cfg.host_bytes, slot_bytes, &cfg.arena)?;
-        let arena = Arc::new(r.arena);
-        let _ = self.inner.arena.set(arena.clone());
-        Ok((arena, r.found_bytes))
-    }
-
-    /// Creates a fresh, empty arena with slots of `slot_bytes` (rounded up to 64) before any
-    /// namespace is registered, so the slot size is configuration rather than whatever the
-    /// first layout needs. A later layout whose objects do not fit is refused with
-    /// [`ManagerError::SlotTooSmall`].
-    pub fn create_arena(&self, slot_bytes: u64) -> Result<Arc<HostArena>, ManagerError> {
-        let _guard = self.init_lock();
-        if self.inner.arena.get().is_some() {
-            return Err(ManagerError::Config("the host arena is already open".into()));
-        }
-        let cfg = &self.inner.cfg;
-        let slot = slot_bytes.div_ceil(64) * 64;
-        let arena = Arc::new(HostArena::create(&cfg.host_path, cfg.host_bytes, slot, &cfg.arena)?);
-        let _ = self.inner.arena.set(arena.clone());
-        Ok(arena)
-    }
-
-    /// Adopts an arena the caller cut itself (an unfitted arena fitted to the first
-    /// layout registered, [`crate::tier::host::Unfitted::fit`]), before any namespace is
-    /// registered.
-    pub fn adopt_arena(&self, arena: HostArena) -> Result<Arc<HostArena>, ManagerError> {
-        let _guard = self.init_lock();
-        if self.inner.arena.get().is_some() {
-            return Err(ManagerError::Config("the host arena is already open".into()));
-        }
-        let arena = Arc::new(arena);
-        let _ = self.inner.arena.set(arena.clone());
-        Ok(arena)
     }
 
     /// Counts what a start-up recovery found, for operators (`/metrics`): `counts` in
@@ -158,9 +110,9 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&cfg.host_path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let m = Manager::new(cfg, SimClock::new()).unwrap();
-        let (arena, found) = m.open_existing_arena(slot).unwrap();
+        let (arena, found) = m.stores().open_existing_arena(slot).unwrap();
         assert_eq!(found, 1 << 20);
-        assert!(m.open_existing_arena(slot).is_err());
+        assert!(m.stores().open_existing_arena(slot).is_err());
         let ns = m.register_namespace(Namespace::model("m"), layout).unwrap();
         assert_eq!(m.namespaces()[0].1, Namespace::model("m"));
         let h = PageHash::from_u64(5);

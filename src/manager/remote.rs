@@ -517,7 +517,7 @@ impl Manager {
         // Planned here whatever the pool: a lookup the directory or the pool index answers
         // needs no query, so it never leaves the caller's thread. Only a query this pool
         // cannot await sends the lookup to a blocking thread (which plans it again).
-        let hit = self.view_lookup(ns, hashes)?;
+        let hit = self.inner.pages.lookup(ns, hashes)?;
         let hit = match self.discover_plan(ns, hashes, hit) {
             Err(hit) => hit,
             Ok((d, None)) => {

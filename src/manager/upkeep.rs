@@ -13,20 +13,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
+use super::devices::DevicePages;
+use super::hints::{clip, expiry};
 use super::locks::{Ordered, Rank};
+use super::pages::Pages;
 use super::queues::Advice;
 use super::timers::{TimerKey, Timers};
 use super::{Manager, ManagerError};
 use crate::clock::Clock;
 use crate::directory::PageId;
-use crate::page::{NamespaceId, PageHash};
+use crate::hints::{HintOutcome, Reason};
+use crate::page::PageHash;
 use crate::policy::Watermarks;
-use crate::pool::{PoolBackend, PoolError};
+use crate::pool::PoolBackend;
 use crate::tier::TierKind;
 use crate::tier::host::HostArena;
-
-/// Pool victims marked per write lock.
-const POOL_EVICT_BATCH: usize = 64;
 
 /// A callback that wakes the upkeep task. It must return quickly and must not call back
 /// into the manager synchronously (it runs on the thread that crossed the watermark).
@@ -114,6 +115,33 @@ impl Upkeep {
         }
     }
 
+    /// Ends the pins and retains due at `now`: O(log n) each from the timer heap. Nothing
+    /// is locked exclusively when none is due. Directory, then timers: a pin mark and its
+    /// expiry change together.
+    fn expire(&self, now: u64, pages: &Pages) {
+        if self.timers().next_deadline().is_none_or(|at| at > now) {
+            return;
+        }
+        let mut st = pages.write();
+        let due = self.timers().expire(now);
+        for (key, e) in due {
+            let (page, tier) = match key {
+                TimerKey::Pin(p, t) => (PageId(p), TierKind::from_index(t as usize)),
+                TimerKey::Retain(p) => (PageId(p), None),
+            };
+            // The record may have been reused by another page since: leave that one be.
+            let ns = st.dir.info(page).ns;
+            if !st.same_page(page, &e.hash, ns) {
+                continue;
+            }
+            match (key, tier) {
+                (TimerKey::Pin(..), Some(tier)) => st.dir.set_pinned(page, tier, false),
+                (TimerKey::Retain(_), _) => st.dir.order_mut().set_retain(page, 0),
+                (TimerKey::Pin(..), None) => {}
+            }
+        }
+    }
+
     /// Re-arms both crossings after upkeep ran: the next store or stage that finds usage at
     /// or above a high watermark wakes upkeep again. Usage can stay above after a run when
     /// the pages it could evict were in flight or pinned; once those settle, the next
@@ -123,6 +151,94 @@ impl Upkeep {
         for flag in &self.above {
             flag.store(false, Ordering::Release);
         }
+    }
+}
+
+// Pin and retain hints: the timers are upkeep's, the marks the directory's.
+impl Upkeep {
+    /// Pins the pages of `pages` complete in `tier` until the TTL ends, at most `budget`
+    /// pins in the tier in all.
+    pub(super) fn pin(
+        &self,
+        dir: &Pages,
+        pages: &[PageId],
+        requested: usize,
+        tier: TierKind,
+        budget: usize,
+        (ttl, ttl_clipped): (u64, bool),
+    ) -> HintOutcome {
+        let expires = expiry(self.clock.now_ms(), ttl);
+        // Directory, then timers: the pin mark and its expiry change together.
+        let mut st = dir.write();
+        let mut timers = self.timers();
+        let mut room = budget.saturating_sub(timers.pins_in(tier));
+        let mut pinned = 0;
+        let mut over_budget = false;
+        for &p in pages {
+            if !st.dir.is_complete(p, tier) {
+                continue;
+            }
+            let hash = st.dir.info(p).hash;
+            if timers.is_pinned(p.0, tier) {
+                timers.pin(p.0, tier, hash, expires);
+                pinned += 1;
+                continue;
+            }
+            if room == 0 {
+                over_budget = true;
+                continue;
+            }
+            room -= 1;
+            timers.pin(p.0, tier, hash, expires);
+            st.dir.set_pinned(p, tier, true);
+            pinned += 1;
+        }
+        drop(timers);
+        drop(st);
+        let reason = if over_budget {
+            Reason::PinBudget
+        } else if pinned < requested {
+            Reason::NotComplete
+        } else {
+            Reason::MaxTtl
+        };
+        if pinned == requested && ttl_clipped {
+            return HintOutcome::Clipped {
+                applied: pinned,
+                requested,
+                reason: Reason::MaxTtl,
+            };
+        }
+        clip(pinned, requested, reason)
+    }
+
+    /// Sets the pages' retention priority until the TTL ends.
+    pub(super) fn retain(
+        &self,
+        dir: &Pages,
+        pages: &[PageId],
+        requested: usize,
+        priority: i8,
+        (ttl, ttl_clipped): (u64, bool),
+    ) -> HintOutcome {
+        let expires = expiry(self.clock.now_ms(), ttl);
+        let mut st = dir.write();
+        let mut timers = self.timers();
+        for &p in pages {
+            let hash = st.dir.info(p).hash;
+            st.dir.order_mut().set_retain(p, priority);
+            timers.retain(p.0, hash, expires);
+        }
+        drop(timers);
+        drop(st);
+        if ttl_clipped {
+            return HintOutcome::Clipped {
+                applied: pages.len(),
+                requested,
+                reason: Reason::MaxTtl,
+            };
+        }
+        clip(pages.len(), requested, Reason::UnknownPages)
     }
 }
 
@@ -155,9 +271,11 @@ impl Manager {
     /// own evictions, retry deferred hints, and refresh device advice.
     pub fn tick(&self) -> Result<(), ManagerError> {
         let now = self.inner.clock.now_ms();
-        self.expire(now);
+        self.inner.upkeep.expire(now, &self.inner.pages);
         self.expire_protection();
-        self.sync_pool_evictions();
+        if let Some(pool) = self.pool() {
+            self.inner.pages.forget_pool_objects(pool.take_evicted());
+        }
         // The session policy first: at the high watermark its pressure controller pauses
         // acting sessions and demotes their private pages, which is what frees host
         // before plain eviction would take the least recently used pages of anyone.
@@ -172,212 +290,65 @@ impl Manager {
                 self.make_host_room(reclaim);
             }
         }
-        self.evict_pool_by_watermark();
+        if let Some(pool) = self.pool() {
+            let slot_kib = self.arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
+            let tun = self.tunables();
+            self.inner
+                .pages
+                .evict_pool(pool.as_ref(), &tun.pool_watermarks, slot_kib, &self.inner.stats);
+        }
         // Outcomes are counted in the hint stats and failures logged by the retry itself.
         let _retried = self.retry_deferred();
-        self.device_advice();
+        let tun = self.tunables();
+        for advice in device_advice(&self.inner.pages, self.inner.devices.pages(), &tun.device_watermarks) {
+            self.inner.queues.lock().push_advice(advice);
+        }
         // Re-arm: the next growth that finds usage above a high watermark wakes upkeep.
         self.inner.upkeep.rearm();
         Ok(())
     }
+}
 
-    /// Ends the pins and retains due at `now`: O(log n) each from the timer heap. Nothing
-    /// is locked exclusively when none is due.
-    fn expire(&self, now: u64) {
-        if self.inner.upkeep.timers().next_deadline().is_none_or(|at| at > now) {
-            return;
-        }
-        let mut st = self.write();
-        let due = self.inner.upkeep.timers().expire(now);
-        for (key, e) in due {
-            let (page, tier) = match key {
-                TimerKey::Pin(p, t) => (PageId(p), TierKind::from_index(t as usize)),
-                TimerKey::Retain(p) => (PageId(p), None),
-            };
-            // The record may have been reused by another page since: leave that one be.
-            let ns = st.dir.info(page).ns;
-            if !st.same_page(page, &e.hash, ns) {
-                continue;
-            }
-            match (key, tier) {
-                (TimerKey::Pin(..), Some(tier)) => st.dir.set_pinned(page, tier, false),
-                (TimerKey::Retain(_), _) => st.dir.order_mut().set_retain(page, 0),
-                (TimerKey::Pin(..), None) => {}
-            }
-        }
+/// Device tier: kvtier cannot evict engine memory, so above the high watermark it
+/// advises the engine which pages to evict first (those with a colder copy): per
+/// namespace above its high watermark, the pages to evict first, coldest first.
+fn device_advice(pages: &Pages, device_pages: DevicePages, watermarks: &Watermarks) -> Vec<Advice> {
+    let mut advice = Vec::new();
+    if device_pages.is_empty() {
+        return advice;
     }
-
-    /// Objects the pool dropped on its own: their pages are no longer pool-complete.
-    fn sync_pool_evictions(&self) {
-        let Some(pool) = self.pool() else { return };
-        let keys = pool.take_evicted();
-        if keys.is_empty() {
-            return;
-        }
-        let mut st = self.write();
-        for key in keys {
-            for i in 0..st.keys.len() {
-                let ns = NamespaceId(i as u16);
-                let Ok(layout) = st.dir.layout(ns) else { continue };
-                if let Ok((hash, obj)) = st.keys[i].parse(layout, &key) {
-                    if let Some(id) = st.dir.find(ns, &hash) {
-                        // `parse` checked `obj` against this layout: this cannot fail.
-                        let _ = st.dir.set_object(id, TierKind::Pool, obj, false);
-                    }
-                    break;
-                }
-            }
-        }
-    }
-
-    /// Pool watermark: marks the victims' pool objects absent (and in flight, so no pool
-    /// write races the removal), removes them from the pool with no lock held, then
-    /// clears the in-flight marks. Lookups stop counting a page before its bytes go.
-    fn evict_pool_by_watermark(&self) {
-        let Some(pool) = self.pool() else { return };
-        let usage = pool.usage();
-        if usage.capacity_bytes == 0 {
-            return;
-        }
-        let tun = self.tunables();
-        // Work in KiB so the watermark math stays in usize on 32-bit too.
-        let reclaim = tun
-            .pool_watermarks
-            .reclaim((usage.used_bytes >> 10) as usize, (usage.capacity_bytes >> 10) as usize);
+    let all = pages.candidates(TierKind::Device, |_, _, _| true);
+    for (ns, capacity) in device_pages {
+        let reclaim = watermarks.reclaim(all.iter().filter(|(_, i)| i.ns == ns).count(), capacity);
         if reclaim == 0 {
-            return;
+            continue;
         }
-        // Victims from the pool's eviction lists: a read-only walk of O(victims) under the
-        // read lock, re-checked under the write lock below.
-        let slot_kib = self.arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
-        let victims = {
-            let st = self.read();
-            let Some(&head) = st.dir.order().victims(TierKind::Pool, 1, |_| false).first() else {
-                return;
-            };
-            let per_page = st.dir.layout(st.dir.info(head).ns).map_or(1, |l| l.object_count());
-            let pages = reclaim.div_ceil(slot_kib * per_page.max(1));
-            st.dir.order().victims(TierKind::Pool, pages, |_| false)
-        };
-        // A batch at a time, so the write lock is held for one batch's marks only.
-        for batch in victims.chunks(POOL_EVICT_BATCH) {
-            self.evict_pool_batch(pool.as_ref(), batch);
-        }
-    }
-
-    /// Reserve: under the write lock, pages still live and still evictable get their pool
-    /// objects marked absent and in flight. Remove with no lock held. Settle: clear the
-    /// in-flight marks.
-    fn evict_pool_batch(&self, pool: &dyn crate::pool::PoolBackend, victims: &[PageId]) {
-        let mut removing = Vec::new();
-        {
-            let mut st = self.write();
-            for &id in victims {
-                let info = st.dir.info(id);
-                let Ok(layout) = st.dir.layout(info.ns).cloned() else {
-                    continue;
-                };
-                if !st.same_page(id, &info.hash, info.ns)
-                    || !st.dir.is_complete(id, TierKind::Pool)
-                    || st.dir.is_pinned(id, TierKind::Pool)
-                    || st.dir.is_inflight(id, TierKind::Pool)
-                {
-                    continue;
-                }
-                for (obj, &oid) in layout.objects().iter().enumerate() {
-                    let key = st.keys[info.ns.0 as usize].object_key(&layout, &info.hash, oid);
-                    // `obj` indexes the page's own layout: neither call can fail.
-                    if let Err(e) = st
-                        .dir
-                        .set_inflight(id, TierKind::Pool, obj, true)
-                        .and_then(|()| st.dir.set_object(id, TierKind::Pool, obj, false).map(|_| ()))
-                    {
-                        tracing::warn!(error = %e, "pool eviction: could not reserve an object");
-                        continue;
-                    }
-                    removing.push((id, obj, key));
-                }
-                self.inner.stats.evicted(TierKind::Pool);
-            }
-        }
-        // Remove, no lock held.
-        let results: Vec<Result<(), PoolError>> = removing.iter().map(|(_, _, key)| pool.remove(key, true)).collect();
-        // Settle. An object the pool could not remove is still there: it is marked present
-        // again (before its in-flight mark goes, so the record stays live), not orphaned.
-        let mut st = self.write();
-        let mut kept = 0usize;
-        for ((id, obj, _), r) in removing.into_iter().zip(results) {
-            let restore = match r {
-                Ok(()) | Err(PoolError::NotFound) => None,
-                Err(e) => Some(e),
-            };
-            if let Some(e) = &restore {
-                kept += 1;
-                tracing::debug!(error = %e, "pool eviction: remove failed; the object stays");
-            }
-            // `obj` is an index of the page's own layout and the in-flight mark has kept the
-            // record live since the reserve step, so neither call can fail; if one did, the
-            // directory is wrong about this object, which is worth a warning.
-            let mut r = Ok(());
-            if restore.is_some() {
-                r = st.dir.set_object(id, TierKind::Pool, obj, true).map(|_| ());
-            }
-            let r = r.and_then(|()| st.dir.set_inflight(id, TierKind::Pool, obj, false));
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "pool eviction: could not settle an object");
-            }
-        }
-        drop(st);
-        if kept > 0 {
-            tracing::warn!(
-                objects = kept,
-                "pool eviction: removes failed; those objects stay in the pool"
+        // The directory's eviction order (idle and ended sessions' pages first), the
+        // one `kvtier replay`'s emulated device follows, gathered in chunks.
+        let mut cold: Vec<((bool, i8, u64), PageHash)> = Vec::new();
+        pages.walk(|st, range| {
+            cold.extend(
+                st.dir
+                    .order()
+                    .eviction_candidates_in(TierKind::Device, range)
+                    .into_iter()
+                    .filter(|(id, i)| {
+                        i.ns == ns
+                            && !st.dir.order().is_protected(*id)
+                            && (st.dir.is_complete(*id, TierKind::Host) || st.dir.is_complete(*id, TierKind::Pool))
+                    })
+                    .map(|(id, i)| (st.dir.order().evict_key(id), i.hash)),
             );
+        });
+        if reclaim < cold.len() {
+            cold.select_nth_unstable_by_key(reclaim, |c| c.0);
+            cold.truncate(reclaim);
+        }
+        cold.sort_unstable_by_key(|c| c.0);
+        let hashes: Vec<PageHash> = cold.into_iter().map(|(_, h)| h).collect();
+        if !hashes.is_empty() {
+            advice.push(Advice::EvictFirst { ns, hashes });
         }
     }
-
-    /// Device tier: kvtier cannot evict engine memory, so above the high watermark it
-    /// advises the engine which pages to evict first (those with a colder copy).
-    fn device_advice(&self) {
-        let tun = self.tunables();
-        let device_pages = self.inner.devices.pages();
-        if device_pages.is_empty() {
-            return;
-        }
-        let all = self.candidates(TierKind::Device, |_, _, _| true);
-        for (ns, capacity) in device_pages {
-            let reclaim = tun
-                .device_watermarks
-                .reclaim(all.iter().filter(|(_, i)| i.ns == ns).count(), capacity);
-            if reclaim == 0 {
-                continue;
-            }
-            // The directory's eviction order (idle and ended sessions' pages first), the
-            // one `kvtier replay`'s emulated device follows, gathered in chunks.
-            let mut cold: Vec<((bool, i8, u64), PageHash)> = Vec::new();
-            self.walk_dir(|st, range| {
-                cold.extend(
-                    st.dir
-                        .order()
-                        .eviction_candidates_in(TierKind::Device, range)
-                        .into_iter()
-                        .filter(|(id, i)| {
-                            i.ns == ns
-                                && !st.dir.order().is_protected(*id)
-                                && (st.dir.is_complete(*id, TierKind::Host) || st.dir.is_complete(*id, TierKind::Pool))
-                        })
-                        .map(|(id, i)| (st.dir.order().evict_key(id), i.hash)),
-                );
-            });
-            if reclaim < cold.len() {
-                cold.select_nth_unstable_by_key(reclaim, |c| c.0);
-                cold.truncate(reclaim);
-            }
-            cold.sort_unstable_by_key(|c| c.0);
-            let hashes: Vec<PageHash> = cold.into_iter().map(|(_, h)| h).collect();
-            if !hashes.is_empty() {
-                self.inner.queues.lock().push_advice(Advice::EvictFirst { ns, hashes });
-            }
-        }
-    }
+    advice
 }

@@ -314,7 +314,7 @@ impl Journal {
             );
             return Ok(found);
         }
-        let (arena, found_bytes) = match mgr.open_existing_arena(replay.slot_bytes) {
+        let (arena, found_bytes) = match mgr.stores().open_existing_arena(replay.slot_bytes) {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(error = %e, "the arena cannot be reopened; starting empty");

@@ -206,7 +206,7 @@ impl ManagedTiers {
         let mut unfitted = None;
         if mgr.arena().is_none() {
             if cfg.slot_bytes != 0 {
-                let arena = mgr.create_arena(cfg.slot_bytes)?;
+                let arena = mgr.stores().create_arena(cfg.slot_bytes)?;
                 fence.attach(&arena, None, cfg.fence_timeout).map_err(fence_io)?;
             } else {
                 let mc = mgr.config();

@@ -40,7 +40,10 @@ impl ManagedTiers {
             let slot = fitted_slot(layout, tail_bytes(&self.cfg));
             u.fits(slot).map_err(ManagerError::from)?;
             if let Some(u) = unfitted.take() {
-                let arena = self.mgr.adopt_arena(u.fit(slot).map_err(ManagerError::from)?)?;
+                let arena = self
+                    .mgr
+                    .stores()
+                    .adopt_arena(u.fit(slot).map_err(ManagerError::from)?)?;
                 let mut fence = self.fence.lock();
                 fence
                     .attach(&arena, None, self.cfg.fence_timeout)
