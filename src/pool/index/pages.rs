@@ -163,7 +163,7 @@ impl PageSet {
         };
         let p = intern(&mut self.prefixes, prefix, MAX_PREFIXES)?;
         let s = intern(&mut self.suffixes, suffix, MAX_SUFFIXES)?;
-        let new = self.pages.entry((p, hash)).or_default().set(s as u16);
+        let new = self.pages.entry((p, hash)).or_default().set(s);
         self.objects += usize::from(new);
         Ok(new)
     }
