@@ -135,7 +135,7 @@ pub fn run(args: PoolBenchArgs) -> anyhow::Result<()> {
         rows.extend(bench_size(&args, size).with_context(|| format!("objects of {size} bytes"))?);
     }
     if args.backend == Backend::Mooncake {
-        rows.push(super::pool_remote::remote_lookup(&args).context("remote lookup")?);
+        rows.extend(super::pool_remote::remote_lookup(&args).context("remote lookup")?);
         if args.resync_pages > 0 {
             rows.push(super::pool_remote::index_resync(&args).context("index resync")?);
         }

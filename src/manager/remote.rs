@@ -444,11 +444,12 @@ impl Manager {
 }
 
 /// The index's answers for the window's unanswered pages, in order, up to the first
-/// page that lacks an object (it and the rest stay `false`): each page's keys are
-/// rendered into one reused buffer and probed as they are, under the directory's and
-/// the index's read locks (the index's lock is a leaf: nothing is taken under it).
-/// `None` when the index lost sync meanwhile. Returns the objects per page. (A free
-/// function: `Manager` is at its method ceiling.)
+/// page that lacks an object (it and the rest stay `false`): the namespace's key prefix
+/// and its layout's objects are resolved once, then each page is one probe of the
+/// index by its hash (no key rendered), under the directory's and the index's read
+/// locks (the index's lock is a leaf: nothing is taken under it). `None` when the index
+/// lost sync meanwhile. Returns the objects per page. (A free function: `Manager` is at
+/// its method ceiling.)
 fn index_answers(
     m: &Manager,
     index: &PoolIndex,
@@ -458,23 +459,17 @@ fn index_answers(
 ) -> Option<usize> {
     let st = m.read();
     let layout = st.dir.layout(ns).ok()?;
-    let scheme = &st.keys[ns.0 as usize];
-    let per_page = layout.object_count();
     let mut probe = index.probe()?;
-    let mut keys = KeyBatch::with_capacity(per_page, scheme.key_capacity());
+    let mut pages = probe.pages(&st.keys[ns.0 as usize], layout);
     let mut open = true;
     for (i, h) in window.iter().enumerate() {
         if answer[i].is_some() {
             continue;
         }
-        if open {
-            keys.clear();
-            keys.push_page(scheme, layout, h);
-            open = probe.all_present(&keys);
-        }
+        open = open && pages.present(h);
         answer[i] = Some(open);
     }
-    Some(per_page)
+    Some(layout.object_count())
 }
 
 /// A lookup's first step on an async runtime (see [`Manager::lookup_begin`]).

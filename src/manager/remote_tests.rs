@@ -379,7 +379,7 @@ fn an_in_sync_index_answers_a_lookup_without_leaving_the_callers_thread() {
         LookupStep::Blocking => panic!("the index answers on the caller's thread"),
     }
     let ix = index.snapshot();
-    // Probing stops at the page that lacks an object: the fourth is never rendered.
+    // Probing stops at the page that lacks an object: the fourth is never probed.
     assert_eq!((ix.index_lookups, ix.index_pages), (1, 3));
     // The answer needed no directory write: the pages are entered after it.
     let r = b.m.remote_stats().unwrap();

@@ -2,17 +2,20 @@
 //!
 //! On a Mooncake Store shared by a cluster, every node's lookups used to ask the master,
 //! in one batched existence query per lookup, whether each candidate page's objects exist.
-//! The index keeps, on this node, the set of object keys the pool holds, learned from the
-//! pool's Store/Remove events (its peers' kvtier object event streams, or a master that
-//! publishes its own, in Mooncake's format: see [`events`]) and from a full listing of the
-//! store at start and after any loss of sync (a resync, see [`sync`]).
+//! The index keeps, on this node, which objects the pool holds, learned from the pool's
+//! Store/Remove events (its peers' kvtier object event streams, or a master that publishes
+//! its own, in Mooncake's format: see [`events`]) and from a full listing of the store at
+//! start and after any loss of sync (a resync, see [`sync`]).
 //!
-//! The index knows object keys, not pages: a lookup renders every object key of each
-//! candidate page (TP × PP × K/V, or MLA latents, from the namespace's [`KeyScheme`] and
-//! [`Layout`](crate::layout::Layout), which also carries the layout's fingerprint) and the
-//! page counts only when every one of them is present. So a page is credited only when all
-//! its objects are present, for every namespace, layout and key format alike, and a page
-//! missing one rank's objects never is.
+//! The index is keyed by page ([`pages`]): each event's object key is split into its key
+//! prefix (namespace, layout fingerprint, tag), page hash and object suffix (ranks, K/V),
+//! and the page's entry records which of its objects are present. A lookup resolves the
+//! namespace's prefix and its layout's objects (TP × PP × K/V, or MLA latents, from the
+//! namespace's [`KeyScheme`] and [`Layout`](crate::layout::Layout)) once, then probes
+//! once per page with the engine's page hash, rendering no key; a page counts only when
+//! every object of the layout is present. So a page is credited only when all its objects
+//! are present, for every namespace, layout and key format alike, and a page missing one
+//! rank's objects never is.
 //!
 //! Consistency: the index answers only while [`IndexMode::InSync`]. A gap in an event
 //! stream's sequence, a publisher that restarted, a `cleared` event, a master that went
@@ -28,19 +31,20 @@
 
 #[cfg(feature = "daemon")]
 pub mod events;
+mod pages;
 #[cfg(feature = "daemon")]
 pub mod sync;
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use parking_lot::RwLock;
 use serde::Serialize;
 
+use self::pages::{Objects, PageSet};
 use super::KeyBatch;
-
-type KeySet = HashSet<Box<str>, foldhash::quality::RandomState>;
+use crate::layout::Layout;
+use crate::page::{KeyScheme, PageHash};
 
 /// Whether the index may answer lookups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -59,8 +63,9 @@ pub struct IndexSnapshot {
     pub mode: Option<IndexMode>,
     /// Why the index last lost sync (empty when it never did).
     pub last_loss: String,
-    /// Object keys the index holds.
+    /// Object keys the index holds, and the pages they belong to.
     pub keys: u64,
+    pub pages: u64,
     /// Store/Remove object events applied (or journalled during a resync).
     pub events: u64,
     /// Times the index lost sync (sequence gaps, restarts, unreachable master, overflow).
@@ -79,7 +84,7 @@ pub struct IndexSnapshot {
 }
 
 struct State {
-    keys: KeySet,
+    keys: PageSet,
     mode: IndexMode,
     last_loss: String,
     /// Events that arrived during a resync, replayed over its listing (`None`: no resync
@@ -87,7 +92,7 @@ struct State {
     journal: Option<Vec<(bool, Box<str>)>>,
 }
 
-/// The set of object keys a shared pool holds, as this node knows it.
+/// The pages a shared pool holds, and which of their objects, as this node knows it.
 pub struct PoolIndex {
     state: RwLock<State>,
     max_keys: usize,
@@ -109,7 +114,7 @@ impl PoolIndex {
     pub fn new(max_keys: usize) -> Self {
         Self {
             state: RwLock::new(State {
-                keys: KeySet::default(),
+                keys: PageSet::default(),
                 mode: IndexMode::Syncing,
                 last_loss: String::new(),
                 journal: None,
@@ -144,16 +149,19 @@ impl PoolIndex {
         if let Some(j) = st.journal.as_mut() {
             if j.len() < self.max_keys {
                 j.push((stored, key.into()));
+                return;
             }
+            // A dropped event would leave the listing's replay wrong: resync again.
+            drop(st);
+            self.lose_sync("events during a resync past mooncake.index_max_keys");
             return;
         }
         if stored {
-            if st.keys.len() >= self.max_keys && !st.keys.contains(key) {
+            let full = st.keys.len() >= self.max_keys && !st.keys.contains(key);
+            if full || st.keys.insert(key).is_err() {
                 drop(st);
                 self.lose_sync("index full (mooncake.index_max_keys)");
-                return;
             }
-            st.keys.insert(key.into());
         } else {
             st.keys.remove(key);
         }
@@ -191,14 +199,13 @@ impl PoolIndex {
     /// journalled events are replayed over it, and the index is in sync again. `false`
     /// (still syncing) when sync was lost meanwhile or the listing is too large.
     pub fn finish_resync(&self, listing: impl IntoIterator<Item = String>, started: Instant) -> bool {
-        let mut keys = KeySet::default();
+        let mut keys = PageSet::default();
         for k in listing {
-            if keys.len() >= self.max_keys {
+            if keys.len() >= self.max_keys || keys.insert(&k).is_err() {
                 self.resync_failures.fetch_add(1, Relaxed);
                 self.lose_sync("store listing larger than mooncake.index_max_keys");
                 return false;
             }
-            keys.insert(k.into_boxed_str());
         }
         let mut st = self.state.write();
         let Some(journal) = st.journal.take() else {
@@ -208,7 +215,8 @@ impl PoolIndex {
         };
         for (stored, k) in journal {
             if stored {
-                keys.insert(k);
+                // Past the bound the next event loses sync; the journal is bounded too.
+                let _ = keys.insert(&k);
             } else {
                 keys.remove(&k);
             }
@@ -259,10 +267,9 @@ impl PoolIndex {
     }
 
     /// A read view for one lookup, `None` while not in sync (the caller falls back to the
-    /// master). The caller renders one page's keys at a time and asks
-    /// [`IndexProbe::all_present`], stopping at the first page that is not: a lookup whose
-    /// first page is absent renders and hashes one page's keys, not the whole window's.
-    /// The view holds the index's read lock: render, probe, and drop it.
+    /// master). The caller resolves its namespace once ([`IndexProbe::pages`]) and asks
+    /// [`PageProbe::present`] page by page, stopping at the first page that is not.
+    /// The view holds the index's read lock: probe, and drop it.
     pub fn probe(&self) -> Option<IndexProbe<'_>> {
         let st = self.state.read();
         (st.mode == IndexMode::InSync).then_some(IndexProbe {
@@ -299,6 +306,7 @@ impl PoolIndex {
             mode: Some(st.mode),
             last_loss: st.last_loss.clone(),
             keys: st.keys.len() as u64,
+            pages: st.keys.pages() as u64,
             events: self.events.load(Relaxed),
             sync_losses: self.sync_losses.load(Relaxed),
             resyncs: self.resyncs.load(Relaxed),
@@ -320,11 +328,28 @@ pub struct IndexProbe<'a> {
     pages: u64,
 }
 
-impl IndexProbe<'_> {
-    /// Whether every key of `keys` (one page's objects) is present.
-    pub fn all_present(&mut self, keys: &KeyBatch) -> bool {
-        self.pages += 1;
-        (0..keys.len()).all(|i| self.st.keys.contains(keys.get(i)))
+impl<'a> IndexProbe<'a> {
+    /// The probe for pages of `layout` under `scheme`: the scheme's key prefix and the
+    /// layout's objects are resolved here, once, so each page is one probe.
+    pub fn pages<'p>(&'p mut self, scheme: &KeyScheme, layout: &Layout) -> PageProbe<'p, 'a> {
+        let want = self.st.keys.query(scheme, layout);
+        PageProbe { probe: self, want }
+    }
+}
+
+/// An [`IndexProbe`] resolved for one namespace and layout ([`IndexProbe::pages`]).
+pub struct PageProbe<'p, 'a> {
+    probe: &'p mut IndexProbe<'a>,
+    /// The prefix's id and the layout's objects; `None` when no page can be present.
+    want: Option<(u32, Objects)>,
+}
+
+impl PageProbe<'_, '_> {
+    /// Whether every object of page `hash` is present.
+    pub fn present(&mut self, hash: &PageHash) -> bool {
+        self.probe.pages += 1;
+        let Some((prefix, want)) = &self.want else { return false };
+        self.probe.st.keys.covers(*prefix, hash, want)
     }
 }
 

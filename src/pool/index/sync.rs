@@ -282,6 +282,7 @@ mod tests {
             publ.send_multipart([&b""[..], &seq.to_be_bytes()[..], &p[..]], 0)
                 .unwrap();
         };
+        let key = |i: u64| format!("t_m_{}_0_k", crate::page::PageHash::from_u64(i).to_hex());
         let until = |f: &dyn Fn() -> bool| {
             let end = Instant::now() + Duration::from_secs(10);
             while !f() {
@@ -289,23 +290,23 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(2));
             }
         };
-        send(1, "BlockStored", "k1");
-        send(2, "BlockStored", "k2");
-        send(3, "BlockRemoved", "k1");
+        send(1, "BlockStored", &key(1));
+        send(2, "BlockStored", &key(2));
+        send(3, "BlockRemoved", &key(1));
         until(&|| index.snapshot().events == 3);
-        assert!(index.contains_all(&["k2".into()]) && !index.contains_all(&["k1".into()]));
+        assert!(index.contains_all(&[key(2)]) && !index.contains_all(&[key(1)]));
         assert_eq!(
             (index.mode(), index.snapshot().sync_losses),
             (super::super::IndexMode::InSync, 0)
         );
-        send(5, "BlockStored", "k3");
+        send(5, "BlockStored", &key(3));
         until(&|| index.snapshot().events == 4);
         assert_eq!(index.mode(), super::super::IndexMode::Syncing, "gap 3 -> 5");
         assert_eq!(index.snapshot().sync_losses, 1);
         index.take_resync_wanted();
         index.begin_resync();
         assert!(index.finish_resync(Vec::<String>::new(), Instant::now()));
-        send(1, "BlockStored", "k4");
+        send(1, "BlockStored", &key(4));
         until(&|| index.snapshot().events == 5);
         assert_eq!(index.mode(), super::super::IndexMode::Syncing, "publisher restarted");
         cancel.cancel();

@@ -56,13 +56,20 @@ fn credits_a_page_only_with_every_object_and_only_in_sync() {
     );
 }
 
+/// Object keys of pages: `k(i)` is one object of page `i` (rank 0's K, prefix `t_m_`).
+fn k(i: u64) -> String {
+    format!("t_m_{}_0_k", PageHash::from_u64(i).to_hex())
+}
+
 #[test]
 fn journal_replays_removes_and_loss_during_resync_fails_it() {
     let idx = PoolIndex::new(1000);
     idx.begin_resync();
-    idx.apply(false, "a");
-    assert!(idx.finish_resync(["a".to_string(), "b".to_string()], Instant::now()));
-    assert_eq!(idx.snapshot().keys, 1);
+    idx.apply(false, &k(1));
+    assert!(idx.finish_resync([k(1), k(2)], Instant::now()));
+    let s = idx.snapshot();
+    assert_eq!((s.keys, s.pages), (1, 1));
+    assert!(idx.contains_all(&[k(2)]) && !idx.contains_all(&[k(1)]));
     idx.begin_resync();
     idx.lose_sync("gap");
     assert!(!idx.finish_resync(Vec::<String>::new(), Instant::now()));
@@ -74,18 +81,55 @@ fn journal_replays_removes_and_loss_during_resync_fails_it() {
 fn bounded_and_forget_learns() {
     let idx = PoolIndex::new(2);
     idx.begin_resync();
-    assert!(!idx.finish_resync(["a", "b", "c"].map(String::from), Instant::now()));
+    assert!(!idx.finish_resync([k(1), k(2), k(3)], Instant::now()));
     idx.begin_resync();
-    assert!(idx.finish_resync(["a", "b"].map(String::from), Instant::now()));
-    idx.apply(true, "c");
+    assert!(idx.finish_resync([k(1), k(2)], Instant::now()));
+    idx.apply(true, &k(3));
     assert_eq!(
         idx.mode(),
         IndexMode::Syncing,
         "past max_keys the index stops answering"
     );
     idx.begin_resync();
-    assert!(idx.finish_resync(["a", "b"].map(String::from), Instant::now()));
-    idx.forget(&["a".into()]);
+    assert!(idx.finish_resync([k(1), k(2)], Instant::now()));
+    idx.forget(&[k(1)]);
     let s = idx.snapshot();
     assert_eq!((s.keys, s.forgotten_pages), (1, 1));
+    // Events past the journal's bound during a resync: it cannot finish on a partial replay.
+    idx.begin_resync();
+    for i in 10..13 {
+        idx.apply(true, &k(i));
+    }
+    assert!(!idx.finish_resync([k(1)], Instant::now()));
+    assert_eq!(idx.mode(), IndexMode::Syncing);
+}
+
+/// A key that is no page's object (no page hash field) is not held, and a lookup's probe
+/// answers per page exactly as probing each rendered key would.
+#[test]
+fn probe_matches_the_rendered_keys() {
+    let layout = tp2();
+    let scheme = KeyScheme::with_prefix("kvtier", "m");
+    let other = KeyScheme::with_prefix("kvtier", "n");
+    let pages: Vec<PageHash> = (1..=4).map(PageHash::from_u64).collect();
+    let idx = PoolIndex::new(1000);
+    idx.begin_resync();
+    let mut listing = vec!["not-a-page".to_string()];
+    for h in &pages[..3] {
+        listing.extend(scheme.page_keys(&layout, h));
+    }
+    // Page 4 is complete only under another namespace's prefix.
+    listing.extend(other.page_keys(&layout, &pages[3]));
+    assert!(idx.finish_resync(listing, Instant::now()));
+    assert_eq!(idx.snapshot().keys, 16);
+    idx.apply(false, &scheme.page_keys(&layout, &pages[1])[3]);
+    let q = batch(&scheme, &layout, &pages);
+    let by_keys = idx.pages_present(&q, 4).unwrap();
+    let mut probe = idx.probe().unwrap();
+    let mut p = probe.pages(&scheme, &layout);
+    let by_page: Vec<bool> = pages.iter().map(|h| p.present(h)).collect();
+    assert_eq!(by_page, vec![true, false, true, false]);
+    assert_eq!(by_keys, vec![true, false, false, false], "stops at the first gap");
+    let mut p = probe.pages(&other, &layout);
+    assert!(p.present(&pages[3]) && !p.present(&pages[0]));
 }
