@@ -15,6 +15,7 @@
 //! updates in place, so a lookup never waits behind a store or an eviction round (see
 //! `view.rs`). Everything else is the writer's alone, under its owner's write lock.
 
+mod batch;
 mod bitset;
 mod classes;
 mod evict;
@@ -305,6 +306,11 @@ impl Directory {
         if let Some(id) = self.find(ns, hash) {
             return Ok(id);
         }
+        self.insert_new(ns, hash)
+    }
+
+    /// Creates the record of a page `find` did not find (the namespace is checked).
+    fn insert_new(&mut self, ns: NamespaceId, hash: &PageHash) -> Result<PageId, DirectoryError> {
         if self.len() >= self.max_pages {
             return Err(DirectoryError::Full(self.max_pages));
         }
