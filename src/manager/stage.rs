@@ -378,7 +378,7 @@ impl Manager {
             // A page with nothing on host and nothing in flight there (the common case)
             // needs every object, with no side-table read; one list serves the batch.
             missing.clear();
-            if st.dir.untouched(id, TierKind::Host) {
+            if st.dir.objects().untouched(id, TierKind::Host) {
                 missing.extend(0..count);
             } else {
                 let seen = st.dir.objects();

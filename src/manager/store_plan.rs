@@ -61,7 +61,7 @@ pub(super) fn plan_store(
         let planned_before = !fresh && out.iter().any(|p| p.id == id && !p.objects.is_empty());
         // A page with nothing on host and nothing in flight there (every fresh page)
         // writes every object the rank has, with no side-table read per object.
-        let todo: Vec<usize> = if st.dir.untouched(id, TierKind::Host) {
+        let todo: Vec<usize> = if st.dir.objects().untouched(id, TierKind::Host) {
             objs.to_vec()
         } else {
             let seen = st.dir.objects();
