@@ -301,9 +301,16 @@ impl Directory {
 
     /// Finds a page, creating an empty record when it is new.
     pub fn find_or_insert(&mut self, ns: NamespaceId, hash: &PageHash) -> Result<PageId, DirectoryError> {
+        self.find_or_insert_fresh(ns, hash).map(|(id, _)| id)
+    }
+
+    /// Finds a page or creates its empty record, and says whether it was created: one
+    /// index probe where `find` followed by `find_or_insert` took two (a store's
+    /// reserve needs to know which records it made, to release them if unused).
+    pub fn find_or_insert_fresh(&mut self, ns: NamespaceId, hash: &PageHash) -> Result<(PageId, bool), DirectoryError> {
         self.layout(ns)?;
         if let Some(id) = self.find(ns, hash) {
-            return Ok(id);
+            return Ok((id, false));
         }
         if self.len() >= self.max_pages {
             return Err(DirectoryError::Full(self.max_pages));
@@ -334,7 +341,7 @@ impl Directory {
         // The cell first: a reader that finds the index slot finds this page in it.
         self.view.publish(idx, ns, hash);
         self.view.insert(hash.table_hash(ns), idx);
-        Ok(PageId(idx))
+        Ok((PageId(idx), true))
     }
 
     pub fn info(&self, id: PageId) -> PageInfo {

@@ -109,6 +109,15 @@ impl Objects<'_> {
         }
     }
 
+    /// Whether the page has no object present in `tier` and none in flight into it:
+    /// every object of its layout is still to be written there and nothing else is
+    /// writing it (the common case of a store or a staging, answered from the record
+    /// alone, with no side-table read and no list built).
+    pub fn untouched(&self, id: PageId, tier: TierKind) -> bool {
+        let rec = &self.records[id.0 as usize];
+        rec.tier_state(tier) == ABSENT && rec.inflight & (1 << tier.index()) == 0
+    }
+
     /// Objects of the page that are not present in `tier`, in canonical order.
     pub fn missing_objects(&self, id: PageId, tier: TierKind) -> Vec<usize> {
         let rec = &self.records[id.0 as usize];

@@ -543,3 +543,28 @@ fn a_protected_page_is_not_a_victim_until_its_ttl_or_a_load() {
     d.order_mut().end_session(9);
     assert!(d.order().is_idle_class(ids[0]), "an ended session's pages stay first");
 }
+
+#[test]
+fn find_or_insert_fresh_says_once_that_it_created_the_record_and_untouched_follows_the_marks() {
+    let (mut d, ns) = dir_with(LayoutSpec::mha(2, 1, 64, 2, 16).build().unwrap());
+    let h = PageHash::from_u64(7);
+    let (id, fresh) = d.find_or_insert_fresh(ns, &h).unwrap();
+    assert!(fresh);
+    assert_eq!(d.find_or_insert_fresh(ns, &h).unwrap(), (id, false));
+    assert_eq!(d.find(ns, &h), Some(id));
+    assert!(d.find_or_insert_fresh(NamespaceId(9), &h).is_err());
+    assert!(d.objects().untouched(id, TierKind::Host));
+    d.set_inflight_objects(id, TierKind::Host, &[1], true).unwrap();
+    assert!(!d.objects().untouched(id, TierKind::Host));
+    d.set_objects(id, TierKind::Host, &[1], true).unwrap();
+    d.set_inflight_objects(id, TierKind::Host, &[1], false).unwrap();
+    assert!(
+        !d.objects().untouched(id, TierKind::Host),
+        "one object present: partial"
+    );
+    assert!(d.objects().untouched(id, TierKind::Pool));
+    d.set_objects(id, TierKind::Host, &[1], false).unwrap();
+    // The page had nothing left anywhere: its record is gone, and a new one is fresh.
+    assert_eq!(d.find(ns, &h), None);
+    assert!(d.find_or_insert_fresh(ns, &h).unwrap().1);
+}

@@ -17,8 +17,11 @@
 //! arrived and frees the rest, after every job that could still write a slot is gone.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
 
 use super::Manager;
 use super::pool_layout;
@@ -168,19 +171,65 @@ impl StageBatch {
 }
 
 /// Owns a reserved batch's slots until it is settled: settles when dropped, after the
-/// last piece ran or, unrun, with what arrived (see the module docs), and reports the
-/// pages staged to the waiting caller.
+/// last piece ran or, unrun, with what arrived (see the module docs), and counts the
+/// pages staged in the staging's [`Tally`].
 struct Settle {
     batch: Arc<StageBatch>,
-    reply: crossbeam_channel::Sender<usize>,
+    tally: Arc<Tally>,
 }
 
 impl Drop for Settle {
     fn drop(&mut self) {
         let staged = self.batch.settle();
-        // The channel has room for every batch of the staging; a caller that stopped
-        // waiting has dropped its end, and then nobody needs the count.
-        let _ = self.reply.try_send(staged);
+        self.tally.settled(staged);
+    }
+}
+
+/// What a staging's batches came to, and the one wake-up its caller waits for: the
+/// caller sleeps once, until the last batch has settled, rather than being woken by
+/// each batch while the workers still copy the others (a wake-up that, on a machine
+/// with as many workers as cores, takes a core from a copy).
+struct Tally {
+    staged: AtomicUsize,
+    /// Batches not yet settled, plus one while the caller is still reserving.
+    left: AtomicUsize,
+    done: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            staged: AtomicUsize::new(0),
+            left: AtomicUsize::new(1),
+            done: Mutex::new(false),
+            wake: Condvar::new(),
+        }
+    }
+
+    /// Counts one more batch to wait for (before it can settle).
+    fn add(&self) {
+        self.left.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A batch settled with `staged` pages complete (or the caller let go of its hold,
+    /// with 0); the last one wakes the caller.
+    fn settled(&self, staged: usize) {
+        self.staged.fetch_add(staged, Ordering::Relaxed);
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self.done.lock() = true;
+            self.wake.notify_all();
+        }
+    }
+
+    /// Lets go of the caller's hold and waits, until `until`, for every batch to settle;
+    /// returns the pages staged by those that did.
+    fn wait(&self, until: Instant) -> usize {
+        self.settled(0);
+        let mut done = self.done.lock();
+        while !*done && !self.wake.wait_until(&mut done, until).timed_out() {}
+        drop(done);
+        self.staged.load(Ordering::Acquire)
     }
 }
 
@@ -221,8 +270,7 @@ impl Manager {
         let Some(arena) = self.arena() else { return 0 };
         let protect_ms = self.tunables().stage_protect_ms;
         let on_worker = crate::transfer::on_worker();
-        let (reply, settled) = crossbeam_channel::bounded(hashes.len().div_ceil(POOL_BATCH).max(1));
-        let mut batches = 0;
+        let tally = Arc::new(Tally::new());
         for chunk in hashes.chunks(POOL_BATCH) {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
@@ -248,11 +296,11 @@ impl Manager {
                 pieces,
                 protect_ms,
             });
+            tally.add();
             let settle = Settle {
                 batch: batch.clone(),
-                reply: reply.clone(),
+                tally: tally.clone(),
             };
-            batches += 1;
             if runners <= 1 {
                 for k in 0..batch.pieces.len() {
                     batch.copy_piece(k);
@@ -274,9 +322,7 @@ impl Manager {
                 break;
             }
         }
-        drop(reply);
-        let until = Instant::now() + STAGE_WAIT;
-        (0..batches).map_while(|_| settled.recv_deadline(until).ok()).sum()
+        tally.wait(Instant::now() + STAGE_WAIT)
     }
 
     /// Reserves one batch of a staging: finds the pages of `chunk` to bring in, makes room
@@ -298,17 +344,22 @@ impl Manager {
                 .iter()
                 .filter_map(|h| st.dir.find(ns, h))
                 .filter(|&id| st.dir.is_complete(id, TierKind::Pool) && !st.dir.is_complete(id, TierKind::Host))
-                .map(|id| st.dir.objects().missing_objects(id, TierKind::Host).len())
+                .map(|id| match st.dir.has_any(id, TierKind::Host) {
+                    true => st.dir.objects().missing_objects(id, TierKind::Host).len(),
+                    false => layout.object_count(),
+                })
                 .sum::<usize>()
                 .min(layout.object_count() * POOL_BATCH)
         };
         if need > arena.free_slots() as usize {
             self.make_host_room(need - arena.free_slots() as usize);
         }
-        let mut moves = Vec::new();
         let mut stop = false;
         let mut st = self.write();
         let layout = st.dir.layout(ns).ok()?.clone();
+        let count = layout.object_count();
+        let mut moves = Vec::with_capacity(chunk.len() * count);
+        let mut missing: Vec<usize> = Vec::with_capacity(count);
         for h in chunk {
             let Some(id) = st
                 .dir
@@ -324,15 +375,26 @@ impl Manager {
             if st.dir.is_complete(id, TierKind::Host) {
                 continue;
             }
-            let mut missing = st.dir.objects().missing_objects(id, TierKind::Host);
-            missing.retain(|&o| !st.dir.objects().is_inflight_object(id, TierKind::Host, o));
+            // A page with nothing on host and nothing in flight there (the common case)
+            // needs every object, with no side-table read; one list serves the batch.
+            missing.clear();
+            if st.dir.objects().untouched(id, TierKind::Host) {
+                missing.extend(0..count);
+            } else {
+                let seen = st.dir.objects();
+                missing.extend(
+                    seen.missing_objects(id, TierKind::Host)
+                        .into_iter()
+                        .filter(|&o| !seen.is_inflight_object(id, TierKind::Host, o)),
+                );
+            }
             let Some(slots) = arena.alloc_n(missing.len()) else {
                 stop = true;
                 break;
             };
             // Cannot fail: every object index comes from this page's own layout.
             let _ = st.dir.set_inflight_objects(id, TierKind::Host, &missing, true);
-            for (obj, slot) in missing.into_iter().zip(slots) {
+            for (&obj, slot) in missing.iter().zip(slots) {
                 moves.push(ObjMove {
                     page: id,
                     obj,

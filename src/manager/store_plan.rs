@@ -48,9 +48,8 @@ pub(super) fn plan_store(
     }
     let mut out: Vec<Planned> = Vec::with_capacity(hashes.len());
     for hash in hashes {
-        let fresh = st.dir.find(ns, hash).is_none();
-        let id = match st.dir.find_or_insert(ns, hash) {
-            Ok(id) => id,
+        let (id, fresh) = match st.dir.find_or_insert_fresh(ns, hash) {
+            Ok(found) => found,
             Err(e) => {
                 unplan_store(st, arena, &out);
                 return Err(e.into());
@@ -58,14 +57,19 @@ pub(super) fn plan_store(
         };
         // A page named twice is reserved once: the second time it is "already stored"
         // (its objects are on their way, as the in-flight check would say after apply).
-        let planned_before = out.iter().any(|p| p.id == id && !p.objects.is_empty());
-        // Read once per page (it is a fresh list each call).
-        let inflight = st.dir.objects().inflight_objects(id, TierKind::Host);
-        let todo: Vec<usize> = objs
-            .iter()
-            .copied()
-            .filter(|&o| !st.dir.objects().has_object(id, TierKind::Host, o) && !inflight.contains(&o))
-            .collect();
+        // A record this plan created cannot have been planned before.
+        let planned_before = !fresh && out.iter().any(|p| p.id == id && !p.objects.is_empty());
+        // A page with nothing on host and nothing in flight there (every fresh page)
+        // writes every object the rank has, with no side-table read per object.
+        let todo: Vec<usize> = if st.dir.objects().untouched(id, TierKind::Host) {
+            objs.to_vec()
+        } else {
+            let seen = st.dir.objects();
+            objs.iter()
+                .copied()
+                .filter(|&o| !seen.has_object(id, TierKind::Host, o) && !seen.is_inflight_object(id, TierKind::Host, o))
+                .collect()
+        };
         let mut p = Planned {
             id,
             fresh,
@@ -94,10 +98,10 @@ pub(super) fn unplan_store(st: &mut DirState, arena: &HostArena, planned: &[Plan
 }
 
 /// A directory change the apply step made (a page's objects, in one bulk call), to undo
-/// on error.
+/// on error: the objects are `undo[range]` of the batch's one undo buffer.
 enum Done {
-    Inflight(PageId, Vec<usize>),
-    Device(PageId, Vec<usize>),
+    Inflight(PageId, std::ops::Range<usize>),
+    Device(PageId, std::ops::Range<usize>),
 }
 
 /// Marks the planned objects in flight and the rank's device copies of every page that
@@ -113,15 +117,16 @@ pub(super) fn apply_store(
     session: u32,
 ) -> Result<(Vec<StorePage>, Vec<GrantPage>), ManagerError> {
     let mut done = Vec::new();
-    match apply_marks(st, objs, planned, session, &mut done) {
+    let mut undo = Vec::new();
+    match apply_marks(st, objs, planned, session, &mut done, &mut undo) {
         Ok(()) => {}
         Err(e) => {
             for d in done.into_iter().rev() {
                 // Undoing a change that just succeeded on the same indices cannot fail;
                 // if it did, the error being returned is the one the caller must see.
                 let _ = match d {
-                    Done::Inflight(id, o) => st.dir.set_inflight_objects(id, TierKind::Host, &o, false),
-                    Done::Device(id, o) => st.dir.set_objects(id, TierKind::Device, &o, false).map(|_| ()),
+                    Done::Inflight(id, r) => st.dir.set_inflight_objects(id, TierKind::Host, &undo[r], false),
+                    Done::Device(id, r) => st.dir.set_objects(id, TierKind::Device, &undo[r], false).map(|_| ()),
                 };
             }
             unplan_store(st, arena, planned);
@@ -160,23 +165,31 @@ fn apply_marks(
     planned: &[Planned],
     session: u32,
     done: &mut Vec<Done>,
+    undo: &mut Vec<usize>,
 ) -> Result<(), DirectoryError> {
     // One bulk call per page and tier (one side-table change, at most one event)
-    // instead of one call per object.
+    // instead of one call per object; the object lists live in one buffer per batch.
     for p in planned.iter().filter(|p| !p.no_space) {
         if !p.objects.is_empty() {
-            let writing: Vec<usize> = p.objects.iter().map(|&(o, _)| o).collect();
-            st.dir.set_inflight_objects(p.id, TierKind::Host, &writing, true)?;
-            done.push(Done::Inflight(p.id, writing));
+            let start = undo.len();
+            undo.extend(p.objects.iter().map(|&(o, _)| o));
+            st.dir
+                .set_inflight_objects(p.id, TierKind::Host, &undo[start..], true)?;
+            done.push(Done::Inflight(p.id, start..undo.len()));
         }
-        let on_device: Vec<usize> = objs
-            .iter()
-            .copied()
-            .filter(|&o| !st.dir.objects().has_object(p.id, TierKind::Device, o))
-            .collect();
-        if !on_device.is_empty() {
-            st.dir.set_objects(p.id, TierKind::Device, &on_device, true)?;
-            done.push(Done::Device(p.id, on_device));
+        let start = undo.len();
+        if st.dir.has_any(p.id, TierKind::Device) {
+            undo.extend(
+                objs.iter()
+                    .copied()
+                    .filter(|&o| !st.dir.objects().has_object(p.id, TierKind::Device, o)),
+            );
+        } else {
+            undo.extend_from_slice(objs);
+        }
+        if undo.len() > start {
+            st.dir.set_objects(p.id, TierKind::Device, &undo[start..], true)?;
+            done.push(Done::Device(p.id, start..undo.len()));
         }
         st.dir.order_mut().touch(p.id, false);
         if session != 0 {
