@@ -7,6 +7,8 @@
 //! reference is a plain memcpy of the same bytes. Rounds alternate which side goes first;
 //! each figure is the median over rounds.
 
+mod mac;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -398,6 +400,9 @@ fn bench_mooncake(
     let mut rows = vec![shape.row("put", kp, rp), shape.row("get", kg, rg)];
     for r in &mut rows {
         r.slot_bytes = Some(arena.slot_bytes());
+    }
+    if args.integrity {
+        rows.push(mac::row(&shape, src)?);
     }
     Ok(rows)
 }

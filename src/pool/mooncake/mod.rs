@@ -25,6 +25,7 @@ pub mod codes;
 mod helper;
 pub mod integrity;
 mod master_rpc;
+mod polyval_hash;
 mod pool;
 pub mod programs;
 mod run_dir;
