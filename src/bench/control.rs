@@ -241,10 +241,13 @@ pub fn run(args: ControlArgs) -> anyhow::Result<()> {
         "pass": pass, "admin_pass": admin_ratio <= 2.0,
     });
     if let Some(s) = &slow {
+        // The figures of the placement with the larger ratio; every placement's below.
+        let w = s.worst();
         let extra = serde_json::json!({
-            "slow_pool_idle_lookup_p50_us": s.idle_p50, "slow_pool_idle_lookup_p99_us": s.idle_p99,
-            "slow_pool_phase_lookup_p50_us": s.loaded_p50, "slow_pool_phase_lookup_p99_us": s.loaded_p99,
-            "slow_pool_phase_lookup_max_us": s.loaded_max,
+            "slow_pool_idle_lookup_p50_us": w.idle_p50, "slow_pool_idle_lookup_p99_us": w.idle_p99,
+            "slow_pool_phase_lookup_p50_us": w.loaded_p50, "slow_pool_phase_lookup_p99_us": w.loaded_p99,
+            "slow_pool_phase_lookup_max_us": w.loaded_max, "slow_pool_placement": w.placement.name,
+            "slow_pool_placements": s.placed.iter().map(|p| p.json()).collect::<Vec<_>>(),
             "slow_pool_phase_ratio_p99": s.ratio_p99(), "goal_slow_pool_phase_ratio_p99": 2.0,
             "slow_pool_phase_pass": s.ratio_p99() <= 2.0,
             "slow_pool_pages": super::control_slow::SLOW_PAGES, "slow_pool_delay_ms": super::control_slow::SLOW_POOL_MS,
@@ -285,15 +288,23 @@ pub fn run(args: ControlArgs) -> anyhow::Result<()> {
             admin.idle_p99, admin.loaded_p99, admin.renders_per_sec, admin_ratio, admin.idle_max, admin.loaded_max
         );
         if let Some(s) = &slow {
+            for p in &s.placed {
+                println!(
+                    "{}: lookup p99 idle {:.1} us | while a {}-page session pauses and resumes on a pool answering in {} ms {:.1} us | ratio {:.2} | max {:.0} us",
+                    p.placement,
+                    p.idle_p99,
+                    super::control_slow::SLOW_PAGES,
+                    super::control_slow::SLOW_POOL_MS,
+                    p.loaded_p99,
+                    p.ratio_p99(),
+                    p.loaded_max
+                );
+            }
             println!(
-                "lookup p99 idle {:.1} us | while a {}-page session pauses and resumes on a pool answering in {} ms {:.1} us ({} cycles) | ratio {:.2} (goal <= 2) | max {:.0} us",
-                s.idle_p99,
-                super::control_slow::SLOW_PAGES,
-                super::control_slow::SLOW_POOL_MS,
-                s.loaded_p99,
-                s.cycles,
+                "slow pool: ratio p99 {:.2} ({}; goal <= 2) | {} pause/resume cycles",
                 s.ratio_p99(),
-                s.loaded_max
+                s.worst().placement.name,
+                s.cycles
             );
         }
     }
