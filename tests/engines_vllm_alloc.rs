@@ -71,8 +71,9 @@ fn vllm_allocator_tensors_register_and_round_trip() {
                 "no {layout} MHA round trip with {heads} heads:\n{out}"
             );
             assert!(
-                out.lines().any(|l| l.starts_with(&format!("shared {layout} -> LBHNC MHA "))
-                    && l.ends_with(&format!(" heads {heads}: ok"))),
+                out.lines()
+                    .any(|l| l.starts_with(&format!("shared {layout} -> LBHNC MHA "))
+                        && l.ends_with(&format!(" heads {heads}: ok"))),
                 "no {layout} page with {heads} heads loaded into LBHNC:\n{out}"
             );
         }
@@ -88,6 +89,9 @@ fn vllm_allocator_tensors_register_and_round_trip() {
             .unwrap_or_else(|| panic!("no count after {after:?} in {line}"))
     };
     assert_eq!(count("refused "), 0, "{line}");
-    assert!(count("MLA; ") > 0, "no MHA layout with heads outside blocks registered: {line}");
+    assert!(
+        count("MLA; ") > 0,
+        "no MHA layout with heads outside blocks registered: {line}"
+    );
     assert!(count("blocks, ") > 0, "no K/V head slot layout registered: {line}");
 }
