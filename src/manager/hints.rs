@@ -279,14 +279,7 @@ fn validate(hint: &Hint, max_batch: usize) -> Result<(), HintError> {
 
 /// A tier's capacity in pages of the namespace layouts (the largest page if several).
 fn capacity_pages(tier: TierKind, dir: &Pages, stores: &Stores, devices: &Devices) -> usize {
-    let objs = dir
-        .read()
-        .dir
-        .namespaces()
-        .map(|(_, _, l)| l.object_count())
-        .max()
-        .unwrap_or(1)
-        .max(1);
+    let objs = dir.largest_page_objects();
     match tier {
         TierKind::Device => devices.pages().values().copied().max().unwrap_or(0),
         TierKind::Host => stores.arena().map_or(0, |a| a.slots() as usize / objs),

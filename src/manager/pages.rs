@@ -67,6 +67,18 @@ impl Pages {
         Ordered::take(Rank::Dir, || self.dir.read())
     }
 
+    /// Objects in the largest page of the registered namespaces' layouts (1 when none is
+    /// registered): what tier capacities in pages divide slots by.
+    pub(super) fn largest_page_objects(&self) -> usize {
+        self.read()
+            .dir
+            .namespaces()
+            .map(|(_, _, l)| l.object_count())
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    }
+
     /// Exclusive access to the directory state; publishes its events when dropped.
     pub(super) fn write(&self) -> DirWrite<'_> {
         let g = Ordered::take(Rank::Dir, || self.dir.write());

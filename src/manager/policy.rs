@@ -128,14 +128,7 @@ impl Manager {
         let Some(arena) = self.arena() else {
             return Usage::default();
         };
-        let objs = self
-            .read()
-            .dir
-            .namespaces()
-            .map(|(_, _, l)| l.object_count())
-            .max()
-            .unwrap_or(1)
-            .max(1) as u64;
+        let objs = self.inner.pages.largest_page_objects() as u64;
         Usage {
             used_pages: arena.used() as u64 / objs,
             capacity_pages: arena.slots() as u64 / objs,
