@@ -17,11 +17,8 @@
 //! arrived and frees the rest, after every job that could still write a slot is gone.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-
-use parking_lot::{Condvar, Mutex};
 
 use super::Manager;
 use super::pool_layout;
@@ -171,65 +168,19 @@ impl StageBatch {
 }
 
 /// Owns a reserved batch's slots until it is settled: settles when dropped, after the
-/// last piece ran or, unrun, with what arrived (see the module docs), and counts the
-/// pages staged in the staging's [`Tally`].
+/// last piece ran or, unrun, with what arrived (see the module docs), and reports the
+/// pages staged to the waiting caller.
 struct Settle {
     batch: Arc<StageBatch>,
-    tally: Arc<Tally>,
+    reply: crossbeam_channel::Sender<usize>,
 }
 
 impl Drop for Settle {
     fn drop(&mut self) {
         let staged = self.batch.settle();
-        self.tally.settled(staged);
-    }
-}
-
-/// What a staging's batches came to, and the one wake-up its caller waits for: the
-/// caller sleeps once, until the last batch has settled, rather than being woken by
-/// each batch while the workers still copy the others (a wake-up that, on a machine
-/// with as many workers as cores, takes a core from a copy).
-struct Tally {
-    staged: AtomicUsize,
-    /// Batches not yet settled, plus one while the caller is still reserving.
-    left: AtomicUsize,
-    done: Mutex<bool>,
-    wake: Condvar,
-}
-
-impl Tally {
-    fn new() -> Self {
-        Self {
-            staged: AtomicUsize::new(0),
-            left: AtomicUsize::new(1),
-            done: Mutex::new(false),
-            wake: Condvar::new(),
-        }
-    }
-
-    /// Counts one more batch to wait for (before it can settle).
-    fn add(&self) {
-        self.left.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A batch settled with `staged` pages complete (or the caller let go of its hold,
-    /// with 0); the last one wakes the caller.
-    fn settled(&self, staged: usize) {
-        self.staged.fetch_add(staged, Ordering::Relaxed);
-        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            *self.done.lock() = true;
-            self.wake.notify_all();
-        }
-    }
-
-    /// Lets go of the caller's hold and waits, until `until`, for every batch to settle;
-    /// returns the pages staged by those that did.
-    fn wait(&self, until: Instant) -> usize {
-        self.settled(0);
-        let mut done = self.done.lock();
-        while !*done && !self.wake.wait_until(&mut done, until).timed_out() {}
-        drop(done);
-        self.staged.load(Ordering::Acquire)
+        // The channel has room for every batch of the staging; a caller that stopped
+        // waiting has dropped its end, and then nobody needs the count.
+        let _ = self.reply.try_send(staged);
     }
 }
 
@@ -270,7 +221,8 @@ impl Manager {
         let Some(arena) = self.arena() else { return 0 };
         let protect_ms = self.tunables().stage_protect_ms;
         let on_worker = crate::transfer::on_worker();
-        let tally = Arc::new(Tally::new());
+        let (reply, settled) = crossbeam_channel::bounded(hashes.len().div_ceil(POOL_BATCH).max(1));
+        let mut batches = 0;
         for chunk in hashes.chunks(POOL_BATCH) {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
@@ -299,11 +251,11 @@ impl Manager {
                 pieces,
                 protect_ms,
             });
-            tally.add();
             let settle = Settle {
                 batch: batch.clone(),
-                tally: tally.clone(),
+                reply: reply.clone(),
             };
+            batches += 1;
             if runners <= 1 {
                 for k in 0..batch.pieces.len() {
                     batch.copy_piece(k);
@@ -325,7 +277,9 @@ impl Manager {
                 break;
             }
         }
-        tally.wait(Instant::now() + STAGE_WAIT)
+        drop(reply);
+        let until = Instant::now() + STAGE_WAIT;
+        (0..batches).map_while(|_| settled.recv_deadline(until).ok()).sum()
     }
 
     /// Reserves one batch of a staging: finds the pages of `chunk` to bring in, makes room
