@@ -42,7 +42,6 @@ use parking_lot::RwLock;
 use serde::Serialize;
 
 use self::pages::{Objects, PageSet};
-use super::KeyBatch;
 use crate::layout::Layout;
 use crate::page::{KeyScheme, PageHash};
 
@@ -245,8 +244,10 @@ impl PoolIndex {
 
     /// Per page of `keys` (`per_page` keys each, in page order): whether every object of
     /// the page is present. Stops after the first page that is not (the rest are `false`).
-    /// `None` while not in sync: the caller falls back to the master.
-    pub fn pages_present(&self, keys: &KeyBatch, per_page: usize) -> Option<Vec<bool>> {
+    /// `None` while not in sync. Lookups probe by page ([`Self::probe`]); this per-key
+    /// answer stays as the tests' reference for it.
+    #[cfg(test)]
+    pub fn pages_present(&self, keys: &super::KeyBatch, per_page: usize) -> Option<Vec<bool>> {
         let st = self.state.read();
         if st.mode != IndexMode::InSync || per_page == 0 {
             return None;

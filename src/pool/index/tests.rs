@@ -3,6 +3,7 @@ use std::time::Instant;
 use super::*;
 use crate::layout::LayoutSpec;
 use crate::page::{KeyScheme, PageHash};
+use crate::pool::KeyBatch;
 
 fn batch(scheme: &KeyScheme, layout: &crate::layout::Layout, pages: &[PageHash]) -> KeyBatch {
     let mut b = KeyBatch::with_capacity(pages.len() * layout.object_count(), scheme.key_capacity());
