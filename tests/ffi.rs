@@ -5,9 +5,9 @@
 mod common;
 mod ffi_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use common::Daemon;
@@ -44,30 +44,23 @@ fn verify_from_rust(d: &Daemon, instance: &str, model: &str, spec: LayoutSpec, t
     }
 }
 
-#[test]
-fn cpp_engine_runs_as_two_tp_ranks() {
-    if !require("cxx", "compiles the C++ test engine") {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let exe = build_engine(tmp.path());
-    let d = Daemon::start(tmp.path(), 16 << 20);
-    let (first, pages) = (0x5000u64, 12u32);
+/// Runs the C++ test engine as TP ranks 0 and 1 of one instance (with `extra` arguments)
+/// and checks each rank's report; then loads every page again as a fresh Rust rank with an
+/// emulated region, which must find `fill_page`'s pattern.
+fn run_cpp_ranks(exe: &Path, d: &Daemon, first: u64, pages: u32, extra: &[&str]) -> Vec<String> {
     let ranks: Vec<_> = (0..2u16)
         .map(|tp| {
-            let exe = exe.clone();
-            let socket = d.socket.clone();
-            std::thread::spawn(move || {
-                let mut cmd = Command::new(exe);
-                cmd.arg(&socket)
-                    .args([tp.to_string(), "2".into(), first.to_string(), pages.to_string()]);
-                run_with_deadline(cmd, Duration::from_secs(60))
-            })
+            let mut cmd = Command::new(exe);
+            cmd.arg(&d.socket)
+                .args([tp.to_string(), "2".into(), first.to_string(), pages.to_string()])
+                .args(extra);
+            std::thread::spawn(move || run_with_deadline(cmd, Duration::from_secs(60)))
         })
         .collect();
+    let mut outs = Vec::new();
     for (tp, r) in ranks.into_iter().enumerate() {
         let o = r.join().unwrap();
-        let out = String::from_utf8_lossy(&o.stdout);
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
         assert!(
             o.status.success(),
             "rank {tp}: {out}\n{}\ndaemon log:\n{}",
@@ -77,11 +70,55 @@ fn cpp_engine_runs_as_two_tp_ranks() {
         assert!(out.contains(&format!("OK rank={tp} loaded={pages}")), "{out}");
         assert_eq!(out.matches("hint kind=").count(), 5, "{out}");
         assert!(out.contains("advice ok"), "the advice stream through the bridge: {out}");
+        outs.push(out);
     }
     let ids: Vec<u64> = (first..first + pages as u64).collect();
     let spec = LayoutSpec::mha(4, 4, 16, 2, 4).with_parallel(2, 1);
     for tp in 0..2 {
-        verify_from_rust(&d, "cpp-engine", "cpp-model", spec.clone(), tp, 2, &ids);
+        verify_from_rust(d, "cpp-engine", "cpp-model", spec.clone(), tp, 2, &ids);
+    }
+    outs
+}
+
+/// The C++ test engine, compiled once for this test binary (its two tests run at once),
+/// into cargo's temporary folder for integration tests, so nothing is left elsewhere.
+fn cpp_engine() -> &'static Path {
+    static ENGINE: OnceLock<PathBuf> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ffi-cpp-engine");
+        std::fs::create_dir_all(&dir).unwrap();
+        build_engine(&dir)
+    })
+}
+
+#[test]
+fn cpp_engine_runs_as_two_tp_ranks() {
+    if !require("cxx", "compiles the C++ test engine") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), 16 << 20);
+    run_cpp_ranks(cpp_engine(), &d, 0x5000, 12, &[]);
+}
+
+/// The bridge's `register_host_tensor_runs`: each C++ rank's KV is its own host tensors
+/// with the heads outside the blocks (vLLM's `LHBNC`), 2 heads a rank, so each page of a
+/// (part, layer) is 2 runs a whole tensor of blocks apart. The C++ side writes and checks
+/// the bytes at that layout's addresses itself; the Rust rank that loads the pages after it
+/// has one contiguous run a page, so a run addressed in the wrong place or order shows as
+/// a pattern mismatch on one side or the other.
+#[test]
+fn cpp_engine_registers_head_runs_in_host_memory() {
+    if !require("cxx", "compiles the C++ test engine") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), 16 << 20);
+    for out in run_cpp_ranks(cpp_engine(), &d, 0x9000, 12, &["host-runs"]) {
+        assert!(
+            out.contains("host runs=2"),
+            "the C++ rank registered 2 runs a page: {out}"
+        );
     }
 }
 

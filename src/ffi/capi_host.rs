@@ -5,9 +5,7 @@
 use super::Handle;
 use super::capi::run;
 use super::capi_device::tensor_addresses;
-use super::host_tensors::HostTensors;
 use crate::tier::tensors::KvTensors;
-use std::sync::Arc;
 
 /// # Safety
 /// `client` is any value (checked); `ptrs` is null or readable for `n_ptrs` values; every
@@ -44,9 +42,7 @@ pub unsafe extern "C" fn kvtier_register_host_tensor_runs(
         // SAFETY: caller contract: `ptrs` null or readable for `n_ptrs` values.
         let bases = unsafe { tensor_addresses(ptrs, n_ptrs) }?;
         let tensors = KvTensors::new(bases, page_stride, pages).with_runs(runs, run_stride);
-        let layout = h.client().layout();
         // SAFETY: caller contract: the pages are live host memory while registered.
-        let region = unsafe { HostTensors::wrap(layout, h.client().identity().pp_rank, &tensors) }?;
-        h.register(Arc::new(region))
+        unsafe { h.register_host_tensors(&tensors) }
     })
 }

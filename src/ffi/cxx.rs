@@ -116,6 +116,30 @@ mod bridge {
             pages: u32,
             stream: u64,
         ) -> Result<()>;
+        /// As `register_cuda_tensors`, each page of a tensor cut into `runs` runs
+        /// `run_stride` bytes apart (vLLM's heads-outside layouts; see
+        /// `kvtier_register_cuda_tensor_runs` in `kvtier.h`).
+        #[allow(clippy::too_many_arguments)] // one value per argument, as the C ABI
+        unsafe fn register_cuda_tensor_runs(
+            self: &CxxClient,
+            ordinal: u32,
+            ptrs: &[u64],
+            page_stride: u64,
+            pages: u32,
+            runs: u32,
+            run_stride: u64,
+            stream: u64,
+        ) -> Result<()>;
+        /// The engine's own KV tensors in host memory, addressed as
+        /// `register_cuda_tensor_runs` (`kvtier_register_host_tensor_runs` in `kvtier.h`).
+        unsafe fn register_host_tensor_runs(
+            self: &CxxClient,
+            ptrs: &[u64],
+            page_stride: u64,
+            pages: u32,
+            runs: u32,
+            run_stride: u64,
+        ) -> Result<()>;
         fn object_bytes(self: &CxxClient) -> usize;
         fn fill_page(self: &CxxClient, slot: u32, seed: u64) -> Result<()>;
         fn page_matches(self: &CxxClient, slot: u32, seed: u64) -> Result<bool>;
@@ -229,11 +253,41 @@ impl CxxClient {
         pages: u32,
         stream: u64,
     ) -> Result<(), FfiError> {
+        // SAFETY: caller contract, forwarded (one run a page).
+        unsafe { self.register_cuda_tensor_runs(ordinal, ptrs, page_stride, pages, 1, 0, stream) }
+    }
+
+    /// # Safety
+    /// As `Handle::register_cuda_tensors`.
+    #[allow(clippy::too_many_arguments)] // the bridge's signature: one value per argument
+    unsafe fn register_cuda_tensor_runs(
+        &self,
+        ordinal: u32,
+        ptrs: &[u64],
+        page_stride: u64,
+        pages: u32,
+        runs: u32,
+        run_stride: u64,
+        stream: u64,
+    ) -> Result<(), FfiError> {
+        let tensors = KvTensors::new(ptrs.to_vec(), page_stride, pages).with_runs(runs, run_stride);
         // SAFETY: caller contract.
-        guard(|| unsafe {
-            self.0
-                .register_cuda_tensors(ordinal, &KvTensors::new(ptrs.to_vec(), page_stride, pages), stream)
-        })
+        guard(|| unsafe { self.0.register_cuda_tensors(ordinal, &tensors, stream) })
+    }
+
+    /// # Safety
+    /// As `Handle::register_host_tensors`.
+    unsafe fn register_host_tensor_runs(
+        &self,
+        ptrs: &[u64],
+        page_stride: u64,
+        pages: u32,
+        runs: u32,
+        run_stride: u64,
+    ) -> Result<(), FfiError> {
+        let tensors = KvTensors::new(ptrs.to_vec(), page_stride, pages).with_runs(runs, run_stride);
+        // SAFETY: caller contract.
+        guard(|| unsafe { self.0.register_host_tensors(&tensors) })
     }
 
     fn object_bytes(&self) -> usize {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use super::host_tensors::HostTensors;
 use super::{ERR_CLOSED, ERR_INVALID, FfiError};
 use crate::client::{Client, ClientConfig};
 use crate::layout::Part;
@@ -197,6 +198,20 @@ impl Handle {
             let _ = (ordinal, stream);
             Err(DeviceError::NoCuda.into())
         }
+    }
+
+    /// Wraps the engine's own KV tensors in host memory (vLLM's CPU KV caches, SGLang's
+    /// HiCache host pool) and registers them, addressed as [`Handle::register_cuda_tensors`]
+    /// says.
+    ///
+    /// # Safety
+    /// Every page the tensors name is this process's memory, readable and writable, until
+    /// the client is closed or another region is registered.
+    pub unsafe fn register_host_tensors(&self, tensors: &KvTensors) -> Result<(), FfiError> {
+        let layout = self.client.layout();
+        // SAFETY: caller contract: the pages are live host memory while registered.
+        let region = unsafe { HostTensors::wrap(layout, self.client.identity().pp_rank, tensors) }?;
+        self.register(Arc::new(region))
     }
 
     pub fn emulated(&self) -> Result<Arc<EmulatedDevice>, FfiError> {
