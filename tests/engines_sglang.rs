@@ -3,7 +3,10 @@
 //! `MHATokenToKVPoolHost` is registered as the memory kvtier copies into and out of, and a
 //! `batch_set_v1` / `batch_exists` / `batch_get_v1` round trip between two backends checks
 //! every element (`python/tests/sglang_storage.py`). A session SGLang names in a batch's
-//! `extra_info` reaches the daemon's session table.
+//! `extra_info` reaches the daemon's session table. SGLang's own `HiCacheController` round-
+//! trips every host layout (`python/tests/sglang_controller.py`), in the same process as
+//! the storage script (`python/tests/sglang_hicache.py`), and in a process of its own that
+//! starts with the daemon down.
 
 mod common;
 mod pkg_support;
@@ -12,19 +15,45 @@ use common::Daemon;
 use common::require::engine_python;
 use pkg_support::{assert_lines, run_ok, script};
 
+/// Both scripts run in one SGLang process (`python/tests/sglang_hicache.py`: torch and
+/// SGLang are imported once, most of either script's cost), each against a daemon of its
+/// own, and each script's lines are checked on their own.
+///
+/// `sglang_storage.py`: engine 1 stores, engine 2 loads every element; bad input is
+/// refused and the backend keeps serving; the session SGLang named reaches the daemon.
+///
+/// `sglang_controller.py` (issue 24 item 4): SGLang's own `HiCacheController` with the
+/// dynamic backend, for each host layout KvtierStorage registers (`layer_first`,
+/// `page_first` (SGLang 0.5.23's default), `page_first_direct`), MHA and MLA: write back,
+/// evict, prefetch, every element equal.
 #[test]
-fn sglang_hicache_round_trips_through_kvtier_storage() {
-    let Some(py) = engine_python("sglang", &["sglang", "torch"], "runs KvtierStorage in SGLang's HiCache") else {
+fn sglang_hicache_storage_and_controller_round_trip_through_kvtier() {
+    let Some(py) = engine_python(
+        "sglang",
+        &["sglang", "torch"],
+        "runs KvtierStorage and SGLang's HiCacheController over kvtier",
+    ) else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let admin = tmp.path().join("admin.sock");
-    let d = Daemon::start_with(tmp.path(), 16 << 20, &[&format!("admin_socket={}", admin.display())]);
-    let mut cmd = script(&py, "sglang_storage.py");
-    cmd.arg(&d.socket);
-    let out = run_ok(cmd, 600, &|| d.log_text());
+    let (storage_dir, controller_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let admin = storage_dir.path().join("admin.sock");
+    let storage = Daemon::start_with(
+        storage_dir.path(),
+        16 << 20,
+        &[&format!("admin_socket={}", admin.display())],
+    );
+    let controller = Daemon::start_with(controller_dir.path(), 16 << 20, &[]);
+    let mut cmd = script(&py, "sglang_hicache.py");
+    cmd.arg(&storage.socket).arg(&controller.socket);
+    let out = run_ok(cmd, 1200, &|| {
+        format!(
+            "storage daemon:\n{}\ncontroller daemon:\n{}",
+            storage.log_text(),
+            controller.log_text()
+        )
+    });
     assert_lines(
-        &out,
+        section(&out, "sglang_storage.py"),
         &[
             "OK engine 1 stored 4 pages; batch_exists counts the leading hits",
             "OK engine 2 loaded 4 pages into its host pool: 3072 elements equal, other pages untouched",
@@ -51,26 +80,7 @@ fn sglang_hicache_round_trips_through_kvtier_storage() {
         .map(|s| (s["session_id"].as_str().unwrap(), s["pages"].as_u64().unwrap_or(0)))
         .collect();
     assert_eq!(sessions, vec![("sg-session", 2)], "{v}");
-}
 
-/// Issue 24 item 4: SGLang's own `HiCacheController` with the dynamic backend, for each
-/// host layout KvtierStorage registers (`layer_first`, `page_first` (SGLang 0.5.23's
-/// default), `page_first_direct`), MHA and MLA: write back, evict, prefetch, every element
-/// equal (`python/tests/sglang_controller.py`).
-#[test]
-fn sglang_hicache_controller_round_trips_every_host_layout() {
-    let Some(py) = engine_python(
-        "sglang",
-        &["sglang", "torch"],
-        "runs SGLang's HiCacheController over kvtier",
-    ) else {
-        return;
-    };
-    let tmp = tempfile::tempdir().unwrap();
-    let d = Daemon::start_with(tmp.path(), 16 << 20, &[]);
-    let mut cmd = script(&py, "sglang_controller.py");
-    cmd.arg(&d.socket);
-    let out = run_ok(cmd, 600, &|| d.log_text());
     // 6 pages of 3 layers x 4 tokens: MHA K and V of 2 heads x 16 (4608 elements), MLA one
     // latent of 24 + 8 (2304 elements).
     let mut want: Vec<String> = Vec::new();
@@ -85,7 +95,16 @@ fn sglang_hicache_controller_round_trips_every_host_layout() {
     want.push("OK a page_first pool on the layer-first model name is refused".into());
     want.push("OK done".into());
     let want: Vec<&str> = want.iter().map(String::as_str).collect();
-    assert_lines(&out, &want);
+    assert_lines(section(&out, "sglang_controller.py"), &want);
+}
+
+/// The lines `sglang_hicache.py` printed for `script`: those after its `== script` line,
+/// up to the next script's.
+fn section<'a>(out: &'a str, script: &str) -> &'a str {
+    let head = format!("== {script}\n");
+    let from = out.find(&head).unwrap_or_else(|| panic!("no {head:?} in:\n{out}")) + head.len();
+    let rest = &out[from..];
+    &rest[..rest.find("\n== ").map_or(rest.len(), |e| e + 1)]
 }
 
 /// Issue 24 item 3 for SGLang: the daemon is down when SGLang's `HiCacheController`
