@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the soak (tests/soak.rs) for SECONDS (default 600): 32 clients on the local pool
 # with the daemon SIGKILLed every 2 minutes, and beside them 8 clients on a Mooncake pool
-# whose master (one of the test's own, on fresh loopback ports) is killed once.
+# whose daemon is SIGKILLed as often (once in runs under 4 minutes) and whose master (one
+# of the test's own, on fresh loopback ports) is killed once.
 #
 # Usage: scripts/soak.sh [SECONDS]
 # Needs the Mooncake wheel (scripts/mooncake-env.sh install; done here). The test binary is

@@ -26,6 +26,7 @@ pub mod page;
 pub mod paths;
 pub mod policy;
 pub mod pool;
+pub mod priority;
 pub mod protocol;
 #[cfg(feature = "daemon")]
 pub mod publish;

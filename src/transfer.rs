@@ -75,6 +75,13 @@ impl std::fmt::Debug for TransferEngine {
 impl TransferEngine {
     /// `threads` workers and a queue of `capacity` jobs.
     pub fn new(threads: usize, capacity: usize) -> Self {
+        Self::with_nice(threads, capacity, 0)
+    }
+
+    /// [`TransferEngine::new`], with workers that lower their CPU priority by `nice`
+    /// steps when they start ([`crate::priority`]): copies and pool I/O then yield the
+    /// core to the daemon's control thread.
+    pub fn with_nice(threads: usize, capacity: usize, nice: u8) -> Self {
         let (tx, rx) = bounded::<Job>(capacity.max(1));
         let workers = (0..threads.max(1))
             .map(|i| {
@@ -83,6 +90,10 @@ impl TransferEngine {
                     .name(format!("kvtier-xfer-{i}"))
                     .spawn(move || {
                         ON_WORKER.with(|w| w.set(true));
+                        if let Err(e) = crate::priority::lower_this_thread(nice) {
+                            // Still a worker, at the control thread's priority.
+                            tracing::warn!(error = %e, nice, "a transfer worker could not lower its priority");
+                        }
                         while let Ok(job) = rx.recv() {
                             // A panicking job must not take the worker down with it; the job's
                             // own guard (see the manager) fails its ticket.

@@ -6,21 +6,23 @@
 //! `KVTIER_SOAK_SECONDS` sets how long the clients run: 24 s by default (the README's test
 //! command), 600 in `.ci/run`. Runs of 4 minutes or more kill the daemon every 2 minutes;
 //! shorter ones twice, at a quarter and at half of the run. The Mooncake case kills its
-//! master once, at half of the run.
+//! daemon as often in long runs (once, at a quarter, in shorter ones) and its master once,
+//! at half of the run.
 //!
 //! Acknowledged-but-lost pages are counted from the daemon's own answers: just before each
 //! kill, an observer looks up every page of the set one by one, and each page the daemon
 //! answers is complete in host or in the pool (an acknowledged store: a page is complete
 //! only once its store was committed) must load with its bytes after the restart. On the
 //! local pool every such page counts; on Mooncake, pages only in the store when its master
-//! died may be gone (the master keeps no data) and are counted apart, never as lost or
+//! died may be gone (the master keeps no data), and so may those when its daemon died (the
+//! objects live in the dead daemon's segment): they are counted apart, never as lost or
 //! wrong. There the clients are paused (SIGSTOP) from the observer's look-ups until its
 //! loads are done, so no eviction under load takes a host page while the pool is down.
 //!
 //! Each test prints one JSON summary line (`"soak": "local"` or `"mooncake"`) and fails on
-//! any wrong byte, on any acknowledged page lost from host or the local pool, on
-//! `no_space` (the pool always has room on the local case), on a manifest or a private
-//! memory (`RssAnon`) past its fixed bound at any 250 ms sample, and when the daemon's
+//! any wrong byte, on any acknowledged page lost from host or the local pool, on a
+//! manifest or a private memory (`RssAnon`) past its fixed bound at any 250 ms sample;
+//! the local case also on `no_space` (its pool always has room), and when the daemon's
 //! private memory or descriptors are not back within 10 % once the load is over:
 //! descriptors of the fresh idle daemon, private memory of the last daemon sampled warm,
 //! near the end of the load.
@@ -65,10 +67,16 @@ const DEFAULT_RUN: Duration = Duration::from_secs(24);
 /// Runs at least this long kill the daemon every [`KILL_EVERY`].
 const LONG_RUN: Duration = Duration::from_secs(240);
 const KILL_EVERY: Duration = Duration::from_secs(120);
-/// The manifest's bound at any sample: twice its live records (at most one ~70-byte record
-/// per arena slot, counted here at 128) plus 64 KiB, as the daemon compacts it, and room
-/// for what one upkeep tick appends before the next compaction.
-const MANIFEST_BOUND: u64 = 2 * (ARENA_BYTES / 2048) * 128 + (64 << 10) + (256 << 10);
+/// The manifest's bound at any sample, for an arena of `slots` slots: twice its live
+/// records (at most one ~70-byte record per arena slot, counted here at 128) plus 64 KiB,
+/// as the daemon compacts it, and room for what one upkeep tick appends before the next
+/// compaction.
+const fn manifest_bound(slots: u64) -> u64 {
+    2 * slots * 128 + (64 << 10) + (256 << 10)
+}
+
+/// The local case's bound: its arena has 2 KiB slots.
+const MANIFEST_BOUND: u64 = manifest_bound(ARENA_BYTES / 2048);
 
 /// The daemon's private memory at any sample, in MiB: a fixed bound whatever the run's
 /// length (each daemon here settles near 55 MiB once its bounded books, such as the
@@ -636,7 +644,7 @@ fn soak_32_clients_through_daemon_kills_serve_only_right_bytes_and_lose_no_ackno
 }
 
 #[test]
-fn soak_mooncake_master_killed_once_loses_no_host_page_and_serves_only_right_bytes() {
+fn soak_mooncake_daemon_and_master_killed_lose_no_host_page_and_serve_only_right_bytes() {
     if !common::require::require(
         "mooncake",
         "the Mooncake soak needs mooncake_master and the wheel's Python",
@@ -650,20 +658,150 @@ fn soak_mooncake_master_killed_once_loses_no_host_page_and_serves_only_right_byt
     // A master of the test's own, on fresh ports: killing it touches no one else's.
     let mut master = cluster_support::Master::start(bin, dir.path());
     // 16 MiB of 16 KiB slots: 512 pages of 2 objects in host, a quarter of the set, so
-    // pages are evicted to the store and staged back while the clients run.
-    let node = cluster_support::Node::start(&dir.path().join("node"), &master, &python);
+    // pages are evicted to the store and staged back while the clients run. The arena is
+    // recovered after each SIGKILL; the event ring and the directory are sized as in the
+    // local case, so their bounded growth does not hide a leak in the RSS figures.
+    let node_dir = dir.path().join("node");
+    let extra = [
+        ("recover", "true".to_owned()),
+        ("event_ring", "4096".to_owned()),
+        ("max_pages", "65536".to_owned()),
+    ];
+    let start_node = |m: &cluster_support::Master| cluster_support::Node::start_with(&node_dir, m, &python, &extra);
+    let mut node = start_node(&master);
+    let sampler = Sampler::start(node_dir.join("arena.manifest"), node.pid());
     let start = Instant::now();
     let mut children: Vec<Child> = (0..MOONCAKE_CLIENTS)
         .map(|i| spawn_client(&node.socket, i, run))
         .collect();
-    sleep_until(start, run / 2);
-    // The clients paused: what the daemon holds now stays where it is (no store evicts a
-    // host page while the store is down), so every host page it names must still load.
-    signal_all(&children, libc::SIGSTOP);
-    let paused = Instant::now();
-    // Eviction the clients' last stores made due may still run: wait until the daemon has
-    // evicted nothing from host for 1 s, so the pages it names in host stay there.
-    let mut evicted = host_evictions(&node.admin);
+    let mut events: Vec<(Duration, bool)> = mooncake_daemon_kills(run).into_iter().map(|t| (t, false)).collect();
+    events.push((run / 2, true));
+    events.sort();
+    let mut daemon_kills = DaemonKills::default();
+    let mut master_kill = None;
+    for (at, is_master) in events {
+        sleep_until(start, at);
+        // The clients paused: what the daemon holds now stays where it is (no store evicts
+        // a host page to the store while it is about to go), so every host page it names
+        // must still load.
+        signal_all(&children, libc::SIGSTOP);
+        let paused = Instant::now();
+        let evicted = settle_host_evictions(&node.admin, paused);
+        if is_master {
+            master_kill = Some(kill_master(&node, &mut master, evicted));
+        } else {
+            let (held, device_only) = Observer::connect(&node.socket).held();
+            // SAFETY: kill(2) on the daemon this test started; dropping the node reaps it.
+            unsafe { libc::kill(node.pid() as i32, libc::SIGKILL) };
+            drop(node);
+            node = start_node(&master);
+            sampler.pid.store(node.pid(), Ordering::Release);
+            daemon_kills.count(&node, &held, device_only);
+        }
+        signal_all(&children, libc::SIGCONT);
+        daemon_kills.paused_s += paused.elapsed().as_secs_f64();
+    }
+    let master_kill = master_kill.expect("the master was killed once");
+    let t = collect(&mut children);
+    let manifest_max = sampler.manifest_max.load(Ordering::Acquire);
+    let rss_max = sampler.rss_kib_max.load(Ordering::Acquire) as f64 / 1024.0;
+    let manifest_samples = sampler.samples.load(Ordering::Acquire);
+    drop(sampler);
+    let manifest_bound = manifest_bound(MOONCAKE_SLOTS);
+    let (down, back) = (&master_kill.down, &master_kill.back);
+    let k = &daemon_kills;
+    let summary = json!({
+        "soak": "mooncake",
+        "seconds": run.as_secs(),
+        "clients": MOONCAKE_CLIENTS,
+        "daemon_kills": k.kills,
+        "master_kills": 1,
+        "clients_paused_s": (k.paused_s * 10.0).round() / 10.0,
+        "ops": t.ops,
+        "pages_verified": t.pages_verified,
+        "wrong_bytes": t.wrong_bytes,
+        "errors_by_kind": t.errors,
+        "recovered_pages": k.recovered_pages,
+        "pool_healthy_after_daemon_restarts": k.healthy,
+        "held_host_pages_at_daemon_kills": k.checked.held_host,
+        "held_pool_only_pages_at_daemon_kills": k.checked.held_pool,
+        "device_only_pages_at_daemon_kills": k.checked.device_only,
+        "acknowledged_lost_host_pages_daemon_kills": k.checked.lost_host,
+        "pool_only_pages_gone_after_daemon_kills": k.checked.lost_pool,
+        "pool_healthy_after_master_restart": master_kill.healthy,
+        "host_evictions_during_master_check": master_kill.evicted_meanwhile,
+        "held_host_pages_at_master_kill": back.held_host,
+        "held_pool_only_pages_at_master_kill": back.held_pool,
+        "device_only_pages_at_master_kill": back.device_only,
+        "acknowledged_lost_host_pages_master_down": down.lost_host,
+        "acknowledged_lost_host_pages_after_master_restart": back.lost_host,
+        "pool_only_pages_gone_after_master_restart": back.lost_pool,
+        "observer_wrong_pages": down.wrong_pages + back.wrong_pages + k.checked.wrong_pages,
+        "manifest_bytes_max": manifest_max,
+        "manifest_bytes_bound": manifest_bound,
+        "manifest_samples": manifest_samples,
+        "rss_mb_max": (rss_max * 10.0).round() / 10.0,
+        "rss_mb_bound": RSS_BOUND_MB,
+    });
+    println!("{summary}");
+    eprintln!("soak (mooncake): {:.1} s", t0.elapsed().as_secs_f64());
+    assert_eq!(t.wrong_bytes, 0, "{summary}");
+    assert_eq!(
+        down.wrong_pages + back.wrong_pages + k.checked.wrong_pages,
+        0,
+        "{summary}"
+    );
+    assert!(t.pages_verified > 0 && t.ops > 0, "the clients did work: {summary}");
+    assert!(
+        master_kill.healthy && k.healthy,
+        "the pool is healthy again after every restart: {summary}"
+    );
+    assert!(k.kills > 0, "the daemon was killed: {summary}");
+    assert!(k.recovered_pages > 0, "restarts recovered the arena: {summary}");
+    assert!(
+        back.held_host > 0 && k.checked.held_host > 0,
+        "the daemon held host pages at its kills: {summary}"
+    );
+    assert!(
+        master_kill.evicted_before.is_some(),
+        "/metrics counts host evictions: {summary}"
+    );
+    assert_eq!(
+        master_kill.evicted_meanwhile,
+        Some(0),
+        "nothing was evicted from host during the master check: {summary}"
+    );
+    assert_eq!(
+        down.lost_host + back.lost_host + k.checked.lost_host,
+        0,
+        "no acknowledged page in host is lost to a daemon or master kill: {summary}; lost {:?} {:?} {:?}; log {}",
+        down.lost,
+        back.lost,
+        k.checked.lost,
+        node.log.display()
+    );
+    assert!(manifest_samples > 0, "the manifest was sampled: {summary}");
+    assert!(manifest_max <= manifest_bound, "the manifest stays bounded: {summary}");
+    assert!(rss_max <= RSS_BOUND_MB, "private memory stays bounded: {summary}");
+}
+
+/// Slots of the Mooncake case's arena (`cluster_support::Node`: 16 MiB of 16 KiB slots).
+const MOONCAKE_SLOTS: u64 = (16 << 20) / 16384;
+
+/// When the Mooncake case SIGKILLs its daemon: every 2 minutes in a long run (as the local
+/// case), else once, at a quarter of the run; the master dies at half of it.
+fn mooncake_daemon_kills(run: Duration) -> Vec<Duration> {
+    if run >= LONG_RUN {
+        kill_times(run)
+    } else {
+        vec![run / 4]
+    }
+}
+
+/// Waits until the daemon has evicted nothing from host for 1 s (eviction the clients'
+/// last stores made due may still run once they paused); returns the eviction count then.
+fn settle_host_evictions(admin: &Path, paused: Instant) -> Option<u64> {
+    let mut evicted = host_evictions(admin);
     let mut still_since = Instant::now();
     while still_since.elapsed() < Duration::from_secs(1) {
         assert!(
@@ -671,11 +809,79 @@ fn soak_mooncake_master_killed_once_loses_no_host_page_and_serves_only_right_byt
             "host eviction did not settle once the clients paused"
         );
         std::thread::sleep(Duration::from_millis(100));
-        let now = host_evictions(&node.admin);
+        let now = host_evictions(admin);
         if now != evicted {
             (evicted, still_since) = (now, Instant::now());
         }
     }
+    evicted
+}
+
+/// What the Mooncake case's daemon kills found, summed.
+#[derive(Default)]
+struct DaemonKills {
+    kills: u64,
+    recovered_pages: u64,
+    /// Whether the pool was healthy again after every restart.
+    healthy: bool,
+    checked: Checked,
+    /// Seconds the clients spent paused around the kills' checks.
+    paused_s: f64,
+}
+
+impl DaemonKills {
+    /// After a restart: every page the killed daemon held in host must load with its
+    /// bytes. Its store objects lived in its own segment, which went with it (its helper
+    /// dies with it, and the master drops a dead client's objects after `client_ttl`):
+    /// the pages only in the store are counted, not required. The check waits until the
+    /// master no longer names them, so it does not try loads of objects that no segment
+    /// holds any more.
+    fn count(&mut self, node: &cluster_support::Node, held: &[(PageHash, Held)], device_only: u64) {
+        if self.kills == 0 {
+            self.healthy = true;
+        }
+        self.kills += 1;
+        let observer = Observer::connect(&node.socket);
+        self.recovered_pages += observer.client.stats().unwrap().recovered_pages;
+        self.healthy &= cluster_support::eventually(Duration::from_secs(60), || {
+            node.admin(&["status"])["pool"]["health"]["state"] == "ok"
+        });
+        let pool_only: Vec<PageHash> = held
+            .iter()
+            .filter(|(_, at)| *at == Held::Pool)
+            .map(|(h, _)| *h)
+            .collect();
+        cluster_support::eventually(Duration::from_secs(30), || {
+            pool_only
+                .chunks(64)
+                .all(|hs| observer.client.lookup(hs).is_ok_and(|hit| hit.pool == 0))
+        });
+        let c = observer.check(held, device_only, true);
+        let k = &mut self.checked;
+        k.held_host += c.held_host;
+        k.held_pool += c.held_pool;
+        k.device_only += c.device_only;
+        k.lost_host += c.lost_host;
+        k.lost_pool += c.lost_pool;
+        k.wrong_pages += c.wrong_pages;
+        k.lost.extend(c.lost.into_iter().filter(|l| l.ends_with("@host")));
+    }
+}
+
+/// What the master's kill found.
+struct MasterKill {
+    /// Host pages checked while the master was down, and every page after its restart.
+    down: Checked,
+    back: Checked,
+    healthy: bool,
+    evicted_before: Option<u64>,
+    /// Pages evicted from host while the observer looked and loaded.
+    evicted_meanwhile: Option<u64>,
+}
+
+/// Kills the master (the clients paused, host eviction settled at `evicted`), checks the
+/// host pages while it is down and every page once it is back.
+fn kill_master(node: &cluster_support::Node, master: &mut cluster_support::Master, evicted: Option<u64>) -> MasterKill {
     let observer = Observer::connect(&node.socket);
     let (held, device_only) = observer.held();
     master.kill();
@@ -689,57 +895,16 @@ fn soak_mooncake_master_killed_once_loses_no_host_page_and_serves_only_right_byt
         node.admin(&["status"])["pool"]["health"]["state"] == "ok"
     });
     let back = observer.check(&held, device_only, true);
-    // Pages evicted from host while the observer looked and loaded: none may be, or a
-    // host page gone would be the cache's choice rather than a loss.
+    // None may be evicted meanwhile, or a host page gone would be the cache's choice
+    // rather than a loss.
     let evicted_meanwhile = host_evictions(&node.admin)
         .zip(evicted)
         .map(|(b, a)| b.saturating_sub(a));
-    drop(observer);
-    signal_all(&children, libc::SIGCONT);
-    let paused_s = paused.elapsed().as_secs_f64();
-    let t = collect(&mut children);
-    let summary = json!({
-        "soak": "mooncake",
-        "seconds": run.as_secs(),
-        "clients": MOONCAKE_CLIENTS,
-        "master_kills": 1,
-        "clients_paused_s": (paused_s * 10.0).round() / 10.0,
-        "ops": t.ops,
-        "pages_verified": t.pages_verified,
-        "wrong_bytes": t.wrong_bytes,
-        "errors_by_kind": t.errors,
-        "pool_healthy_after_restart": healthy,
-        "host_evictions_during_check": evicted_meanwhile,
-        "held_host_pages_at_kill": back.held_host,
-        "held_pool_only_pages_at_kill": back.held_pool,
-        "device_only_pages_at_kill": back.device_only,
-        "acknowledged_lost_host_pages_master_down": down.lost_host,
-        "acknowledged_lost_host_pages_after_restart": back.lost_host,
-        "pool_only_pages_gone_after_restart": back.lost_pool,
-        "observer_wrong_pages": down.wrong_pages + back.wrong_pages,
-    });
-    println!("{summary}");
-    eprintln!("soak (mooncake): {:.1} s", t0.elapsed().as_secs_f64());
-    assert_eq!(t.wrong_bytes, 0, "{summary}");
-    assert_eq!(down.wrong_pages + back.wrong_pages, 0, "{summary}");
-    assert!(t.pages_verified > 0 && t.ops > 0, "the clients did work: {summary}");
-    assert!(
+    MasterKill {
+        down,
+        back,
         healthy,
-        "the pool is healthy again after the master's restart: {summary}"
-    );
-    assert!(back.held_host > 0, "the daemon held host pages at the kill: {summary}");
-    assert!(evicted.is_some(), "/metrics counts host evictions: {summary}");
-    assert_eq!(
+        evicted_before: evicted,
         evicted_meanwhile,
-        Some(0),
-        "nothing was evicted from host during the check: {summary}"
-    );
-    assert_eq!(
-        down.lost_host + back.lost_host,
-        0,
-        "no page in host is lost to the master's death: {summary}; lost {:?} {:?}; log {}",
-        down.lost,
-        back.lost,
-        node.log.display()
-    );
+    }
 }

@@ -76,6 +76,7 @@ fn config(dir: &std::path::Path, arena_bytes: u64, slot_bytes: u64, pages: usize
         event_ring: 1 << 16,
         policy: None,
         request_traces: None,
+        worker_nice: 0,
     }
 }
 

@@ -182,7 +182,7 @@ pub fn serve(mut cfg: DaemonConfig, shutdown: CancellationToken) -> anyhow::Resu
             .map_err(|e| anyhow::anyhow!("pool mooncake (client c-abi): {e}"))?;
         tracing::info!(library = %lib.display(), "Mooncake C library loaded: every function of store_c.h present");
     }
-    let rt = server::runtime().context("starting the control-plane runtime")?;
+    let rt = server::runtime_with(cfg.control.worker_nice).context("starting the control-plane runtime")?;
     // Signals first: once the socket is bound a client may already see the daemon.
     let signals = {
         let _in_runtime = rt.enter();

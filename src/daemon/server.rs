@@ -36,12 +36,25 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 const BLOCKING_THREADS: usize = 64;
 
 /// The runtime the daemon's control plane runs on (see the module doc for why one
-/// thread).
+/// thread), every thread at the caller's priority.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    runtime_with(0)
+}
+
+/// [`runtime`], whose blocking pool threads (`kvtier-blocking`: commands that may block,
+/// pool I/O, upkeep runs) lower their CPU priority by `worker_nice` steps when they start
+/// ([`crate::priority`]), so that the control thread (the caller of `block_on`, left as it
+/// is) wins a busy core over them.
+pub fn runtime_with(worker_nice: u8) -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(BLOCKING_THREADS)
-        .thread_name("kvtier-ctl")
+        .thread_name("kvtier-blocking")
+        .on_thread_start(move || {
+            if let Err(e) = crate::priority::lower_this_thread(worker_nice) {
+                tracing::warn!(error = %e, worker_nice, "a blocking thread could not lower its priority");
+            }
+        })
         .build()
 }
 

@@ -150,6 +150,9 @@ pub struct ManagerConfig {
     pub transfer_threads: usize,
     /// Transfer jobs that may wait in the queue. Default: 256.
     pub transfer_queue: usize,
+    /// Nice steps the transfer workers lower their CPU priority by when they start (the
+    /// daemon's `control.worker_nice`). Default: 0 (the creating thread's priority).
+    pub worker_nice: u8,
     /// Most pages the directory tracks. Default: 16 Mi.
     pub max_pages: usize,
     /// Page events kept for replay. Default: 1 Mi.
@@ -177,6 +180,7 @@ impl Default for ManagerConfig {
             max_batch: 4096,
             transfer_threads: 2,
             transfer_queue: 256,
+            worker_nice: 0,
             max_pages: 16 << 20,
             event_ring: 1 << 20,
             max_outstanding: 65_536,

@@ -221,7 +221,7 @@ impl Manager {
         Ok(Self {
             inner: Arc::new(Inner {
                 session_events: SessionEventLog::default(),
-                xfer: TransferEngine::new(cfg.transfer_threads, cfg.transfer_queue),
+                xfer: TransferEngine::with_nice(cfg.transfer_threads, cfg.transfer_queue, cfg.worker_nice),
                 moves: moves::PolicyMoves::default(),
                 jobs: inproc::InProcJobs::new(cfg.max_outstanding),
                 stats: Stats::default(),

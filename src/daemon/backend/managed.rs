@@ -69,6 +69,8 @@ pub struct TiersConfig {
     /// A pool shared with other nodes, built by the daemon (`pool = "mooncake"`); it
     /// replaces the local pool of `pool_bytes`. `None`: the local pool (or none).
     pub shared_pool: Option<SharedPool>,
+    /// Nice steps the transfer workers lower their priority by (`control.worker_nice`).
+    pub worker_nice: u8,
 }
 
 /// A shared pool as the daemon configured it.
@@ -147,6 +149,7 @@ impl ManagedTiers {
             tunables: cfg.tunables,
             event_ring: cfg.event_ring,
             policy: cfg.policy,
+            worker_nice: cfg.worker_nice,
             ..ManagerConfig::default()
         };
         let mcfg = match &cfg.shared_pool {

@@ -31,6 +31,7 @@ fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
         event_ring: 1 << 12,
         policy: Some(crate::policy::SessionPolicyConfig::default()),
         request_traces: None,
+        worker_nice: 0,
     }
 }
 

@@ -386,6 +386,9 @@ impl DaemonConfig {
         }
         self.socket_gid()?;
         self.engine_gid()?;
+        if i32::from(control.worker_nice) > crate::priority::MAX_NICE {
+            return bad("control.worker_nice must be between 0 and 19");
+        }
         if control.frame_body_timeout_ms == 0 || control.connect_timeout_ms == 0 || self.events.ring == 0 {
             return bad("control.frame_body_timeout_ms, control.connect_timeout_ms and events.ring must be at least 1");
         }
@@ -523,6 +526,7 @@ impl DaemonConfig {
                 remote: self.mooncake.remote(),
                 sealed: self.mooncake.integrity_key.is_some(),
             }),
+            worker_nice: self.control.worker_nice,
         }
     }
 

@@ -147,6 +147,15 @@ pub struct ControlSection {
     /// from its last request), so idle sockets cannot hold the `max_connections` slots.
     /// Default: 10000.
     pub connect_timeout_ms: u64,
+    /// Nice steps below the control thread's CPU priority for the threads that move
+    /// bytes and do pool I/O: the transfer workers and the blocking pool's threads (which
+    /// run connects, stores, commits, loads that wait, session moves, hints and upkeep),
+    /// and what they start (a Mooncake helper started at an engine's first connect).
+    /// Their nice value is the daemon's plus this, at most 19; it is only ever lowered,
+    /// never raised. 0 (the default) leaves every thread at the daemon's: on a machine
+    /// loaded far past its cores, lowered blocking threads made an engine's first
+    /// connect (which creates the local pool) miss its client's deadline. Default: 0.
+    pub worker_nice: u8,
 }
 
 impl Default for ControlSection {
@@ -159,6 +168,7 @@ impl Default for ControlSection {
             frame_body_timeout_ms: 10_000,
             idle_timeout_ms: 600_000,
             connect_timeout_ms: 10_000,
+            worker_nice: 0,
         }
     }
 }
