@@ -46,6 +46,7 @@ pub(super) fn row(shape: &Shape, src: &[&[u8]]) -> anyhow::Result<Row> {
     let mut r = shape.row("mac", m, c);
     r.reference = match mac.engine() {
         "vpclmulqdq" => "memcpy, one core (POLYVAL on VPCLMULQDQ)",
+        "vpclmulqdq-avx2" => "memcpy, one core (POLYVAL on 256-bit VPCLMULQDQ)",
         "pclmulqdq" => "memcpy, one core (POLYVAL on PCLMULQDQ)",
         _ => "memcpy, one core (POLYVAL portable)",
     };

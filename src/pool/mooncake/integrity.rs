@@ -94,7 +94,8 @@ impl Integrity {
         }
     }
 
-    /// Which code computes POLYVAL here (`"vpclmulqdq"`, `"pclmulqdq"`, `"portable"`).
+    /// Which code computes POLYVAL here (`"vpclmulqdq"`, `"vpclmulqdq-avx2"`, `"pclmulqdq"`,
+    /// `"portable"`).
     pub fn engine(&self) -> &'static str {
         self.polyval.engine()
     }

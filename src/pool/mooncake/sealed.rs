@@ -7,8 +7,10 @@
 //! slot; a get lands `len + 32` bytes in the slot and checks them there, before the call
 //! returns, so no caller ever sees a slot whose MAC failed as loaded. Other objects go
 //! through the staging region, copied and hashed there. A batch is cut into parts of
-//! [`PART_BYTES`], run one after another on the calling thread; a part hashes on several
-//! threads ([`par_each`]) while its existence query waits on the master.
+//! [`PART_BYTES`], each one request to the helper from the calling thread, pipelined with
+//! the MAC on one scoped thread ([`overlapped`]): a put hashes part `n + 1` while part `n`
+//! moves, a get checks part `n` while part `n + 1` moves. A batch of one part hashes on
+//! several threads ([`par_each`]) while its existence query waits on the master.
 //!
 //! An object that fails its MAC is a miss (`NotFound`), is counted, and is removed from
 //! the store, so neither this daemon's lookups nor a peer's credit it again. A put first
@@ -30,7 +32,7 @@ const PAR_MIN_BYTES: usize = 1 << 20;
 /// Most threads one batch's MACs use.
 const PAR_MAX_THREADS: usize = 8;
 
-/// Bytes of one part of a sealed batch ([`run_parts`]), each one request to the helper.
+/// Bytes of one part of a sealed batch, each one request to the helper.
 /// Each request costs the wheel a round of master calls, so parts are large: 4 MiB parts
 /// made a 64 MiB batch of 64 KiB objects 16 requests where the raw client
 /// makes one (the wheel's own client, given 64-object batches, took about twice as long
@@ -89,17 +91,23 @@ pub(super) fn par_each<T: Send>(jobs: &mut [T], bytes: impl Fn(&T) -> usize, f: 
     });
 }
 
-/// Runs `f` on every part, one after another on the calling thread; each part's result,
-/// `None` where it panicked (the other parts still run). Parts never run on threads of
-/// their own: a part waits on the master, and a trickling master must hold no thread
-/// beyond the caller's place in the daemon's bounded blocking pool
-/// (tests/mooncake_trickle.rs counts them; up to 4 parts in flight on threads of their
-/// own held 76 threads against its bound of 74).
-fn run_parts<T, R>(parts: Vec<T>, f: impl Fn(T) -> R) -> Vec<Option<R>> {
-    parts
-        .into_iter()
-        .map(|p| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(p))).ok())
-        .collect()
+/// Runs `side` (when there is one) on a scoped thread while `here` runs on the calling
+/// thread; `side`'s result is `None` where it panicked, `here`'s where it did.
+///
+/// Only `here` may wait on the master or the helper: `side` hashes, and ends in bounded
+/// time, so a trickling master holds no thread beyond the caller's place in the daemon's
+/// bounded blocking pool (tests/mooncake_trickle.rs counts them; parts in flight on
+/// threads of their own, up to 4, once held 76 threads against its bound of 74). One
+/// such thread at a time, per call.
+fn overlapped<A: Send, B>(
+    side: Option<impl FnOnce() -> A + Send>,
+    here: impl FnOnce() -> B,
+) -> (Option<Option<A>>, Option<B>) {
+    std::thread::scope(|s| {
+        let t = side.map(|f| s.spawn(f));
+        let b = std::panic::catch_unwind(std::panic::AssertUnwindSafe(here)).ok();
+        (t.map(|t| t.join().ok()), b)
+    })
 }
 
 /// The error of every object of a part whose thread failed.
@@ -223,9 +231,10 @@ impl MooncakePool {
         Some(Tail(unsafe { a.base_ptr().add(off as usize + len) }))
     }
 
-    /// Puts a sealed batch, in parts ([`parts`]) run one after another ([`run_parts`]).
-    /// Within a part, keys the store
-    /// already holds are asked for while the part is hashed, and checked before the put:
+    /// Puts a sealed batch, in parts ([`parts`]) sent one after another from this thread;
+    /// each part is hashed on a scoped thread while the part before it moves and this
+    /// thread then asks which of its keys are taken ([`overlapped`]). Keys the store
+    /// already holds are checked before the put:
     /// an object that carries its MAC is a peer's copy of the same page and is kept (not
     /// sent again); one that fails (a pre-put by someone without the cluster key) is
     /// counted, removed and put again. The store's own put takes a taken key as success,
@@ -236,57 +245,61 @@ impl MooncakePool {
         let lens: Vec<usize> = items.iter().map(|(_, d)| d.len() + MAC_LEN).collect();
         let ranges = parts(&lens);
         let par = ranges.len() == 1;
-        let work: Vec<(Range<usize>, Vec<Seal>)> = ranges
-            .iter()
-            .map(|r| {
-                let seals = r
-                    .clone()
-                    .filter_map(|i| Some((items[i].0, items[i].1, self.tail(at[i]?, items[i].1.len())?)))
-                    .collect();
-                (r.clone(), seals)
-            })
-            .collect();
-        let done = run_parts(work, |(r, seals)| {
-            self.put_part(mac, &items[r.clone()], &at[r], seals, par)
+        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+        let mut seals = ranges.iter().map(|r| {
+            r.clone()
+                .filter_map(|i| Some((items[i].0, items[i].1, self.tail(at[i]?, items[i].1.len())?)))
+                .collect::<Vec<Seal>>()
         });
         let mut out = Vec::with_capacity(items.len());
-        for (r, d) in ranges.iter().zip(done) {
-            match d {
-                Some(res) => out.extend(res),
-                None => out.extend(r.clone().map(|_| Err(part_failed()))),
+        // Step `i` hashes part `i` on the side while this thread puts part `i - 1` and then
+        // asks which keys of part `i` are taken. `ready`: the previous part's answers,
+        // `None` where its hashing failed (no object of it is put unsealed).
+        let mut ready: Option<Vec<Result<bool, PoolError>>> = None;
+        for i in 0..=ranges.len() {
+            let side = seals.next().map(|mut s| move || seal_tails(mac, &mut s, par));
+            let (sealed, here) = overlapped(side, || {
+                let put = i.checked_sub(1).map(|p| {
+                    let r = ranges[p].clone();
+                    let done = ready.take().and_then(|asked| {
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            self.put_part(mac, &items[r.clone()], &at[r.clone()], asked)
+                        }))
+                        .ok()
+                    });
+                    done.unwrap_or_else(|| r.map(|_| Err(part_failed())).collect())
+                });
+                let asked = ranges.get(i).map(|r| self.batch_exists(&keys[r.clone()]));
+                (put, asked)
+            });
+            let (put, asked) = here.unwrap_or((None, None));
+            if let Some(p) = i.checked_sub(1) {
+                out.extend(put.unwrap_or_else(|| ranges[p].clone().map(|_| Err(part_failed())).collect()));
             }
+            ready = match sealed {
+                Some(Some(())) => asked,
+                _ => None,
+            };
         }
         out
     }
 
-    /// One part of [`Self::sealed_put`]; `seals` are its objects that move from their
-    /// slots, whose MACs go into the slot tails (on several threads when `par`).
+    /// One part of [`Self::sealed_put`], its slot objects sealed already; `asked`: which
+    /// of its keys the store holds (an answer that is an error puts the object: the put
+    /// reports the outage).
     fn put_part(
         &self,
         mac: &Integrity,
         items: &[(&str, &[u8])],
         at: &[Option<u64>],
-        mut seals: Vec<Seal>,
-        par: bool,
+        asked: Vec<Result<bool, PoolError>>,
     ) -> Vec<Result<(), PoolError>> {
         let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
-        // A scoped thread hashes while this thread's existence query waits on the master:
-        // the hashing ends in bounded time, so a master that trickles holds this thread
-        // only, never one outside the daemon's blocking pool. An answer that is an error
-        // puts the object: the put reports the outage.
-        let taken: Vec<usize> = std::thread::scope(|s| {
-            let sealing = s.spawn(|| seal_tails(mac, &mut seals, par));
-            let asked = self.batch_exists(&keys);
-            if let Err(panic) = sealing.join() {
-                // No object of this part is put unsealed: the part fails as a whole.
-                std::panic::resume_unwind(panic);
-            }
-            asked
-                .into_iter()
-                .enumerate()
-                .filter_map(|(i, e)| matches!(e, Ok(true)).then_some(i))
-                .collect()
-        });
+        let taken: Vec<usize> = asked
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, e)| matches!(e, Ok(true)).then_some(i))
+            .collect();
         if taken.is_empty() {
             let all: Vec<usize> = (0..items.len()).collect();
             return self.put_subset(mac, items, at, &all);
@@ -375,7 +388,9 @@ impl MooncakePool {
         bad
     }
 
-    /// Gets a sealed batch, in parts run one after another ([`run_parts`]). Every object is checked before this call
+    /// Gets a sealed batch, in parts sent one after another from this thread; the objects
+    /// that landed in their slots are checked on a scoped thread while the next part moves
+    /// ([`overlapped`]), the last part's here. Every object is checked before this call
     /// returns; one that fails its MAC reads as absent and is removed from the store.
     pub(super) fn sealed_get(&self, mac: &Integrity, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>> {
         let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
@@ -390,18 +405,44 @@ impl MooncakePool {
         let par = ranges.len() == 1;
         let mut bufs = items.iter_mut().map(|(_, b)| Some(&mut **b));
         let mut tails = tails.into_iter();
-        let work: Vec<GetPart> = ranges
-            .iter()
-            .map(|r| GetPart {
-                range: r.clone(),
-                bufs: bufs.by_ref().take(r.len()).collect(),
-                tails: tails.by_ref().take(r.len()).collect(),
-            })
-            .collect();
-        let done = run_parts(work, |p| {
-            let r = p.range.clone();
-            self.get_part(mac, &keys[r.clone()], &lens[r.clone()], &at[r], p, par)
+        let mut work = ranges.iter().map(|r| GetPart {
+            range: r.clone(),
+            bufs: bufs.by_ref().take(r.len()).collect(),
+            tails: tails.by_ref().take(r.len()).collect(),
         });
+        // Per part, in order: its codes and opened lengths, `None` where it failed.
+        let mut done: Vec<Option<Vec<(Result<i64, PoolError>, Option<usize>)>>> = Vec::with_capacity(ranges.len());
+        // Step `i` checks part `i - 1` (`pending`) while part `i` lands.
+        let mut pending: Option<Landed> = None;
+        let check = |mut l: Landed, par: bool| {
+            l.check(mac, par);
+            l.finish()
+        };
+        for _ in 0..=ranges.len() {
+            let (checked, landed) = match work.next() {
+                Some(p) => {
+                    let side = pending.take().map(|l| move || check(l, false));
+                    let (c, l) = overlapped(side, || {
+                        let r = p.range.clone();
+                        self.land_part(mac, &keys[r.clone()], &lens[r.clone()], &at[r], p)
+                    });
+                    (c, Some(l))
+                }
+                // Nothing left to overlap with: the last part is checked here.
+                None => (
+                    pending
+                        .take()
+                        .map(|l| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(l, par))).ok()),
+                    None,
+                ),
+            };
+            done.extend(checked);
+            match landed {
+                Some(Some(l)) => pending = Some(l),
+                Some(None) => done.push(None),
+                None => {}
+            }
+        }
         let mut res: Vec<(Result<i64, PoolError>, Option<usize>)> = Vec::with_capacity(keys.len());
         for (r, d) in ranges.iter().zip(done) {
             match d {
@@ -438,19 +479,17 @@ impl MooncakePool {
         out
     }
 
-    /// One part of [`Self::sealed_get`]: the store's code per object, and the page length
-    /// of each object whose MAC held. Staged objects are checked in staging and copied
-    /// out only when their MAC holds; those that landed in their slot are checked there
-    /// (on several threads when `par`).
-    fn get_part(
+    /// Moves one part of [`Self::sealed_get`]. Staged objects are checked in staging and
+    /// copied out only when their MAC holds; those that landed in their slot are left for
+    /// [`Landed::check`].
+    fn land_part<'a>(
         &self,
         mac: &Integrity,
-        keys: &[&str],
+        keys: &[&'a str],
         lens: &[usize],
         at: &[Option<u64>],
-        part: GetPart,
-        par: bool,
-    ) -> Vec<(Result<i64, PoolError>, Option<usize>)> {
+        part: GetPart<'a>,
+    ) -> Landed<'a> {
         let GetPart {
             mut bufs, mut tails, ..
         } = part;
@@ -485,15 +524,33 @@ impl MooncakePool {
                 });
             }
         }
+        Landed { res, opened, checks }
+    }
+}
+
+/// A part of a sealed get that has moved: the store's code per object, the page length of
+/// each object whose MAC held, and the checks still to run on objects in their slots.
+struct Landed<'a> {
+    res: Vec<Result<i64, PoolError>>,
+    opened: Vec<Option<usize>>,
+    checks: Vec<Check<'a>>,
+}
+
+impl Landed<'_> {
+    /// Runs the checks (on several threads when `par`).
+    fn check(&mut self, mac: &Integrity, par: bool) {
         if par {
-            par_each(&mut checks, |c| c.len, |c| c.run(mac));
+            par_each(&mut self.checks, |c| c.len, |c| c.run(mac));
         } else {
-            checks.iter_mut().for_each(|c| c.run(mac));
+            self.checks.iter_mut().for_each(|c| c.run(mac));
         }
-        for c in &checks {
-            opened[c.idx] = c.ok.then_some(c.len);
+        for c in &self.checks {
+            self.opened[c.idx] = c.ok.then_some(c.len);
         }
-        res.into_iter().zip(opened).collect()
+    }
+
+    fn finish(self) -> Vec<(Result<i64, PoolError>, Option<usize>)> {
+        self.res.into_iter().zip(self.opened).collect()
     }
 }
 
@@ -511,15 +568,32 @@ mod tests {
     }
 
     #[test]
-    fn run_parts_answers_every_part_in_order_and_none_for_a_part_that_panicked() {
-        let out = run_parts((0..9usize).collect(), |i| i * 10);
-        assert_eq!(out, (0..9).map(|i| Some(i * 10)).collect::<Vec<_>>());
-        assert_eq!(run_parts(vec![3usize], |i| i + 1), vec![Some(4)]);
-        let out = run_parts((0..6usize).collect(), |i| {
-            assert_ne!(i, 2, "part 2 fails");
-            i
-        });
-        assert_eq!(out, vec![Some(0), Some(1), None, Some(3), Some(4), Some(5)]);
+    fn overlapped_runs_both_sides_at_once_and_answers_none_for_a_side_that_panicked() {
+        use std::sync::mpsc;
+        use std::time::Duration;
+        // The side waits for a word that `here` sends only after it has heard from the
+        // side: run one after the other, each would time out.
+        let (to_here, from_side) = mpsc::channel();
+        let (to_side, from_here) = mpsc::channel();
+        let (side, here) = overlapped(
+            Some(move || {
+                to_here.send(1u32).unwrap();
+                from_here.recv_timeout(Duration::from_secs(10)).map(|v: u32| v + 1)
+            }),
+            || {
+                let v = from_side.recv_timeout(Duration::from_secs(10));
+                to_side.send(41).unwrap();
+                v
+            },
+        );
+        assert_eq!(side, Some(Some(Ok(42))));
+        assert_eq!(here, Some(Ok(1)));
+        let (side, here) = overlapped(Some(|| -> u8 { panic!("the side fails") }), || 7);
+        assert_eq!((side, here), (Some(None), Some(7)));
+        let (side, here) = overlapped(Some(|| 3), || -> u8 { panic!("here fails") });
+        assert_eq!((side, here), (Some(Some(3)), None));
+        let none: Option<fn() -> u8> = None;
+        assert_eq!(overlapped(none, || 5), (None, Some(5)));
     }
 
     #[test]
