@@ -9,15 +9,16 @@
 //! those slots can still be running), and the daemon frees them at once instead of at
 //! the fence timeout. While one is alive, `done` waits for the first call after it.
 //!
-//! Generations: a store's copy stamps each slot with the generation its grant carried,
-//! after the bytes; a load checks the stamps after its copy and counts only the leading
-//! pages whose stamps hold (see `crate::tier::slot_gen`).
+//! Generations: a store's copy marks each slot in copy before its bytes and stamps the
+//! generation its grant carried after them, and reports a page not written when another
+//! copy ran into one of its slots meanwhile; a load checks the stamps after its copy and
+//! counts only the leading pages whose stamps hold (see `crate::tier::slot_gen`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::protocol::{ObjectSlot, Request, Response};
-use crate::tier::slot_gen::SlotStamps;
+use crate::protocol::{GrantPage, ObjectSlot, Request, Response};
+use crate::tier::slot_gen::{self, SlotStamps};
 
 use super::conn::Conn;
 use super::{Client, ClientError};
@@ -95,17 +96,53 @@ impl Client {
     }
 }
 
-/// Stamps every slot of `pages` with its grant's generation (after the copy into them).
-pub(super) fn stamp<'a>(stamps: Option<&SlotStamps>, pages: impl IntoIterator<Item = &'a [ObjectSlot]>) {
-    let Some(st) = stamps else { return };
-    for s in pages.into_iter().flatten().filter(|s| s.generation != 0) {
-        st.stamp(s.slot, s.generation);
-    }
+/// Phase one of a store's copy (`crate::tier::slot_gen`): marks every granted slot of
+/// `pages` in copy, then fences, before any byte. Returns what each stamp held, in order.
+pub(super) fn begin_copy(stamps: Option<&SlotStamps>, pages: &[GrantPage]) -> Vec<u64> {
+    let Some(st) = stamps else { return Vec::new() };
+    let before = slots(pages)
+        .map(|s| {
+            if s.generation == 0 {
+                0
+            } else {
+                st.begin_copy(s.slot, s.generation)
+            }
+        })
+        .collect();
+    slot_gen::copy_fence();
+    before
+}
+
+/// Phase two, after the bytes (whether or not the copy succeeded, so no marker outlives
+/// it): stamps each slot's generation. Returns, per page, whether every slot vouches for
+/// this copy's bytes (no other copy ran into it meanwhile).
+pub(super) fn end_copy(stamps: Option<&SlotStamps>, pages: &[GrantPage], before: &[u64]) -> Vec<bool> {
+    let Some(st) = stamps else {
+        return vec![true; pages.len()];
+    };
+    slot_gen::copy_fence();
+    let mut at = before.iter();
+    pages
+        .iter()
+        .map(|p| {
+            p.slots.iter().fold(true, |ok, s| {
+                let b = at.next().copied().unwrap_or_default();
+                // Every slot is ended, whatever the others found.
+                (s.generation == 0 || st.end_copy(s.slot, s.generation, b)) && ok
+            })
+        })
+        .collect()
+}
+
+fn slots(pages: &[GrantPage]) -> impl Iterator<Item = &ObjectSlot> {
+    pages.iter().flat_map(|p| p.slots.iter())
 }
 
 /// How many leading pages hold the generations their load grant carried (after the copy
-/// out of them). A generation without stamps to check it against holds nothing.
+/// out of them: fences first). A generation without stamps to check it against holds
+/// nothing.
 pub(super) fn held(stamps: Option<&SlotStamps>, pages: &[Vec<ObjectSlot>]) -> usize {
+    slot_gen::copy_fence();
     pages
         .iter()
         .take_while(|p| match stamps {

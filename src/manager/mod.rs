@@ -66,7 +66,7 @@ use parking_lot::{Mutex, RwLock};
 pub use config::{ManagerConfig, PoolConfig, PoolFactory, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
-pub use host_pages::host_complete_pages;
+pub use host_pages::{GrantedPage, drop_host_copy, host_complete_pages, load_grant_pages};
 pub use moves::{MOVE_QUEUE, MoveCounts};
 pub use policy::SessionPolicyPart;
 pub use pool_recover::{PoolAdopted, adopt_recovered_pool};

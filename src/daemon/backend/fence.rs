@@ -16,7 +16,12 @@
 //! fences nothing: the old file is unlinked and a late copy lands in the old inode.
 //!
 //! The fence also starts the arena's slot generations (`crate::tier::slot_gen`), which
-//! guard against what a quarantine leaves.
+//! guard against what a quarantine leaves, and holds the daemon's side of their checks: a
+//! commit keeps only pages whose stamps hold; a load grant stops before the first page
+//! whose stamps do not; and a page a load did not load because its stamps did not hold
+//! is dropped from host (its slots freed: the next allocation keeps a running copy's
+//! marker, so a slot still being written is never vouched for; see `slot_gen`), so that
+//! no lookup credits it again and it can be stored anew.
 //!
 //! File: `KVTFENC2`, `u64` slot size, `u64` slot count (64-byte header), then one `u64`
 //! per slot: 0 free, else the token of the library whose store grant holds it
@@ -30,6 +35,8 @@ use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
 
+use crate::manager::{self, GrantedPage, Manager};
+use crate::protocol::ObjectSlot;
 use crate::tier::host::{HostArena, SlotId};
 
 use crate::tier::slot_gen::{Generations, SlotStamps, stamps_path};
@@ -129,7 +136,7 @@ impl Fence {
         let slots = arena.slots();
         let (stamps, kept) = SlotStamps::create(&stamps_path(arena.path()), slots, self.group, earlier.is_some())
             .map_err(|e| std::io::Error::other(e.to_string()))?;
-        arena.attach_generations(Arc::new(Generations::new(stamps, kept)));
+        arena.attach_generations(Arc::new(Generations::new(stamps, kept, timeout)));
         let len = HEADER as u64 + 8 * slots as u64;
         let file = crate::tier::private::replace(&self.path).map_err(|e| std::io::Error::other(e.to_string()))?;
         file.set_len(len)?;
@@ -258,3 +265,66 @@ pub(super) fn stamped(arena: &HostArena, objects: &[(usize, SlotId)]) -> bool {
     }
     held
 }
+
+/// How many leading pages of a load grant hold the generations their slots were allocated
+/// at (the daemon's check at grant: the grant names only those).
+pub(super) fn granted_prefix(arena: Option<&HostArena>, pages: &[Vec<ObjectSlot>]) -> usize {
+    let Some(g) = arena.and_then(HostArena::generations) else {
+        return pages.len();
+    };
+    let n = pages
+        .iter()
+        .take_while(|p| p.iter().all(|s| g.holds(SlotId(s.slot))))
+        .count();
+    if n < pages.len() {
+        tracing::warn!(
+            granted = n,
+            "a load grant stops at a page whose slot was stamped by another grant's copy"
+        );
+    }
+    n
+}
+
+/// Before load grant `grant` finishes with `loaded` pages loaded: its pages from there on
+/// whose slots no longer hold their generations (a late copy hit them).
+pub(super) fn hit_pages(mgr: &Manager, grant: u64, loaded: usize) -> Vec<GrantedPage> {
+    let arena = mgr.arena();
+    let Some(g) = arena.as_deref().and_then(HostArena::generations) else {
+        return Vec::new();
+    };
+    let mut pages = manager::load_grant_pages(mgr, grant, loaded);
+    pages.retain(|(_, _, objects)| !holds(g, objects));
+    pages
+}
+
+fn holds(g: &Generations, objects: &[(usize, SlotId)]) -> bool {
+    objects.iter().all(|&(_, s)| g.holds(s))
+}
+
+/// Once the grant has finished (its leases gone): drops `pages` from host, so no lookup
+/// credits them and they can be stored again. A page another grant still leases stays
+/// (that grant's own finish drops it).
+pub(super) fn drop_hit(mgr: &Manager, pages: &[GrantedPage]) {
+    if pages.is_empty() {
+        return;
+    }
+    let arena = mgr.arena();
+    let Some(g) = arena.as_deref().and_then(HostArena::generations) else {
+        return;
+    };
+    // Asked again under the directory lock: the slots may hold another page by now.
+    let n = pages
+        .iter()
+        .filter(|p| manager::drop_host_copy(mgr, p, |objects| !holds(g, objects)))
+        .count();
+    if n > 0 {
+        tracing::warn!(
+            pages = n,
+            "pages whose slots were stamped by another grant's copy are dropped from host"
+        );
+    }
+}
+
+#[cfg(test)]
+#[path = "fence_tests.rs"]
+mod tests;

@@ -529,7 +529,10 @@ impl Backend for ManagedTiers {
             if !pending || Instant::now() >= deadline {
                 let arena = self.mgr.arena();
                 let slot = |&(o, s, _): &_| fence::object_slot(arena.as_deref(), o, s);
-                let pages = g.pages.iter().map(|p| p.objects.iter().map(slot).collect()).collect();
+                let mut pages: Vec<Vec<ObjectSlot>> =
+                    g.pages.iter().map(|p| p.objects.iter().map(slot).collect()).collect();
+                // The rest stay leased until `finish_load`, which drops the page hit.
+                pages.truncate(fence::granted_prefix(arena.as_deref(), &pages));
                 return Ok((g.id, pages));
             }
             self.mgr.finish_load(g.id, 0)?;
@@ -538,7 +541,10 @@ impl Backend for ManagedTiers {
     }
 
     fn finish_load(&self, grant: u64, loaded: usize) -> Result<(), BackendError> {
-        match self.mgr.finish_load(grant, loaded) {
+        let hit = fence::hit_pages(&self.mgr, grant, loaded);
+        let done = self.mgr.finish_load(grant, loaded);
+        fence::drop_hit(&self.mgr, &hit);
+        match done {
             Ok(_) => Ok(()),
             Err(ManagerError::UnknownGrant(g)) => Err(BackendError::UnknownGrant(g)),
             Err(e) => Err(e.into()),
