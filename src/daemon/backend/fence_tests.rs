@@ -25,6 +25,7 @@ fn open(dir: &std::path::Path) -> ManagedTiers {
         max_wait: Duration::from_millis(200),
         recover: false,
         fence_timeout: Duration::from_secs(3600),
+        worker_nice: 0,
         arena: ArenaOptions {
             lock: false,
             prefault: false,

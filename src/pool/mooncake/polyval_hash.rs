@@ -214,11 +214,10 @@ mod x86 {
             h: [z; MID],
             k: [z; MID],
         };
-        for j in 0..MID {
+        for (j, (h, k)) in p.h.iter_mut().zip(&mut p.k).enumerate() {
             let (a, b) = (pows[2 * MID - 1 - 2 * j], pows[2 * MID - 2 - 2 * j]);
-            let h = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
-            p.h[j] = h;
-            p.k[j] = _mm256_xor_si256(h, _mm256_shuffle_epi32(h, 0x4E));
+            *h = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+            *k = _mm256_xor_si256(*h, _mm256_shuffle_epi32(*h, 0x4E));
         }
         p
     }
@@ -362,13 +361,12 @@ mod x86 {
         for c in &mut passes {
             let z = _mm256_setzero_si256();
             let (mut lo, mut mid, mut hi) = (z, z, z);
-            for j in 0..MID {
+            for (j, (&h, &k)) in p.h.iter().zip(&p.k).enumerate() {
                 // SAFETY: vector `j < MID` lies in the pass's `32 MID` bytes; unaligned load.
                 let mut d = unsafe { _mm256_loadu_si256(c.as_ptr().add(32 * j).cast()) };
                 if j == 0 {
                     d = _mm256_xor_si256(d, _mm256_zextsi128_si256(acc));
                 }
-                let (h, k) = (p.h[j], p.k[j]);
                 lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(d, h, 0x00));
                 hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(d, h, 0x11));
                 let dk = _mm256_xor_si256(d, _mm256_shuffle_epi32(d, 0x4E));

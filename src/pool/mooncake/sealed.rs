@@ -411,7 +411,7 @@ impl MooncakePool {
             tails: tails.by_ref().take(r.len()).collect(),
         });
         // Per part, in order: its codes and opened lengths, `None` where it failed.
-        let mut done: Vec<Option<Vec<(Result<i64, PoolError>, Option<usize>)>>> = Vec::with_capacity(ranges.len());
+        let mut done: Vec<Option<Opened>> = Vec::with_capacity(ranges.len());
         // Step `i` checks part `i - 1` (`pending`) while part `i` lands.
         let mut pending: Option<Landed> = None;
         let check = |mut l: Landed, par: bool| {
@@ -528,6 +528,10 @@ impl MooncakePool {
     }
 }
 
+/// Per object of a part of a sealed get: the store's code, and the page length when its
+/// MAC held.
+type Opened = Vec<(Result<i64, PoolError>, Option<usize>)>;
+
 /// A part of a sealed get that has moved: the store's code per object, the page length of
 /// each object whose MAC held, and the checks still to run on objects in their slots.
 struct Landed<'a> {
@@ -549,7 +553,7 @@ impl Landed<'_> {
         }
     }
 
-    fn finish(self) -> Vec<(Result<i64, PoolError>, Option<usize>)> {
+    fn finish(self) -> Opened {
         self.res.into_iter().zip(self.opened).collect()
     }
 }
