@@ -57,8 +57,9 @@ impl Transpose {
 /// the source at a 1 KiB stride, four passes over each page, and ran at 3.1 GB/s on one
 /// thread between two `/dev/shm` mappings where `memcpy` of whole objects ran at 5.1 and
 /// the same transpose walking the source in order (4 runs of the destination) at 7.1-7.5;
-/// at 64 KiB 4.7 against 6.3. The host-to-pool transpose (4 runs of the source) runs at
-/// 7.5-7.9 either way.
+/// at 64 KiB 4.7 against 6.3. Into the pool, an object of 32 layers read as 32 runs
+/// of the source ran at 2.2-3.3 GB/s, and at 4.1-4.6 written as 16 runs of the
+/// destination (docs/ARCHITECTURE.md, issue 29's fifth round, has the table).
 ///
 /// Rows are written with streaming stores where the CPU has them ([`stream`]): row by row,
 /// ordinary stores read every cold destination line before writing it, which left the
