@@ -47,8 +47,19 @@ impl Transpose {
     }
 }
 
-/// `src` as `[a][b][row]` into `dst` as `[b][a][row]`, walking `dst` in order: the
-/// destination is written front to back while the source is read at a stride of `b` rows.
+/// `src` as `[a][b][row]` into `dst` as `[b][a][row]`, walking whichever side keeps the
+/// fewer streams of rows: the destination in order (reading `a` interleaved runs of the
+/// source) when `a <= b`, else the source in order (writing `b` interleaved runs of the
+/// destination).
+///
+/// The order matters on cold memory. Walking the destination in order, a pool-to-host
+/// transpose of a 16 KiB object (16 tokens of 4 layers, 256-byte rows) reads 16 runs of
+/// the source at a 1 KiB stride, four passes over each page, and ran at 3.1 GB/s on one
+/// thread between two `/dev/shm` mappings where `memcpy` of whole objects ran at 5.1 and
+/// the same transpose walking the source in order (4 runs of the destination) at 7.1-7.5;
+/// at 64 KiB 4.7 against 6.3. Into the pool, an object of 32 layers read as 32 runs
+/// of the source ran at 2.2-3.3 GB/s, and at 4.1-4.6 written as 16 runs of the
+/// destination (docs/ARCHITECTURE.md, issue 29's fifth round, has the table).
 ///
 /// Rows are written with streaming stores where the CPU has them ([`stream`]): row by row,
 /// ordinary stores read every cold destination line before writing it, which left the
@@ -62,14 +73,27 @@ fn swap_rows(a: usize, b: usize, row: usize, src: &[u8], dst: &mut [u8]) -> bool
         return true;
     }
     let streaming = stream::usable(dst.as_ptr(), row);
-    for (d, out) in dst.chunks_exact_mut(row).enumerate() {
-        // dst row d = (j, i) with j < b, i < a; its source row is (i, j).
-        let (j, i) = (d / a, d % a);
-        let s = (i * b + j) * row;
+    // Source row (i, j) is destination row (j, i), for i < a and j < b.
+    let mut move_row = |i: usize, j: usize| {
+        let (s, d) = ((i * b + j) * row, (j * a + i) * row);
+        let (from, to) = (&src[s..s + row], &mut dst[d..d + row]);
         if streaming {
-            stream::copy(out, &src[s..s + row]);
+            stream::copy(to, from);
         } else {
-            out.copy_from_slice(&src[s..s + row]);
+            to.copy_from_slice(from);
+        }
+    };
+    if a <= b {
+        for j in 0..b {
+            for i in 0..a {
+                move_row(i, j);
+            }
+        }
+    } else {
+        for i in 0..a {
+            for j in 0..b {
+                move_row(i, j);
+            }
         }
     }
     if streaming {
