@@ -64,7 +64,11 @@ fn read(state: &AdminState, source: Source, next: u64, want: usize) -> Read {
             (b.events.len(), b.next)
         }
         Source::Sessions => {
-            let b = state.manager.session_events().read_from(next, want, EVENTS_WAIT);
+            let b = state
+                .manager
+                .session_policy()
+                .events()
+                .read_from(next, want, EVENTS_WAIT);
             if b.lost > 0 {
                 json_line(&mut lines, &json!({ "lost": b.lost }));
             }

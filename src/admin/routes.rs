@@ -62,11 +62,11 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
             if let Some(q) = ctx.manager.pool().and_then(|p| p.helper_queue()) {
                 metrics::render_helper_queue(&mut text, &q);
             }
-            metrics::render_session_events(&mut text, ctx.manager.session_events());
+            metrics::render_session_events(&mut text, ctx.manager.session_policy().events());
             if let Some(k) = ctx.engines.host_keep() {
                 metrics::render_host_keep(&mut text, &k);
             }
-            metrics::render_policy_moves(&mut text, &ctx.manager.policy_move_counts());
+            metrics::render_policy_moves(&mut text, &ctx.manager.session_policy().move_counts());
             if let Some(p) = ctx.manager.session_policy().stats() {
                 metrics::render_session_table(&mut text, &p);
             }
@@ -397,7 +397,7 @@ fn events(ctx: &AdminState, req: &Request, source: Source) -> Result<Reply, ApiE
             source,
             from: f.and_then(Result::ok).unwrap_or_else(|| match source {
                 Source::Pages => ctx.manager.events().last_seq() + 1,
-                Source::Sessions => ctx.manager.session_events().last_seq() + 1,
+                Source::Sessions => ctx.manager.session_policy().events().last_seq() + 1,
             }),
             limit: l.and_then(Result::ok).unwrap_or(u64::MAX),
         }),

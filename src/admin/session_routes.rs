@@ -25,7 +25,8 @@ pub(super) fn phase(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> 
     let b: PhaseBody =
         serde_json::from_slice(&req.body).map_err(|e| ApiError::new(400, "bad_session", e.to_string()))?;
     ctx.manager
-        .session_phase(&b.session_id, b.parent_session_id.as_deref(), b.phase)?;
+        .session_policy()
+        .phase(&ctx.manager, &b.session_id, b.parent_session_id.as_deref(), b.phase)?;
     let session = ctx
         .manager
         .session_policy()
@@ -41,6 +42,6 @@ pub(super) fn advice(ctx: &AdminState) -> Value {
     json!({
         "advice": ctx.manager.session_policy().take_advice(),
         "stats": ctx.manager.session_policy().stats(),
-        "moves": ctx.manager.policy_move_counts(),
+        "moves": ctx.manager.session_policy().move_counts(),
     })
 }

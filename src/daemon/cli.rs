@@ -382,7 +382,7 @@ fn start_pool_index(
     let healthy = Box::new(move || m.pool().is_some_and(|p| p.health() == crate::pool::PoolHealth::Ok));
     let m = manager.clone();
     let on_resync = Box::new(move |ix: &PoolIndex| {
-        m.reconcile_pool(ix);
+        m.reconcile_pool(ix, false);
     });
     let shown = format!("{} sources, master admin {}", icfg.sources.len(), icfg.admin);
     match sync::spawn(icfg, index.clone(), healthy, on_resync, cancel.clone()) {

@@ -4,8 +4,8 @@
 //! object placed there once the dead client's TTL has passed (10 s upstream, set on the
 //! master), the other nodes' objects included. The directory still calls those pages
 //! pool-complete. So each time the pool's [`lost_generation`] changes, this thread checks
-//! the pool-complete pages against the store ([`Manager::reconcile_pool`] with an empty
-//! index: every page is asked about) every few seconds for the next two minutes, since
+//! the pool-complete pages against the store ([`Manager::reconcile_pool`], sharing, with
+//! an empty index: every page is asked about) every few seconds for the next two minutes, since
 //! the loss shows only after that TTL, and the pages the store lost stop being
 //! pool-complete and are shared again from host where host still holds them.
 //!
@@ -69,7 +69,7 @@ fn watch(m: &Manager, cancel: &CancellationToken) {
             continue;
         }
         checked = Instant::now();
-        let (dropped, shared) = m.reconcile_pool_and_share(&PoolIndex::new(0));
+        let (dropped, shared) = m.reconcile_pool(&PoolIndex::new(0), true);
         if dropped > 0 {
             tracing::warn!(
                 pages = dropped,

@@ -392,7 +392,7 @@ impl Manager {
         // Exclusive tiers: the session policy drops the host copies of what is on device.
         if let Some(&(ns, _)) = on_device.first() {
             let hashes: Vec<PageHash> = on_device.iter().filter(|(n, _)| *n == ns).map(|(_, h)| *h).collect();
-            self.policy_page_hit(None, ns, &hashes, hashes.len());
+            self.inner.policy.page_hit(self, None, ns, &hashes, hashes.len());
         }
         Ok(loaded.min(total))
     }

@@ -76,8 +76,8 @@ fn staged_pages_are_protected_until_loaded_or_their_ttl_ends() {
 #[test]
 fn an_idle_sessions_pages_go_first_and_come_back_to_normal_when_it_resumes() {
     let f = fixture(1, 40, None);
-    let a = f.m.session_index("agent-a").unwrap();
-    let b = f.m.session_index("agent-b").unwrap();
+    let a = f.m.session_registry().index("agent-a").unwrap();
+    let b = f.m.session_registry().index("agent-b").unwrap();
     let (ha, hb) = (hashes(0..8), hashes(8..16));
     for (hs, s, first) in [(&ha, a, 0u32), (&hb, b, 8)] {
         let slots: Vec<u32> = (first..first + 8).collect();
@@ -121,8 +121,8 @@ fn with_no_pool_the_policy_keeps_an_acting_sessions_pages_in_place_and_ended_one
         f.m.session_policy().stats().is_some(),
         "the fixture runs the session policy"
     );
-    let a = f.m.session_index("agent-a").unwrap();
-    let b = f.m.session_index("agent-b").unwrap();
+    let a = f.m.session_registry().index("agent-a").unwrap();
+    let b = f.m.session_registry().index("agent-b").unwrap();
     let (ha, hb) = (hashes(0..8), hashes(8..16));
     for (hs, s, first) in [(&ha, a, 0u32), (&hb, b, 8)] {
         let slots: Vec<u32> = (first..first + 8).collect();
@@ -130,7 +130,9 @@ fn with_no_pool_the_policy_keeps_an_acting_sessions_pages_in_place_and_ended_one
         assert_eq!(f.m.wait(t, WAIT).unwrap().pages, 8);
     }
     // b waits on a tool: a's older pages still go first.
-    f.m.session_phase("agent-b", None, Phase::Acting).unwrap();
+    f.m.session_policy()
+        .phase(&f.m, "agent-b", None, Phase::Acting)
+        .unwrap();
     assert_eq!(
         f.m.session_registry().page(None, 0, 10).0[1],
         ("agent-b".to_owned(), true, false)
@@ -139,7 +141,7 @@ fn with_no_pool_the_policy_keeps_an_acting_sessions_pages_in_place_and_ended_one
     assert_eq!(host(&f, &ha)[..2], [false; 2]);
     assert!(host(&f, &hb).iter().all(|&h| h));
     // Ended: b's newer pages go before a's.
-    f.m.session_phase("agent-b", None, Phase::Ended).unwrap();
+    f.m.session_policy().phase(&f.m, "agent-b", None, Phase::Ended).unwrap();
     f.m.make_host_room(2 * 3);
     assert_eq!(host(&f, &hb)[..3], [false; 3]);
     assert!(host(&f, &ha)[2..].iter().all(|&h| h));

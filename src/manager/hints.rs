@@ -3,7 +3,7 @@
 
 use super::devices::Devices;
 use super::pages::Pages;
-use super::queues::Advice;
+use super::queues::{Advice, EngineQueues};
 use super::state::DirState;
 use super::{Manager, ManagerError, SessionRegistry, Stores};
 use crate::directory::PageId;
@@ -180,18 +180,20 @@ impl Manager {
             }
         }
     }
+}
 
-    /// Re-runs deferred hints once each; those still blocked go back in the queue.
-    /// Returns what the re-runs came to (each outcome is also counted in the hint
+impl EngineQueues {
+    /// Re-runs the deferred hints on `m` once each; those still blocked go back in the
+    /// queue. Returns what the re-runs came to (each outcome is also counted in the hint
     /// stats); a re-run that fails (its namespace or pages gone wrong since) is logged
     /// here, since nobody waits for it any more.
-    pub(crate) fn retry_deferred(&self) -> DeferredRetry {
-        let pending = self.inner.queues.lock().take_deferred();
+    pub(crate) fn retry_deferred(&self, m: &Manager) -> DeferredRetry {
+        let pending = self.lock().take_deferred();
         let mut r = DeferredRetry::default();
         for (ns, hint) in pending {
             let kind = hint.kind();
             r.rerun += 1;
-            match self.hint(ns, hint) {
+            match m.hint(ns, hint) {
                 Ok(HintOutcome::Accepted { .. } | HintOutcome::Clipped { .. }) => r.applied += 1,
                 Ok(HintOutcome::Deferred { .. }) => r.deferred_again += 1,
                 Ok(_) => r.ignored += 1,
@@ -290,7 +292,7 @@ fn capacity_pages(tier: TierKind, dir: &Pages, stores: &Stores, devices: &Device
     }
 }
 
-/// What one [`Manager::retry_deferred`] pass came to.
+/// What one [`EngineQueues::retry_deferred`] pass came to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeferredRetry {
     /// Deferred hints taken from the queue and re-run.

@@ -90,7 +90,6 @@ use crate::page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};
 use crate::pool::mooncake::MooncakeError;
 use crate::pool::{PoolBackend, PoolError};
 pub use crate::session::SessionError;
-use crate::session::registry::Standing;
 pub use crate::session::registry::{DEFAULT_MAX_ID_BYTES, DEFAULT_MAX_SESSIONS};
 use crate::tier::TierKind;
 use crate::tier::device::{DeviceError, DeviceRegion};
@@ -185,16 +184,14 @@ pub(crate) struct Inner {
     tun: RwLock<Tunables>,
     /// [Devices] Attached device regions and device pages per namespace.
     devices: devices::Devices,
-    /// [Policy] The session-aware policy, when configured; taken alone.
+    /// [Policy] The session-aware policy, when configured (taken alone), with the queue
+    /// of its pool moves and the session event log (a component that owns them).
     policy: SessionPolicyPart,
     /// [Timers] Pin and retain expiries, watermark crossings and the upkeep waker (a
     /// component that owns its lock; crossings are lock-free on the hot path).
     upkeep: Upkeep,
-    /// Pauses and resumes for routers, read from a sequence (a leaf lock).
-    session_events: SessionEventLog,
-    xfer: TransferEngine,
-    /// The session policy's pool moves, queued for one transfer worker at a time.
-    moves: moves::PolicyMoves,
+    /// The transfer workers (shared with the policy's move queue).
+    xfer: Arc<TransferEngine>,
     /// In-process operations' tickets (a component that owns its table).
     jobs: inproc::InProcJobs,
     stats: Stats,
@@ -218,11 +215,13 @@ impl Manager {
             None => None,
         };
         let dir = Directory::try_new(cfg.max_pages)?;
+        let xfer = Arc::new(TransferEngine::with_nice(cfg.transfer_threads, cfg.transfer_queue, cfg.worker_nice));
+        let sessions = SessionRegistry::default();
+        sessions.set_limits(cfg.tunables.max_sessions, cfg.tunables.max_session_id_bytes);
         Ok(Self {
             inner: Arc::new(Inner {
-                session_events: SessionEventLog::default(),
-                xfer: TransferEngine::with_nice(cfg.transfer_threads, cfg.transfer_queue, cfg.worker_nice),
-                moves: moves::PolicyMoves::default(),
+                policy: SessionPolicyPart::new(session_policy, clock.clone(), xfer.clone()),
+                xfer,
                 jobs: inproc::InProcJobs::new(cfg.max_outstanding),
                 stats: Stats::default(),
                 remote: cfg.remote.map(remote::Remote::new),
@@ -230,10 +229,9 @@ impl Manager {
                 pages: Pages::new(dir, cfg.event_ring, clock.clone()),
                 grants: Mutex::new(GrantTable::default()),
                 queues: EngineQueues::default(),
-                sessions: SessionRegistry::default(),
+                sessions,
                 tun: RwLock::new(cfg.tunables),
                 devices: devices::Devices::default(),
-                policy: SessionPolicyPart::new(session_policy),
                 upkeep: Upkeep::new(clock.clone()),
                 clock,
                 cfg,
@@ -343,10 +341,10 @@ impl Manager {
         self.inner.pages.events()
     }
 
-    /// The session event log: the pressure controller's pauses and resumes, which every
-    /// reader reads from its own sequence (none takes them from the advice queues).
-    pub fn session_events(&self) -> &SessionEventLog {
-        &self.inner.session_events
+    /// The page directory (completeness, eviction order, the lookup view and the page
+    /// event log), for the components that act on pages.
+    pub(super) fn pages(&self) -> &Pages {
+        &self.inner.pages
     }
 
     /// Completeness of a page per tier, and which objects are missing where.
@@ -373,19 +371,8 @@ impl Manager {
         }))
     }
 
-    /// The index pages of session `id` carry, interned on first use (never 0). An id
-    /// over `max_session_id_bytes` is refused; a new session in a full table frees the
-    /// oldest ended one first.
-    pub fn session_index(&self, id: &str) -> Result<u32, ManagerError> {
-        let tun = self.tunables();
-        Ok(self
-            .inner
-            .sessions
-            .intern(id, tun.max_sessions, tun.max_session_id_bytes)?)
-    }
-
-    /// The session table: every session engines and routers named, listed and paged for
-    /// renders. Holds only its own lock.
+    /// The session table: every session engines and routers named (interned by
+    /// [`SessionRegistry::index`]), listed and paged for renders. Holds only its own lock.
     pub fn session_registry(&self) -> &SessionRegistry {
         &self.inner.sessions
     }
@@ -401,21 +388,8 @@ impl Manager {
     /// session is freed from the table once it needs the room (oldest ended first); its
     /// pages stay in the idle class, so they are evicted first. Returns its index.
     pub fn session_changed(&self, id: &str, idle: bool, ended: bool) -> Result<u32, ManagerError> {
-        let idx = self.session_standing(id, idle, ended)?;
+        let idx = self.inner.sessions.set_phase(id, idle, ended)?;
         self.inner.pages.reclass_session(idx, idle || ended, ended);
-        Ok(idx)
-    }
-
-    /// [`Self::session_changed`] in the session table only: the session policy moves the
-    /// pages between eviction classes itself (`policy::apply_class`).
-    pub(crate) fn session_standing(&self, id: &str, idle: bool, ended: bool) -> Result<u32, ManagerError> {
-        let idx = self.session_index(id)?;
-        let standing = match (ended, idle) {
-            (true, _) => Standing::Ended,
-            (false, true) => Standing::Idle,
-            (false, false) => Standing::Busy,
-        };
-        self.inner.sessions.set_standing(id, standing);
         Ok(idx)
     }
 
@@ -430,10 +404,13 @@ impl Manager {
         *Ordered::take(Rank::Tunables, || self.inner.tun.read())
     }
 
-    /// Changes the tunables that are safe to change while running.
+    /// Changes the tunables that are safe to change while running (the session table's
+    /// limits among them).
     pub fn set_tunables(&self, t: Tunables) -> Result<(), ManagerError> {
         t.validate()?;
         *Ordered::take(Rank::Tunables, || self.inner.tun.write()) = t;
+        // After the tunables' lock is let go: the table's lock ranks below it.
+        self.inner.sessions.set_limits(t.max_sessions, t.max_session_id_bytes);
         Ok(())
     }
 

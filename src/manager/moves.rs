@@ -31,6 +31,7 @@ use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
 use super::Manager;
+use super::policy::{SessionPolicyPart, apply_pool_move};
 use super::session_events::AdviceCause;
 use crate::policy::{Advice, Move, Usage};
 
@@ -172,20 +173,22 @@ impl PolicyMoves {
     }
 }
 
-impl Manager {
-    /// Hands one policy call's pool moves to the drainer (see the module docs). Returns
-    /// at once unless the queue is full, or, with `wait_done` (a resume's staging, the
-    /// tick), once the moves are done or [`STAGE_WAIT`] has passed.
-    pub(super) fn queue_moves(&self, batch: MoveBatch, wait_done: bool) {
-        let moves = &self.inner.moves;
+impl SessionPolicyPart {
+    /// Hands one policy call's pool moves to the drainer (see the module docs), which
+    /// carries them out on `m`'s tiers. Returns at once unless the queue is full, or,
+    /// with `wait_done` (a resume's staging, the tick), once the moves are done or
+    /// [`STAGE_WAIT`] has passed.
+    pub(super) fn queue_moves(&self, m: &Manager, batch: MoveBatch, wait_done: bool) {
+        let moves = &self.moves;
         let may_wait = !crate::transfer::on_worker() && crate::pool::io_guard::may_block();
         let n = match moves.push(batch, may_wait) {
             Pushed::Queued(n) => n,
             Pushed::Start(n) => {
-                let m = self.clone();
-                if self.inner.xfer.try_submit(Box::new(move || m.drain_moves())).is_err() {
+                let owned = m.clone();
+                let drain = move || owned.session_policy().drain_moves(&owned);
+                if self.xfer.try_submit(Box::new(drain)).is_err() {
                     moves.inline.fetch_add(1, Ordering::Relaxed);
-                    self.drain_moves();
+                    self.drain_moves(m);
                 }
                 n
             }
@@ -197,7 +200,7 @@ impl Manager {
                 );
                 // The advice still goes out: routers and engines hear of pauses and
                 // resumes even when the pages did not move.
-                self.finish_moves(b.advice, b.events);
+                self.finish_moves(m, b.advice, b.events);
                 return;
             }
         };
@@ -210,19 +213,19 @@ impl Manager {
     }
 
     /// Carries out queued batches, oldest first, until the queue is empty.
-    fn drain_moves(&self) {
-        while let Some(b) = self.inner.moves.pop() {
-            for m in b.moves {
-                self.apply_pool_move(m);
+    fn drain_moves(&self, m: &Manager) {
+        while let Some(b) = self.moves.pop() {
+            for mv in b.moves {
+                apply_pool_move(m, mv);
             }
-            self.finish_moves(b.advice, b.events);
-            self.inner.moves.finish();
+            self.finish_moves(m, b.advice, b.events);
+            self.moves.finish();
         }
     }
 
     /// The policy's move counters.
-    pub fn policy_move_counts(&self) -> MoveCounts {
-        self.inner.moves.counts()
+    pub fn move_counts(&self) -> MoveCounts {
+        self.moves.counts()
     }
 }
 

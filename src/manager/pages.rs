@@ -143,6 +143,20 @@ impl Pages {
         }
     }
 
+    /// Sets the retain priority of the pages of `hashes` the directory holds, and with
+    /// `disown` takes them out of their session (the policy's `Retain` move).
+    pub(super) fn set_retain(&self, ns: NamespaceId, hashes: &[PageHash], priority: i8, disown: bool) {
+        let mut st = self.write();
+        for h in hashes {
+            if let Some(id) = st.dir.find(ns, h) {
+                st.dir.order_mut().set_retain(id, priority);
+                if disown {
+                    st.dir.order_mut().set_session(id, 0);
+                }
+            }
+        }
+    }
+
     /// Objects the pool dropped on its own (`keys`): their pages are no longer
     /// pool-complete.
     pub(super) fn forget_pool_objects(&self, keys: Vec<String>) {

@@ -11,22 +11,23 @@
 //! shared again like any page never written to the pool.
 
 use super::Manager;
+use super::pages::Pages;
 use crate::page::{NamespaceId, PageHash};
-use crate::pool::KeyBatch;
 use crate::pool::index::PoolIndex;
+use crate::pool::{KeyBatch, PoolBackend};
 use crate::tier::TierKind;
 
 impl Manager {
-    /// Brings the directory in line with `index` after a resync; returns the pages that
-    /// stopped being pool-complete. Pages with pool objects in flight are left alone.
-    pub fn reconcile_pool(&self, index: &PoolIndex) -> usize {
-        self.drop_lost_pool_pages(index).len()
-    }
-
-    /// [`Manager::reconcile_pool`], then a Share of the dropped pages, from host where it
-    /// still holds them; returns (pages dropped, pages the shares took).
-    pub fn reconcile_pool_and_share(&self, index: &PoolIndex) -> (usize, usize) {
-        let lost = self.drop_lost_pool_pages(index);
+    /// Brings the directory in line with `index` after a resync: pages with pool objects
+    /// in flight are left alone. With `share`, then Shares the dropped pages, from host
+    /// where it still holds them. Returns (pages that stopped being pool-complete, pages
+    /// the shares took).
+    pub fn reconcile_pool(&self, index: &PoolIndex, share: bool) -> (usize, usize) {
+        let Some(pool) = self.pool() else { return (0, 0) };
+        let lost = self.inner.pages.drop_lost_pool_pages(pool.as_ref(), index);
+        if !share {
+            return (lost.len(), 0);
+        }
         let mut shared = 0;
         for chunk in lost.chunks(self.inner.cfg.max_batch.max(1)) {
             for &ns in chunk
@@ -47,9 +48,12 @@ impl Manager {
         }
         (lost.len(), shared)
     }
+}
 
-    fn drop_lost_pool_pages(&self, index: &PoolIndex) -> Vec<(NamespaceId, PageHash)> {
-        let Some(pool) = self.pool() else { return Vec::new() };
+impl Pages {
+    /// The pool-complete pages (none in flight to the pool) whose objects `index` lacks
+    /// and `pool` confirms missing: they stop being pool-complete. Returns them.
+    fn drop_lost_pool_pages(&self, pool: &dyn PoolBackend, index: &PoolIndex) -> Vec<(NamespaceId, PageHash)> {
         let cands: Vec<(NamespaceId, PageHash)> = {
             let st = self.read();
             st.dir
@@ -68,23 +72,22 @@ impl Manager {
         let mut lost = Vec::new();
         for chunk in cands.chunks(256) {
             let mut pages = Vec::new();
-            for &(ns, h) in chunk {
-                let (Ok(scheme), Ok(layout)) = (self.key_scheme(ns), self.layout(ns)) else {
-                    continue;
-                };
-                let keys = scheme.page_keys(&layout, &h);
-                if !index.contains_all(&keys) {
-                    pages.push((ns, h, keys));
+            let mut batch = KeyBatch::default();
+            {
+                let st = self.read();
+                for &(ns, h) in chunk {
+                    let (Some(scheme), Ok(layout)) = (st.keys.get(ns.0 as usize), st.dir.layout(ns)) else {
+                        continue;
+                    };
+                    let keys = scheme.page_keys(layout, &h);
+                    if !index.contains_all(&keys) {
+                        batch.push_page(scheme, layout, &h);
+                        pages.push((ns, h, keys));
+                    }
                 }
             }
             if pages.is_empty() {
                 continue;
-            }
-            let mut batch = KeyBatch::default();
-            for (ns, h, _) in &pages {
-                if let (Ok(scheme), Ok(layout)) = (self.key_scheme(*ns), self.layout(*ns)) {
-                    batch.push_page(&scheme, &layout, h);
-                }
             }
             let answers = pool.batch_exists(&batch.refs());
             let mut at = 0;

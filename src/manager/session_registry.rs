@@ -1,8 +1,8 @@
 //! The manager's session table as a component: the bounded table of every session an
 //! engine or router names (`session::registry::Sessions`), behind its own lock
-//! ([`Rank::Sessions`]). It owns the table; nothing else takes the lock. The manager
-//! composes it with the directory (moving a session's pages between eviction classes)
-//! and reads the table's limits from its tunables, passed in.
+//! ([`Rank::Sessions`]). It owns the table and its limits (the manager sets them from its
+//! tunables when they change); nothing else takes the lock. The manager composes it with
+//! the directory (moving a session's pages between eviction classes).
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -22,13 +22,32 @@ impl SessionRegistry {
         Ordered::take(Rank::Sessions, || self.table.lock())
     }
 
-    /// The index of session `id`, interned on first use (never 0) under the limits given
-    /// (the manager's tunables): an id over `max_id_bytes` is refused; a new session in a
-    /// full table frees the oldest ended one first.
-    pub(super) fn intern(&self, id: &str, max_sessions: usize, max_id_bytes: usize) -> Result<u32, SessionError> {
+    /// Bounds the table: at most `max_sessions` sessions, ids of at most `max_id_bytes`
+    /// (the manager's tunables; sessions already held stay).
+    pub(super) fn set_limits(&self, max_sessions: usize, max_id_bytes: usize) {
+        self.lock().set_limits(max_sessions, max_id_bytes);
+    }
+
+    /// The index pages of session `id` carry, interned on first use (never 0). An id
+    /// over the table's `max_session_id_bytes` is refused; a new session in a full table
+    /// frees the oldest ended one first.
+    pub fn index(&self, id: &str) -> Result<u32, SessionError> {
+        self.lock().intern(id)
+    }
+
+    /// Interns session `id` and records its standing from a phase change: ended, idle
+    /// (paused or acting) or busy. Returns its index. The eviction class of its pages is
+    /// the caller's to move (the directory's, not this table's).
+    pub(super) fn set_phase(&self, id: &str, idle: bool, ended: bool) -> Result<u32, SessionError> {
+        let standing = match (ended, idle) {
+            (true, _) => Standing::Ended,
+            (false, true) => Standing::Idle,
+            (false, false) => Standing::Busy,
+        };
         let mut t = self.lock();
-        t.set_limits(max_sessions, max_id_bytes);
-        t.intern(id)
+        let idx = t.intern(id)?;
+        t.set_standing(id, standing);
+        Ok(idx)
     }
 
     /// The index of a session the table holds, without interning it.

@@ -96,8 +96,8 @@ fn prefix_lookups_finish_while_the_directory_is_write_locked() {
 #[test]
 fn session_listing_finishes_while_the_directory_is_write_locked() {
     let f = fixture(1, 8, None);
-    let a = f.m.session_index("agent-a").unwrap();
-    f.m.session_index("agent-b").unwrap();
+    let a = f.m.session_registry().index("agent-a").unwrap();
+    f.m.session_registry().index("agent-b").unwrap();
     f.m.set_session_idle(a, true);
     let (in_time, list) = while_held(&f.m, Rank::Dir, || f.m.session_registry().list());
     assert!(in_time, "listing sessions waited for the directory");

@@ -279,7 +279,7 @@ impl Manager {
         // The session policy first: at the high watermark its pressure controller pauses
         // acting sessions and demotes their private pages, which is what frees host
         // before plain eviction would take the least recently used pages of anyone.
-        self.policy_tick();
+        self.inner.policy.tick(self);
         // Host watermark.
         if let Some(arena) = self.arena() {
             let tun = self.tunables();
@@ -298,7 +298,7 @@ impl Manager {
                 .evict_pool(pool.as_ref(), &tun.pool_watermarks, slot_kib, &self.inner.stats);
         }
         // Outcomes are counted in the hint stats and failures logged by the retry itself.
-        let _retried = self.retry_deferred();
+        let _retried = self.inner.queues.retry_deferred(self);
         let tun = self.tunables();
         for advice in device_advice(&self.inner.pages, self.inner.devices.pages(), &tun.device_watermarks) {
             self.inner.queues.lock().push_advice(advice);

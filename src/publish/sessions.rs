@@ -94,7 +94,7 @@ pub fn spawn(
     manager: Manager,
     shutdown: CancellationToken,
 ) -> Result<PublisherHandle, PublishError> {
-    let first = manager.session_events().last_seq() + 1;
+    let first = manager.session_policy().events().last_seq() + 1;
     let endpoint = cfg.endpoint.clone();
     start_bound(
         "kvtier-pub-sessions",
@@ -118,7 +118,7 @@ fn run(
     let mut next = stats.next_event.load(Relaxed);
     let mut payload = Vec::with_capacity(256);
     while !stop.load(Relaxed) && !shutdown.is_cancelled() {
-        let batch = manager.session_events().read_from(next, 256, POLL);
+        let batch = manager.session_policy().events().read_from(next, 256, POLL);
         if batch.lost > 0 {
             stats.lost.fetch_add(batch.lost, Relaxed);
             tracing::warn!(

@@ -381,11 +381,11 @@ impl Backend for ManagedTiers {
         let session = if session.is_empty() {
             0
         } else {
-            self.mgr.session_index(session)?
+            self.mgr.session_registry().index(session).map_err(ManagerError::from)?
         };
         let g = self.mgr.begin_store(ns, tp, pp, hashes, session, owner)?;
         if session != 0
-            && let Err(e) = self.mgr.policy_page_stored(session_id, ns, hashes)
+            && let Err(e) = self.mgr.session_policy().page_stored(session_id, ns, hashes)
         {
             // The store stands; only the session's chain misses these pages.
             tracing::debug!(error = %e, "session policy refused a store's session");
@@ -580,7 +580,8 @@ impl Backend for ManagedTiers {
         // The policy refuses a parent cycle or an over-long id before the session table or
         // any page's eviction class changes.
         self.mgr
-            .session_phase(id, parent.filter(|p| !p.is_empty()), policy_phase)?;
+            .session_policy()
+            .phase(&self.mgr, id, parent.filter(|p| !p.is_empty()), policy_phase)?;
         tracing::debug!(
             id_len = id.len(),
             has_parent = parent.is_some(),
@@ -591,7 +592,7 @@ impl Backend for ManagedTiers {
     }
 
     fn request_end(&self, end: &crate::policy::RequestEnd) -> Result<(), BackendError> {
-        self.mgr.request_ended(end)?;
+        self.mgr.session_policy().request_ended(&self.mgr, end)?;
         if let Some(t) = &self.traces {
             let line = crate::session::trace_log::TraceLine {
                 timestamp: self.clock.now_ms(),
