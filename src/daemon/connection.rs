@@ -41,6 +41,13 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const BLOCKING_SLACK: Duration = Duration::from_secs(5);
 /// Answers buffered beyond this are written even while more requests are buffered.
 const FLUSH_BYTES: usize = 32 << 10;
+/// How long a connection that wrote a lookup's answer waits, idle, before it does the
+/// directory work the lookup left ([`crate::manager::settle_lookups`]); a request that
+/// comes sooner does it first. Written at once, that work (tens of microseconds: 64 pages
+/// entered, their events published) ran while the engine that asked waited for the core
+/// it shares with the daemon, and doubled the lookup as that engine saw it. Tokio's
+/// timers tick in milliseconds: the work is done 1 to 2 ms after the answer.
+const SETTLE_IDLE: Duration = Duration::from_millis(1);
 /// Most loads and lookups on the blocking pool at once. A read from the pool may hold its
 /// thread until the pool answers or its helper is replaced as hung (tens of seconds when
 /// the master trickles); capped at half of that pool (`BLOCKING_THREADS`, 64), such
@@ -184,6 +191,8 @@ pub async fn handle(stream: UnixStream, shared: Arc<Shared>, shutdown: Cancellat
     if let Err(e) = serve(stream, &shared, &mut slot, &shutdown).await {
         tracing::debug!(conn = id, error = %e, "connection ended");
     }
+    // What its lookups left, if the peer left before the connection went idle.
+    shared.backend.settle_lookups();
     // `None` when a blocking command outlived its deadline: it owns the state and
     // releases it when it ends.
     if let Some(mut conn) = slot {
@@ -227,6 +236,11 @@ async fn serve(
     let mut last = Instant::now();
     let check = tokio::time::sleep_until(next_check(limits, None, limits.idle_deadline(false, last), last).into());
     tokio::pin!(check);
+    // Armed when a written answer was a lookup's on a daemon that discovers in a shared
+    // pool: its directory work is done once the connection is idle ([`SETTLE_IDLE`]).
+    let settle = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(settle);
+    let (mut settle_armed, mut answered_lookup) = (false, false);
     loop {
         let next = tokio::select! {
             biased;
@@ -236,6 +250,11 @@ async fn serve(
                 return flush(&mut wr, &mut out).await;
             }
             f = frames.next() => f,
+            _ = &mut settle, if settle_armed => {
+                settle_armed = false;
+                shared.backend.settle_lookups();
+                continue;
+            }
             _ = &mut check => {
                 let now = Instant::now();
                 let connected = slot.as_ref().is_some_and(|c| c.rank.is_some());
@@ -302,6 +321,7 @@ async fn serve(
             Err(e) if kind < 0x80 => Response::error(ErrorCode::BadFrame, e.to_string()),
             Err(_) => Response::error(ErrorCode::UnknownMessage, format!("kind {kind:#04x} is not a request")),
         };
+        answered_lookup |= matches!(resp, Response::Lookup(_));
         enc.encode(Outgoing::Response(request_id, &resp), &mut out)?;
         last = Instant::now();
         if !frames.decoder().frame_ready(frames.read_buffer()) || out.len() >= FLUSH_BYTES {
@@ -309,9 +329,14 @@ async fn serve(
                 Err(ConnError::Frame(FrameError::Io(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
                 other => other?,
             }
-            // Answers are out: now the directory work their lookups left (pages found in
-            // the pool entered), off the lookups' round trip.
-            shared.backend.settle_lookups();
+            // Answers are out. The directory work their lookups left (pages found in the
+            // pool entered) waits until the connection is idle, so the engine reading the
+            // answer gets the core first; the next request, here or on any connection,
+            // does it before it runs.
+            if std::mem::take(&mut answered_lookup) && shared.backend.discovers_remotely() {
+                settle.as_mut().reset((Instant::now() + SETTLE_IDLE).into());
+                settle_armed = true;
+            }
         }
     }
 }

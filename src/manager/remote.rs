@@ -506,7 +506,8 @@ impl Manager {
     /// lookup needs the pool and the pool's query can be awaited, the query is handed back
     /// to await, with no manager lock held; [`Manager::lookup_finish`] completes it. Either
     /// way the directory's entries for pages found in the pool are left for after the
-    /// reply: call [`settle_lookups`] once it is written.
+    /// reply: call [`settle_lookups`] once it is written (the daemon does once the
+    /// connection is idle, or before its next request).
     pub fn lookup_begin(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<LookupStep, super::ManagerError> {
         self.check_batch(hashes.len())?;
         // Planned here whatever the pool: a lookup the directory or the pool index answers

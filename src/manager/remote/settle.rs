@@ -7,7 +7,8 @@
 //! record, a `stored` event and an origin entry each), a found page the pool no longer
 //! holds dropped — is a [`Settle`], which a blocking lookup does at once and a lookup
 //! answered on the daemon's connection task leaves for after its reply ([`defer`]): the
-//! task settles once the answer is written ([`settle_lookups`]), before its next frame.
+//! task settles once the connection is idle after writing the answer (about a millisecond
+//! later), or before its next frame, whichever comes first ([`settle_lookups`]).
 //!
 //! Nothing is lost meanwhile: any discovery (a load, a blocking lookup), a hint, a page's
 //! status and a page's origin settle what is pending before they read the directory, so no
@@ -146,8 +147,8 @@ pub(super) fn defer(m: &Manager, work: Option<Settle>) {
 
 /// Does the directory work that lookups answered on a connection task left (pages the
 /// pool holds entered as pool-complete, pages it lost dropped). The daemon calls it once a
-/// lookup's answer is written, and before each request; a no-op (one atomic load) when
-/// nothing waits.
+/// connection that wrote a lookup's answer is idle, before each request, and when a
+/// connection ends; a no-op (one atomic load) when nothing waits.
 pub fn settle_lookups(m: &Manager) {
     if m.inner.remote.as_ref().is_some_and(|r| r.pending.load(Acquire)) {
         settle(m, None);
