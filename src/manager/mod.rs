@@ -215,7 +215,11 @@ impl Manager {
             None => None,
         };
         let dir = Directory::try_new(cfg.max_pages)?;
-        let xfer = Arc::new(TransferEngine::with_nice(cfg.transfer_threads, cfg.transfer_queue, cfg.worker_nice));
+        let xfer = Arc::new(TransferEngine::with_nice(
+            cfg.transfer_threads,
+            cfg.transfer_queue,
+            cfg.worker_nice,
+        ));
         let sessions = SessionRegistry::default();
         sessions.set_limits(cfg.tunables.max_sessions, cfg.tunables.max_session_id_bytes);
         Ok(Self {
