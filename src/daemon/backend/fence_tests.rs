@@ -8,36 +8,33 @@ use std::time::Duration;
 use super::super::{Backend, ManagedTiers, TiersConfig};
 use crate::clock::SystemClock;
 use crate::layout::LayoutSpec;
-use crate::manager::Tunables;
 use crate::page::{Namespace, NamespaceId, PageHash};
 use crate::protocol::LoadWait;
-use crate::tier::host::{ArenaOptions, HostArena, SlotId};
+use crate::tier::host::{HostArena, SlotId};
 use crate::tier::slot_gen::{SlotStamps, stamps_path};
 
 fn open(dir: &std::path::Path) -> ManagedTiers {
+    // A fence timeout no test reaches, so an in-copy marker is never taken over here.
     let cfg = TiersConfig {
-        arena_path: dir.join("arena"),
-        arena_bytes: 4096,
-        slot_bytes: 0,
-        pool_bytes: 0,
-        shared_pool: None,
-        max_pages: 1024,
-        max_wait: Duration::from_millis(200),
-        recover: false,
         fence_timeout: Duration::from_secs(3600),
-        worker_nice: 0,
-        arena: ArenaOptions {
-            lock: false,
-            prefault: false,
-            touch_threads: 1,
-            group: None,
-        },
-        tunables: Tunables::default(),
-        event_ring: 1 << 12,
         policy: None,
-        request_traces: None,
+        ..crate::daemon::backend::tests::config(dir, false)
     };
     ManagedTiers::open(cfg, SystemClock::new()).unwrap()
+}
+
+/// Tiers with one small model registered, their arena, and the stamps as an engine maps them.
+fn set_up(dir: &std::path::Path) -> (ManagedTiers, NamespaceId, std::sync::Arc<HostArena>, SlotStamps) {
+    let b = open(dir);
+    let ns = b
+        .register(&Namespace::model("m"), &LayoutSpec::mha(1, 1, 16, 2, 4))
+        .unwrap()
+        .ns;
+    let arena = b.manager().arena().unwrap();
+    let engine = SlotStamps::open(&stamps_path(arena.path()), arena.slots())
+        .unwrap()
+        .unwrap();
+    (b, ns, arena, engine)
 }
 
 /// Stores `hs` as the only rank, every object of page `i` filled with `i + salt`; returns
@@ -71,15 +68,7 @@ fn host(b: &ManagedTiers, ns: NamespaceId, hs: &[PageHash]) -> usize {
 #[test]
 fn a_page_a_late_copy_hit_is_not_granted_is_dropped_from_host_and_stored_again() {
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path());
-    let ns = b
-        .register(&Namespace::model("m"), &LayoutSpec::mha(1, 1, 16, 2, 4))
-        .unwrap()
-        .ns;
-    let arena = b.manager().arena().unwrap();
-    let engine = SlotStamps::open(&stamps_path(arena.path()), arena.slots())
-        .unwrap()
-        .unwrap();
+    let (b, ns, arena, engine) = set_up(dir.path());
     let hs: Vec<PageHash> = (0..4).map(|i| PageHash::from_u64(500 + i)).collect();
     let slots = store(&b, &arena, ns, &hs, 10);
     assert_eq!(host(&b, ns, &hs), 4);
@@ -116,15 +105,7 @@ fn a_page_a_late_copy_hit_is_not_granted_is_dropped_from_host_and_stored_again()
 #[test]
 fn a_load_reporting_pages_missing_drops_only_those_whose_stamps_differ() {
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path());
-    let ns = b
-        .register(&Namespace::model("m"), &LayoutSpec::mha(1, 1, 16, 2, 4))
-        .unwrap()
-        .ns;
-    let arena = b.manager().arena().unwrap();
-    let engine = SlotStamps::open(&stamps_path(arena.path()), arena.slots())
-        .unwrap()
-        .unwrap();
+    let (b, ns, arena, engine) = set_up(dir.path());
     let hs: Vec<PageHash> = (0..4).map(|i| PageHash::from_u64(600 + i)).collect();
     let slots = store(&b, &arena, ns, &hs, 0);
     // A load that reports nothing loaded, with every stamp right, drops nothing.

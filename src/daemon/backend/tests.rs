@@ -10,7 +10,9 @@ use crate::layout::LayoutSpec;
 use crate::manager::Tunables;
 use crate::tier::host::{ArenaOptions, HostArena, SlotId};
 
-fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
+/// A small arena's tiers (4 KiB, 1,024 pages), recovering or not; other tests in the
+/// backend start from it.
+pub(in crate::daemon::backend) fn config(dir: &std::path::Path, recover: bool) -> TiersConfig {
     TiersConfig {
         arena_path: dir.join("arena"),
         arena_bytes: 4096,
