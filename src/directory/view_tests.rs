@@ -228,3 +228,21 @@ fn an_impossible_reservation_is_a_typed_error() {
         Err(e) => assert!(matches!(e, DirectoryError::Alloc(_)), "{e}"),
     }
 }
+
+/// A view made resident (what `kvtier serve` asks for) has every page of its index in
+/// memory, where a fresh one of the same size has next to none: its lookups take no page
+/// fault on the index.
+#[test]
+fn a_resident_index_has_every_page_in_memory() {
+    // 2 Mi slots: a 16 MiB index, 4,096 pages.
+    let fresh = view::DirView::new(1 << 20).unwrap();
+    let (before, pages) = fresh.index_residency();
+    assert!(pages >= 4095, "{pages}");
+    assert!(
+        before < pages / 4,
+        "a fresh index is not resident: {before} of {pages} pages"
+    );
+    fresh.make_index_resident();
+    let (after, _) = fresh.index_residency();
+    assert_eq!(after, pages, "pages of the index in memory after make_index_resident");
+}

@@ -155,6 +155,10 @@ pub struct ManagerConfig {
     pub worker_nice: u8,
     /// Most pages the directory tracks. Default: 16 Mi.
     pub max_pages: usize,
+    /// Makes the directory's lookup index (8 bytes × the power of two above 4/3 ×
+    /// `max_pages`) resident at start instead of page by page as lookups first probe it
+    /// (the daemon does: no lookup then takes a page fault on it). Default: off.
+    pub resident_index: bool,
     /// Page events kept for replay. Default: 1 Mi.
     pub event_ring: usize,
     /// Operations that may be outstanding (issued, not yet collected). Default: 65 536.
@@ -182,6 +186,7 @@ impl Default for ManagerConfig {
             transfer_queue: 256,
             worker_nice: 0,
             max_pages: 16 << 20,
+            resident_index: false,
             event_ring: 1 << 20,
             max_outstanding: 65_536,
             tunables: Tunables::default(),

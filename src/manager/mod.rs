@@ -215,6 +215,9 @@ impl Manager {
             None => None,
         };
         let dir = Directory::try_new(cfg.max_pages)?;
+        if cfg.resident_index {
+            dir.view().make_index_resident();
+        }
         let xfer = Arc::new(TransferEngine::with_nice(
             cfg.transfer_threads,
             cfg.transfer_queue,

@@ -146,6 +146,8 @@ impl ManagedTiers {
                 }
             },
             max_pages: cfg.max_pages,
+            // A daemon's lookups should never wait on a page fault of the index.
+            resident_index: true,
             tunables: cfg.tunables,
             event_ring: cfg.event_ring,
             policy: cfg.policy,
