@@ -160,20 +160,16 @@ impl DirView {
         const PAGE: usize = 4096;
         let (at, bytes) = (self.slots.as_ptr() as usize, self.slots.len() * 8);
         let (start, end) = (at.next_multiple_of(PAGE), (at + bytes) / PAGE * PAGE);
-        // SAFETY (both calls): a page-aligned range inside the live allocation `slots`,
-        // which this view owns; the advice changes no data (zero pages stay zero). Huge
-        // pages first, where the kernel gives them (`MADV_HUGEPAGE`; refused or not, the
-        // index works the same): a lookup probes slots at random, and with 4 KiB pages
-        // nearly every probe of a large index also missed the TLB.
-        unsafe {
-            libc::madvise(
-                start as *mut libc::c_void,
-                end.saturating_sub(start),
-                libc::MADV_HUGEPAGE,
-            )
-        };
-        let advised = end > start
-            && unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE) } == 0;
+        let range = end.saturating_sub(start);
+        // Huge pages first, where the kernel gives them (refused or not, the index works
+        // the same): a lookup probes slots at random, and with 4 KiB pages nearly every
+        // probe of a large index also missed the TLB.
+        // SAFETY: a page-aligned range inside the live allocation `slots`, which this view
+        // owns; the advice changes no data.
+        unsafe { libc::madvise(start as *mut libc::c_void, range, libc::MADV_HUGEPAGE) };
+        // SAFETY: as above; populating changes no data (zero pages stay zero).
+        let advised =
+            range > 0 && unsafe { libc::madvise(start as *mut libc::c_void, range, libc::MADV_POPULATE_WRITE) } == 0;
         // Where the kernel lacks the advice (before 5.14), one write per page; and the
         // partial pages at either end either way. Adding zero changes no slot.
         let step = if advised { self.slots.len().max(1) } else { PAGE / 8 };
