@@ -173,18 +173,23 @@ fn a_full_transfer_queue_defers_a_hint_and_tick_applies_it_later() {
     for h in &hs {
         m.put_objects(ns, &[(*h, vec![(0, &k[..]), (1, &k[..])])]).unwrap();
     }
-    // Occupy the only worker and the only queue place.
+    // Occupy the only worker and the only queue place: the second job is queued once the
+    // worker has taken the first (it says so), however long a loaded machine takes.
     let (tx, rx) = crossbeam_channel::bounded::<()>(0);
     let rx2 = rx.clone();
+    let (started_tx, started) = crossbeam_channel::bounded::<()>(1);
     assert!(
         m.inner
             .xfer
             .try_submit(Box::new(move || {
+                let _ = started_tx.send(());
                 let _ = rx.recv();
             }))
             .is_ok()
     );
-    std::thread::sleep(Duration::from_millis(20));
+    started
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the worker took the first job");
     assert!(
         m.inner
             .xfer
