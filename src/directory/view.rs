@@ -37,6 +37,9 @@ use super::{COMPLETE, DirectoryError};
 use crate::page::{MAX_HASH_BYTES, NamespaceId, PageHash};
 use crate::wire::PrefixHit;
 
+/// The page size `DirView::make_index_resident` works in (the smallest the kernel maps).
+const INDEX_PAGE: usize = 4096;
+
 /// An empty index slot.
 const EMPTY: u64 = 0;
 /// Smallest index.
@@ -157,10 +160,7 @@ impl DirView {
     /// 130 µs in them, and its directory work about 300 µs). The cells fill in record
     /// order and are left to fault as records are first used.
     pub(crate) fn make_index_resident(&self) {
-        const PAGE: usize = 4096;
-        let (at, bytes) = (self.slots.as_ptr() as usize, self.slots.len() * 8);
-        let (start, end) = (at.next_multiple_of(PAGE), (at + bytes) / PAGE * PAGE);
-        let range = end.saturating_sub(start);
+        let (start, range) = self.index_whole_pages();
         // Huge pages first, where the kernel gives them (refused or not, the index works
         // the same): a lookup probes slots at random, and with 4 KiB pages nearly every
         // probe of a large index also missed the TLB.
@@ -172,23 +172,33 @@ impl DirView {
             range > 0 && unsafe { libc::madvise(start as *mut libc::c_void, range, libc::MADV_POPULATE_WRITE) } == 0;
         // Where the kernel lacks the advice (before 5.14), one write per page; and the
         // partial pages at either end either way. Adding zero changes no slot.
-        let step = if advised { self.slots.len().max(1) } else { PAGE / 8 };
+        let step = if advised {
+            self.slots.len().max(1)
+        } else {
+            INDEX_PAGE / 8
+        };
         for w in self.slots.iter().step_by(step).chain(self.slots.last()) {
             w.fetch_add(0, Relaxed);
         }
     }
 
+    /// The whole 4 KiB pages inside the index's allocation: the first one's address and
+    /// their bytes (0 when the index spans none whole).
+    fn index_whole_pages(&self) -> (usize, usize) {
+        let (at, bytes) = (self.slots.as_ptr() as usize, self.slots.len() * 8);
+        let (start, end) = (at.next_multiple_of(INDEX_PAGE), (at + bytes) / INDEX_PAGE * INDEX_PAGE);
+        (start, end.saturating_sub(start))
+    }
+
     /// Pages of the index in memory, and its whole pages in all (`mincore`).
     #[cfg(test)]
     pub(super) fn index_residency(&self) -> (usize, usize) {
-        const PAGE: usize = 4096;
-        let (at, bytes) = (self.slots.as_ptr() as usize, self.slots.len() * 8);
-        let (start, end) = (at.next_multiple_of(PAGE), (at + bytes) / PAGE * PAGE);
-        let n = end.saturating_sub(start) / PAGE;
+        let (start, range) = self.index_whole_pages();
+        let n = range / INDEX_PAGE;
         let mut v = vec![0u8; n];
         // SAFETY: a page-aligned range inside the live allocation `slots`; `v` holds one
         // byte per page of it, as `mincore` writes.
-        let rc = unsafe { libc::mincore(start as *mut libc::c_void, end - start, v.as_mut_ptr()) };
+        let rc = unsafe { libc::mincore(start as *mut libc::c_void, range, v.as_mut_ptr()) };
         assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
         (v.iter().filter(|b| *b & 1 == 1).count(), n)
     }
