@@ -58,7 +58,7 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         ("GET", "/v1/sessions/events") => return events(ctx, req, Source::Sessions).unwrap_or_else(ApiError::reply),
         ("GET", "/metrics" | "/v1/metrics") => {
             let mut text = metrics::render(&ctx.manager.stats(), ctx.started.elapsed(), ctx.engines.engines().len());
-            metrics::render_pool(&mut text, &ctx.manager.pool_report());
+            metrics::render_pool(&mut text, &ctx.manager.discovery().report());
             if let Some(q) = ctx.manager.pool().and_then(|p| p.helper_queue()) {
                 metrics::render_helper_queue(&mut text, &q);
             }
@@ -166,7 +166,7 @@ fn status(ctx: &AdminState) -> Value {
         "leased_pages": stats.leased_pages,
         "deferred_hints": stats.deferred_hints,
         "event_seq": stats.event_seq,
-        "pool": ctx.manager.pool_report(),
+        "pool": ctx.manager.discovery().report(),
         "host_keep": ctx.engines.host_keep(),
         "engines": ctx.engines.engines(),
     })
@@ -322,7 +322,7 @@ fn pages(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> {
                     .collect();
                 json!({
                     "hash": h, "known": true, "hits": s.hits, "retain": s.retain, "tiers": tiers,
-                    "pool_origin": ctx.manager.pool_origin(ns, h),
+                    "pool_origin": ctx.manager.discovery().origin(ns, h),
                 })
             }
         });

@@ -386,7 +386,7 @@ fn start_pool_index(
     });
     let shown = format!("{} sources, master admin {}", icfg.sources.len(), icfg.admin);
     match sync::spawn(icfg, index.clone(), healthy, on_resync, cancel.clone()) {
-        Ok(_) if manager.set_pool_index(index) => println!("kvtier serve: pool index on ({shown})"),
+        Ok(_) if manager.discovery().set_index(index) => println!("kvtier serve: pool index on ({shown})"),
         Ok(_) => tracing::warn!("pool index not used: the pool is not shared"),
         Err(e) => tracing::warn!(error = %e, "pool index not started; lookups ask the master"),
     }

@@ -197,6 +197,17 @@ impl Default for ManagerConfig {
 }
 
 impl ManagerConfig {
+    /// Refuses a batch of more than `max_batch` pages.
+    pub(super) fn check_batch(&self, n: usize) -> Result<(), super::ManagerError> {
+        if n > self.max_batch {
+            return Err(super::ManagerError::BatchTooLarge {
+                got: n,
+                max: self.max_batch,
+            });
+        }
+        Ok(())
+    }
+
     /// A configuration whose files all live in `dir` (tests, benches, the daemon's state
     /// directory), with the given host and pool sizes.
     pub fn in_dir(dir: &std::path::Path, host_bytes: u64, pool_bytes: Option<u64>) -> Self {

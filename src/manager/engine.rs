@@ -107,7 +107,7 @@ impl Manager {
         session: u32,
         owner: u64,
     ) -> Result<StoreGrant, ManagerError> {
-        self.check_batch(hashes.len())?;
+        self.inner.cfg.check_batch(hashes.len())?;
         let layout = self.layout(ns)?;
         let objs = layout
             .rank_objects(tp_rank, pp_rank)
@@ -269,7 +269,7 @@ impl Manager {
         wait: LoadWait,
         owner: u64,
     ) -> Result<LoadGrant, ManagerError> {
-        self.check_batch(hashes.len())?;
+        self.inner.cfg.check_batch(hashes.len())?;
         let layout = self.layout(ns)?;
         // An MLA rank other than TP 0 reads the latent rank 0 wrote (the same bytes on
         // every rank); its load then records nothing on device (`ReplicaLoad`).
@@ -283,7 +283,7 @@ impl Manager {
         // Pages past what the directory knows may be in a shared pool (another node's).
         if self.inner.remote.is_some() {
             let hit = self.inner.pages.lookup(ns, hashes)?;
-            self.discover(ns, hashes, hit);
+            self.discovery().discover(ns, hashes, hit);
         }
         if wait != LoadWait::BestEffort {
             let deadline = match wait {
@@ -405,7 +405,7 @@ impl Manager {
         pp_rank: u16,
         hashes: &[PageHash],
     ) -> Result<usize, ManagerError> {
-        self.check_batch(hashes.len())?;
+        self.inner.cfg.check_batch(hashes.len())?;
         let layout = self.layout(ns)?;
         let objs = layout
             .rank_objects(tp_rank, pp_rank)

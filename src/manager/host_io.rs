@@ -13,7 +13,7 @@ impl Manager {
     /// In process: writes whole objects from caller buffers into host, all objects of a
     /// page or none (HiCache-style batch set from host memory). Returns pages committed.
     pub fn put_objects(&self, ns: NamespaceId, pages: &[PageObjects<'_>]) -> Result<usize, ManagerError> {
-        self.check_batch(pages.len())?;
+        self.inner.cfg.check_batch(pages.len())?;
         let layout = self.layout(ns)?;
         for (_, objs) in pages {
             for &(o, data) in objs {

@@ -134,7 +134,7 @@ impl Manager {
             Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
             Rank::Devices => self.inner.devices.hold(),
             Rank::Policy => self.inner.policy.hold(),
-            Rank::Remote => Box::new(self.remote_cache()),
+            Rank::Remote => Box::new(self.discovery().cache()),
         }
     }
 }

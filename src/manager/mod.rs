@@ -73,7 +73,7 @@ pub use pool_recover::{PoolAdopted, adopt_recovered_pool};
 pub use queues::{Advice, EngineQueues};
 #[cfg(feature = "daemon")]
 pub use remote::{LookupStep, PendingLookup};
-pub use remote::{PoolOrigin, PoolReport, RemoteConfig, RemoteSnapshot, settle_lookups};
+pub use remote::{PoolDiscovery, PoolOrigin, PoolReport, RemoteConfig, RemoteSnapshot, settle_lookups};
 pub use session_events::{
     SESSION_EVENT_RING, SessionEvent, SessionEventBatch, SessionEventKind, SessionEventLog, SessionEventReason,
 };
@@ -335,10 +335,10 @@ impl Manager {
     /// Contiguous-prefix lookup with per-tier credit (see [`PrefixHit`]). Takes only the
     /// directory's read lock: it never waits on grants, timers, queues or sessions.
     pub fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, ManagerError> {
-        self.check_batch(hashes.len())?;
+        self.inner.cfg.check_batch(hashes.len())?;
         // No lock: the view answers while stores and eviction rounds hold the directory.
         let hit = self.inner.pages.lookup(ns, hashes)?;
-        let hit = self.discover(ns, hashes, hit);
+        let hit = self.discovery().discover(ns, hashes, hit);
         self.inner.stats.record_lookup(hashes.len(), &hit);
         Ok(hit)
     }
@@ -418,16 +418,6 @@ impl Manager {
         *Ordered::take(Rank::Tunables, || self.inner.tun.write()) = t;
         // After the tunables' lock is let go: the table's lock ranks below it.
         self.inner.sessions.set_limits(t.max_sessions, t.max_session_id_bytes);
-        Ok(())
-    }
-
-    fn check_batch(&self, n: usize) -> Result<(), ManagerError> {
-        if n > self.inner.cfg.max_batch {
-            return Err(ManagerError::BatchTooLarge {
-                got: n,
-                max: self.inner.cfg.max_batch,
-            });
-        }
         Ok(())
     }
 }

@@ -198,7 +198,7 @@ impl SessionPolicyPart {
 
     /// A request ended: its chain becomes its session's (lineage).
     pub fn request_ended(&self, m: &Manager, end: &RequestEnd) -> Result<(), ManagerError> {
-        m.check_batch(end.hashes.len())?;
+        m.inner.cfg.check_batch(end.hashes.len())?;
         if let Some(d) = self.with(|p| p.request_ended(end)).transpose()? {
             self.apply_decisions(m, d, None, false);
         }

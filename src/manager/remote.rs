@@ -2,7 +2,7 @@
 //!
 //! On a shared pool (Mooncake Store) another node's page is a hit here too, but this
 //! node's directory knows only the pages it wrote or saw. When a lookup or a load runs past
-//! what the directory holds on device or host, [`Manager::discover`] asks the pool, in one
+//! what the directory holds on device or host, [`PoolDiscovery::discover`] asks the pool, in one
 //! batched existence query, for every object of each candidate page (TP × PP × K/V, or the
 //! MLA latents) and counts a page only when all of them exist. Found pages enter the
 //! directory as pool-complete (one `stored` event each, like any pool page), so Load,
@@ -15,7 +15,7 @@
 //! runs with no manager lock held; the cache has its own lock ([`Rank::Remote`]), taken
 //! alone, or inside the directory's while a lookup's entries are settled. While the pool is not healthy (master unreachable) nothing gets pool credit.
 //!
-//! With a pool index ([`Manager::set_pool_index`], [`crate::pool::index`]) in sync, the
+//! With a pool index ([`PoolDiscovery::set_index`], [`crate::pool::index`]) in sync, the
 //! window is answered from the index instead: no query and no cache. Pages this node wrote
 //! stay the directory's to judge; pages found in the pool follow the index.
 //!
@@ -37,8 +37,10 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use super::Manager;
 use super::locks::{Ordered, Rank};
+use super::pages::Pages;
+use super::{Manager, ManagerConfig, Stats, Stores};
+use crate::clock::Clock;
 use crate::page::{NamespaceId, PageHash};
 #[cfg(feature = "daemon")]
 use crate::pool::PoolError;
@@ -151,7 +153,7 @@ impl Cache {
 }
 
 /// Discovery state: configuration, cache, counters, and the pool index once the daemon
-/// sets one ([`Manager::set_pool_index`]).
+/// sets one ([`PoolDiscovery::set_index`]).
 pub(crate) struct Remote {
     cfg: RemoteConfig,
     cache: Mutex<Cache>,
@@ -191,8 +193,8 @@ impl Remote {
 }
 
 /// A lookup's discovery between the directory's answer and the pool's: see
-/// [`Manager::discover_plan`] and [`settle::credit`].
-pub(crate) struct Discovery {
+/// [`PoolDiscovery::plan`] and [`settle::credit`].
+pub(crate) struct DiscoveryPlan {
     ns: NamespaceId,
     /// The directory's answer, before the pool.
     hit: PrefixHit,
@@ -222,33 +224,61 @@ enum Known {
     No,
 }
 
+/// The discovery component at work: its own state ([`Remote`]: the cache, the counters,
+/// the pool index) and the parts it reads and writes through their own APIs (the
+/// directory, the stores, the manager's counters, the clock), borrowed for one call
+/// ([`Manager::discovery`]).
+pub struct PoolDiscovery<'a> {
+    remote: Option<&'a Remote>,
+    pages: &'a Pages,
+    stores: &'a Stores,
+    stats: &'a Stats,
+    clock: &'a dyn Clock,
+    cfg: &'a ManagerConfig,
+}
+
 impl Manager {
-    pub(super) fn remote_cache(&self) -> Option<Ordered<parking_lot::MutexGuard<'_, Cache>>> {
-        let r = self.inner.remote.as_ref()?;
+    /// Discovery of pages other nodes wrote, on a shared pool (inert on any other).
+    pub fn discovery(&self) -> PoolDiscovery<'_> {
+        let inner = &*self.inner;
+        PoolDiscovery {
+            remote: inner.remote.as_ref(),
+            pages: &inner.pages,
+            stores: &inner.stores,
+            stats: &inner.stats,
+            clock: inner.clock.as_ref(),
+            cfg: &inner.cfg,
+        }
+    }
+}
+
+impl<'a> PoolDiscovery<'a> {
+    pub(super) fn cache(&self) -> Option<Ordered<parking_lot::MutexGuard<'a, Cache>>> {
+        let r = self.remote?;
         Some(Ordered::take(Rank::Remote, || r.cache.lock()))
     }
 
     /// Lookups past device and host are answered from `index` while it is in sync (no
     /// master query on the lookup path). Set once; `false` when the pool is not shared
     /// or an index is set already.
-    pub fn set_pool_index(&self, index: Arc<PoolIndex>) -> bool {
-        self.inner.remote.as_ref().is_some_and(|r| r.index.set(index).is_ok())
+    pub fn set_index(&self, index: Arc<PoolIndex>) -> bool {
+        self.remote.is_some_and(|r| r.index.set(index).is_ok())
     }
 
-    fn pool_index(&self) -> Option<&Arc<PoolIndex>> {
-        self.inner.remote.as_ref()?.index.get()
+    fn index(&self) -> Option<&'a Arc<PoolIndex>> {
+        self.remote?.index.get()
     }
 
     /// Discovery counters, when the pool is shared.
-    pub fn remote_stats(&self) -> Option<RemoteSnapshot> {
-        self.inner.remote.as_ref().map(Remote::snapshot)
+    pub fn counters(&self) -> Option<RemoteSnapshot> {
+        self.remote.map(Remote::snapshot)
     }
 
     /// Where a pool-complete page came from (`None` when it is not pool-complete).
-    pub fn pool_origin(&self, ns: NamespaceId, hash: &PageHash) -> Option<PoolOrigin> {
-        settle_lookups(self);
+    pub fn origin(&self, ns: NamespaceId, hash: &PageHash) -> Option<PoolOrigin> {
+        self.settle_pending();
         let complete = {
-            let st = self.read();
+            let st = self.pages.read();
             st.dir
                 .find(ns, hash)
                 .is_some_and(|id| st.dir.is_complete(id, TierKind::Pool))
@@ -256,7 +286,7 @@ impl Manager {
         if !complete {
             return None;
         }
-        let found = self.remote_cache().is_some_and(|c| c.found.contains_key(&(ns, *hash)));
+        let found = self.cache().is_some_and(|c| c.found.contains_key(&(ns, *hash)));
         Some(if found {
             PoolOrigin::FoundInPool
         } else {
@@ -266,17 +296,21 @@ impl Manager {
 
     /// A get of one of the page's objects answered "not found": forget the cached answer
     /// (the directory record is dropped by the caller, under its own lock).
-    pub(crate) fn pool_object_vanished(&self, ns: NamespaceId, hash: &PageHash) {
-        if let Some(r) = &self.inner.remote {
+    pub(crate) fn object_vanished(&self, ns: NamespaceId, hash: &PageHash) {
+        if let Some(r) = self.remote {
             r.n.get_not_found.fetch_add(1, Relaxed);
         }
-        if let Some(mut c) = self.remote_cache() {
+        if let Some(mut c) = self.cache() {
             c.answers.remove(&(ns, *hash));
             c.found.remove(&(ns, *hash));
         }
-        if let (Some(index), Ok(scheme), Ok(layout)) = (self.pool_index(), self.key_scheme(ns), self.layout(ns)) {
-            index.forget(&scheme.page_keys(&layout, hash));
-        }
+        let Some(index) = self.index() else { return };
+        let keys = {
+            let st = self.pages.read();
+            let Ok(layout) = st.dir.layout(ns) else { return };
+            st.keys[ns.0 as usize].page_keys(layout, hash)
+        };
+        index.forget(&keys);
     }
 
     /// Lookup credit on a shared pool: `hit` is the directory's answer for `hashes`. Pages
@@ -284,29 +318,29 @@ impl Manager {
     /// is brought in line before this returns. No pool, or a local one: `hit` unchanged.
     pub(crate) fn discover(&self, ns: NamespaceId, hashes: &[PageHash], hit: PrefixHit) -> PrefixHit {
         // What earlier lookups left to do first, so a load sees the pages they credited.
-        settle_lookups(self);
-        match self.discover_plan(ns, hashes, hit) {
+        self.settle_pending();
+        match self.plan(ns, hashes, hit) {
             Err(hit) => hit,
-            Ok((d, None)) => self.discover_apply(hashes, d, None),
+            Ok((d, None)) => self.apply(hashes, d, None),
             Ok((d, Some(keys))) => {
-                let Some(pool) = self.pool() else { return d.hit };
+                let Some(pool) = self.stores.pool() else { return d.hit };
                 crate::pool::io_guard::check("exists");
                 let t = Instant::now();
                 let res = pool.batch_exists(&keys.refs());
-                self.discover_apply(hashes, d, Some((res, t.elapsed())))
+                self.apply(hashes, d, Some((res, t.elapsed())))
             }
         }
     }
 
     /// Discovery up to the pool's answer: what the directory and the cache say, and the
     /// keys to ask about (`None`: nothing to ask). `Err`: the final answer, with no query.
-    pub(crate) fn discover_plan(
+    fn plan(
         &self,
         ns: NamespaceId,
         hashes: &[PageHash],
         hit: PrefixHit,
-    ) -> Result<(Discovery, Option<KeyBatch>), PrefixHit> {
-        let (Some(remote), Some(pool)) = (self.inner.remote.as_ref(), self.pool()) else {
+    ) -> Result<(DiscoveryPlan, Option<KeyBatch>), PrefixHit> {
+        let (Some(remote), Some(pool)) = (self.remote, self.stores.pool()) else {
             return Err(hit);
         };
         if pool.health() != PoolHealth::Ok {
@@ -324,7 +358,7 @@ impl Manager {
         // What the directory knows (one read lock, the view's probes being lock-free
         // already; nothing is cloned here).
         let known: Vec<Known> = {
-            let st = self.read();
+            let st = self.pages.read();
             if st.dir.layout(ns).is_err() {
                 return Err(hit);
             }
@@ -341,7 +375,7 @@ impl Manager {
         };
         let mut known = known;
         if known.contains(&Known::Pool)
-            && let Some(cache) = self.remote_cache()
+            && let Some(cache) = self.cache()
         {
             for (k, h) in known.iter_mut().zip(window) {
                 if *k == Known::Pool && cache.found.contains_key(&(ns, *h)) {
@@ -349,19 +383,19 @@ impl Manager {
                 }
             }
         }
-        let now = self.inner.clock.now_ms();
+        let now = self.clock.now_ms();
         let mut answer: Vec<Option<bool>> = known.iter().map(|k| (*k == Known::Near).then_some(true)).collect();
         // The pool index, while in sync, answers every page here: no query, no cache.
         // Pages this node wrote stay the directory's to judge (a node's own lookup may run
         // before its own events reach its index); pages found in the pool follow the index.
-        if let Some(index) = self.pool_index().filter(|i| i.mode() == IndexMode::InSync) {
+        if let Some(index) = self.index().filter(|i| i.mode() == IndexMode::InSync) {
             for (a, k) in answer.iter_mut().zip(&known) {
                 if *k == Known::Pool {
                     *a = Some(true);
                 }
             }
-            if let Some(per_page) = index_answers(self, index, ns, window, &mut answer) {
-                let d = Discovery {
+            if let Some(per_page) = self.index_answers(index, ns, window, &mut answer) {
+                let d = DiscoveryPlan {
                     ns,
                     hit,
                     start,
@@ -377,7 +411,7 @@ impl Manager {
         }
         // The master's path: the layout and the key scheme, to render the query's keys with.
         let (layout, scheme) = {
-            let st = self.read();
+            let st = self.pages.read();
             let Ok(layout) = st.dir.layout(ns).cloned() else {
                 return Err(hit);
             };
@@ -386,7 +420,7 @@ impl Manager {
         let per_page = layout.object_count();
         // Cached answers; the walk stops at the first cached "no".
         {
-            let Some(cache) = self.remote_cache() else {
+            let Some(cache) = self.cache() else {
                 return Err(hit);
             };
             for (i, h) in window.iter().enumerate() {
@@ -417,7 +451,7 @@ impl Manager {
             }
             keys
         });
-        let d = Discovery {
+        let d = DiscoveryPlan {
             ns,
             hit,
             start,
@@ -434,50 +468,49 @@ impl Manager {
     /// Discovery from the pool's answer on: the lookup's credit, with the cache and the
     /// directory brought in line before it returns. `res` is the query's answers and how
     /// long it took (`None`: nothing was asked).
-    pub(crate) fn discover_apply(&self, hashes: &[PageHash], d: Discovery, res: settle::Answers) -> PrefixHit {
+    fn apply(&self, hashes: &[PageHash], d: DiscoveryPlan, res: settle::Answers) -> PrefixHit {
         let (hit, work) = settle::credit(self, hashes, d, res);
         if work.is_some() {
             settle::settle(self, work);
         }
         hit
     }
-}
 
-/// The index's answers for the window's unanswered pages, in order, up to the first
-/// page that lacks an object (it and the rest stay `false`): the namespace's key prefix
-/// and its layout's objects are resolved once, then each page is one probe of the
-/// index by its hash (no key rendered), under the directory's and the index's read
-/// locks (the index's lock is a leaf: nothing is taken under it). `None` when the index
-/// lost sync meanwhile. Returns the objects per page. (A free function: `Manager` is at
-/// its method ceiling.)
-fn index_answers(
-    m: &Manager,
-    index: &PoolIndex,
-    ns: NamespaceId,
-    window: &[PageHash],
-    answer: &mut [Option<bool>],
-) -> Option<usize> {
-    let st = m.read();
-    let layout = st.dir.layout(ns).ok()?;
-    let mut probe = index.probe()?;
-    let mut pages = probe.pages(&st.keys[ns.0 as usize], layout);
-    let mut open = true;
-    for (i, h) in window.iter().enumerate() {
-        if answer[i].is_some() {
-            continue;
+    /// The index's answers for the window's unanswered pages, in order, up to the first
+    /// page that lacks an object (it and the rest stay `false`): the namespace's key prefix
+    /// and its layout's objects are resolved once, then each page is one probe of the
+    /// index by its hash (no key rendered), under the directory's and the index's read
+    /// locks (the index's lock is a leaf: nothing is taken under it). `None` when the index
+    /// lost sync meanwhile. Returns the objects per page.
+    fn index_answers(
+        &self,
+        index: &PoolIndex,
+        ns: NamespaceId,
+        window: &[PageHash],
+        answer: &mut [Option<bool>],
+    ) -> Option<usize> {
+        let st = self.pages.read();
+        let layout = st.dir.layout(ns).ok()?;
+        let mut probe = index.probe()?;
+        let mut pages = probe.pages(&st.keys[ns.0 as usize], layout);
+        let mut open = true;
+        for (i, h) in window.iter().enumerate() {
+            if answer[i].is_some() {
+                continue;
+            }
+            open = open && pages.present(h);
+            answer[i] = Some(open);
         }
-        open = open && pages.present(h);
-        answer[i] = Some(open);
+        Some(layout.object_count())
     }
-    Some(layout.object_count())
 }
 
-/// A lookup's first step on an async runtime (see [`Manager::lookup_begin`]).
+/// A lookup's first step on an async runtime (see [`PoolDiscovery::lookup_begin`]).
 #[cfg(feature = "daemon")]
 pub enum LookupStep {
     /// Answered without waiting on the pool.
     Done(PrefixHit),
-    /// Await [`PendingLookup::answers`], then call [`Manager::lookup_finish`].
+    /// Await [`PendingLookup::answers`], then call [`PoolDiscovery::lookup_finish`].
     Query(PendingLookup),
     /// The pool's query would block a thread: run [`Manager::lookup`] off the runtime.
     Blocking,
@@ -486,7 +519,7 @@ pub enum LookupStep {
 /// A lookup waiting on the pool's existence answers.
 #[cfg(feature = "daemon")]
 pub struct PendingLookup {
-    d: Discovery,
+    d: DiscoveryPlan,
     query: Option<crate::pool::ExistsFuture>,
     started: Instant,
 }
@@ -501,20 +534,20 @@ impl PendingLookup {
 }
 
 #[cfg(feature = "daemon")]
-impl Manager {
+impl PoolDiscovery<'_> {
     /// [`Manager::lookup`] for a caller on an async runtime that must not block: when the
     /// lookup needs the pool and the pool's query can be awaited, the query is handed back
-    /// to await, with no manager lock held; [`Manager::lookup_finish`] completes it. Either
+    /// to await, with no manager lock held; [`PoolDiscovery::lookup_finish`] completes it. Either
     /// way the directory's entries for pages found in the pool are left for after the
     /// reply: call [`settle_lookups`] once it is written (the daemon does once the
     /// connection is idle, or before its next request).
     pub fn lookup_begin(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<LookupStep, super::ManagerError> {
-        self.check_batch(hashes.len())?;
+        self.cfg.check_batch(hashes.len())?;
         // Planned here whatever the pool: a lookup the directory or the pool index answers
         // needs no query, so it never leaves the caller's thread. Only a query this pool
         // cannot await sends the lookup to a blocking thread (which plans it again).
-        let hit = self.inner.pages.lookup(ns, hashes)?;
-        let hit = match self.discover_plan(ns, hashes, hit) {
+        let hit = self.pages.lookup(ns, hashes)?;
+        let hit = match self.plan(ns, hashes, hit) {
             Err(hit) => hit,
             Ok((d, None)) => {
                 // The answer goes out first; the connection task settles the directory after.
@@ -523,7 +556,7 @@ impl Manager {
                 hit
             }
             Ok((d, Some(keys))) => {
-                let pool = self.pool().filter(|p| p.awaits_exists());
+                let pool = self.stores.pool().filter(|p| p.awaits_exists());
                 let Some(query) = pool.and_then(|p| p.exists_async(keys)) else {
                     return Ok(LookupStep::Blocking);
                 };
@@ -534,11 +567,11 @@ impl Manager {
                 }));
             }
         };
-        self.inner.stats.record_lookup(hashes.len(), &hit);
+        self.stats.record_lookup(hashes.len(), &hit);
         Ok(LookupStep::Done(hit))
     }
 
-    /// Completes a lookup that [`Manager::lookup_begin`] handed back, with the same
+    /// Completes a lookup that [`PoolDiscovery::lookup_begin`] handed back, with the same
     /// `hashes` and the pool's answers.
     pub fn lookup_finish(
         &self,
@@ -549,7 +582,7 @@ impl Manager {
         let took = p.started.elapsed();
         let (hit, work) = settle::credit(self, hashes, p.d, Some((answers, took)));
         settle::defer(self, work);
-        self.inner.stats.record_lookup(hashes.len(), &hit);
+        self.stats.record_lookup(hashes.len(), &hit);
         hit
     }
 }

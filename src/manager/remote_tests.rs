@@ -129,18 +129,18 @@ fn pages_another_node_shared_are_pool_hits_here_and_load_the_writers_bytes() {
     // B never saw these pages; one batched query over all 16 objects finds them.
     let hit = b.m.lookup(b.ns, &hs).unwrap();
     assert_eq!((hit.device, hit.host, hit.pool), (0, 0, 4));
-    let r = b.m.remote_stats().unwrap();
+    let r = b.m.discovery().counters().unwrap();
     assert_eq!((r.exists_queries, r.exists_keys, r.found_pages), (1, 16, 4));
     assert_eq!(
         b.pool_stored_events(),
         hs,
         "each found page is announced once, in order"
     );
-    assert_eq!(b.m.pool_origin(b.ns, &hs[0]), Some(PoolOrigin::FoundInPool));
-    assert_eq!(a.m.pool_origin(a.ns, &hs[0]), Some(PoolOrigin::WrittenHere));
+    assert_eq!(b.m.discovery().origin(b.ns, &hs[0]), Some(PoolOrigin::FoundInPool));
+    assert_eq!(a.m.discovery().origin(a.ns, &hs[0]), Some(PoolOrigin::WrittenHere));
     // Again within the TTL: no new query, and no second announcement.
     assert_eq!(b.m.lookup(b.ns, &hs).unwrap().pool, 4);
-    assert_eq!(b.m.remote_stats().unwrap().exists_queries, 1);
+    assert_eq!(b.m.discovery().counters().unwrap().exists_queries, 1);
     assert_eq!(b.pool_stored_events().len(), 4);
     // Both ranks load every page with A's bytes for that rank.
     assert_eq!(b.load(&hs), vec![4, 4]);
@@ -229,25 +229,25 @@ fn an_awaited_lookup_credits_what_a_blocking_one_does() {
     let b = Manager::new(cfg, SimClock::new()).unwrap();
     let ns = b.register_namespace(Namespace::model("m"), l).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let LookupStep::Query(mut pending) = b.lookup_begin(ns, &hs).unwrap() else {
+    let LookupStep::Query(mut pending) = b.discovery().lookup_begin(ns, &hs).unwrap() else {
         panic!("a lookup past the directory must hand its query back");
     };
     let answers = rt.block_on(pending.answers()).unwrap();
     assert_eq!(answers.len(), 16, "every object of the four pages");
-    let hit = b.lookup_finish(&hs, pending, answers);
+    let hit = b.discovery().lookup_finish(&hs, pending, answers);
     assert_eq!(
         (hit.device, hit.host, hit.pool),
         (0, 0, 2),
         "the prefix ends at the page missing an object"
     );
-    let r = b.remote_stats().unwrap();
+    let r = b.discovery().counters().unwrap();
     // Credited before the directory knows them: their entries wait for the reply.
     assert_eq!((r.exists_queries, r.exists_keys, r.found_pages), (1, 16, 0));
     settle_lookups(&b);
-    assert_eq!(b.remote_stats().unwrap().found_pages, 2);
-    assert_eq!(b.pool_origin(ns, &hs[1]), Some(PoolOrigin::FoundInPool));
+    assert_eq!(b.discovery().counters().unwrap().found_pages, 2);
+    assert_eq!(b.discovery().origin(ns, &hs[1]), Some(PoolOrigin::FoundInPool));
     // Within the TTL the cache answers: no query to await, and the same credit.
-    match b.lookup_begin(ns, &hs).unwrap() {
+    match b.discovery().lookup_begin(ns, &hs).unwrap() {
         LookupStep::Done(again) => assert_eq!(again.pool, 2),
         _ => panic!("cached answers need no query"),
     }
@@ -295,7 +295,7 @@ fn vanished_pages_are_misses_after_the_cache_ttl_and_loads_return_fewer_pages() 
     // The load's get finds nothing for page 2: fewer pages, no wrong bytes, and the
     // directory stops crediting it (the `removed` event).
     assert_eq!(b.load(&hs), vec![2, 2]);
-    assert!(b.m.remote_stats().unwrap().get_not_found >= 1);
+    assert!(b.m.discovery().counters().unwrap().get_not_found >= 1);
     let removed = b.m.events().read_from(1, 10_000, Duration::ZERO);
     assert!(
         removed
@@ -312,8 +312,8 @@ fn vanished_pages_are_misses_after_the_cache_ttl_and_loads_return_fewer_pages() 
     assert_eq!(c.m.lookup(c.ns, &hs[3..]).unwrap().pool, 1, "cached within the TTL");
     c.clock.advance(RemoteConfig::default().positive_ttl_ms + 1);
     assert_eq!(c.m.lookup(c.ns, &hs[3..]).unwrap().pool, 0, "gone after the TTL");
-    assert_eq!(c.m.remote_stats().unwrap().vanished_pages, 1);
-    assert_eq!(c.m.pool_origin(c.ns, &hs[3]), None);
+    assert_eq!(c.m.discovery().counters().unwrap().vanished_pages, 1);
+    assert_eq!(c.m.discovery().origin(c.ns, &hs[3]), None);
     let _ = b.clock;
 }
 
@@ -372,8 +372,8 @@ fn an_in_sync_index_answers_a_lookup_without_leaving_the_callers_thread() {
     let index = Arc::new(PoolIndex::new(1 << 10));
     index.begin_resync();
     assert!(index.finish_resync(listing, std::time::Instant::now()));
-    assert!(b.m.set_pool_index(index.clone()));
-    match b.m.lookup_begin(b.ns, &hs).unwrap() {
+    assert!(b.m.discovery().set_index(index.clone()));
+    match b.m.discovery().lookup_begin(b.ns, &hs).unwrap() {
         LookupStep::Done(hit) => assert_eq!((hit.device, hit.host, hit.pool), (0, 0, 2)),
         LookupStep::Query(_) => panic!("the index answers: nothing to ask the pool"),
         LookupStep::Blocking => panic!("the index answers on the caller's thread"),
@@ -382,7 +382,7 @@ fn an_in_sync_index_answers_a_lookup_without_leaving_the_callers_thread() {
     // Probing stops at the page that lacks an object: the fourth is never probed.
     assert_eq!((ix.index_lookups, ix.index_pages), (1, 3));
     // The answer needed no directory write: the pages are entered after it.
-    let r = b.m.remote_stats().unwrap();
+    let r = b.m.discovery().counters().unwrap();
     assert_eq!((r.exists_queries, r.found_pages, r.remote_hit_pages), (0, 0, 2));
     assert!(
         b.pool_stored_events().is_empty(),
@@ -392,8 +392,8 @@ fn an_in_sync_index_answers_a_lookup_without_leaving_the_callers_thread() {
     // A's bytes, and each is entered (and announced) once.
     assert_eq!(b.load(&hs[..2]), vec![2, 2]);
     assert_eq!(b.pool_stored_events(), hs[..2].to_vec());
-    assert_eq!(b.m.remote_stats().unwrap().found_pages, 2);
-    assert_eq!(b.m.pool_origin(b.ns, &hs[1]), Some(PoolOrigin::FoundInPool));
+    assert_eq!(b.m.discovery().counters().unwrap().found_pages, 2);
+    assert_eq!(b.m.discovery().origin(b.ns, &hs[1]), Some(PoolOrigin::FoundInPool));
 }
 
 /// Lookups answered on a connection task leave their directory work queued, bounded: past
@@ -414,17 +414,21 @@ fn the_directory_work_lookups_leave_is_bounded_and_settled_before_anyone_reads_i
     let index = Arc::new(PoolIndex::new(1 << 10));
     index.begin_resync();
     assert!(index.finish_resync(listing, std::time::Instant::now()));
-    assert!(b.m.set_pool_index(index));
-    let credit = |hs: &[PageHash]| match b.m.lookup_begin(b.ns, hs).unwrap() {
+    assert!(b.m.discovery().set_index(index));
+    let credit = |hs: &[PageHash]| match b.m.discovery().lookup_begin(b.ns, hs).unwrap() {
         LookupStep::Done(hit) => hit.pool,
         _ => panic!("the index answers"),
     };
     for _ in 0..super::remote::settle::MAX_PENDING {
         assert_eq!(credit(&hs[..2]), 2);
     }
-    assert_eq!(b.m.remote_stats().unwrap().found_pages, 0, "all queued");
+    assert_eq!(b.m.discovery().counters().unwrap().found_pages, 0, "all queued");
     assert_eq!(credit(&hs[..2]), 2, "one past the bound settles everything");
-    assert_eq!(b.m.remote_stats().unwrap().found_pages, 2, "each page entered once");
+    assert_eq!(
+        b.m.discovery().counters().unwrap().found_pages,
+        2,
+        "each page entered once"
+    );
     assert_eq!(b.pool_stored_events(), hs[..2].to_vec());
     // A page's status right after a lookup's answer knows the page.
     assert_eq!(credit(&hs), 3);
@@ -433,5 +437,5 @@ fn the_directory_work_lookups_leave_is_bounded_and_settled_before_anyone_reads_i
             .unwrap()
             .expect("entered before its status is read");
     assert!(st.tiers[TierKind::Pool.index()].complete);
-    assert_eq!(b.m.remote_stats().unwrap().found_pages, 3);
+    assert_eq!(b.m.discovery().counters().unwrap().found_pages, 3);
 }

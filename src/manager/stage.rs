@@ -157,7 +157,7 @@ impl StageBatch {
         }
         drop(st);
         for h in &vanished {
-            m.pool_object_vanished(self.ns, h);
+            m.discovery().object_vanished(self.ns, h);
         }
         m.inner.stats.moved(TierKind::Pool, TierKind::Host, bytes);
         if bytes > 0 {

@@ -353,7 +353,7 @@ impl Backend for ManagedTiers {
     }
 
     fn lookup_begin(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<LookupStep, BackendError> {
-        Ok(self.mgr.lookup_begin(ns, hashes)?)
+        Ok(self.mgr.discovery().lookup_begin(ns, hashes)?)
     }
 
     fn settle_lookups(&self) {
@@ -367,7 +367,7 @@ impl Backend for ManagedTiers {
         pending: PendingLookup,
         answers: Vec<Result<bool, PoolError>>,
     ) -> Result<PrefixHit, BackendError> {
-        Ok(self.mgr.lookup_finish(hashes, pending, answers))
+        Ok(self.mgr.discovery().lookup_finish(hashes, pending, answers))
     }
 
     fn begin_store(

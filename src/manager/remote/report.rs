@@ -2,8 +2,7 @@
 
 use serde::Serialize;
 
-use super::RemoteSnapshot;
-use crate::manager::Manager;
+use super::{PoolDiscovery, RemoteSnapshot};
 use crate::pool::PoolHealth;
 use crate::pool::index::IndexSnapshot;
 
@@ -39,12 +38,12 @@ pub struct PoolReport {
     pub mapping_page_bytes: Option<u64>,
 }
 
-impl Manager {
+impl PoolDiscovery<'_> {
     /// The pool's name, health and discovery counters.
-    pub fn pool_report(&self) -> PoolReport {
+    pub fn report(&self) -> PoolReport {
         use crate::manager::PoolConfig;
-        let pool = self.pool();
-        let backend = match (&self.inner.cfg.pool, &pool) {
+        let pool = self.stores.pool();
+        let backend = match (&self.cfg.pool, &pool) {
             (_, Some(p)) => p.name(),
             (PoolConfig::None, None) => "none",
             (PoolConfig::LocalDefault | PoolConfig::Local { .. }, None) => "local",
@@ -56,9 +55,9 @@ impl Manager {
             backend,
             started: pool.is_some(),
             health: pool.as_ref().map(|p| p.health()),
-            shared: self.inner.remote.is_some(),
-            remote: self.remote_stats(),
-            index: self.pool_index().map(|i| i.snapshot()),
+            shared: self.remote.is_some(),
+            remote: self.counters(),
+            index: self.index().map(|i| i.snapshot()),
             exists_via: pool.as_ref().and_then(|p| p.exists_source()),
             master_version: pool.as_ref().and_then(|p| p.master_version()),
             integrity: pool.as_ref().and_then(|p| p.integrity()),

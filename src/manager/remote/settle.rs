@@ -21,7 +21,7 @@
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::time::Duration;
 
-use super::{Cache, Discovery, Known};
+use super::{Cache, DiscoveryPlan, Known, PoolDiscovery};
 use crate::manager::Manager;
 use crate::page::{NamespaceId, PageHash};
 use crate::pool::PoolError;
@@ -50,11 +50,16 @@ pub(super) type Answers = Option<(Vec<Result<bool, PoolError>>, Duration)>;
 
 /// A lookup's credit from the directory's, the cache's and the pool's answers, and the
 /// directory work it leaves (`None`: none). The cache takes the query's answers here.
-pub(super) fn credit(m: &Manager, hashes: &[PageHash], d: Discovery, res: Answers) -> (PrefixHit, Option<Settle>) {
-    let Some(remote) = m.inner.remote.as_ref() else {
+pub(super) fn credit(
+    pd: &PoolDiscovery,
+    hashes: &[PageHash],
+    d: DiscoveryPlan,
+    res: Answers,
+) -> (PrefixHit, Option<Settle>) {
+    let Some(remote) = pd.remote else {
         return (d.hit, None);
     };
-    let Discovery {
+    let DiscoveryPlan {
         ns,
         hit,
         start,
@@ -80,7 +85,7 @@ pub(super) fn credit(m: &Manager, hashes: &[PageHash], d: Discovery, res: Answer
             remote.n.exists_failed.fetch_add(1, Relaxed);
             return (PrefixHit { pool: 0, ..hit }, None);
         };
-        if let Some(mut cache) = m.remote_cache() {
+        if let Some(mut cache) = pd.cache() {
             Cache::trim(&mut cache.answers, remote.cfg.cache_entries);
             for (j, &i) in ask.iter().enumerate() {
                 let yes = present.len() == asked && present[j * per_page..(j + 1) * per_page].iter().all(|&p| p);
@@ -129,12 +134,12 @@ pub(super) fn credit(m: &Manager, hashes: &[PageHash], d: Discovery, res: Answer
 /// Leaves `work` for the connection task that answers the lookup (see the module doc);
 /// settles at once when [`MAX_PENDING`] lookups wait already.
 #[cfg(feature = "daemon")]
-pub(super) fn defer(m: &Manager, work: Option<Settle>) {
-    let (Some(work), Some(remote)) = (work, m.inner.remote.as_ref()) else {
+pub(super) fn defer(pd: &PoolDiscovery, work: Option<Settle>) {
+    let (Some(work), Some(remote)) = (work, pd.remote) else {
         return;
     };
     let work = {
-        let Some(mut cache) = m.remote_cache() else { return };
+        let Some(mut cache) = pd.cache() else { return };
         if cache.pending.len() < MAX_PENDING {
             cache.pending.push(work);
             remote.pending.store(true, std::sync::atomic::Ordering::Release);
@@ -142,7 +147,7 @@ pub(super) fn defer(m: &Manager, work: Option<Settle>) {
         }
         work
     };
-    settle(m, Some(work));
+    settle(pd, Some(work));
 }
 
 /// Does the directory work that lookups answered on a connection task left (pages the
@@ -150,22 +155,29 @@ pub(super) fn defer(m: &Manager, work: Option<Settle>) {
 /// connection that wrote a lookup's answer is idle, before each request, and when a
 /// connection ends; a no-op (one atomic load) when nothing waits.
 pub fn settle_lookups(m: &Manager) {
-    if m.inner.remote.as_ref().is_some_and(|r| r.pending.load(Acquire)) {
-        settle(m, None);
+    m.discovery().settle_pending();
+}
+
+impl PoolDiscovery<'_> {
+    /// [`settle_lookups`]: the directory work lookups answered on a connection task left.
+    pub fn settle_pending(&self) {
+        if self.remote.is_some_and(|r| r.pending.load(Acquire)) {
+            settle(self, None);
+        }
     }
 }
 
 /// Settles every pending lookup's work and `extra`, under the directory's write lock (the
 /// cache's lock nested inside it, which the lock order allows): a reader that takes the
 /// directory's lock after a settler took the pending work sees all of it done.
-pub(super) fn settle(m: &Manager, extra: Option<Settle>) {
-    let Some(remote) = m.inner.remote.as_ref() else {
+pub(super) fn settle(pd: &PoolDiscovery, extra: Option<Settle>) {
+    let Some(remote) = pd.remote else {
         return;
     };
     let (mut found, mut vanished) = (0u64, 0u64);
     {
-        let mut st = m.write();
-        let Some(mut cache) = m.remote_cache() else { return };
+        let mut st = pd.pages.write();
+        let Some(mut cache) = pd.cache() else { return };
         let mut batch = std::mem::take(&mut cache.pending);
         remote.pending.store(false, Relaxed);
         batch.extend(extra);
