@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 
 /// Waits (bounded) until every publisher has read the event log to its end.
 fn drained(m: &Manager, pubs: &[&PublisherHandle]) {
-    let last = m.events().last_seq();
+    let last = m.pages().events().last_seq();
     let deadline = Instant::now() + Duration::from_secs(10);
     while pubs.iter().any(|p| p.counts().next_event <= last) {
         assert!(Instant::now() < deadline, "publishers did not drain the log");
@@ -129,7 +129,7 @@ fn routers_decode_vllm_and_mooncake_events_and_replay_fills_gaps() {
     let hs: Vec<PageHash> = (1..=3).map(|i| PageHash::from_u64(0xf000_0000_0000_0000 | i)).collect();
     put(&hs);
     drained(&m, &[&pos, &named, &moon]);
-    let phase1_events = m.events().last_seq();
+    let phase1_events = m.pages().events().last_seq();
     let phase1_named = named.counts().batches;
     assert_eq!(phase1_events, 3);
     assert!(pos.counts().batches >= 2, "max_batch_events 2 splits three events");
@@ -184,7 +184,7 @@ fn routers_decode_vllm_and_mooncake_events_and_replay_fills_gaps() {
     m.tick().unwrap();
     assert!(m.quiesce(Duration::from_secs(5)));
     drained(&m, &[&pos, &named, &moon]);
-    let batch = m.events().read_from(1, 10_000, Duration::ZERO);
+    let batch = m.pages().events().read_from(1, 10_000, Duration::ZERO);
     assert_eq!(batch.lost, 0);
     let log = batch.events;
     let pool_kinds: Vec<PageEventKind> = log
@@ -242,7 +242,7 @@ fn routers_decode_vllm_and_mooncake_events_and_replay_fills_gaps() {
         seqs(&r["mooncake_seqs"]),
         (1..=moon.counts().batches).collect::<Vec<_>>()
     );
-    let scheme = m.key_scheme(ns).unwrap();
+    let scheme = m.pages().key_scheme(ns).unwrap();
     let mut want = Vec::new();
     for e in log.iter().filter(|e| e.tier == TierKind::Pool) {
         let kind = if e.kind == PageEventKind::Stored {

@@ -510,7 +510,7 @@ fn manager_shares_to_mooncake_and_defers_while_the_master_is_down() {
         let t = m.store(ns, r, 0, &hs, &slots, 0).unwrap();
         assert_eq!(m.wait(t, Duration::from_secs(10)).unwrap().pages, hs.len());
     }
-    let pool = m.pool().expect("a pool");
+    let pool = m.stores().pool().expect("a pool");
     assert!(eventually(Duration::from_secs(30), || pool.health() == PoolHealth::Ok));
     let share = || {
         m.hint(

@@ -149,7 +149,7 @@ fn manager(dir: &Path, mc: &MooncakeConfig, l: &Layout) -> Manager {
 
 /// Waits for the manager's pool (built with the first namespace) to reach the master.
 fn healthy(m: &Manager) {
-    let pool = m.pool().expect("a pool");
+    let pool = m.stores().pool().expect("a pool");
     let end = Instant::now() + Duration::from_secs(120);
     while pool.health() != PoolHealth::Ok {
         assert!(

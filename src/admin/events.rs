@@ -55,7 +55,7 @@ fn read(state: &AdminState, source: Source, next: u64, want: usize) -> Read {
     let mut lines = Vec::new();
     let (events, next) = match source {
         Source::Pages => {
-            let b = state.manager.events().read_from(next, want, EVENTS_WAIT);
+            let b = state.manager.pages().events().read_from(next, want, EVENTS_WAIT);
             lines.reserve(96 * (b.events.len() + 1));
             if b.lost > 0 {
                 json_line(&mut lines, &json!({ "lost": b.lost }));

@@ -22,7 +22,7 @@ pub(crate) fn post(ctx: &AdminState, req: &Request, ns: NamespaceId) -> Result<V
     let plan = crate::router_hint::parse_str(text, MAX_PAGES)
         .map_err(|e| ApiError::new(400, "malformed_envelope", e.to_string()))?;
     // A namespace the daemon does not know is the caller's mistake, not an outcome.
-    ctx.manager.layout(ns).map_err(ApiError::from)?;
+    ctx.manager.pages().layout(ns).map_err(ApiError::from)?;
     let report = crate::router_hint::apply(plan, |h| ctx.manager.hint(ns, h.clone()));
     let seq = ctx
         .engines

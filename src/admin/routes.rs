@@ -59,7 +59,7 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
         ("GET", "/metrics" | "/v1/metrics") => {
             let mut text = metrics::render(&ctx.manager.stats(), ctx.started.elapsed(), ctx.engines.engines().len());
             metrics::render_pool(&mut text, &ctx.manager.discovery().report());
-            if let Some(q) = ctx.manager.pool().and_then(|p| p.helper_queue()) {
+            if let Some(q) = ctx.manager.stores().pool().and_then(|p| p.helper_queue()) {
                 metrics::render_helper_queue(&mut text, &q);
             }
             metrics::render_session_events(&mut text, ctx.manager.session_policy().events());
@@ -108,7 +108,7 @@ pub(crate) fn handle(ctx: &AdminState, req: &Request) -> Reply {
 /// page size where the host gave huge pages), its bytes in huge pages, and why it has
 /// none when it has none.
 fn host_arena(ctx: &AdminState, stats: &crate::manager::StatsSnapshot) -> Value {
-    let Some(a) = ctx.manager.arena() else {
+    let Some(a) = ctx.manager.stores().arena() else {
         return Value::Null;
     };
     let used_bytes = a.used() as u64 * a.slot_bytes() as u64;
@@ -120,6 +120,7 @@ fn host_arena(ctx: &AdminState, stats: &crate::manager::StatsSnapshot) -> Value 
     let per_page = (stored > 0).then(|| used_bytes as f64 / stored as f64);
     let sizes: std::collections::BTreeSet<u64> = ctx
         .manager
+        .pages()
         .namespaces()
         .iter()
         .map(|(_, _, l)| l.page_bytes())
@@ -129,6 +130,7 @@ fn host_arena(ctx: &AdminState, stats: &crate::manager::StatsSnapshot) -> Value 
     // What a complete page of each model takes: one slot per object, against its own bytes.
     let models: Vec<Value> = ctx
         .manager
+        .pages()
         .namespaces()
         .iter()
         .map(|(_, ns, l)| {
@@ -291,7 +293,7 @@ fn pages(ctx: &AdminState, req: &Request) -> Result<Value, ApiError> {
             ));
         }
     };
-    let layout = ctx.manager.layout(ns)?;
+    let layout = ctx.manager.pages().layout(ns)?;
     let mut run = [true; 3];
     let mut prefix = [0usize; 3];
     let mut out = Vec::with_capacity(hashes.len());
@@ -396,7 +398,7 @@ fn events(ctx: &AdminState, req: &Request, source: Source) -> Result<Reply, ApiE
         (f, l) => Ok(Reply::Events {
             source,
             from: f.and_then(Result::ok).unwrap_or_else(|| match source {
-                Source::Pages => ctx.manager.events().last_seq() + 1,
+                Source::Pages => ctx.manager.pages().events().last_seq() + 1,
                 Source::Sessions => ctx.manager.session_policy().events().last_seq() + 1,
             }),
             limit: l.and_then(Result::ok).unwrap_or(u64::MAX),

@@ -179,7 +179,7 @@ pub fn measure(args: &EventsBenchArgs) -> anyhow::Result<EventsReport> {
     // ZMQ subscriptions propagate asynchronously; give the SUB time to join.
     std::thread::sleep(Duration::from_millis(300));
 
-    let log = m.events();
+    let log = m.pages().events();
     let first = log.last_seq() + 1;
     let t0 = Instant::now();
     let deadline = t0 + idle;

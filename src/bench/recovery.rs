@@ -116,7 +116,11 @@ pub fn measure(args: &RecoveryArgs) -> anyhow::Result<RecoveryReport> {
             SystemClock::new(),
         )?;
         let reg = b.register(&ns, &spec)?;
-        let arena = b.manager().arena().ok_or_else(|| anyhow::anyhow!("no arena"))?;
+        let arena = b
+            .manager()
+            .stores()
+            .arena()
+            .ok_or_else(|| anyhow::anyhow!("no arena"))?;
         let hashes: Vec<PageHash> = (0..args.pages as u64).map(|i| PageHash::from_u64(i + 1)).collect();
         for batch in hashes.chunks(256) {
             let (grant, pages) = b.begin_store(reg.ns, 0, 0, batch, "", 1)?;

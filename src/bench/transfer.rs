@@ -504,7 +504,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
         *heap_dst == *pattern && *shm_dst == *pattern,
         "a reference copy changed the bytes"
     );
-    let mapping_page_bytes = m.arena().map(|a| a.report().page_bytes);
+    let mapping_page_bytes = m.stores().arena().map(|a| a.report().page_bytes);
     let total = |v: &[Duration]| v.iter().sum::<Duration>() / args.runs.max(1) as u32;
     let ratio = |s: &[Duration], r: &[Duration]| {
         let v: Vec<f64> = s

@@ -260,7 +260,7 @@ fn announce(cfg: &DaemonConfig, backend: &ManagedTiers) -> anyhow::Result<()> {
     writeln!(out, "kvtier serve: control socket {}", cfg.socket.display())?;
     // The arena exists from the start; its slots are `slot_bytes`, or, with 0, fitted to
     // the first engine's objects when it registers.
-    let size = match backend.manager().arena() {
+    let size = match backend.manager().stores().arena() {
         Some(a) => format!(
             "{} MiB in {} slots of {} bytes (host.slot_bytes)",
             a.len_bytes() >> 20,
@@ -379,7 +379,11 @@ fn start_pool_index(
         http_timeout: Duration::from_secs(5),
     };
     let m = manager.clone();
-    let healthy = Box::new(move || m.pool().is_some_and(|p| p.health() == crate::pool::PoolHealth::Ok));
+    let healthy = Box::new(move || {
+        m.stores()
+            .pool()
+            .is_some_and(|p| p.health() == crate::pool::PoolHealth::Ok)
+    });
     let m = manager.clone();
     let on_resync = Box::new(move |ix: &PoolIndex| {
         m.reconcile_pool(ix, false);

@@ -40,7 +40,7 @@ fn watch(m: &Manager, cancel: &CancellationToken) {
         if cancel.is_cancelled() {
             return;
         }
-        if let Some(p) = m.pool() {
+        if let Some(p) = m.stores().pool() {
             break p;
         }
         std::thread::sleep(POLL);

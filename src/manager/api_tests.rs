@@ -88,7 +88,7 @@ fn bad_input_gets_typed_errors() {
 #[test]
 fn dead_owner_grants_are_reclaimed() {
     let f = fixture(2, 16, None);
-    let arena = f.m.arena().unwrap();
+    let arena = f.m.stores().arena().unwrap();
     let hs = hashes(0..4);
     let g = f.m.begin_store(f.ns, 0, 0, &hs, 0, 77).unwrap();
     assert_eq!(
@@ -107,7 +107,7 @@ fn dead_owner_grants_are_reclaimed() {
 #[test]
 fn put_objects_writes_whole_pages_and_reads_back() {
     let f = fixture(1, 16, None);
-    let layout = f.m.layout(f.ns).unwrap();
+    let layout = f.m.pages().layout(f.ns).unwrap();
     let h = PageHash::from_u64(5);
     let k = pattern(1, layout.object_bytes(0) as usize);
     let v = pattern(2, layout.object_bytes(1) as usize);

@@ -108,11 +108,11 @@ impl Manager {
         owner: u64,
     ) -> Result<StoreGrant, ManagerError> {
         self.inner.cfg.check_batch(hashes.len())?;
-        let layout = self.layout(ns)?;
+        let layout = self.pages().layout(ns)?;
         let objs = layout
             .rank_objects(tp_rank, pp_rank)
             .map_err(|e| ManagerError::Config(e.to_string()))?;
-        let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
+        let arena = self.stores().arena().ok_or(ManagerError::NoNamespace)?;
         let need = hashes.len() * objs.len();
         if need > arena.slots() as usize {
             return Err(ManagerError::StoreTooLarge {
@@ -179,7 +179,7 @@ impl Manager {
             }
             Ok(())
         })?;
-        let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
+        let arena = self.stores().arena().ok_or(ManagerError::NoNamespace)?;
         let host_to_pool = self.tunables().host_to_pool;
         let mut st = self.write();
         let count = st.dir.layout(g.ns())?.object_count();
@@ -270,7 +270,7 @@ impl Manager {
         owner: u64,
     ) -> Result<LoadGrant, ManagerError> {
         self.inner.cfg.check_batch(hashes.len())?;
-        let layout = self.layout(ns)?;
+        let layout = self.pages().layout(ns)?;
         // An MLA rank other than TP 0 reads the latent rank 0 wrote (the same bytes on
         // every rank); its load then records nothing on device (`ReplicaLoad`).
         let objs = layout
@@ -363,7 +363,7 @@ impl Manager {
         })?;
         let record = g.kind() == GrantKind::Load;
         let mut bytes = 0u64;
-        let arena_slot = self.arena().map_or(0, |a| a.slot_bytes() as u64);
+        let arena_slot = self.stores().arena().map_or(0, |a| a.slot_bytes() as u64);
         let exclusive = self.inner.cfg.policy.is_some_and(|p| p.exclusive);
         let mut on_device = Vec::new();
         let mut st = self.write();
@@ -406,7 +406,7 @@ impl Manager {
         hashes: &[PageHash],
     ) -> Result<usize, ManagerError> {
         self.inner.cfg.check_batch(hashes.len())?;
-        let layout = self.layout(ns)?;
+        let layout = self.pages().layout(ns)?;
         let objs = layout
             .rank_objects(tp_rank, pp_rank)
             .map_err(|e| ManagerError::Config(e.to_string()))?;

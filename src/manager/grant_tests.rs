@@ -16,7 +16,7 @@ fn host_inflight(s: &PageStatus) -> Vec<usize> {
 #[test]
 fn a_store_grant_dropped_mid_settle_frees_the_pages_it_did_not_settle() {
     let f = fixture(1, 16, None);
-    let arena = f.m.arena().unwrap();
+    let arena = f.m.stores().arena().unwrap();
     let hs = hashes(0..3);
     let g = f.m.begin_store(f.ns, 0, 0, &hs, 0, 1).unwrap();
     assert!(g.pages.iter().all(|p| p.status == StoreStatus::Write));
@@ -76,7 +76,7 @@ fn a_load_grant_dropped_mid_settle_gives_back_the_leases_it_did_not_settle() {
 #[test]
 fn a_refused_settle_leaves_the_grant_open_and_its_slots_held() {
     let f = fixture(1, 16, None);
-    let arena = f.m.arena().unwrap();
+    let arena = f.m.stores().arena().unwrap();
     let hs = hashes(0..2);
     let g = f.m.begin_store(f.ns, 0, 0, &hs, 0, 1).unwrap();
     let used = arena.used();

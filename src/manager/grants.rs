@@ -106,7 +106,7 @@ impl Drop for Settling<'_> {
         }
         match self.grant.kind {
             GrantKind::Store => {
-                let Some(arena) = self.m.arena() else { return };
+                let Some(arena) = self.m.stores().arena() else { return };
                 let mut st = self.m.write();
                 for p in rest {
                     release_store_page(&mut st, &arena, p);

@@ -58,7 +58,7 @@ impl Manager {
     }
 
     fn share(&self, ns: NamespaceId, pages: &[PageId], requested: usize, hint: &Hint) -> HintOutcome {
-        let Some(pool) = self.pool() else {
+        let Some(pool) = self.stores().pool() else {
             return HintOutcome::Ignored { reason: Reason::NoPool };
         };
         if pool.health() != PoolHealth::Ok {
@@ -106,7 +106,7 @@ impl Manager {
             (on_host, in_pool)
         };
         if !in_pool.is_empty() {
-            if self.pool().is_none_or(|p| p.health() != PoolHealth::Ok) {
+            if self.stores().pool().is_none_or(|p| p.health() != PoolHealth::Ok) {
                 return self.inner.queues.defer(ns, hint, in_pool.len(), Reason::PoolDegraded);
             }
             // Staging is synchronous for the hint's own pages so that a prefetch to device
@@ -152,7 +152,7 @@ impl Manager {
                 clip(covered.len(), requested, Reason::NotComplete)
             }
             _ => {
-                let Some(pool) = self.pool() else {
+                let Some(pool) = self.stores().pool() else {
                     return HintOutcome::Ignored { reason: Reason::NoPool };
                 };
                 if pool.health() != PoolHealth::Ok {

@@ -14,7 +14,7 @@ impl Manager {
     /// page or none (HiCache-style batch set from host memory). Returns pages committed.
     pub fn put_objects(&self, ns: NamespaceId, pages: &[PageObjects<'_>]) -> Result<usize, ManagerError> {
         self.inner.cfg.check_batch(pages.len())?;
-        let layout = self.layout(ns)?;
+        let layout = self.pages().layout(ns)?;
         for (_, objs) in pages {
             for &(o, data) in objs {
                 if o >= layout.object_count() {
@@ -32,7 +32,7 @@ impl Manager {
                 }
             }
         }
-        let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
+        let arena = self.stores().arena().ok_or(ManagerError::NoNamespace)?;
         let need: usize = pages.iter().map(|(_, o)| o.len()).sum();
         if arena.free_slots() < need as u32 {
             self.make_host_room(need - arena.free_slots() as usize);
@@ -83,8 +83,8 @@ impl Manager {
         obj: usize,
         buf: &mut [u8],
     ) -> Result<bool, ManagerError> {
-        let layout = self.layout(ns)?;
-        let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
+        let layout = self.pages().layout(ns)?;
+        let arena = self.stores().arena().ok_or(ManagerError::NoNamespace)?;
         let (lease, slot) = {
             let st = self.read();
             let Some(id) = st.dir.find(ns, hash) else {

@@ -45,7 +45,7 @@ impl Manager {
         let n = grant.pages.len();
         let grant = Arc::new(grant);
         let (m, g) = (self.clone(), grant.clone());
-        let arena = self.arena();
+        let arena = self.stores().arena();
         // Each page is copied by whichever worker takes it; the worker that ends the
         // last page commits the grant.
         let item = move |i: usize| {
@@ -119,7 +119,7 @@ impl Manager {
         );
         let (m, grant) = (self.clone(), Arc::new(grant));
         let (g, id) = (grant.clone(), grant.id);
-        let arena = self.arena();
+        let arena = self.stores().arena();
         let item = move |i: usize| {
             let (Some(page), Some(arena)) = (g.pages.get(i), arena.as_ref()) else {
                 return false;

@@ -83,22 +83,22 @@ pub use stores::Stores;
 
 use crate::clock::Clock;
 use crate::directory::{Directory, DirectoryError};
-use crate::events::EventLog;
+
 use crate::hints::HintError;
 use crate::layout::Layout;
 use crate::page::{KeyScheme, Namespace, NamespaceId, PageError, PageHash};
+use crate::pool::PoolError;
 use crate::pool::mooncake::MooncakeError;
-use crate::pool::{PoolBackend, PoolError};
 pub use crate::session::SessionError;
 pub use crate::session::registry::{DEFAULT_MAX_ID_BYTES, DEFAULT_MAX_SESSIONS};
 use crate::tier::TierKind;
 use crate::tier::device::{DeviceError, DeviceRegion};
-use crate::tier::host::{ArenaError, HostArena};
+use crate::tier::host::ArenaError;
 use crate::transfer::{TicketError, TransferEngine};
 use crate::wire::PrefixHit;
 use grants::GrantTable;
 use locks::{Ordered, Rank};
-use pages::Pages;
+pub use pages::Pages;
 pub use upkeep::Upkeep;
 
 /// Errors of the manager's API. Each is a caller's mistake or a resource problem; none
@@ -279,31 +279,10 @@ impl Manager {
         self.inner.remote.is_some()
     }
 
-    /// The host arena, once a namespace is registered.
-    pub fn arena(&self) -> Option<Arc<HostArena>> {
-        self.inner.stores.arena()
-    }
-
-    /// The pool backend, if any.
-    pub fn pool(&self) -> Option<Arc<dyn PoolBackend>> {
-        self.inner.stores.pool()
-    }
-
     /// The host arena and the pool: where a restarting daemon opens, creates or adopts
     /// the arena before the first namespace is registered.
     pub fn stores(&self) -> &Stores {
         &self.inner.stores
-    }
-
-    pub fn layout(&self, ns: NamespaceId) -> Result<Layout, ManagerError> {
-        Ok(self.read().dir.layout(ns)?.clone())
-    }
-
-    /// The pool key scheme of a namespace.
-    pub fn key_scheme(&self, ns: NamespaceId) -> Result<KeyScheme, ManagerError> {
-        let st = self.read();
-        st.dir.layout(ns)?;
-        Ok(st.keys[ns.0 as usize].clone())
     }
 
     /// Attaches one rank's device region, so in-process `store`/`load` can copy.
@@ -314,7 +293,7 @@ impl Manager {
         pp_rank: u16,
         region: Arc<dyn DeviceRegion>,
     ) -> Result<(), ManagerError> {
-        let layout = self.layout(ns)?;
+        let layout = self.pages().layout(ns)?;
         layout
             .rank_objects(tp_rank, pp_rank)
             .map_err(|e| ManagerError::Config(e.to_string()))?;
@@ -343,14 +322,10 @@ impl Manager {
         Ok(hit)
     }
 
-    /// The page event log (the one internal stream publishers read).
-    pub fn events(&self) -> &EventLog {
-        self.inner.pages.events()
-    }
-
     /// The page directory (completeness, eviction order, the lookup view and the page
-    /// event log), for the components that act on pages.
-    pub(super) fn pages(&self) -> &Pages {
+    /// event log): namespaces, layouts and key schemes for anyone, the rest for the
+    /// components that act on pages.
+    pub fn pages(&self) -> &Pages {
         &self.inner.pages
     }
 

@@ -16,7 +16,8 @@ use super::state::{DirState, DirWrite};
 use crate::clock::Clock;
 use crate::directory::{DirView, Directory, DirectoryError, PageId, PageInfo};
 use crate::events::EventLog;
-use crate::page::{NamespaceId, PageHash};
+use crate::layout::Layout;
+use crate::page::{KeyScheme, Namespace, NamespaceId, PageHash};
 use crate::tier::TierKind;
 use crate::wire::PrefixHit;
 
@@ -24,7 +25,7 @@ use crate::wire::PrefixHit;
 const WALK_CHUNK: usize = 16 * 1024;
 
 /// The directory, its lookup view and its event log.
-pub(crate) struct Pages {
+pub struct Pages {
     /// [Dir] The directory, key schemes and host slot map. Readers (status, hint
     /// resolution, victim walks) take it shared; writers take it exclusively through
     /// `write()`, which publishes events on release. Prefix lookups do not take it: they
@@ -48,8 +49,29 @@ impl Pages {
     }
 
     /// The page event log (the one internal stream publishers read).
-    pub(super) fn events(&self) -> &EventLog {
+    pub fn events(&self) -> &EventLog {
         &self.events
+    }
+
+    /// A namespace's layout.
+    pub fn layout(&self, ns: NamespaceId) -> Result<Layout, ManagerError> {
+        Ok(self.read().dir.layout(ns)?.clone())
+    }
+
+    /// The pool key scheme of a namespace.
+    pub fn key_scheme(&self, ns: NamespaceId) -> Result<KeyScheme, ManagerError> {
+        let st = self.read();
+        st.dir.layout(ns)?;
+        Ok(st.keys[ns.0 as usize].clone())
+    }
+
+    /// Every registered namespace with its id and layout (what a journal must record).
+    pub fn namespaces(&self) -> Vec<(NamespaceId, Namespace, Layout)> {
+        let st = self.read();
+        st.dir
+            .namespaces()
+            .map(|(id, n, l)| (id, n.clone(), l.clone()))
+            .collect()
     }
 
     /// A contiguous-prefix lookup through the directory's lock-free view. It takes no

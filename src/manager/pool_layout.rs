@@ -121,7 +121,7 @@ mod tests {
         )
         .unwrap();
         assert!(m.quiesce(wait));
-        let pool = m.pool().unwrap();
+        let pool = m.stores().pool().unwrap();
         let keys = pool_key_scheme(m.config(), &name, &l);
         let t = transpose_rows(&l, 0).unwrap();
         for (s, h) in hashes.iter().enumerate() {

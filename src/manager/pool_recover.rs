@@ -34,10 +34,11 @@ struct Space {
 fn spaces(mgr: &Manager) -> Vec<Space> {
     let probe = PageHash::from_u64(0);
     let hex = probe.to_hex();
-    mgr.namespaces()
+    mgr.pages()
+        .namespaces()
         .into_iter()
         .filter_map(|(ns, _, layout)| {
-            let scheme = mgr.key_scheme(ns).ok()?;
+            let scheme = mgr.pages().key_scheme(ns).ok()?;
             let objects = scheme
                 .page_keys(&layout, &probe)
                 .into_iter()
@@ -71,7 +72,7 @@ fn parse(spaces: &[Space], key: &str, len: usize) -> Option<(NamespaceId, PageHa
 /// once the namespaces of the earlier life are registered.
 pub fn adopt_recovered_pool(mgr: &Manager) -> PoolAdopted {
     let mut out = PoolAdopted::default();
-    let Some(pool) = mgr.pool() else { return out };
+    let Some(pool) = mgr.stores().pool() else { return out };
     let found = pool.take_recovered();
     if found.is_empty() {
         return out;

@@ -23,7 +23,9 @@ impl Manager {
     /// where it still holds them. Returns (pages that stopped being pool-complete, pages
     /// the shares took).
     pub fn reconcile_pool(&self, index: &PoolIndex, share: bool) -> (usize, usize) {
-        let Some(pool) = self.pool() else { return (0, 0) };
+        let Some(pool) = self.stores().pool() else {
+            return (0, 0);
+        };
         let lost = self.inner.pages.drop_lost_pool_pages(pool.as_ref(), index);
         if !share {
             return (lost.len(), 0);

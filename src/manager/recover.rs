@@ -9,21 +9,11 @@
 //! pool) holds through [`Manager::read_host_page`].
 
 use super::{Manager, ManagerError};
-use crate::layout::Layout;
-use crate::page::{Namespace, NamespaceId, PageHash};
+use crate::page::{NamespaceId, PageHash};
 use crate::tier::TierKind;
 use crate::tier::host::SlotId;
 
 impl Manager {
-    /// Every registered namespace with its id and layout (what a journal must record).
-    pub fn namespaces(&self) -> Vec<(NamespaceId, Namespace, Layout)> {
-        let st = self.read();
-        st.dir
-            .namespaces()
-            .map(|(id, n, l)| (id, n.clone(), l.clone()))
-            .collect()
-    }
-
     /// Counts what a start-up recovery found, for operators (`/metrics`): `counts` in
     /// [`crate::manager::RECOVERY_REASONS`] order.
     pub fn record_recovery(&self, counts: [u64; crate::manager::RECOVERY_REASONS.len()]) {
@@ -39,8 +29,8 @@ impl Manager {
         hash: &PageHash,
         f: impl FnOnce(&[(SlotId, &[u8])]) -> R,
     ) -> Option<R> {
-        let arena = self.arena()?;
-        let layout = self.layout(ns).ok()?;
+        let arena = self.stores().arena()?;
+        let layout = self.pages().layout(ns).ok()?;
         let (lease, slots) = {
             let st = self.read();
             let id = st.dir.find(ns, hash)?;
@@ -66,7 +56,7 @@ impl Manager {
     /// Marks a page complete on host whose objects already sit in `slots` (one per object
     /// of the layout, in canonical order). The slots are taken out of the free list.
     pub fn adopt_host_page(&self, ns: NamespaceId, hash: &PageHash, slots: &[SlotId]) -> Result<(), ManagerError> {
-        let arena = self.arena().ok_or(ManagerError::NoNamespace)?;
+        let arena = self.stores().arena().ok_or(ManagerError::NoNamespace)?;
         let mut st = self.write();
         let count = st.dir.layout(ns)?.object_count();
         if slots.len() != count {
@@ -98,6 +88,7 @@ mod tests {
     use crate::clock::SimClock;
     use crate::layout::LayoutSpec;
     use crate::manager::ManagerConfig;
+    use crate::page::Namespace;
 
     #[test]
     fn adopted_pages_are_host_hits_and_keep_their_slots() {
@@ -114,7 +105,7 @@ mod tests {
         assert_eq!(found, 1 << 20);
         assert!(m.stores().open_existing_arena(slot).is_err());
         let ns = m.register_namespace(Namespace::model("m"), layout).unwrap();
-        assert_eq!(m.namespaces()[0].1, Namespace::model("m"));
+        assert_eq!(m.pages().namespaces()[0].1, Namespace::model("m"));
         let h = PageHash::from_u64(5);
         m.adopt_host_page(ns, &h, &[SlotId(3), SlotId(9)]).unwrap();
         assert_eq!(m.lookup(ns, &[h]).unwrap().host, 1);
@@ -138,7 +129,7 @@ mod tests {
         let read = m.read_host_page(ns, &h, |objs| {
             objs.iter().map(|&(s, b)| (s, b.len(), b[0])).collect::<Vec<_>>()
         });
-        let len = m.layout(ns).unwrap().object_bytes(0) as usize;
+        let len = m.pages().layout(ns).unwrap().object_bytes(0) as usize;
         assert_eq!(read, Some(vec![(SlotId(3), len, 7), (SlotId(9), len, 7)]));
         assert_eq!(m.read_host_page(ns, &PageHash::from_u64(6), |_| ()), None);
         assert_eq!(leases(&m), before, "the read gave its lease back");

@@ -39,7 +39,7 @@ use serde::Serialize;
 
 use super::locks::{Ordered, Rank};
 use super::pages::Pages;
-use super::{Manager, ManagerConfig, Stats, Stores};
+use super::{Manager, ManagerConfig, Stores};
 use crate::clock::Clock;
 use crate::page::{NamespaceId, PageHash};
 #[cfg(feature = "daemon")]
@@ -232,7 +232,9 @@ pub struct PoolDiscovery<'a> {
     remote: Option<&'a Remote>,
     pages: &'a Pages,
     stores: &'a Stores,
-    stats: &'a Stats,
+    /// The manager's lookup counters (the daemon's lookups record theirs here).
+    #[cfg(feature = "daemon")]
+    stats: &'a super::Stats,
     clock: &'a dyn Clock,
     cfg: &'a ManagerConfig,
 }
@@ -245,6 +247,7 @@ impl Manager {
             remote: inner.remote.as_ref(),
             pages: &inner.pages,
             stores: &inner.stores,
+            #[cfg(feature = "daemon")]
             stats: &inner.stats,
             clock: inner.clock.as_ref(),
             cfg: &inner.cfg,

@@ -13,6 +13,7 @@ use crate::clock::SimClock;
 use crate::events::PageEventKind;
 use crate::hints::{Hint, HintOutcome, HintTarget};
 use crate::layout::LayoutSpec;
+use crate::pool::PoolBackend;
 use crate::pool::local::LocalPool;
 use crate::tier::device::EmulatedDevice;
 use crate::tier::host::ArenaOptions;
@@ -109,7 +110,7 @@ impl Node {
     }
 
     fn pool_stored_events(&self) -> Vec<PageHash> {
-        let b = self.m.events().read_from(1, 10_000, Duration::ZERO);
+        let b = self.m.pages().events().read_from(1, 10_000, Duration::ZERO);
         b.events
             .iter()
             .filter(|e| e.tier == TierKind::Pool && e.kind == PageEventKind::Stored)
@@ -213,7 +214,7 @@ fn an_awaited_lookup_credits_what_a_blocking_one_does() {
     let a = node(dir.path(), "a", &pool, Namespace::model("m"));
     let hs = hashes(4);
     a.store_and_share(&hs);
-    let keys = a.m.key_scheme(a.ns).unwrap().page_keys(&layout(), &hs[2]);
+    let keys = a.m.pages().key_scheme(a.ns).unwrap().page_keys(&layout(), &hs[2]);
     pool.remove(&keys[3], true).unwrap();
     let awaitable = Arc::new(Awaitable {
         pool: pool.clone(),
@@ -268,7 +269,7 @@ fn a_page_missing_one_ranks_objects_is_never_a_hit() {
     a.store_and_share(&hs);
     // Page 1 loses TP rank 1's objects (as if only rank 0 ever wrote them).
     let l = layout();
-    let keys = a.m.key_scheme(a.ns).unwrap().page_keys(&l, &hs[1]);
+    let keys = a.m.pages().key_scheme(a.ns).unwrap().page_keys(&l, &hs[1]);
     for k in &keys[2..] {
         pool.remove(k, true).unwrap();
     }
@@ -288,7 +289,7 @@ fn vanished_pages_are_misses_after_the_cache_ttl_and_loads_return_fewer_pages() 
     a.store_and_share(&hs);
     assert_eq!(b.m.lookup(b.ns, &hs).unwrap().pool, 4);
     let l = layout();
-    let scheme = a.m.key_scheme(a.ns).unwrap();
+    let scheme = a.m.pages().key_scheme(a.ns).unwrap();
     for k in scheme.page_keys(&l, &hs[2]) {
         pool.remove(&k, true).unwrap();
     }
@@ -296,7 +297,7 @@ fn vanished_pages_are_misses_after_the_cache_ttl_and_loads_return_fewer_pages() 
     // directory stops crediting it (the `removed` event).
     assert_eq!(b.load(&hs), vec![2, 2]);
     assert!(b.m.discovery().counters().unwrap().get_not_found >= 1);
-    let removed = b.m.events().read_from(1, 10_000, Duration::ZERO);
+    let removed = b.m.pages().events().read_from(1, 10_000, Duration::ZERO);
     assert!(
         removed
             .events
@@ -365,7 +366,7 @@ fn an_in_sync_index_answers_a_lookup_without_leaving_the_callers_thread() {
     let b = node(dir.path(), "b", &pool, Namespace::model("m"));
     let hs = hashes(4);
     a.store_and_share(&hs);
-    let scheme = a.m.key_scheme(a.ns).unwrap();
+    let scheme = a.m.pages().key_scheme(a.ns).unwrap();
     let mut listing: Vec<String> = hs.iter().flat_map(|h| scheme.page_keys(&layout(), h)).collect();
     // The index lacks one object of the third page.
     listing.retain(|k| *k != scheme.page_keys(&layout(), &hs[2])[1]);
@@ -409,7 +410,7 @@ fn the_directory_work_lookups_leave_is_bounded_and_settled_before_anyone_reads_i
     let b = node(dir.path(), "b", &pool, Namespace::model("m"));
     let hs = hashes(3);
     a.store_and_share(&hs);
-    let scheme = a.m.key_scheme(a.ns).unwrap();
+    let scheme = a.m.pages().key_scheme(a.ns).unwrap();
     let listing: Vec<String> = hs.iter().flat_map(|h| scheme.page_keys(&layout(), h)).collect();
     let index = Arc::new(PoolIndex::new(1 << 10));
     index.begin_resync();

@@ -57,8 +57,8 @@ fn lookups_finish_while_every_other_table_is_locked() {
             (
                 f.m.lookup(f.ns, &hs).unwrap(),
                 f.m.page_status(f.ns, &hs[2]).unwrap().unwrap(),
-                f.m.layout(f.ns).unwrap(),
-                f.m.key_scheme(f.ns).unwrap(),
+                f.m.pages().layout(f.ns).unwrap(),
+                f.m.pages().key_scheme(f.ns).unwrap(),
             )
         });
         assert!(in_time, "a lookup waited for the {rank:?} lock");
@@ -221,7 +221,7 @@ fn the_upkeep_waker_fires_once_per_crossing_of_the_host_high_watermark() {
     m.upkeep().set_waker(Arc::new(move || {
         w.fetch_add(1, Ordering::SeqCst);
     }));
-    let arena = m.arena().unwrap();
+    let arena = m.stores().arena().unwrap();
     let high = m.tunables().host_watermarks.high * arena.slots() as f64;
     let k = pattern(2, layout.object_bytes(0) as usize);
     let put = |i: u64| {
@@ -271,7 +271,7 @@ fn pool_eviction_marks_pages_absent_removes_their_objects_and_says_so_once() {
     cfg.arena.lock = false;
     let m = Manager::new(cfg, SimClock::new()).unwrap();
     let ns = m.register_namespace(Namespace::model("e"), layout.clone()).unwrap();
-    let pool = m.pool().unwrap();
+    let pool = m.stores().pool().unwrap();
     let hs = hashes(0..pool.usage().capacity_bytes / page);
     let k = pattern(3, layout.object_bytes(0) as usize);
     for h in &hs {
@@ -289,7 +289,7 @@ fn pool_eviction_marks_pages_absent_removes_their_objects_and_says_so_once() {
     assert_eq!(out, HintOutcome::Accepted { pages: hs.len() });
     let full = pool.usage();
     assert!(full.used_bytes as f64 >= 0.95 * full.capacity_bytes as f64, "{full:?}");
-    let from = m.events().last_seq() + 1;
+    let from = m.pages().events().last_seq() + 1;
     m.tick().unwrap();
     let after = pool.usage();
     assert!(
@@ -297,6 +297,7 @@ fn pool_eviction_marks_pages_absent_removes_their_objects_and_says_so_once() {
         "{after:?}"
     );
     let removed: Vec<PageHash> = m
+        .pages()
         .events()
         .read_from(from, 1000, Duration::ZERO)
         .events
@@ -305,7 +306,7 @@ fn pool_eviction_marks_pages_absent_removes_their_objects_and_says_so_once() {
         .map(|e| e.hash)
         .collect();
     assert!(!removed.is_empty());
-    let scheme = m.key_scheme(ns).unwrap();
+    let scheme = m.pages().key_scheme(ns).unwrap();
     let keys = |h: &PageHash| -> Vec<String> {
         layout
             .objects()

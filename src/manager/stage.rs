@@ -215,10 +215,10 @@ impl Manager {
     /// `prefix`, the first page that is unknown or not in the pool ends it; otherwise such
     /// pages are skipped. A full arena always ends it.
     fn stage_from_pool(&self, ns: NamespaceId, hashes: &[PageHash], deadline: Option<Instant>, prefix: bool) -> usize {
-        let Some(pool) = self.pool().filter(|p| p.health() == PoolHealth::Ok) else {
+        let Some(pool) = self.stores().pool().filter(|p| p.health() == PoolHealth::Ok) else {
             return 0;
         };
-        let Some(arena) = self.arena() else { return 0 };
+        let Some(arena) = self.stores().arena() else { return 0 };
         let protect_ms = self.tunables().stage_protect_ms;
         let on_worker = crate::transfer::on_worker();
         let (reply, settled) = crossbeam_channel::bounded(hashes.len().div_ceil(POOL_BATCH).max(1));
@@ -416,7 +416,7 @@ mod tests {
         m.make_host_room(usize::MAX);
         assert_eq!(m.lookup(ns, &hs).unwrap().host, 0);
         // One page's pool objects vanish behind the manager's back.
-        let pool = m.pool().unwrap();
+        let pool = m.stores().pool().unwrap();
         let keys: Vec<String> = {
             let st = m.read();
             let scheme = &st.keys[ns.0 as usize];

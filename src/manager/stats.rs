@@ -241,8 +241,8 @@ impl super::Manager {
         };
         let deferred_hints = self.inner.queues.lock().deferred_len() as u64;
         let device_pages = self.inner.devices.pages().values().sum::<usize>() as u64;
-        let arena = self.arena();
-        let pool = self.pool().map(|p| p.usage());
+        let arena = self.stores().arena();
+        let pool = self.stores().pool().map(|p| p.usage());
         self.inner.stats.snapshot(TableCounts {
             dir,
             open_grants,

@@ -143,7 +143,7 @@ fn page_is_complete_only_when_every_rank_stored() {
     assert_eq!(f.m.lookup(f.ns, &hs).unwrap().total(), 0, "rank 1 has not stored");
     let st = f.m.page_status(f.ns, &hs[0]).unwrap().unwrap();
     assert_eq!(st.tiers[TierKind::Host.index()].missing, vec![2, 3]);
-    assert_eq!(f.m.events().last_seq(), 0, "no event for a partial page");
+    assert_eq!(f.m.pages().events().last_seq(), 0, "no event for a partial page");
     let t = f.m.store(f.ns, 1, 0, &hs[..1], &[0], 0).unwrap();
     f.m.wait(t, WAIT).unwrap();
     assert_eq!(
@@ -154,7 +154,7 @@ fn page_is_complete_only_when_every_rank_stored() {
             pool: 0
         }
     );
-    let evs = f.m.events().read_from(1, 10, Duration::ZERO).events;
+    let evs = f.m.pages().events().read_from(1, 10, Duration::ZERO).events;
     let kinds: Vec<_> = evs.iter().map(|e| (e.kind, e.tier)).collect();
     assert_eq!(
         kinds,
@@ -186,7 +186,7 @@ fn failed_device_copy_leaves_source_and_frees_slots() {
         }
     }
     let f = fixture(1, 32, None);
-    let arena = f.m.arena().unwrap();
+    let arena = f.m.stores().arena().unwrap();
     let hs = hashes(0..4);
     f.store_all(&hs, &[0, 1, 2, 3]);
     let used = arena.used();
@@ -210,7 +210,7 @@ fn failed_device_copy_leaves_source_and_frees_slots() {
 #[test]
 fn eviction_keeps_utilisation_between_target_and_high_and_spares_pinned_and_inflight() {
     let f = fixture(1, 100, None);
-    let arena = f.m.arena().unwrap();
+    let arena = f.m.stores().arena().unwrap();
     assert_eq!(arena.slots(), 200); // 2 objects a page
     // Pin the first 10 pages of host, hold 5 more in flight.
     let first = hashes(0..60);

@@ -53,7 +53,7 @@ impl Manager {
     /// Frees at least `slots` host slots if it can, by watermark order, writing pages
     /// back to the pool when it has room. Returns slots freed.
     pub(crate) fn make_host_room(&self, slots: usize) -> usize {
-        let Some(arena) = self.arena() else { return 0 };
+        let Some(arena) = self.stores().arena() else { return 0 };
         let mut freed = 0;
         // Bounded rounds: each round evicts a batch; stop when nothing is evictable.
         for _ in 0..64 {
@@ -122,7 +122,7 @@ impl Manager {
 
     /// Copies host-complete pages to the pool in the background (write-through, share).
     pub(crate) fn spawn_copy_to_pool(&self, ns: NamespaceId, pages: Vec<PageId>) -> bool {
-        if self.pool().is_none() {
+        if self.stores().pool().is_none() {
             return false;
         }
         let m = self.clone();
@@ -139,8 +139,8 @@ impl Manager {
     /// evicting: the pool had no room, and the event says so. Returns pages now complete
     /// in the pool.
     pub(crate) fn copy_to_pool(&self, ns: NamespaceId, pages: &[PageId], evict: bool) -> usize {
-        let Some(arena) = self.arena() else { return 0 };
-        let pool = self.pool().filter(|p| p.health() == PoolHealth::Ok);
+        let Some(arena) = self.stores().arena() else { return 0 };
+        let pool = self.stores().pool().filter(|p| p.health() == PoolHealth::Ok);
         // Reserve.
         let mut moves = Vec::new();
         // Given back in the settle below, or when dropped (a panic in the pool's put).
@@ -262,7 +262,7 @@ impl Manager {
 
     /// Frees a page's host slots and marks it gone from host.
     pub(crate) fn drop_host_page(&self, st: &mut DirState, page: PageId) {
-        let Some(arena) = self.arena() else { return };
+        let Some(arena) = self.stores().arena() else { return };
         if let Some(slots) = st.host.remove(&page.0) {
             arena.free_all(
                 slots
@@ -276,7 +276,7 @@ impl Manager {
 
     /// Stages the prefix in the background (a best-effort load, a prefetch).
     pub(crate) fn spawn_stage_prefix(&self, ns: NamespaceId, hashes: &[PageHash]) -> bool {
-        if self.pool().is_none() {
+        if self.stores().pool().is_none() {
             return true;
         }
         let needed = {

@@ -257,11 +257,11 @@ impl Manager {
             TierKind::Pool => self
                 .inner
                 .upkeep
-                .crossed(1, pool_over(self.pool(), &tun.pool_watermarks)),
+                .crossed(1, pool_over(self.stores().pool(), &tun.pool_watermarks)),
             _ => self
                 .inner
                 .upkeep
-                .crossed(0, host_over(self.arena(), &tun.host_watermarks)),
+                .crossed(0, host_over(self.stores().arena(), &tun.host_watermarks)),
         }
     }
 }
@@ -273,7 +273,7 @@ impl Manager {
         let now = self.inner.clock.now_ms();
         self.inner.upkeep.expire(now, &self.inner.pages);
         self.expire_protection();
-        if let Some(pool) = self.pool() {
+        if let Some(pool) = self.stores().pool() {
             self.inner.pages.forget_pool_objects(pool.take_evicted());
         }
         // The session policy first: at the high watermark its pressure controller pauses
@@ -281,7 +281,7 @@ impl Manager {
         // before plain eviction would take the least recently used pages of anyone.
         self.inner.policy.tick(self);
         // Host watermark.
-        if let Some(arena) = self.arena() {
+        if let Some(arena) = self.stores().arena() {
             let tun = self.tunables();
             let reclaim = tun
                 .host_watermarks
@@ -290,8 +290,8 @@ impl Manager {
                 self.make_host_room(reclaim);
             }
         }
-        if let Some(pool) = self.pool() {
-            let slot_kib = self.arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
+        if let Some(pool) = self.stores().pool() {
+            let slot_kib = self.stores().arena().map_or(1, |a| (a.slot_bytes() >> 10).max(1));
             let tun = self.tunables();
             self.inner
                 .pages

@@ -9,8 +9,8 @@
 //! - [`sessions`]: the pressure controller's pauses and resumes for routers, on a socket
 //!   of their own (KV event decoders are strict).
 //!
-//! Publishers read only [`Manager::events`](crate::manager::Manager::events) (the session
-//! publisher [`Manager::session_events`](crate::manager::Manager::session_events)), from the
+//! Publishers read only [`Pages::events`](crate::manager::Pages::events) (the session
+//! publisher [`SessionPolicyPart::events`](crate::manager::SessionPolicyPart::events)), from the
 //! sequence at which they start, on their own thread; the ZMQ sockets never leave it.
 //! Every wait is bounded, so a stop or a daemon shutdown is seen within one poll.
 

@@ -184,7 +184,7 @@ pub fn spawn(
     if cfg.max_batch_objects == 0 {
         return Err(PublishError::Config("max_batch_objects must be positive".into()));
     }
-    let first = manager.events().last_seq() + 1;
+    let first = manager.pages().events().last_seq() + 1;
     let endpoint = cfg.endpoint.clone();
     start_bound(
         "kvtier-pub-mooncake",
@@ -213,7 +213,7 @@ fn run(
     let mut names: HashMap<NamespaceId, Namespace> = HashMap::new();
     let max_events = cfg.max_batch_objects.clamp(1, 1024);
     while !stop.load(Relaxed) && !shutdown.is_cancelled() {
-        let batch = manager.events().read_from(next, max_events, POLL);
+        let batch = manager.pages().events().read_from(next, max_events, POLL);
         if batch.lost > 0 {
             stats.lost.fetch_add(batch.lost, Relaxed);
             tracing::warn!(lost = batch.lost, "Mooncake publisher fell behind the event ring");
@@ -222,7 +222,7 @@ fn run(
         stats.next_event.store(next, Relaxed);
         let pool = || batch.events.iter().filter(|e| e.tier == TierKind::Pool);
         if pool().any(|e| e.kind != PageEventKind::Cleared && !names.contains_key(&e.ns)) {
-            names.extend(manager.namespaces().into_iter().map(|(id, n, _)| (id, n)));
+            names.extend(manager.pages().namespaces().into_iter().map(|(id, n, _)| (id, n)));
         }
         let mut objs = Vec::new();
         for ev in pool() {
@@ -270,7 +270,7 @@ fn scheme_of<'a>(
 ) -> Option<&'a (crate::page::KeyScheme, crate::layout::Layout)> {
     cache
         .entry(ns)
-        .or_insert_with(|| match (m.key_scheme(ns), m.layout(ns)) {
+        .or_insert_with(|| match (m.pages().key_scheme(ns), m.pages().layout(ns)) {
             (Ok(k), Ok(l)) => Some((k, l)),
             _ => {
                 tracing::warn!(ns = ns.0, "Mooncake publisher: events of an unknown namespace skipped");

@@ -21,7 +21,7 @@
 //! | `host_used_pages`, `host_capacity_pages` | the same, in pages |
 //! | `paused_ms` | how long the session was paused (0 for a pause) |
 //!
-//! The publisher reads [`Manager::session_events`](crate::manager::Manager::session_events)
+//! The publisher reads [`SessionPolicyPart::events`](crate::manager::SessionPolicyPart::events)
 //! from its own position: it takes nothing from the engines' advice stream or from
 //! `/v1/sessions/advice`.
 

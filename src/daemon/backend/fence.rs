@@ -288,7 +288,7 @@ pub(super) fn granted_prefix(arena: Option<&HostArena>, pages: &[Vec<ObjectSlot>
 /// Before load grant `grant` finishes with `loaded` pages loaded: its pages from there on
 /// whose slots no longer hold their generations (a late copy hit them).
 pub(super) fn hit_pages(mgr: &Manager, grant: u64, loaded: usize) -> Vec<GrantedPage> {
-    let arena = mgr.arena();
+    let arena = mgr.stores().arena();
     let Some(g) = arena.as_deref().and_then(HostArena::generations) else {
         return Vec::new();
     };
@@ -308,7 +308,7 @@ pub(super) fn drop_hit(mgr: &Manager, pages: &[GrantedPage]) {
     if pages.is_empty() {
         return;
     }
-    let arena = mgr.arena();
+    let arena = mgr.stores().arena();
     let Some(g) = arena.as_deref().and_then(HostArena::generations) else {
         return;
     };

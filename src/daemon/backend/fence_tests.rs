@@ -30,7 +30,7 @@ fn set_up(dir: &std::path::Path) -> (ManagedTiers, NamespaceId, std::sync::Arc<H
         .register(&Namespace::model("m"), &LayoutSpec::mha(1, 1, 16, 2, 4))
         .unwrap()
         .ns;
-    let arena = b.manager().arena().unwrap();
+    let arena = b.manager().stores().arena().unwrap();
     let engine = SlotStamps::open(&stamps_path(arena.path()), arena.slots())
         .unwrap()
         .unwrap();

@@ -88,7 +88,8 @@ impl Journal {
     }
 
     fn spaces(mgr: &Manager) -> Vec<(u16, crate::page::Namespace, crate::layout::LayoutSpec)> {
-        mgr.namespaces()
+        mgr.pages()
+            .namespaces()
             .into_iter()
             .map(|(id, n, l)| (id.0, n, l.spec().clone()))
             .collect()
@@ -113,7 +114,7 @@ impl Journal {
     /// directory instead ([`Self::resync`]).
     pub fn sync(&mut self, mgr: &Manager) {
         loop {
-            let batch = mgr.events().read_from(self.next_seq, 4096, Duration::ZERO);
+            let batch = mgr.pages().events().read_from(self.next_seq, 4096, Duration::ZERO);
             if batch.lost > 0 {
                 tracing::warn!(
                     lost = batch.lost,
@@ -147,7 +148,7 @@ impl Journal {
     /// page not recorded, or a store of one recorded, changes nothing).
     pub fn resync(&mut self, mgr: &Manager) {
         self.resyncs += 1;
-        self.next_seq = mgr.events().last_seq() + 1;
+        self.next_seq = mgr.pages().events().last_seq() + 1;
         let old = std::mem::take(&mut self.live);
         for (ns, hash) in crate::manager::host_complete_pages(mgr) {
             let known = old.get(&(ns, hash));
@@ -174,7 +175,7 @@ impl Journal {
                 self.live.insert((ns, hash), recs);
             }
         }
-        if let Some(arena) = mgr.arena()
+        if let Some(arena) = mgr.stores().arena()
             && let Err(e) = self.start(mgr, arena.slot_bytes() as u64)
         {
             tracing::warn!(error = %e, "manifest rewrite after a resync failed; recovery may miss pages");
@@ -246,7 +247,7 @@ impl Journal {
         }
         let live = self.objects * m.object_record_bytes().max(1);
         if m.bytes() > COMPACT_FACTOR * live + COMPACT_SLACK
-            && let Some(arena) = mgr.arena()
+            && let Some(arena) = mgr.stores().arena()
         {
             let before = m.bytes();
             match self.start(mgr, arena.slot_bytes() as u64) {
@@ -267,7 +268,9 @@ impl Journal {
     /// Rewrites the manifest with the live records only (clean shutdown).
     pub fn compact(&mut self, mgr: &Manager) -> Result<(), BackendError> {
         self.sync(mgr);
-        let Some(arena) = mgr.arena() else { return Ok(()) };
+        let Some(arena) = mgr.stores().arena() else {
+            return Ok(());
+        };
         self.start(mgr, arena.slot_bytes() as u64)?;
         tracing::info!(pages = self.live.len(), "manifest compacted");
         Ok(())
@@ -374,7 +377,7 @@ impl Journal {
             }
         }
         found.corrupt = corrupt.len() as u64;
-        self.next_seq = mgr.events().last_seq() + 1;
+        self.next_seq = mgr.pages().events().last_seq() + 1;
         self.start(mgr, replay.slot_bytes)?;
         tracing::info!(
             recovered = found.pages,
@@ -403,7 +406,7 @@ impl Journal {
 
     /// The page's slots in canonical order when every object is present and intact.
     fn verify(mgr: &Manager, arena: &HostArena, ns: NamespaceId, recs: &[ObjectRecord]) -> Option<Vec<SlotId>> {
-        let layout = mgr.layout(ns).ok()?;
+        let layout = mgr.pages().layout(ns).ok()?;
         let mut slots = vec![None; layout.object_count()];
         for r in recs {
             let i = r.object as usize;

@@ -203,13 +203,13 @@ impl ManagedTiers {
             source,
         };
         // Only a reopened arena can receive an earlier life's late copies.
-        if let Some(reopened) = mgr.arena() {
+        if let Some(reopened) = mgr.stores().arena() {
             fence
                 .attach(&reopened, Some(marked), cfg.fence_timeout)
                 .map_err(fence_io)?;
         }
         let mut unfitted = None;
-        if mgr.arena().is_none() {
+        if mgr.stores().arena().is_none() {
             if cfg.slot_bytes != 0 {
                 let arena = mgr.stores().create_arena(cfg.slot_bytes)?;
                 fence.attach(&arena, None, cfg.fence_timeout).map_err(fence_io)?;
@@ -264,7 +264,7 @@ impl ManagedTiers {
 
     /// (complete on host, on its way to host: some objects there or in flight).
     fn host_state(&self, ns: NamespaceId, h: &PageHash) -> (bool, bool) {
-        let count = self.mgr.layout(ns).map_or(0, |l| l.object_count());
+        let count = self.mgr.pages().layout(ns).map_or(0, |l| l.object_count());
         match self.mgr.page_status(ns, h) {
             Ok(Some(s)) => {
                 let t = &s.tiers[TierKind::Host.index()];
@@ -314,12 +314,12 @@ impl Backend for ManagedTiers {
     fn register(&self, ns: &Namespace, spec: &LayoutSpec) -> Result<Registered, BackendError> {
         let layout = spec.clone().build().map_err(|e| ManagerError::Config(e.to_string()))?;
         self.fit_arena(&layout)?;
-        let known = self.mgr.namespaces().iter().any(|(_, n, _)| n == ns);
+        let known = self.mgr.pages().namespaces().iter().any(|(_, n, _)| n == ns);
         let id = self.mgr.register_namespace(ns.clone(), layout.clone())?;
         // A local pool reopened at this first registration (no manifest named a
         // namespace): book what it holds of this namespace, remove the rest. Once only.
         manager::adopt_recovered_pool(&self.mgr);
-        let arena = self.mgr.arena().ok_or(ManagerError::NoNamespace)?;
+        let arena = self.mgr.stores().arena().ok_or(ManagerError::NoNamespace)?;
         let mut j = self.journal.lock();
         if j.manifest.is_none() || !known {
             j.sync(&self.mgr);
@@ -337,7 +337,9 @@ impl Backend for ManagedTiers {
     }
 
     fn fence_engine(&self, conn: u64, token: u64, done: bool) -> usize {
-        self.fence.lock().engine(self.mgr.arena().as_deref(), conn, token, done)
+        self.fence
+            .lock()
+            .engine(self.mgr.stores().arena().as_deref(), conn, token, done)
     }
 
     fn forget_conn(&self, conn: u64) {
@@ -398,7 +400,7 @@ impl Backend for ManagedTiers {
         for (i, p) in g.pages.iter().enumerate() {
             match p.status {
                 StoreStatus::Write => {
-                    let arena = self.mgr.arena();
+                    let arena = self.mgr.stores().arena();
                     let slots = p
                         .objects
                         .iter()
@@ -448,8 +450,8 @@ impl Backend for ManagedTiers {
                 flags: written.len(),
             });
         }
-        let layout = self.mgr.layout(info.ns)?;
-        let arena = self.mgr.arena().ok_or(ManagerError::NoNamespace)?;
+        let layout = self.mgr.pages().layout(info.ns)?;
+        let arena = self.mgr.stores().arena().ok_or(ManagerError::NoNamespace)?;
         let mut flags = vec![false; info.hashes.len()];
         let mut recs = Vec::new();
         for ((i, objects), &ok) in info.pages.iter().zip(written) {
@@ -529,7 +531,7 @@ impl Backend for ManagedTiers {
             // Wait only while the next page is on its way (another rank holds part of it).
             let pending = n < hashes.len() && self.host_state(ns, &hashes[n]).1;
             if !pending || Instant::now() >= deadline {
-                let arena = self.mgr.arena();
+                let arena = self.mgr.stores().arena();
                 let slot = |&(o, s, _): &_| fence::object_slot(arena.as_deref(), o, s);
                 let mut pages: Vec<Vec<ObjectSlot>> =
                     g.pages.iter().map(|p| p.objects.iter().map(slot).collect()).collect();
@@ -649,7 +651,7 @@ impl Backend for ManagedTiers {
 
     fn stats(&self) -> DaemonStats {
         let s = self.mgr.stats();
-        let arena = self.mgr.arena();
+        let arena = self.mgr.stores().arena();
         DaemonStats {
             arena_slots: arena.as_ref().map_or(0, |a| a.slots() as u64),
             arena_used: arena.as_ref().map_or(0, |a| a.used() as u64),
@@ -680,7 +682,7 @@ impl Backend for ManagedTiers {
         if let Err(e) = self.mgr.tick() {
             tracing::warn!(error = %e, "background work failed");
         }
-        if let Some(arena) = self.mgr.arena() {
+        if let Some(arena) = self.mgr.stores().arena() {
             self.fence.lock().expire(&arena);
         }
         let mut j = self.journal.lock();

@@ -79,7 +79,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Contiguous-prefix lookup with per-tier credit.
     fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, BackendError>;
     /// A lookup's first step on the connection task, where the pool's query can be awaited
-    /// instead of blocking (see [`Manager::lookup_begin`](crate::manager::Manager::lookup_begin)).
+    /// instead of blocking (see [`PoolDiscovery::lookup_begin`](crate::manager::PoolDiscovery::lookup_begin)).
     /// Default: [`LookupStep::Blocking`], run [`Backend::lookup`] off the runtime.
     fn lookup_begin(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<LookupStep, BackendError> {
         let _ = (ns, hashes);

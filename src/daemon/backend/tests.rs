@@ -71,7 +71,7 @@ fn a_crash_after_eviction_recovers_exactly_the_host_pages() {
         let b = ManagedTiers::open(config(dir.path(), true), SystemClock::new()).unwrap();
         let reg = b.register(&ns_name, &spec).unwrap();
         assert_eq!(reg.arena.slots, 32, "16 pages fit");
-        let arena = b.manager().arena().unwrap();
+        let arena = b.manager().stores().arena().unwrap();
         for (i, h) in hashes.iter().enumerate() {
             assert!(store(&b, &arena, reg.ns, *h, i as u8), "page {i}");
             b.tick();
@@ -91,7 +91,7 @@ fn a_crash_after_eviction_recovers_exactly_the_host_pages() {
         "released slots are not mistaken for corrupt pages"
     );
     let reg = b.register(&ns_name, &spec).unwrap();
-    let arena = b.manager().arena().unwrap();
+    let arena = b.manager().stores().arena().unwrap();
     for (i, h) in hashes.iter().enumerate() {
         assert_eq!(b.lookup(reg.ns, &[*h]).unwrap().host == 1, on_host[i], "page {i}");
         assert_eq!(host_complete(&b, reg.ns, h), on_host[i], "page {i}");
@@ -163,7 +163,7 @@ fn a_page_staged_back_from_the_pool_is_journalled_and_recovered_then_released() 
     {
         let b = ManagedTiers::open(cfg.clone(), SystemClock::new()).unwrap();
         let reg = b.register(&ns_name, &spec).unwrap();
-        let arena = b.manager().arena().unwrap();
+        let arena = b.manager().stores().arena().unwrap();
         assert!(store(&b, &arena, reg.ns, h, 0xa5));
         let to_pool = Hint::Demote {
             target: HintTarget::Pages(vec![h]),
@@ -190,7 +190,7 @@ fn a_page_staged_back_from_the_pool_is_journalled_and_recovered_then_released() 
     let b = ManagedTiers::open(cfg.clone(), SystemClock::new()).unwrap();
     assert_eq!((b.stats().recovered_pages, b.stats().discarded_pages), (1, 0));
     let reg = b.register(&ns_name, &spec).unwrap();
-    let arena = b.manager().arena().unwrap();
+    let arena = b.manager().stores().arena().unwrap();
     assert_eq!(b.lookup(reg.ns, &[h]).unwrap().host, 1, "a host hit after the restart");
     let (g, pages) = b.begin_load(reg.ns, 0, 0, &[h], LoadWait::BestEffort, 2).unwrap();
     assert_eq!(pages[0].len(), 2);
@@ -278,7 +278,7 @@ fn a_journal_that_missed_events_resyncs_and_recovers_exactly_the_host_pages() {
     {
         let b = ManagedTiers::open(small_ring(true), SystemClock::new()).unwrap();
         let reg = b.register(&ns_name, &spec).unwrap();
-        let arena = b.manager().arena().unwrap();
+        let arena = b.manager().stores().arena().unwrap();
         // Batches of 8 pages: each evicts 8 older ones, far more events than the ring holds.
         for (n, batch) in hashes.chunks(8).enumerate() {
             let (grant, pages) = b.begin_store(reg.ns, 0, 0, batch, "", 1).unwrap();
@@ -307,7 +307,7 @@ fn a_journal_that_missed_events_resyncs_and_recovers_exactly_the_host_pages() {
     assert_eq!(s.recovered_pages, on_host.iter().filter(|&&x| x).count() as u64);
     assert_eq!(s.discarded_pages, 0);
     let reg = b.register(&ns_name, &spec).unwrap();
-    let arena = b.manager().arena().unwrap();
+    let arena = b.manager().stores().arena().unwrap();
     for (i, h) in hashes.iter().enumerate() {
         assert_eq!(host_complete(&b, reg.ns, h), on_host[i], "page {i}");
         if on_host[i] {

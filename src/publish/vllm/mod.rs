@@ -308,7 +308,7 @@ pub fn spawn(cfg: VllmConfig, manager: Manager, shutdown: CancellationToken) -> 
         None => None,
     };
     let replay_endpoint = replay.as_ref().map(|(_, e)| e.clone());
-    let first = manager.events().last_seq() + 1;
+    let first = manager.pages().events().last_seq() + 1;
     let handle = start(
         "kvtier-pub-vllm",
         first,
@@ -349,7 +349,7 @@ fn run(
         if let Some(r) = &mut replay {
             r.serve(&buffer, &stats);
         }
-        let batch = manager.events().read_from(next, cfg.max_batch_events, POLL);
+        let batch = manager.pages().events().read_from(next, cfg.max_batch_events, POLL);
         if batch.lost > 0 {
             stats.lost.fetch_add(batch.lost, Relaxed);
             tracing::warn!(lost = batch.lost, "vLLM publisher fell behind the event ring");
@@ -370,7 +370,7 @@ fn run(
             &mut |ns| {
                 *sizes
                     .entry(ns)
-                    .or_insert_with(|| manager.layout(ns).map_or(0, |l| l.page_tokens()))
+                    .or_insert_with(|| manager.pages().layout(ns).map_or(0, |l| l.page_tokens()))
             },
             &mut |ev| table.and_then(|t| t.get(ev.ns, &ev.hash)),
         );

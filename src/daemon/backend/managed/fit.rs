@@ -53,7 +53,7 @@ impl ManagedTiers {
                     })?;
             }
         }
-        let (Some(arena), need) = (self.mgr.arena(), layout.max_object_bytes()) else {
+        let (Some(arena), need) = (self.mgr.stores().arena(), layout.max_object_bytes()) else {
             return Ok(());
         };
         let slot = arena.slot_bytes() as u64;
