@@ -325,7 +325,7 @@ fn endpoints_limits_metrics_and_cli() {
 
     // Without the daemon's view of sessions, the manager's own are listed.
     let idle = m.session_registry().index("agent-7").unwrap();
-    m.set_session_idle(idle, true);
+    m.session_registry().mark_idle(m.pages(), idle, true);
     m.session_registry().index("agent-2").unwrap();
     let plain_cfg = AdminConfig::at(dir.path().join("run/plain.sock"));
     let plain = start(&rt, plain_cfg, &m, Arc::new(admin::NoEngines));

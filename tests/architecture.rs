@@ -339,7 +339,7 @@ const MAX_METHODS: usize = 40;
 
 /// Types still above `MAX_METHODS`, with their current count: lower the figure when a
 /// method moves out, remove the row once the type is at or under the limit.
-const METHOD_CEILINGS: &[(&str, usize)] = &[("Manager", 62)];
+const METHOD_CEILINGS: &[(&str, usize)] = &[];
 
 /// Blanks comments, the contents of string, raw-string and char literals, keeping line
 /// breaks, so that braces and `impl`/`fn` words inside them are not seen as code.

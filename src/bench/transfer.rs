@@ -470,7 +470,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             // Pool → host: drop host copies (outside the timing), then prefetch them back,
             // one hint per slice as an engine names the pages of a request at once.
             m.removed(ns, 0, 0, &hashes)?;
-            m.make_host_room(usize::MAX);
+            m.mover().make_host_room(usize::MAX);
             anyhow::ensure!(m.lookup(ns, &hashes)?.pool == pages, "pages not in pool after share");
             for (at, hs, _) in slices() {
                 measured(3, at, hs.len(), &mut || {
@@ -492,7 +492,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
                 "prefetch did not bring every page"
             );
             // Clean slate for the next round.
-            m.make_host_room(usize::MAX);
+            m.mover().make_host_room(usize::MAX);
         }
         Ok(())
     })?;

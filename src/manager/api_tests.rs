@@ -149,7 +149,7 @@ fn write_policies_decide_when_host_pages_reach_the_pool() {
         );
         // Write-back: the pool copy is made when host evicts the page.
         f.m.removed(f.ns, 0, 0, &hs).unwrap();
-        f.m.make_host_room(usize::MAX);
+        f.m.mover().make_host_room(usize::MAX);
         assert!(
             f.status(&hs[0], TierKind::Pool) && f.status(&hs[1], TierKind::Pool),
             "{policy:?} on eviction"

@@ -3,9 +3,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
 use super::ManagerError;
+use super::locks::{Ordered, Rank};
 use crate::policy::{Watermarks, WritePolicy};
 use crate::pool::PoolBackend;
 use crate::pool::mooncake::MooncakeConfig;
@@ -85,6 +87,31 @@ pub struct Tunables {
     /// Fault injection: every pool batch call waits this long first (read when the pool
     /// is created). 0 (the default) adds nothing.
     pub pool_fault_delay_ms: u64,
+}
+
+/// The runtime tunables behind their own lock, of rank [`Rank::Tunables`]: read as a
+/// copy, so no caller holds the lock while it works.
+#[derive(Debug)]
+pub(crate) struct TunableCell(RwLock<Tunables>);
+
+impl TunableCell {
+    pub(crate) fn new(t: Tunables) -> Self {
+        Self(RwLock::new(t))
+    }
+
+    pub(crate) fn get(&self) -> Tunables {
+        *Ordered::take(Rank::Tunables, || self.0.read())
+    }
+
+    pub(crate) fn set(&self, t: Tunables) {
+        *Ordered::take(Rank::Tunables, || self.0.write()) = t;
+    }
+
+    /// Holds the lock until the guard drops (tests: proving a path does not need it).
+    #[cfg(test)]
+    pub(crate) fn hold(&self) -> impl Drop + '_ {
+        Ordered::take(Rank::Tunables, || self.0.write())
+    }
 }
 
 impl Default for Tunables {

@@ -128,7 +128,7 @@ impl Manager {
             // it in phases.
             let free = arena.free_slots() as usize;
             if free < need {
-                self.make_host_room(need - free);
+                self.mover().make_host_room(need - free);
             }
             let mut st = self.write();
             let planned = plan_store(&mut st, &arena, ns, &objs, hashes)?;
@@ -157,7 +157,7 @@ impl Manager {
                 owner,
             });
             drop(st);
-            self.usage_grew(TierKind::Host);
+            self.mover().usage_grew(TierKind::Host);
             return Ok(StoreGrant { id, pages });
         }
     }
@@ -216,7 +216,7 @@ impl Manager {
         drop(st);
         self.inner.stats.moved(TierKind::Device, TierKind::Host, bytes);
         if !to_pool.is_empty() {
-            self.spawn_copy_to_pool(ns, to_pool);
+            self.mover().spawn_copy_to_pool(ns, to_pool);
         }
         Ok(committed)
     }
@@ -290,9 +290,9 @@ impl Manager {
                 LoadWait::Timeout { ms } => Some(Instant::now() + Duration::from_millis(ms)),
                 _ => None,
             };
-            self.stage_prefix_from_pool(ns, hashes, deadline);
+            self.mover().stage_prefix_from_pool(ns, hashes, deadline);
         } else {
-            self.spawn_stage_prefix(ns, hashes);
+            self.mover().spawn_stage_prefix(ns, hashes);
         }
         let host_to_pool = self.tunables().host_to_pool;
         let mut st = self.write();
@@ -347,7 +347,7 @@ impl Manager {
         drop(gt);
         drop(st);
         if !earned.is_empty() {
-            self.spawn_copy_to_pool(ns, earned);
+            self.mover().spawn_copy_to_pool(ns, earned);
         }
         Ok(LoadGrant { id, pages })
     }

@@ -31,7 +31,7 @@ fn staged_pages_are_protected_until_loaded_or_their_ttl_ends() {
     assert_eq!(f.m.hint(f.ns, share).unwrap(), HintOutcome::Accepted { pages: 20 });
     assert!(f.m.quiesce(WAIT));
     f.m.removed(f.ns, 0, 0, &staged).unwrap();
-    f.m.make_host_room(usize::MAX);
+    f.m.mover().make_host_room(usize::MAX);
     assert!(host(&f, &staged).iter().all(|&h| !h));
     // A prefetch stages them back, then newer stores fill host past its high watermark.
     let prefetch = Hint::Prefetch {
@@ -61,7 +61,7 @@ fn staged_pages_are_protected_until_loaded_or_their_ttl_ends() {
     assert_eq!(f.m.wait(t, WAIT).unwrap().pages, 5);
     // The TTL ends for the rest: they were staged and never loaded, so they go first.
     f.clock.advance(f.m.tunables().stage_protect_ms + 1);
-    f.m.make_host_room(30);
+    f.m.mover().make_host_room(30);
     let after = host(&f, &staged);
     assert!(
         after[..5].iter().all(|&h| h),
@@ -85,18 +85,24 @@ fn an_idle_sessions_pages_go_first_and_come_back_to_normal_when_it_resumes() {
         assert_eq!(f.m.wait(t, WAIT).unwrap().pages, 8);
     }
     // b stored last, so by recency a's pages go first; b going idle puts b's first.
-    f.m.session_changed("agent-b", true, false).unwrap();
-    f.m.make_host_room(2 * 4);
+    f.m.session_registry()
+        .changed(f.m.pages(), "agent-b", true, false)
+        .unwrap();
+    f.m.mover().make_host_room(2 * 4);
     assert_eq!(host(&f, &hb)[..4], [false; 4]);
     assert!(host(&f, &ha).iter().all(|&h| h));
     // Resumed: back to recency, where a's older pages lead.
-    f.m.session_changed("agent-b", false, false).unwrap();
-    f.m.make_host_room(2 * 2);
+    f.m.session_registry()
+        .changed(f.m.pages(), "agent-b", false, false)
+        .unwrap();
+    f.m.mover().make_host_room(2 * 2);
     assert_eq!(host(&f, &ha)[..2], [false; 2]);
     assert!(host(&f, &hb)[4..].iter().all(|&h| h));
     // Ended: its pages are first again, and the table lists it as ended.
-    f.m.session_changed("agent-b", false, true).unwrap();
-    f.m.make_host_room(2);
+    f.m.session_registry()
+        .changed(f.m.pages(), "agent-b", false, true)
+        .unwrap();
+    f.m.mover().make_host_room(2);
     assert!(!host(&f, &hb)[4]);
     let (rows, total) = f.m.session_registry().page(None, 0, 10);
     assert_eq!(total, 2);
@@ -106,7 +112,7 @@ fn an_idle_sessions_pages_go_first_and_come_back_to_normal_when_it_resumes() {
     );
     let long = "x".repeat(f.m.tunables().max_session_id_bytes + 1);
     assert!(matches!(
-        f.m.session_changed(&long, false, false),
+        f.m.session_registry().changed(f.m.pages(), &long, false, false),
         Err(ManagerError::Session(SessionError::IdTooLong { .. }))
     ));
 }
@@ -137,12 +143,12 @@ fn with_no_pool_the_policy_keeps_an_acting_sessions_pages_in_place_and_ended_one
         f.m.session_registry().page(None, 0, 10).0[1],
         ("agent-b".to_owned(), true, false)
     );
-    f.m.make_host_room(2 * 2);
+    f.m.mover().make_host_room(2 * 2);
     assert_eq!(host(&f, &ha)[..2], [false; 2]);
     assert!(host(&f, &hb).iter().all(|&h| h));
     // Ended: b's newer pages go before a's.
     f.m.session_policy().phase(&f.m, "agent-b", None, Phase::Ended).unwrap();
-    f.m.make_host_room(2 * 3);
+    f.m.mover().make_host_room(2 * 3);
     assert_eq!(host(&f, &hb)[..3], [false; 3]);
     assert!(host(&f, &ha)[2..].iter().all(|&h| h));
 }

@@ -99,7 +99,7 @@ fn leases_dropped_before_their_settle_are_given_back() {
     f.store_all(&hs, &[0, 1]);
     let ids: Vec<_> = hs.iter().map(|h| f.m.read().dir.find(f.ns, h).unwrap()).collect();
     let take_all = || {
-        let mut l = Leases::new(&f.m);
+        let mut l = Leases::new(&f.m.inner.grants);
         let mut gt = f.m.grants();
         for &id in &ids {
             l.take(&mut gt, id);

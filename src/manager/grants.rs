@@ -9,6 +9,9 @@
 
 use std::collections::HashMap;
 
+use parking_lot::{Mutex, MutexGuard};
+
+use super::locks::{Ordered, Rank};
 use super::state::DirState;
 use super::{Manager, ManagerError};
 use crate::directory::{IdMap, PageId};
@@ -51,13 +54,13 @@ pub(crate) struct GrantPage {
 /// holding the grants lock or a lock ranked after it.
 #[must_use = "the lease is given back when this drops"]
 pub(crate) struct HostLease<'m> {
-    m: &'m Manager,
+    grants: &'m Grants,
     page: PageId,
 }
 
 impl Drop for HostLease<'_> {
     fn drop(&mut self) {
-        self.m.grants().unlease(self.page);
+        self.grants.lock().unlease(self.page);
     }
 }
 
@@ -144,13 +147,16 @@ pub(crate) fn release_store_page(st: &mut DirState, arena: &HostArena, p: &Grant
 /// Declare it before the settle's lock guards, so it drops after them.
 #[must_use = "the leases are given back when this drops"]
 pub(crate) struct Leases<'m> {
-    m: &'m Manager,
+    grants: &'m Grants,
     pages: Vec<PageId>,
 }
 
 impl<'m> Leases<'m> {
-    pub fn new(m: &'m Manager) -> Self {
-        Self { m, pages: Vec::new() }
+    pub fn new(grants: &'m Grants) -> Self {
+        Self {
+            grants,
+            pages: Vec::new(),
+        }
     }
 
     /// Leases `page`. Call it in the critical section that saw the page complete on host
@@ -177,10 +183,22 @@ impl Drop for Leases<'_> {
         if self.pages.is_empty() {
             return;
         }
-        let mut gt = self.m.grants();
+        let mut gt = self.grants.lock();
         for &page in &self.pages {
             gt.unlease(page);
         }
+    }
+}
+
+/// The grant table behind its own lock, of rank [`Rank::Grants`]: [`Self::lock`] is the
+/// only way to take it, so the lock order is checked wherever it is taken (the manager's
+/// engine calls, the mover's leases, a lease's drop).
+#[derive(Debug, Default)]
+pub(crate) struct Grants(Mutex<GrantTable>);
+
+impl Grants {
+    pub fn lock(&self) -> Ordered<MutexGuard<'_, GrantTable>> {
+        Ordered::take(Rank::Grants, || self.0.lock())
     }
 }
 
@@ -244,9 +262,9 @@ impl GrantTable {
     /// Takes a read lease on `page`'s host slots, given back when the returned guard
     /// drops. Call it in the critical section that saw the page complete in host (the
     /// directory lock held), so eviction cannot come in between.
-    pub fn lease_scoped<'m>(&mut self, m: &'m Manager, page: PageId) -> HostLease<'m> {
+    pub fn lease_scoped<'m>(&mut self, grants: &'m Grants, page: PageId) -> HostLease<'m> {
         self.lease(page);
-        HostLease { m, page }
+        HostLease { grants, page }
     }
 
     /// Pages with at least one lease.

@@ -5,6 +5,7 @@ use super::devices::Devices;
 use super::pages::Pages;
 use super::queues::{Advice, EngineQueues};
 use super::state::DirState;
+use super::tiers::Mover;
 use super::{Manager, ManagerError, SessionRegistry, Stores};
 use crate::directory::PageId;
 use crate::hints::{Hint, HintError, HintOutcome, HintTarget, Reason};
@@ -33,10 +34,14 @@ impl Manager {
             }
             Err(e) => return Err(e),
         };
+        let moves = HintMoves {
+            mover: self.mover(),
+            queues: &self.inner.queues,
+        };
         let outcome = match &hint {
-            Hint::Share { .. } => self.share(ns, &pages, requested, &hint),
-            Hint::Prefetch { to, .. } => self.prefetch(ns, &pages, requested, *to, &hint),
-            Hint::Demote { to, .. } => self.demote(ns, &pages, requested, *to, &hint),
+            Hint::Share { .. } => moves.share(ns, &pages, requested, &hint),
+            Hint::Prefetch { to, .. } => moves.prefetch(ns, &pages, requested, *to, &hint),
+            Hint::Demote { to, .. } => moves.demote(ns, &pages, requested, *to, &hint),
             Hint::Pin { tier, ttl_ms, .. } => {
                 let tun = self.tunables();
                 let capacity = capacity_pages(*tier, &self.inner.pages, &self.inner.stores, &self.inner.devices);
@@ -56,16 +61,26 @@ impl Manager {
         self.inner.stats.hint(hint.kind(), &outcome);
         Ok(outcome)
     }
+}
 
+/// The hints that move bytes or advise engines (Share, Prefetch, Demote): carried out by
+/// the mover, with the engine queues for their advice and for the hints deferred until
+/// the pool is healthy or the transfer queue has room.
+struct HintMoves<'a> {
+    mover: Mover<'a>,
+    queues: &'a EngineQueues,
+}
+
+impl HintMoves<'_> {
     fn share(&self, ns: NamespaceId, pages: &[PageId], requested: usize, hint: &Hint) -> HintOutcome {
-        let Some(pool) = self.stores().pool() else {
+        let Some(pool) = self.mover.stores.pool() else {
             return HintOutcome::Ignored { reason: Reason::NoPool };
         };
         if pool.health() != PoolHealth::Ok {
-            return self.inner.queues.defer(ns, hint, pages.len(), Reason::PoolDegraded);
+            return self.queues.defer(ns, hint, pages.len(), Reason::PoolDegraded);
         }
         let (already, on_host, offload) = {
-            let st = self.read();
+            let st = self.mover.read();
             let already = pages.iter().filter(|&&p| st.dir.is_complete(p, TierKind::Pool)).count();
             let on_host: Vec<PageId> = pages
                 .iter()
@@ -74,9 +89,9 @@ impl Manager {
                 .collect();
             (already, on_host, offload_advice(&st, ns, pages))
         };
-        let device_only = self.inner.queues.push_offload(offload);
-        if !on_host.is_empty() && !self.spawn_copy_to_pool(ns, on_host.clone()) {
-            return self.inner.queues.defer(ns, hint, on_host.len(), Reason::QueueFull);
+        let device_only = self.queues.push_offload(offload);
+        if !on_host.is_empty() && !self.mover.spawn_copy_to_pool(ns, on_host.clone()) {
+            return self.queues.defer(ns, hint, on_host.len(), Reason::QueueFull);
         }
         clip(
             already + on_host.len(),
@@ -91,7 +106,7 @@ impl Manager {
 
     fn prefetch(&self, ns: NamespaceId, pages: &[PageId], requested: usize, to: TierKind, hint: &Hint) -> HintOutcome {
         let (on_host, in_pool) = {
-            let st = self.read();
+            let st = self.mover.read();
             let on_host: Vec<PageId> = pages
                 .iter()
                 .copied()
@@ -106,14 +121,14 @@ impl Manager {
             (on_host, in_pool)
         };
         if !in_pool.is_empty() {
-            if self.stores().pool().is_none_or(|p| p.health() != PoolHealth::Ok) {
-                return self.inner.queues.defer(ns, hint, in_pool.len(), Reason::PoolDegraded);
+            if self.mover.stores.pool().is_none_or(|p| p.health() != PoolHealth::Ok) {
+                return self.queues.defer(ns, hint, in_pool.len(), Reason::PoolDegraded);
             }
             // Staging is synchronous for the hint's own pages so that a prefetch to device
             // can say which pages are ready; it is bounded by the batch size.
-            self.stage_pages_from_pool(ns, &in_pool);
+            self.mover.stage_pages_from_pool(ns, &in_pool);
         }
-        let st = self.read();
+        let st = self.mover.read();
         let ready: Vec<PageId> = pages
             .iter()
             .copied()
@@ -122,7 +137,7 @@ impl Manager {
         let hashes: Vec<_> = ready.iter().map(|&p| st.dir.info(p).hash).collect();
         drop(st);
         if to == TierKind::Device && !hashes.is_empty() {
-            self.inner.queues.lock().push_advice(Advice::ReadyToLoad { ns, hashes });
+            self.queues.lock().push_advice(Advice::ReadyToLoad { ns, hashes });
         }
         let _ = on_host;
         clip(ready.len(), requested, Reason::NotComplete)
@@ -131,7 +146,7 @@ impl Manager {
     fn demote(&self, ns: NamespaceId, pages: &[PageId], requested: usize, to: TierKind, hint: &Hint) -> HintOutcome {
         match to {
             TierKind::Host => {
-                let st = self.read();
+                let st = self.mover.read();
                 let on_device: Vec<PageId> = pages
                     .iter()
                     .copied()
@@ -145,29 +160,29 @@ impl Manager {
                 let offload = offload_advice(&st, ns, &on_device);
                 let hashes: Vec<_> = covered.iter().map(|&p| st.dir.info(p).hash).collect();
                 drop(st);
-                self.inner.queues.push_offload(offload);
+                self.queues.push_offload(offload);
                 if !hashes.is_empty() {
-                    self.inner.queues.lock().push_advice(Advice::EvictFirst { ns, hashes });
+                    self.queues.lock().push_advice(Advice::EvictFirst { ns, hashes });
                 }
                 clip(covered.len(), requested, Reason::NotComplete)
             }
             _ => {
-                let Some(pool) = self.stores().pool() else {
+                let Some(pool) = self.mover.stores.pool() else {
                     return HintOutcome::Ignored { reason: Reason::NoPool };
                 };
                 if pool.health() != PoolHealth::Ok {
-                    return self.inner.queues.defer(ns, hint, pages.len(), Reason::PoolDegraded);
+                    return self.queues.defer(ns, hint, pages.len(), Reason::PoolDegraded);
                 }
                 let on_host: Vec<PageId> = {
-                    let st = self.read();
+                    let st = self.mover.read();
                     pages
                         .iter()
                         .copied()
                         .filter(|&p| st.dir.is_complete(p, TierKind::Host))
                         .collect()
                 };
-                self.copy_to_pool(ns, &on_host, false);
-                let mut st = self.write();
+                self.mover.copy_to_pool(ns, &on_host, false);
+                let mut st = self.mover.write();
                 let mut done = 0;
                 for &p in &on_host {
                     if st.dir.is_complete(p, TierKind::Pool) {

@@ -35,7 +35,7 @@ impl Manager {
         let arena = self.stores().arena().ok_or(ManagerError::NoNamespace)?;
         let need: usize = pages.iter().map(|(_, o)| o.len()).sum();
         if arena.free_slots() < need as u32 {
-            self.make_host_room(need - arena.free_slots() as usize);
+            self.mover().make_host_room(need - arena.free_slots() as usize);
         }
         let mut written = vec![false; pages.len()];
         let mut grant_pages = Vec::new();
@@ -71,7 +71,7 @@ impl Manager {
             owner: 0,
         });
         let committed = self.commit_store(id, &written);
-        self.usage_grew(TierKind::Host);
+        self.mover().usage_grew(TierKind::Host);
         committed
     }
 
@@ -98,7 +98,7 @@ impl Manager {
             };
             // Leased under the read lock that saw it complete: eviction, which drops
             // host pages under the write lock, cannot run in between.
-            (self.grants().lease_scoped(self, id), slot)
+            (self.grants().lease_scoped(&self.inner.grants, id), slot)
         };
         let len = layout.object_bytes(obj) as usize;
         // SAFETY: leased above: not freed or rewritten until the lease drops.

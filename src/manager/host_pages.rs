@@ -61,6 +61,6 @@ pub fn drop_host_copy(mgr: &Manager, page: &GrantedPage, bad: impl Fn(&[(usize, 
     if !same || gt.leased(id) || st.dir.is_inflight(id, TierKind::Host) || !bad(objects) {
         return false;
     }
-    mgr.drop_host_page(&mut st, id);
+    mgr.mover().drop_host_page(&mut st, id);
     true
 }

@@ -117,7 +117,7 @@ impl Manager {
     }
 
     pub(super) fn grants(&self) -> Ordered<MutexGuard<'_, GrantTable>> {
-        Ordered::take(Rank::Grants, || self.inner.grants.lock())
+        self.inner.grants.lock()
     }
 
     /// Holds the lock of `rank` until the returned value is dropped (tests: proving that
@@ -131,7 +131,7 @@ impl Manager {
             Rank::Timers => Box::new(self.inner.upkeep.timers()),
             Rank::Queues => Box::new(self.inner.queues.lock()),
             Rank::Sessions => Box::new(self.inner.sessions.lock()),
-            Rank::Tunables => Box::new(Ordered::take(Rank::Tunables, || self.inner.tun.write())),
+            Rank::Tunables => Box::new(self.inner.tun.hold()),
             Rank::Devices => self.inner.devices.hold(),
             Rank::Policy => self.inner.policy.hold(),
             Rank::Remote => Box::new(self.discovery().cache()),

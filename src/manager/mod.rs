@@ -61,8 +61,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
-
+use config::TunableCell;
 pub use config::{ManagerConfig, PoolConfig, PoolFactory, Tunables};
 pub use engine::{LoadGrant, LoadPage, LoadWait, OpResult, StoreGrant, StorePage, StoreStatus};
 pub use host_io::PageObjects;
@@ -96,8 +95,7 @@ use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::ArenaError;
 use crate::transfer::{TicketError, TransferEngine};
 use crate::wire::PrefixHit;
-use grants::GrantTable;
-use locks::{Ordered, Rank};
+use grants::Grants;
 pub use pages::Pages;
 pub use upkeep::Upkeep;
 
@@ -175,13 +173,13 @@ pub(crate) struct Inner {
     pages: Pages,
     /// [Grants] Open grants and host-slot leases. Nested inside `dir` when a lease must
     /// agree with completeness (loads, pool writes, eviction).
-    grants: Mutex<GrantTable>,
+    grants: Grants,
     /// [Queues] Advice and deferred hints; filled after the directory work is done.
     queues: EngineQueues,
     /// [Sessions] Interned sessions and the idle set (a component that owns its lock).
     sessions: SessionRegistry,
     /// [Tunables] Runtime tunables; read as a copy.
-    tun: RwLock<Tunables>,
+    tun: TunableCell,
     /// [Devices] Attached device regions and device pages per namespace.
     devices: devices::Devices,
     /// [Policy] The session-aware policy, when configured (taken alone), with the queue
@@ -234,10 +232,10 @@ impl Manager {
                 remote: cfg.remote.map(remote::Remote::new),
                 stores: Stores::new(&cfg),
                 pages: Pages::new(dir, cfg.event_ring, clock.clone()),
-                grants: Mutex::new(GrantTable::default()),
+                grants: Grants::default(),
                 queues: EngineQueues::default(),
                 sessions,
-                tun: RwLock::new(cfg.tunables),
+                tun: TunableCell::new(cfg.tunables),
                 devices: devices::Devices::default(),
                 upkeep: Upkeep::new(clock.clone()),
                 clock,
@@ -271,12 +269,6 @@ impl Manager {
             st.keys.push(scheme);
         }
         Ok(id)
-    }
-
-    /// Whether lookups and loads may ask a shared pool about pages other nodes wrote: a
-    /// network round trip, bounded by the pool's op timeout.
-    pub fn discovers_remotely(&self) -> bool {
-        self.inner.remote.is_some()
     }
 
     /// The host arena and the pool: where a restarting daemon opens, creates or adopts
@@ -359,22 +351,6 @@ impl Manager {
         &self.inner.sessions
     }
 
-    /// Marks a session idle (paused, or acting: waiting on a tool) or busy. Idle
-    /// sessions' pages are evicted before others: they move to the idle eviction class.
-    pub fn set_session_idle(&self, session: u32, idle: bool) {
-        self.inner.sessions.set_idle(session, idle);
-        self.inner.pages.reclass_session(session, idle, false);
-    }
-
-    /// A session changed phase: `idle` (paused, acting) or not, or `ended`. An ended
-    /// session is freed from the table once it needs the room (oldest ended first); its
-    /// pages stay in the idle class, so they are evicted first. Returns its index.
-    pub fn session_changed(&self, id: &str, idle: bool, ended: bool) -> Result<u32, ManagerError> {
-        let idx = self.inner.sessions.set_phase(id, idle, ended)?;
-        self.inner.pages.reclass_session(idx, idle || ended, ended);
-        Ok(idx)
-    }
-
     /// Waits up to `timeout` until every queued transfer has finished. Returns whether it
     /// did (shutdown, tests).
     pub fn quiesce(&self, timeout: std::time::Duration) -> bool {
@@ -383,14 +359,14 @@ impl Manager {
 
     /// Current tunables.
     pub fn tunables(&self) -> Tunables {
-        *Ordered::take(Rank::Tunables, || self.inner.tun.read())
+        self.inner.tun.get()
     }
 
     /// Changes the tunables that are safe to change while running (the session table's
     /// limits among them).
     pub fn set_tunables(&self, t: Tunables) -> Result<(), ManagerError> {
         t.validate()?;
-        *Ordered::take(Rank::Tunables, || self.inner.tun.write()) = t;
+        self.inner.tun.set(t);
         // After the tunables' lock is let go: the table's lock ranks below it.
         self.inner.sessions.set_limits(t.max_sessions, t.max_session_id_bytes);
         Ok(())

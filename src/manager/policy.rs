@@ -24,6 +24,7 @@ use super::pages::Pages;
 use super::queues::{Advice as EngineAdvice, EngineQueues};
 use super::session_events::{AdviceCause, SessionEventLog};
 use super::state::DirState;
+use super::tiers::Mover;
 use super::{Manager, ManagerError, SessionRegistry, Stores};
 use crate::clock::Clock;
 use crate::directory::PageId;
@@ -167,7 +168,7 @@ impl SessionPolicyPart {
                 self.apply_decisions(m, d, Some((AdviceCause::Phase, usage)), resume);
             }
             None => {
-                m.session_changed(id, idle, ended)?;
+                m.session_registry().changed(m.pages(), id, idle, ended)?;
             }
         }
         Ok(())
@@ -300,12 +301,13 @@ fn apply_class(sessions: &SessionRegistry, pages: &Pages, id: &str, class: Sessi
 /// I/O: the move queue's drainer calls them).
 pub(super) fn apply_pool_move(m: &Manager, mv: Move) {
     match mv {
-        Move::Demote { ns, hashes } => m.demote_pages(ns, &hashes),
-        Move::Stage { ns, hashes } => m.stage_and_advise(ns, &hashes),
+        Move::Demote { ns, hashes } => m.mover().demote_pages(ns, &hashes),
+        Move::Stage { ns, hashes } => stage_and_advise(&m.mover(), m.engine_queues(), ns, &hashes),
         Move::DropHost { ns, hashes } => {
             // Host copies of pages on device now (exclusive tiers): a colder copy is not needed.
-            let pages = complete_ids(&m.read(), ns, &hashes, TierKind::Host);
-            m.drop_host_if_held(&pages, TierKind::Device);
+            let mover = m.mover();
+            let pages = complete_ids(&mover.read(), ns, &hashes, TierKind::Host);
+            mover.drop_host_if_held(&pages, TierKind::Device);
         }
         Move::Retain {
             ns,
@@ -344,11 +346,52 @@ impl Manager {
     pub fn session_policy(&self) -> &SessionPolicyPart {
         &self.inner.policy
     }
+}
 
+/// Brings the pool's copies of the pages back into host, then tells the engine which
+/// of them are ready to load, in order.
+fn stage_and_advise(mover: &Mover<'_>, queues: &EngineQueues, ns: NamespaceId, hashes: &[PageHash]) {
+    for chunk in hashes.chunks(mover.cfg.max_batch.max(1)) {
+        let in_pool: Vec<PageHash> = {
+            let st = mover.read();
+            chunk
+                .iter()
+                .copied()
+                .filter(|h| {
+                    st.dir.find(ns, h).is_some_and(|id| {
+                        st.dir.is_complete(id, TierKind::Pool) && !st.dir.is_complete(id, TierKind::Host)
+                    })
+                })
+                .collect()
+        };
+        if !in_pool.is_empty() {
+            mover.stage_pages_from_pool(ns, &in_pool);
+        }
+        let ready: Vec<PageHash> = {
+            let st = mover.read();
+            chunk
+                .iter()
+                .copied()
+                .filter(|h| {
+                    st.dir
+                        .find(ns, h)
+                        .is_some_and(|id| st.dir.is_complete(id, TierKind::Host))
+                })
+                .collect()
+        };
+        if !ready.is_empty() {
+            queues
+                .lock()
+                .push_advice(EngineAdvice::ReadyToLoad { ns, hashes: ready });
+        }
+    }
+}
+
+impl Mover<'_> {
     /// Writes the pages to the pool, then drops the host copies of those the pool now
     /// holds whole (a failed pool write keeps its host copy: nothing is lost).
-    fn demote_pages(&self, ns: NamespaceId, hashes: &[PageHash]) {
-        for chunk in hashes.chunks(self.inner.cfg.max_batch.max(1)) {
+    pub(super) fn demote_pages(&self, ns: NamespaceId, hashes: &[PageHash]) {
+        for chunk in hashes.chunks(self.cfg.max_batch.max(1)) {
             let pages = complete_ids(&self.read(), ns, chunk, TierKind::Host);
             if pages.is_empty() {
                 continue;
@@ -361,7 +404,7 @@ impl Manager {
     /// Host copies of `pages` that `held_in` holds whole (the pool after a demotion, the
     /// device with exclusive tiers), when the host copy is not needed: dropped unless
     /// leased, pinned or in flight.
-    fn drop_host_if_held(&self, pages: &[PageId], held_in: TierKind) {
+    pub(super) fn drop_host_if_held(&self, pages: &[PageId], held_in: TierKind) {
         let mut st = self.write();
         let gt = self.grants();
         for &p in pages {
@@ -372,46 +415,6 @@ impl Manager {
                 && !st.dir.is_inflight(p, TierKind::Host)
             {
                 self.drop_host_page(&mut st, p);
-            }
-        }
-    }
-
-    /// Brings the pool's copies of the pages back into host, then tells the engine which
-    /// of them are ready to load, in order.
-    fn stage_and_advise(&self, ns: NamespaceId, hashes: &[PageHash]) {
-        for chunk in hashes.chunks(self.inner.cfg.max_batch.max(1)) {
-            let in_pool: Vec<PageHash> = {
-                let st = self.read();
-                chunk
-                    .iter()
-                    .copied()
-                    .filter(|h| {
-                        st.dir.find(ns, h).is_some_and(|id| {
-                            st.dir.is_complete(id, TierKind::Pool) && !st.dir.is_complete(id, TierKind::Host)
-                        })
-                    })
-                    .collect()
-            };
-            if !in_pool.is_empty() {
-                self.stage_pages_from_pool(ns, &in_pool);
-            }
-            let ready: Vec<PageHash> = {
-                let st = self.read();
-                chunk
-                    .iter()
-                    .copied()
-                    .filter(|h| {
-                        st.dir
-                            .find(ns, h)
-                            .is_some_and(|id| st.dir.is_complete(id, TierKind::Host))
-                    })
-                    .collect()
-            };
-            if !ready.is_empty() {
-                self.inner
-                    .queues
-                    .lock()
-                    .push_advice(EngineAdvice::ReadyToLoad { ns, hashes: ready });
             }
         }
     }

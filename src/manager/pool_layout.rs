@@ -146,7 +146,7 @@ mod tests {
         // Drop host and device copies, bring the pages back from the pool, load them into
         // fresh device slots: the layer-first bytes the device wrote.
         m.removed(ns, 0, 0, &hashes).unwrap();
-        m.make_host_room(usize::MAX);
+        m.mover().make_host_room(usize::MAX);
         let where_now = m.lookup(ns, &hashes).unwrap();
         assert_eq!((where_now.host, where_now.pool), (0, 2));
         let to = TierKind::Host;

@@ -239,6 +239,14 @@ pub struct PoolDiscovery<'a> {
     cfg: &'a ManagerConfig,
 }
 
+impl PoolDiscovery<'_> {
+    /// Whether lookups and loads may ask a shared pool about pages other nodes wrote: a
+    /// network round trip, bounded by the pool's op timeout.
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+}
+
 impl Manager {
     /// Discovery of pages other nodes wrote, on a shared pool (inert on any other).
     pub fn discovery(&self) -> PoolDiscovery<'_> {

@@ -6,7 +6,9 @@
 
 use parking_lot::{Mutex, MutexGuard};
 
+use super::ManagerError;
 use super::locks::{Ordered, Rank};
+use super::pages::Pages;
 use crate::session::SessionError;
 use crate::session::registry::{Sessions, Standing};
 
@@ -53,6 +55,25 @@ impl SessionRegistry {
     /// The index of a session the table holds, without interning it.
     pub(super) fn get(&self, id: &str) -> Option<u32> {
         self.lock().get(id)
+    }
+
+    /// A session changed phase: `idle` (paused, acting) or not, or `ended`. Interns it,
+    /// records its standing and moves its pages in `pages` to the matching eviction class
+    /// (idle and ended sessions' pages are evicted first). An ended session is freed from
+    /// the table once it needs the room (oldest ended first); its pages stay in the idle
+    /// class. Returns its index.
+    pub fn changed(&self, pages: &Pages, id: &str, idle: bool, ended: bool) -> Result<u32, ManagerError> {
+        let idx = self.set_phase(id, idle, ended)?;
+        // After the table's lock is let go: the directory's ranks below it.
+        pages.reclass_session(idx, idle || ended, ended);
+        Ok(idx)
+    }
+
+    /// Marks session `idx` idle (paused, or acting: waiting on a tool) or busy, and moves
+    /// its pages in `pages` to the matching eviction class.
+    pub fn mark_idle(&self, pages: &Pages, idx: u32, idle: bool) {
+        self.set_idle(idx, idle);
+        pages.reclass_session(idx, idle, false);
     }
 
     /// Records a session's standing (busy, idle, ended).

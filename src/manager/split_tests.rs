@@ -98,7 +98,7 @@ fn session_listing_finishes_while_the_directory_is_write_locked() {
     let f = fixture(1, 8, None);
     let a = f.m.session_registry().index("agent-a").unwrap();
     f.m.session_registry().index("agent-b").unwrap();
-    f.m.set_session_idle(a, true);
+    f.m.session_registry().mark_idle(f.m.pages(), a, true);
     let (in_time, list) = while_held(&f.m, Rank::Dir, || f.m.session_registry().list());
     assert!(in_time, "listing sessions waited for the directory");
     assert_eq!(list, vec![("agent-a".to_owned(), true), ("agent-b".to_owned(), false)]);

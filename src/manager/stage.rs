@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::Manager;
 use super::pool_layout;
-use super::tiers::{ObjMove, page_runs, render_keys};
+use super::tiers::{Mover, ObjMove, page_runs, render_keys};
 use crate::directory::EvictClass;
 use crate::layout::Layout;
 use crate::page::{NamespaceId, PageHash};
@@ -84,7 +84,7 @@ impl StageBatch {
         for (r, i) in self.pool.batch_get_ordered(&mut items).into_iter().zip(at) {
             out[i] = Some(r);
         }
-        self.m.inner.stats.copied(TierKind::Pool, TierKind::Host, t.elapsed());
+        self.m.mover().stats.copied(TierKind::Pool, TierKind::Host, t.elapsed());
         let _ = self.results[k].set(out);
     }
 
@@ -99,14 +99,14 @@ impl StageBatch {
                 None => results.extend(std::iter::repeat_n(&None, range.len())),
             }
         }
-        let (m, arena, moves) = (&self.m, &self.arena, &self.moves);
+        let (m, arena, moves) = (self.m.mover(), &self.arena, &self.moves);
         let mut staged = 0;
         let mut st = m.write();
         let count = st.dir.layout(self.ns).map_or(0, |l| l.object_count());
         let mut bytes = 0u64;
         let (mut arrived, mut lost, mut all) = (Vec::new(), Vec::new(), Vec::new());
         let mut vanished: Vec<PageHash> = Vec::new();
-        let until_ms = m.inner.clock.now_ms() + self.protect_ms;
+        let until_ms = m.clock.now_ms() + self.protect_ms;
         let cap = arena.slots() as usize / (2 * count.max(1));
         // Per page (its moves are adjacent): one side-table change each for what arrived,
         // what the pool lost and what is no longer in flight; present before out of
@@ -157,9 +157,9 @@ impl StageBatch {
         }
         drop(st);
         for h in &vanished {
-            m.discovery().object_vanished(self.ns, h);
+            self.m.discovery().object_vanished(self.ns, h);
         }
-        m.inner.stats.moved(TierKind::Pool, TierKind::Host, bytes);
+        m.stats.moved(TierKind::Pool, TierKind::Host, bytes);
         if bytes > 0 {
             m.usage_grew(TierKind::Host);
         }
@@ -193,7 +193,7 @@ fn cut(n: usize, pieces: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
-impl Manager {
+impl Mover<'_> {
     /// Brings the leading pool-complete pages of `hashes` that are not on host into host,
     /// until `deadline`. Returns pages staged.
     pub(crate) fn stage_prefix_from_pool(
@@ -215,10 +215,10 @@ impl Manager {
     /// `prefix`, the first page that is unknown or not in the pool ends it; otherwise such
     /// pages are skipped. A full arena always ends it.
     fn stage_from_pool(&self, ns: NamespaceId, hashes: &[PageHash], deadline: Option<Instant>, prefix: bool) -> usize {
-        let Some(pool) = self.stores().pool().filter(|p| p.health() == PoolHealth::Ok) else {
+        let Some(pool) = self.stores.pool().filter(|p| p.health() == PoolHealth::Ok) else {
             return 0;
         };
-        let Some(arena) = self.stores().arena() else { return 0 };
+        let Some(arena) = self.stores.arena() else { return 0 };
         let protect_ms = self.tunables().stage_protect_ms;
         let on_worker = crate::transfer::on_worker();
         let (reply, settled) = crossbeam_channel::bounded(hashes.len().div_ceil(POOL_BATCH).max(1));
@@ -234,13 +234,13 @@ impl Manager {
             let mut key_buf = String::new();
             render_keys(&mut moves, &keys, &layout, &mut key_buf);
             let bytes: u64 = moves.iter().map(|m| m.len as u64).sum();
-            let runners = if on_worker { 1 } else { self.inner.xfer.runners(bytes) };
+            let runners = if on_worker { 1 } else { self.xfer.runners(bytes) };
             // One runner copies the batch in one pool call: pieces only let several
             // workers share it, and each is a pool round trip (a 1,000-page resume on a
             // 200 ms pool took 64 of them, 12.8 s, where 16 do).
             let pieces = cut(moves.len(), if runners <= 1 { 1 } else { runners * PIECES_PER_RUNNER });
             let batch = Arc::new(StageBatch {
-                m: self.clone(),
+                m: self.owner.clone(),
                 ns,
                 pool: pool.clone(),
                 arena: arena.clone(),
@@ -269,7 +269,7 @@ impl Manager {
                 };
                 let finish = move |_: Vec<bool>| drop(settle);
                 // A full queue hands the batch back: it runs here instead.
-                if let Err(job) = self.inner.xfer.submit_shared(n, runners, item, finish, Duration::ZERO) {
+                if let Err(job) = self.xfer.submit_shared(n, runners, item, finish, Duration::ZERO) {
                     job();
                 }
             }
@@ -413,7 +413,7 @@ mod tests {
         assert_eq!(m.hint(ns, share).unwrap(), HintOutcome::Accepted { pages: n });
         assert!(m.quiesce(Duration::from_secs(30)));
         m.removed(ns, 0, 0, &hs).unwrap();
-        m.make_host_room(usize::MAX);
+        m.mover().make_host_room(usize::MAX);
         assert_eq!(m.lookup(ns, &hs).unwrap().host, 0);
         // One page's pool objects vanish behind the manager's back.
         let pool = m.stores().pool().unwrap();

@@ -103,7 +103,7 @@ fn bytes_survive_device_host_pool_and_back_by_content() {
     assert_eq!(out, HintOutcome::Accepted { pages: 8 });
     f.m.quiesce(WAIT);
     assert!(hs.iter().all(|h| f.status(h, TierKind::Pool)));
-    f.m.make_host_room(usize::MAX);
+    f.m.mover().make_host_room(usize::MAX);
     assert_eq!(
         f.m.lookup(f.ns, &hs).unwrap(),
         PrefixHit {
@@ -356,11 +356,11 @@ fn demote_and_share_move_pages_to_the_right_tier() {
     f.m.quiesce(WAIT);
     assert!(hs.iter().all(|h| f.status(h, TierKind::Pool)));
     // Demoted pages are evicted from host first.
-    f.m.make_host_room(1);
+    f.m.mover().make_host_room(1);
     assert!(!f.status(&hs[0], TierKind::Host) || !f.status(&hs[1], TierKind::Host));
     assert!(f.status(&hs[2], TierKind::Host) && f.status(&hs[3], TierKind::Host));
     // Prefetch back to device: staged in host, engine told it is ready.
-    f.m.make_host_room(usize::MAX);
+    f.m.mover().make_host_room(usize::MAX);
     let out =
         f.m.hint(
             f.ns,
@@ -400,7 +400,7 @@ fn prefetch_stages_every_named_pool_page_past_gaps_in_one_call() {
     assert!(f.m.quiesce(WAIT));
     // Drop the host copies of the shared pages; pages 90.. go to host only.
     f.m.removed(f.ns, 0, 0, &hs[..90]).unwrap();
-    f.m.make_host_room(usize::MAX);
+    f.m.mover().make_host_room(usize::MAX);
     assert_eq!(f.m.lookup(f.ns, &hs[..90]).unwrap().host, 0);
     f.store_all(&hs[90..], &slots[90..]);
     assert!(hs[90..].iter().all(|h| f.status(h, TierKind::Host)));

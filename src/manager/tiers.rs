@@ -1,5 +1,6 @@
-//! Moves from host to pool, and eviction by watermark (the periodic `tick` that drives
-//! it lives in `upkeep`; staging from pool to host lives in `stage`).
+//! The mover: moves from host to pool, and eviction by watermark (the periodic `tick`
+//! that drives it lives in `upkeep`; staging from pool to host, also the mover's, lives
+//! in `stage`).
 //!
 //! Each move runs in three phases so bytes are never copied under a lock:
 //! reserve (directory write lock: pick pages, allocate destination slots, mark objects in
@@ -7,16 +8,68 @@
 //! not). In-
 //! flight objects keep their pages out of eviction, so a page is never evicted mid-move.
 
+use std::sync::Arc;
+
+use parking_lot::RwLockReadGuard;
+
 use super::Manager;
-use super::grants::Leases;
+use super::config::{ManagerConfig, TunableCell, Tunables};
+use super::grants::{GrantTable, Grants, Leases};
+use super::locks::Ordered;
+use super::pages::Pages;
 use super::pool_layout;
 use super::stage::POOL_BATCH;
-use super::state::{DirState, NO_SLOT};
+use super::state::{DirState, DirWrite, NO_SLOT};
+use super::stats::Stats;
+use super::stores::Stores;
+use super::upkeep::Upkeep;
+use crate::clock::Clock;
 use crate::directory::PageId;
 use crate::page::{NamespaceId, PageHash};
 use crate::pool::{PoolError, PoolHealth};
 use crate::tier::TierKind;
 use crate::tier::host::SlotId;
+use crate::transfer::TransferEngine;
+
+/// The mover: every move of page bytes between host and pool (write-back and eviction by
+/// watermark here, staging back in `stage`), with the leases and in-flight marks that
+/// keep a moving page out of eviction and its slots out of reuse. A view over the parts
+/// it works on, built by [`Manager::mover`]: the directory it reserves and settles in,
+/// the grant table its leases live in, the stores it copies between and the transfer
+/// workers that copy. `owner` is only cloned into the background jobs it spawns, which
+/// outlive the view.
+#[derive(Clone, Copy)]
+pub(crate) struct Mover<'a> {
+    pub(super) owner: &'a Manager,
+    pub(super) cfg: &'a ManagerConfig,
+    pub(super) pages: &'a Pages,
+    pub(super) grants: &'a Grants,
+    pub(super) stores: &'a Stores,
+    pub(super) xfer: &'a Arc<TransferEngine>,
+    pub(super) stats: &'a Stats,
+    pub(super) upkeep: &'a Upkeep,
+    pub(super) tun: &'a TunableCell,
+    pub(super) clock: &'a dyn Clock,
+}
+
+impl Manager {
+    /// The mover, over this manager's directory, grants, stores and transfer workers.
+    pub(crate) fn mover(&self) -> Mover<'_> {
+        let inner = &*self.inner;
+        Mover {
+            owner: self,
+            cfg: &inner.cfg,
+            pages: &inner.pages,
+            grants: &inner.grants,
+            stores: &inner.stores,
+            xfer: &inner.xfer,
+            stats: &inner.stats,
+            upkeep: &inner.upkeep,
+            tun: &inner.tun,
+            clock: &*inner.clock,
+        }
+    }
+}
 
 /// One object moving between host and pool.
 pub(super) struct ObjMove {
@@ -49,11 +102,33 @@ pub(super) fn render_keys(
     }
 }
 
-impl Manager {
+impl Mover<'_> {
+    pub(super) fn read(&self) -> Ordered<RwLockReadGuard<'_, DirState>> {
+        self.pages.read()
+    }
+
+    pub(super) fn write(&self) -> DirWrite<'_> {
+        self.pages.write()
+    }
+
+    pub(super) fn grants(&self) -> Ordered<parking_lot::MutexGuard<'_, GrantTable>> {
+        self.grants.lock()
+    }
+
+    pub(super) fn tunables(&self) -> Tunables {
+        self.tun.get()
+    }
+
+    /// Looks at `tier`'s usage after it may have grown (see [`Upkeep::usage_grew`]). Call
+    /// with no manager lock held.
+    pub(crate) fn usage_grew(&self, tier: TierKind) {
+        self.upkeep.usage_grew(tier, self.stores, &self.tunables());
+    }
+
     /// Frees at least `slots` host slots if it can, by watermark order, writing pages
     /// back to the pool when it has room. Returns slots freed.
     pub(crate) fn make_host_room(&self, slots: usize) -> usize {
-        let Some(arena) = self.stores().arena() else { return 0 };
+        let Some(arena) = self.stores.arena() else { return 0 };
         let mut freed = 0;
         // Bounded rounds: each round evicts a batch; stop when nothing is evictable.
         for _ in 0..64 {
@@ -107,7 +182,7 @@ impl Manager {
     /// Ends the stage protections that are due. The due check is a heap peek under the
     /// read lock; the write lock is taken only when one is due.
     pub(crate) fn expire_protection(&self) {
-        let now = self.inner.clock.now_ms();
+        let now = self.clock.now_ms();
         if self
             .read()
             .dir
@@ -122,14 +197,13 @@ impl Manager {
 
     /// Copies host-complete pages to the pool in the background (write-through, share).
     pub(crate) fn spawn_copy_to_pool(&self, ns: NamespaceId, pages: Vec<PageId>) -> bool {
-        if self.stores().pool().is_none() {
+        if self.stores.pool().is_none() {
             return false;
         }
-        let m = self.clone();
-        self.inner
-            .xfer
+        let m = self.owner.clone();
+        self.xfer
             .try_submit(Box::new(move || {
-                m.copy_to_pool(ns, &pages, false);
+                m.mover().copy_to_pool(ns, &pages, false);
             }))
             .is_ok()
     }
@@ -139,12 +213,12 @@ impl Manager {
     /// evicting: the pool had no room, and the event says so. Returns pages now complete
     /// in the pool.
     pub(crate) fn copy_to_pool(&self, ns: NamespaceId, pages: &[PageId], evict: bool) -> usize {
-        let Some(arena) = self.stores().arena() else { return 0 };
-        let pool = self.stores().pool().filter(|p| p.health() == PoolHealth::Ok);
+        let Some(arena) = self.stores.arena() else { return 0 };
+        let pool = self.stores.pool().filter(|p| p.health() == PoolHealth::Ok);
         // Reserve.
         let mut moves = Vec::new();
         // Given back in the settle below, or when dropped (a panic in the pool's put).
-        let mut leases = Leases::new(self);
+        let mut leases = Leases::new(self.grants);
         let mut objs: Vec<usize> = Vec::new();
         let (layout, keys) = {
             let mut st = self.write();
@@ -208,18 +282,12 @@ impl Manager {
             let t = std::time::Instant::now();
             // Shared with idle workers piece by piece, as stores and loads are: one Share
             // is one job, however many pages it names.
-            let runners = self.inner.xfer.runners(items.iter().map(|it| it.1.len() as u64).sum());
+            let runners = self.xfer.runners(items.iter().map(|it| it.1.len() as u64).sum());
             let put = |r: std::ops::Range<usize>| pool.batch_put_ordered(&items[r]);
-            for (r, i) in self
-                .inner
-                .xfer
-                .map_pieces(items.len(), runners, put)
-                .into_iter()
-                .zip(at)
-            {
+            for (r, i) in self.xfer.map_pieces(items.len(), runners, put).into_iter().zip(at) {
                 results[i] = Some(r);
             }
-            self.inner.stats.copied(TierKind::Host, TierKind::Pool, t.elapsed());
+            self.stats.copied(TierKind::Host, TierKind::Pool, t.elapsed());
         }
         // Settle.
         let mut st = self.write();
@@ -248,12 +316,12 @@ impl Manager {
             complete += usize::from(st.dir.is_complete(page, TierKind::Pool));
             if evict && !gt.leased(page) && !st.dir.is_pinned(page, TierKind::Host) {
                 self.drop_host_page(&mut st, page);
-                self.inner.stats.evicted(TierKind::Host);
+                self.stats.evicted(TierKind::Host);
             }
         });
         drop(gt);
         drop(st);
-        self.inner.stats.moved(TierKind::Host, TierKind::Pool, bytes);
+        self.stats.moved(TierKind::Host, TierKind::Pool, bytes);
         if bytes > 0 {
             self.usage_grew(TierKind::Pool);
         }
@@ -262,7 +330,7 @@ impl Manager {
 
     /// Frees a page's host slots and marks it gone from host.
     pub(crate) fn drop_host_page(&self, st: &mut DirState, page: PageId) {
-        let Some(arena) = self.stores().arena() else { return };
+        let Some(arena) = self.stores.arena() else { return };
         if let Some(slots) = st.host.remove(&page.0) {
             arena.free_all(
                 slots
@@ -276,7 +344,7 @@ impl Manager {
 
     /// Stages the prefix in the background (a best-effort load, a prefetch).
     pub(crate) fn spawn_stage_prefix(&self, ns: NamespaceId, hashes: &[PageHash]) -> bool {
-        if self.stores().pool().is_none() {
+        if self.stores.pool().is_none() {
             return true;
         }
         let needed = {
@@ -290,12 +358,11 @@ impl Manager {
         if !needed {
             return true;
         }
-        let m = self.clone();
+        let m = self.owner.clone();
         let hashes = hashes.to_vec();
-        self.inner
-            .xfer
+        self.xfer
             .try_submit(Box::new(move || {
-                m.stage_prefix_from_pool(ns, &hashes, None);
+                m.mover().stage_prefix_from_pool(ns, &hashes, None);
             }))
             .is_ok()
     }

@@ -18,8 +18,9 @@ use super::hints::{clip, expiry};
 use super::locks::{Ordered, Rank};
 use super::pages::Pages;
 use super::queues::Advice;
+use super::stores::Stores;
 use super::timers::{TimerKey, Timers};
-use super::{Manager, ManagerError};
+use super::{Manager, ManagerError, Tunables};
 use crate::clock::Clock;
 use crate::directory::PageId;
 use crate::hints::{HintOutcome, Reason};
@@ -100,6 +101,17 @@ impl Upkeep {
         let now = self.clock.now_ms();
         self.next_deadline_ms()
             .map(|at| std::time::Duration::from_millis(at.saturating_sub(now)))
+    }
+
+    /// Looks at `tier`'s usage (host or pool) in `stores` after it may have grown; on a
+    /// crossing of its high watermark from below, calls the upkeep waker. Call with no
+    /// manager lock held. Only the tier that grew is read, so a store does not touch the
+    /// pool's lock.
+    pub(super) fn usage_grew(&self, tier: TierKind, stores: &Stores, tun: &Tunables) {
+        match tier {
+            TierKind::Pool => self.crossed(1, pool_over(stores.pool(), &tun.pool_watermarks)),
+            _ => self.crossed(0, host_over(stores.arena(), &tun.host_watermarks)),
+        }
     }
 
     /// Records whether watched tier `i` (host 0, pool 1) is above its high watermark now;
@@ -248,31 +260,13 @@ impl Manager {
         &self.inner.upkeep
     }
 
-    /// Looks at `tier`'s usage (host or pool) after it may have grown; on a crossing of
-    /// its high watermark from below, calls the upkeep waker. Call with no manager lock
-    /// held. Only the tier that grew is read, so a store does not touch the pool's lock.
-    pub(crate) fn usage_grew(&self, tier: TierKind) {
-        let tun = self.tunables();
-        match tier {
-            TierKind::Pool => self
-                .inner
-                .upkeep
-                .crossed(1, pool_over(self.stores().pool(), &tun.pool_watermarks)),
-            _ => self
-                .inner
-                .upkeep
-                .crossed(0, host_over(self.stores().arena(), &tun.host_watermarks)),
-        }
-    }
-}
-
-impl Manager {
     /// Periodic upkeep: expire pins and retains, evict by watermark, reconcile the pool's
     /// own evictions, retry deferred hints, and refresh device advice.
     pub fn tick(&self) -> Result<(), ManagerError> {
         let now = self.inner.clock.now_ms();
         self.inner.upkeep.expire(now, &self.inner.pages);
-        self.expire_protection();
+        let mover = self.mover();
+        mover.expire_protection();
         if let Some(pool) = self.stores().pool() {
             self.inner.pages.forget_pool_objects(pool.take_evicted());
         }
@@ -287,7 +281,7 @@ impl Manager {
                 .host_watermarks
                 .reclaim(arena.used() as usize, arena.slots() as usize);
             if reclaim > 0 {
-                self.make_host_room(reclaim);
+                mover.make_host_room(reclaim);
             }
         }
         if let Some(pool) = self.stores().pool() {

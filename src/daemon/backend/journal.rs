@@ -152,7 +152,7 @@ impl Journal {
         let old = std::mem::take(&mut self.live);
         for (ns, hash) in crate::manager::host_complete_pages(mgr) {
             let known = old.get(&(ns, hash));
-            let recs = mgr.read_host_page(ns, &hash, |objects| {
+            let recs = mgr.mover().read_host_page(ns, &hash, |objects| {
                 objects
                     .iter()
                     .enumerate()
@@ -199,7 +199,7 @@ impl Journal {
         let recorded = |o: usize, slot: SlotId| {
             known.is_some_and(|k| k.iter().any(|r| r.object as usize == o && r.slot == slot.0))
         };
-        let recs = mgr.read_host_page(ns, &hash, |objects| {
+        let recs = mgr.mover().read_host_page(ns, &hash, |objects| {
             objects
                 .iter()
                 .enumerate()
@@ -367,7 +367,7 @@ impl Journal {
                 continue;
             }
             match Self::verify(mgr, &arena, ns, &recs) {
-                Some(slots) if mgr.adopt_host_page(ns, &hash, &slots).is_ok() => {
+                Some(slots) if mgr.mover().adopt_host_page(ns, &hash, &slots).is_ok() => {
                     self.live.insert((ns, hash), recs);
                     found.pages += 1;
                 }

@@ -347,7 +347,7 @@ impl Backend for ManagedTiers {
     }
 
     fn discovers_remotely(&self) -> bool {
-        self.mgr.discovers_remotely()
+        self.mgr.discovery().is_remote()
     }
 
     fn lookup(&self, ns: NamespaceId, hashes: &[PageHash]) -> Result<PrefixHit, BackendError> {

@@ -171,7 +171,7 @@ fn a_page_staged_back_from_the_pool_is_journalled_and_recovered_then_released() 
         };
         assert_eq!(hint(&b, reg.ns, to_pool), HintOutcome::Accepted { pages: 1 });
         // Off host, and the journal has seen it go (the daemon ticks every 100 ms).
-        b.manager().make_host_room(usize::MAX);
+        b.manager().mover().make_host_room(usize::MAX);
         b.tick();
         assert!(!host_complete(&b, reg.ns, &h));
         assert!(
@@ -201,7 +201,7 @@ fn a_page_staged_back_from_the_pool_is_journalled_and_recovered_then_released() 
     }
     b.finish_load(g, 1).unwrap();
     // Evicted again (the recovered manager has no pool copy of it): gone from the manifest.
-    b.manager().make_host_room(usize::MAX);
+    b.manager().mover().make_host_room(usize::MAX);
     b.shutdown().unwrap();
     drop(b);
     let b = ManagedTiers::open(cfg, SystemClock::new()).unwrap();
