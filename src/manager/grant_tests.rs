@@ -122,3 +122,129 @@ fn leases_dropped_before_their_settle_are_given_back() {
     assert_eq!(seen, vec![(ids[0], false), (ids[1], true)]);
     assert_eq!(f.m.grants().lease_count(), 1, "only the other reader's lease is left");
 }
+
+/// The local pool, whose first ordered put panics (a fault in a pool backend).
+struct PanicsOnce {
+    pool: crate::pool::local::LocalPool,
+    panicked: std::sync::atomic::AtomicBool,
+}
+
+impl crate::pool::PoolBackend for PanicsOnce {
+    fn name(&self) -> &'static str {
+        "panics-once"
+    }
+    fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), crate::pool::PoolError>> {
+        self.pool.batch_put_from(items)
+    }
+    fn batch_put_ordered(&self, items: &[crate::pool::PutItem<'_>]) -> Vec<Result<(), crate::pool::PoolError>> {
+        if !self.panicked.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            panic!("the pool's put failed hard");
+        }
+        self.pool.batch_put_ordered(items)
+    }
+    fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, crate::pool::PoolError>> {
+        self.pool.batch_get_into(items)
+    }
+    fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool, crate::pool::PoolError>> {
+        self.pool.batch_exists(keys)
+    }
+    fn remove(&self, key: &str, force: bool) -> Result<(), crate::pool::PoolError> {
+        self.pool.remove(key, force)
+    }
+    fn health(&self) -> crate::pool::PoolHealth {
+        self.pool.health()
+    }
+    fn usage(&self) -> crate::pool::PoolUsage {
+        self.pool.usage()
+    }
+    fn take_evicted(&self) -> Vec<String> {
+        self.pool.take_evicted()
+    }
+    fn max_object_bytes(&self) -> usize {
+        self.pool.max_object_bytes()
+    }
+}
+
+/// A host→pool write whose pool put panics leaves no page marked in flight in the pool
+/// and no lease behind: the next write of the same pages copies every object, and the
+/// pages are complete in the pool with their bytes.
+#[test]
+fn a_pool_write_that_panics_clears_its_in_flight_marks_and_leases() {
+    use crate::layout::LayoutSpec;
+    use crate::page::Namespace;
+    use crate::tier::device::EmulatedDevice;
+    let dir = tempfile::tempdir().unwrap();
+    let layout = LayoutSpec::mha(4, 2, 32, 2, 16).build().unwrap();
+    let slot = layout.max_object_bytes();
+    let opts = crate::tier::host::ArenaOptions {
+        lock: false,
+        ..Default::default()
+    };
+    let local = crate::pool::local::LocalPool::create(&dir.path().join("pool"), 256 * slot, slot, &opts).unwrap();
+    let pool = Arc::new(PanicsOnce {
+        pool: local,
+        panicked: Default::default(),
+    });
+    let mut cfg = ManagerConfig::in_dir(dir.path(), 16 * layout.page_bytes(), None);
+    cfg.arena.lock = false;
+    cfg.pool = PoolConfig::Backend(pool.clone());
+    let m = Manager::new(cfg, crate::clock::SimClock::new()).unwrap();
+    let ns = m
+        .register_namespace(Namespace::model("panics"), layout.clone())
+        .unwrap();
+    let dev = Arc::new(EmulatedDevice::new(&layout, 0, 8));
+    m.attach_device(ns, 0, 0, dev.clone()).unwrap();
+    let hs = hashes(0..3);
+    for (i, h) in hs.iter().enumerate() {
+        dev.fill_page(i as u32, h.prefix_u64()).unwrap();
+    }
+    let t = m.store(ns, 0, 0, &hs, &[0, 1, 2], 0).unwrap();
+    assert_eq!(m.wait(t, std::time::Duration::from_secs(30)).unwrap().pages, 3);
+    let ids: Vec<_> = hs.iter().map(|h| m.read().dir.find(ns, h).unwrap()).collect();
+    let pool_inflight = |h: &PageHash| {
+        let s = m.page_status(ns, h).unwrap().unwrap();
+        s.tiers[TierKind::Pool.index()].inflight.clone()
+    };
+
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.mover().copy_to_pool(ns, &ids, false)));
+    assert!(panicked.is_err(), "the pool's put panicked through the write");
+    for h in &hs {
+        assert_eq!(pool_inflight(h), Vec::<usize>::new(), "no object left in flight");
+        assert!(!m.page_status(ns, h).unwrap().unwrap().tiers[TierKind::Pool.index()].complete);
+    }
+    assert_eq!(m.grants().lease_count(), 0, "no lease left");
+
+    assert_eq!(
+        m.mover().copy_to_pool(ns, &ids, false),
+        3,
+        "the next write copies every object"
+    );
+    // The pool's copies are whole: with the host copies dropped, staging them back gives
+    // every object's bytes as they were.
+    let host_bytes = |h: &PageHash| -> Vec<Vec<u8>> {
+        (0..layout.object_count())
+            .map(|o| {
+                let mut b = vec![0u8; layout.object_bytes(o) as usize];
+                assert!(m.read_host_object(ns, h, o, &mut b).unwrap(), "object {o} on host");
+                b
+            })
+            .collect()
+    };
+    let before: Vec<_> = hs.iter().map(host_bytes).collect();
+    assert!(
+        before.iter().flatten().all(|b| b.iter().any(|&x| x != 0)),
+        "the device filled every object"
+    );
+    m.mover().drop_host_if_held(&ids, TierKind::Pool);
+    assert!(
+        hs.iter()
+            .all(|h| !m.page_status(ns, h).unwrap().unwrap().tiers[TierKind::Host.index()].complete)
+    );
+    assert_eq!(m.mover().stage_pages_from_pool(ns, &hs), 3);
+    for (h, want) in hs.iter().zip(&before) {
+        assert!(
+            host_bytes(h) == *want,
+            "a page staged back from the pool holds its bytes"
+        );
+    }
+}

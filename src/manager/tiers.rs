@@ -216,7 +216,9 @@ impl Mover<'_> {
         let Some(arena) = self.stores.arena() else { return 0 };
         let pool = self.stores.pool().filter(|p| p.health() == PoolHealth::Ok);
         // Reserve.
-        let mut moves = Vec::new();
+        // Their pool in-flight marks are cleared in the settle below, or when dropped (a
+        // panic in the pool's put), like the leases.
+        let mut moves = PoolMarks::new(self.pages);
         // Given back in the settle below, or when dropped (a panic in the pool's put).
         let mut leases = Leases::new(self.grants);
         let mut objs: Vec<usize> = Vec::new();
@@ -311,6 +313,7 @@ impl Mover<'_> {
             // Cannot fail: every object index comes from this page's own layout.
             let _ = st.dir.set_inflight_objects(page, TierKind::Pool, &objs, false);
         }
+        moves.settled();
         let mut complete = 0;
         leases.give_back_each(&mut gt, |gt, page| {
             complete += usize::from(st.dir.is_complete(page, TierKind::Pool));
@@ -365,6 +368,65 @@ impl Mover<'_> {
                 m.mover().stage_prefix_from_pool(ns, &hashes, None);
             }))
             .is_ok()
+    }
+}
+
+/// The moves of one host→pool write, owning the pool in-flight marks its reserve phase
+/// set: the settle clears them and says so ([`Self::settled`]); dropped before that (a
+/// panic in the pool's put, an early return), it clears them itself under the directory
+/// lock, so no page is left marked in flight in the pool, which would keep its objects
+/// out of every later write-back. Declare it before the settle's lock guards, so it
+/// drops after them.
+pub(super) struct PoolMarks<'a> {
+    pages: &'a Pages,
+    moves: Vec<ObjMove>,
+    settled: bool,
+}
+
+impl<'a> PoolMarks<'a> {
+    fn new(pages: &'a Pages) -> Self {
+        Self {
+            pages,
+            moves: Vec::new(),
+            settled: false,
+        }
+    }
+
+    /// The settle has cleared every mark.
+    fn settled(&mut self) {
+        self.settled = true;
+    }
+}
+
+impl std::ops::Deref for PoolMarks<'_> {
+    type Target = Vec<ObjMove>;
+
+    fn deref(&self) -> &Vec<ObjMove> {
+        &self.moves
+    }
+}
+
+impl std::ops::DerefMut for PoolMarks<'_> {
+    fn deref_mut(&mut self) -> &mut Vec<ObjMove> {
+        &mut self.moves
+    }
+}
+
+impl Drop for PoolMarks<'_> {
+    fn drop(&mut self) {
+        if self.settled || self.moves.is_empty() {
+            return;
+        }
+        let mut st = self.pages.write();
+        let mut objs = Vec::new();
+        for run in page_runs(&self.moves) {
+            objs.clear();
+            objs.extend(self.moves[run.clone()].iter().map(|m| m.obj));
+            // Cannot fail: every object index comes from this page's own layout.
+            let _ = st
+                .dir
+                .set_inflight_objects(self.moves[run.start].page, TierKind::Pool, &objs, false);
+        }
     }
 }
 
