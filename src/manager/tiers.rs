@@ -295,12 +295,12 @@ impl Mover<'_> {
         let mut st = self.write();
         let mut gt = self.grants();
         let mut bytes = 0u64;
-        // Per page, one side-table change for what arrived and one for what is no longer
-        // in flight (the moves of a page are adjacent).
+        // Per page, one side-table change for what arrived (the moves of a page are
+        // adjacent); then, under the same lock, one for what is no longer in flight.
         for run in page_runs(&moves) {
             let page = moves[run.start].page;
             objs.clear();
-            for (m, r) in moves[run.clone()].iter().zip(&results[run.clone()]) {
+            for (m, r) in moves[run.clone()].iter().zip(&results[run]) {
                 if matches!(r, Some(Ok(()))) {
                     objs.push(m.obj);
                     bytes += m.len as u64;
@@ -308,12 +308,8 @@ impl Mover<'_> {
             }
             // Cannot fail: every object index comes from this page's own layout.
             let _ = st.dir.set_objects(page, TierKind::Pool, &objs, true);
-            objs.clear();
-            objs.extend(moves[run].iter().map(|m| m.obj));
-            // Cannot fail: every object index comes from this page's own layout.
-            let _ = st.dir.set_inflight_objects(page, TierKind::Pool, &objs, false);
         }
-        moves.settled();
+        moves.clear(&mut st, &mut objs);
         let mut complete = 0;
         leases.give_back_each(&mut gt, |gt, page| {
             complete += usize::from(st.dir.is_complete(page, TierKind::Pool));
@@ -372,15 +368,14 @@ impl Mover<'_> {
 }
 
 /// The moves of one host→pool write, owning the pool in-flight marks its reserve phase
-/// set: the settle clears them and says so ([`Self::settled`]); dropped before that (a
-/// panic in the pool's put, an early return), it clears them itself under the directory
-/// lock, so no page is left marked in flight in the pool, which would keep its objects
-/// out of every later write-back. Declare it before the settle's lock guards, so it
-/// drops after them.
+/// set: the settle clears them ([`Self::clear`]); dropped before that (a panic in the
+/// pool's put, an early return), it clears them itself under the directory lock, so no
+/// page is left marked in flight in the pool, which would keep its objects out of every
+/// later write-back. Declare it before the settle's lock guards, so it drops after them.
 pub(super) struct PoolMarks<'a> {
     pages: &'a Pages,
     moves: Vec<ObjMove>,
-    settled: bool,
+    cleared: bool,
 }
 
 impl<'a> PoolMarks<'a> {
@@ -388,13 +383,22 @@ impl<'a> PoolMarks<'a> {
         Self {
             pages,
             moves: Vec::new(),
-            settled: false,
+            cleared: false,
         }
     }
 
-    /// The settle has cleared every mark.
-    fn settled(&mut self) {
-        self.settled = true;
+    /// Ends every move's in-flight mark, one side-table change per page, under the
+    /// directory lock the caller holds (`objs` is scratch).
+    fn clear(&mut self, st: &mut DirState, objs: &mut Vec<usize>) {
+        for run in page_runs(&self.moves) {
+            objs.clear();
+            objs.extend(self.moves[run.clone()].iter().map(|m| m.obj));
+            // Cannot fail: every object index comes from this page's own layout.
+            let _ = st
+                .dir
+                .set_inflight_objects(self.moves[run.start].page, TierKind::Pool, objs, false);
+        }
+        self.cleared = true;
     }
 }
 
@@ -414,19 +418,12 @@ impl std::ops::DerefMut for PoolMarks<'_> {
 
 impl Drop for PoolMarks<'_> {
     fn drop(&mut self) {
-        if self.settled || self.moves.is_empty() {
+        if self.cleared || self.moves.is_empty() {
             return;
         }
-        let mut st = self.pages.write();
-        let mut objs = Vec::new();
-        for run in page_runs(&self.moves) {
-            objs.clear();
-            objs.extend(self.moves[run.clone()].iter().map(|m| m.obj));
-            // Cannot fail: every object index comes from this page's own layout.
-            let _ = st
-                .dir
-                .set_inflight_objects(self.moves[run.start].page, TierKind::Pool, &objs, false);
-        }
+        let pages = self.pages;
+        let mut st = pages.write();
+        self.clear(&mut st, &mut Vec::new());
     }
 }
 
