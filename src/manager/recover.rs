@@ -20,7 +20,7 @@ impl Manager {
 
 /// The mover's side of recovery (the daemon's journal is its one user).
 #[cfg(any(feature = "daemon", test))]
-mod host_pages {
+mod journal_pages {
     use crate::manager::ManagerError;
     use crate::manager::tiers::Mover;
     use crate::page::{NamespaceId, PageHash};
