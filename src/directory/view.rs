@@ -301,7 +301,7 @@ impl DirView {
 
     /// Hints the CPU to fetch the home slot of `h`.
     #[inline]
-    fn prefetch(&self, h: u64) {
+    pub(super) fn prefetch(&self, h: u64) {
         #[cfg(target_arch = "x86_64")]
         {
             let p = self.slots.as_ptr().wrapping_add(self.home(tag(h)));

@@ -373,6 +373,8 @@ impl<'a> PoolDiscovery<'a> {
             if st.dir.layout(ns).is_err() {
                 return Err(hit);
             }
+            // The window's slots load together, not one cold miss after another.
+            st.dir.prefetch(ns, window);
             window
                 .iter()
                 .map(|h| match st.dir.find(ns, h) {
@@ -489,7 +491,8 @@ impl<'a> PoolDiscovery<'a> {
 
     /// The index's answers for the window's unanswered pages, in order, up to the first
     /// page that lacks an object (it and the rest stay `false`): the namespace's key prefix
-    /// and its layout's objects are resolved once, then each page is one probe of the
+    /// and its layout's objects are resolved once (and remembered by the index under the
+    /// namespace, so later lookups render no key), then each page is one probe of the
     /// index by its hash (no key rendered), under the directory's and the index's read
     /// locks (the index's lock is a leaf: nothing is taken under it). `None` when the index
     /// lost sync meanwhile. Returns the objects per page.
@@ -503,7 +506,7 @@ impl<'a> PoolDiscovery<'a> {
         let st = self.pages.read();
         let layout = st.dir.layout(ns).ok()?;
         let mut probe = index.probe()?;
-        let mut pages = probe.pages(&st.keys[ns.0 as usize], layout);
+        let mut pages = probe.pages_named(u32::from(ns.0), &st.keys[ns.0 as usize], layout);
         let mut open = true;
         for (i, h) in window.iter().enumerate() {
             if answer[i].is_some() {

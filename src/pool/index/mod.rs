@@ -336,6 +336,15 @@ impl<'a> IndexProbe<'a> {
         let want = self.st.keys.query(scheme, layout);
         PageProbe { probe: self, want }
     }
+
+    /// [`Self::pages`], with the resolution remembered under `name`, the caller's name for
+    /// the (scheme, layout) pair: it must never name another pair with it (a namespace's
+    /// id does, its scheme and layout being fixed once registered). After a namespace's
+    /// first lookup no key is rendered.
+    pub fn pages_named<'p>(&'p mut self, name: u32, scheme: &KeyScheme, layout: &Layout) -> PageProbe<'p, 'a> {
+        let want = self.st.keys.query_named(name, scheme, layout);
+        PageProbe { probe: self, want }
+    }
 }
 
 /// An [`IndexProbe`] resolved for one namespace and layout ([`IndexProbe::pages`]).

@@ -131,6 +131,12 @@ pub(super) struct PageSet {
     pages: Map<(u32, PageHash), Objects>,
     /// Object keys held (set bits over every page).
     objects: usize,
+    /// [`Self::query`]'s answers by the caller's name for its (scheme, layout) pair, so a
+    /// lookup renders no key (see [`Self::query_named`]). Interned ids never change while
+    /// this set lives (a resync starts a new one), so a remembered answer stays right; a
+    /// `None` is not remembered, since a later store may intern what it lacked. A leaf
+    /// lock: taken under the index's read lock, nothing under it.
+    queries: parking_lot::Mutex<Map<u32, (u32, Objects)>>,
 }
 
 impl PageSet {
@@ -200,6 +206,19 @@ impl PageSet {
             want.set(*self.suffixes.get(suffix)?);
         }
         Some((prefix, want))
+    }
+
+    /// [`Self::query`], remembered under `name`: the caller's name for the pair, which it
+    /// must never give to another (scheme, layout) pair (the manager passes the namespace,
+    /// whose scheme and layout are fixed once registered). The first lookup of a
+    /// namespace renders a sample page's keys; every later one is a map probe.
+    pub(super) fn query_named(&self, name: u32, scheme: &KeyScheme, layout: &Layout) -> Option<(u32, Objects)> {
+        if let Some(q) = self.queries.lock().get(&name) {
+            return Some(q.clone());
+        }
+        let q = self.query(scheme, layout)?;
+        self.queries.lock().insert(name, q.clone());
+        Some(q)
     }
 
     /// Whether page `hash` under `prefix` has every object of `want` ([`Self::query`]).

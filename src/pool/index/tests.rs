@@ -134,3 +134,46 @@ fn probe_matches_the_rendered_keys() {
     let mut p = probe.pages(&other, &layout);
     assert!(p.present(&pages[3]) && !p.present(&pages[0]));
 }
+
+/// A namespace's remembered resolution answers as the rendered keys do, and a resync,
+/// which interns prefixes and suffixes afresh (here in another order), forgets it: an
+/// answer kept across it would name another namespace's prefix id.
+#[test]
+fn a_remembered_resolution_answers_as_the_keys_do_and_a_resync_forgets_it() {
+    let layout = tp2();
+    let (a, b) = (
+        KeyScheme::with_prefix("kvtier", "a"),
+        KeyScheme::with_prefix("kvtier", "b"),
+    );
+    let pa: Vec<PageHash> = (1..=2).map(PageHash::from_u64).collect();
+    let pb: Vec<PageHash> = (11..=12).map(PageHash::from_u64).collect();
+    let idx = PoolIndex::new(1000);
+    let present = |idx: &PoolIndex, name: u32, scheme: &KeyScheme, pages: &[PageHash]| -> Vec<bool> {
+        let mut probe = idx.probe().expect("in sync");
+        let mut p = probe.pages_named(name, scheme, &layout);
+        pages.iter().map(|h| p.present(h)).collect()
+    };
+    idx.begin_resync();
+    let mut listing: Vec<String> = pa.iter().flat_map(|h| a.page_keys(&layout, h)).collect();
+    listing.extend(b.page_keys(&layout, &pb[0]));
+    assert!(idx.finish_resync(listing, Instant::now()));
+    assert_eq!(present(&idx, 1, &a, &pa), vec![true, true]);
+    assert_eq!(present(&idx, 2, &b, &pb), vec![true, false]);
+    // Remembered now; a store after it is seen through the remembered resolution.
+    for k in b.page_keys(&layout, &pb[1]) {
+        idx.apply(true, &k);
+    }
+    assert_eq!(present(&idx, 2, &b, &pb), vec![true, true]);
+    // A resync that lists `b` first gives `b` the prefix id `a` had, and `b` holds pages
+    // with `a`'s hashes: through a resolution kept across it, `a` would see them.
+    idx.begin_resync();
+    let listing: Vec<String> = pb.iter().chain(&pa).flat_map(|h| b.page_keys(&layout, h)).collect();
+    assert!(idx.finish_resync(listing, Instant::now()));
+    assert_eq!(present(&idx, 1, &a, &pa), vec![false, false], "a's pages are gone");
+    assert_eq!(present(&idx, 2, &b, &pb), vec![true, true]);
+    // And a name whose prefix is not interned yet is not remembered as absent.
+    for k in a.page_keys(&layout, &pa[0]) {
+        idx.apply(true, &k);
+    }
+    assert_eq!(present(&idx, 1, &a, &pa), vec![true, false]);
+}
