@@ -89,14 +89,14 @@ pub struct ControlArgs {
 }
 
 /// One frame per call over a raw socket, as the echo and the batched run need.
-struct Raw {
+pub(super) struct Raw {
     stream: UnixStream,
     reader: BufReader<UnixStream>,
     body: Vec<u8>,
 }
 
 impl Raw {
-    fn connect(path: &Path) -> anyhow::Result<Self> {
+    pub(super) fn connect(path: &Path) -> anyhow::Result<Self> {
         let stream = UnixStream::connect(path)?;
         stream.set_read_timeout(Some(Duration::from_secs(5)))?;
         let reader = BufReader::with_capacity(64 << 10, stream.try_clone()?);
@@ -107,7 +107,7 @@ impl Raw {
         })
     }
 
-    fn round_trip(&mut self, frame_bytes: &[u8], n: usize) -> anyhow::Result<u8> {
+    pub(super) fn round_trip(&mut self, frame_bytes: &[u8], n: usize) -> anyhow::Result<u8> {
         frame::write_all(&mut self.stream, frame_bytes)?;
         let mut kind = 0;
         for _ in 0..n {
@@ -119,7 +119,7 @@ impl Raw {
 
 /// An echo server whose connection threads each pin themselves to the core `core` names
 /// when the connection is accepted (`usize::MAX`: unpinned).
-fn echo_server(listener: UnixListener, core: Arc<AtomicUsize>) {
+pub(super) fn echo_server(listener: UnixListener, core: Arc<AtomicUsize>) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else { return };
         let at = core.load(Ordering::SeqCst);

@@ -117,6 +117,12 @@ pub struct Row {
     /// Latency rows: the reference's median in µs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub raw_p50_us: Option<f64>,
+    /// `remote_lookup`: a raw Unix-socket echo of the same request frame, median in µs,
+    /// timed in the same rounds, placed as the subject (client on the client core, the
+    /// echo's thread on the subject's core) and after the same quiet: what any socket
+    /// round trip costs here, so `kvtier_p50_us` minus it is kvtier's own share.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_echo_p50_us: Option<f64>,
     /// `remote_lookup`: the subject daemon's existence query as it timed it (daemon →
     /// master and back), median in µs; the rest of `kvtier_p50_us` is the control socket
     /// and the daemon's own work.
@@ -240,6 +246,7 @@ impl Shape {
             corrupt: 0,
             kvtier_p50_us: None,
             raw_p50_us: None,
+            socket_echo_p50_us: None,
             daemon_exists_p50_us: None,
             slot_bytes: None,
         }
