@@ -211,6 +211,18 @@ pub(crate) struct DiscoveryPlan {
     now: u64,
 }
 
+/// A window's pages as far as [`PoolDiscovery::index_plan`] walked them: what the
+/// directory knows of each, whether each counts, and the objects per page.
+struct Walked {
+    known: Vec<Known>,
+    answer: Vec<Option<bool>>,
+    per_page: usize,
+}
+
+/// The lookup's namespace has no layout registered: nothing past the directory counts.
+#[derive(Debug)]
+struct NoLayout;
+
 /// What the directory says about a candidate page before the pool is asked.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Known {
@@ -366,62 +378,37 @@ impl<'a> PoolDiscovery<'a> {
             return Err(hit);
         }
         let window = &hashes[start..end];
-        // What the directory knows (one read lock, the view's probes being lock-free
-        // already; nothing is cloned here).
-        let known: Vec<Known> = {
-            let st = self.pages.read();
-            if st.dir.layout(ns).is_err() {
-                return Err(hit);
-            }
-            // The window's slots load together, not one cold miss after another.
-            st.dir.prefetch(ns, window);
-            window
-                .iter()
-                .map(|h| match st.dir.find(ns, h) {
-                    Some(id) if st.dir.is_complete(id, TierKind::Device) || st.dir.is_complete(id, TierKind::Host) => {
-                        Known::Near
-                    }
-                    Some(id) if st.dir.is_complete(id, TierKind::Pool) => Known::Pool,
-                    _ => Known::No,
-                })
-                .collect()
-        };
-        let mut known = known;
-        if known.contains(&Known::Pool)
-            && let Some(cache) = self.cache()
-        {
-            for (k, h) in known.iter_mut().zip(window) {
-                if *k == Known::Pool && cache.found.contains_key(&(ns, *h)) {
-                    *k = Known::Found;
-                }
-            }
-        }
         let now = self.clock.now_ms();
-        let mut answer: Vec<Option<bool>> = known.iter().map(|k| (*k == Known::Near).then_some(true)).collect();
         // The pool index, while in sync, answers every page here: no query, no cache.
-        // Pages this node wrote stay the directory's to judge (a node's own lookup may run
-        // before its own events reach its index); pages found in the pool follow the index.
         if let Some(index) = self.index().filter(|i| i.mode() == IndexMode::InSync) {
-            for (a, k) in answer.iter_mut().zip(&known) {
-                if *k == Known::Pool {
-                    *a = Some(true);
-                }
-            }
-            if let Some(per_page) = self.index_answers(index, ns, window, &mut answer) {
-                let d = DiscoveryPlan {
-                    ns,
-                    hit,
-                    start,
-                    end,
+            match self.index_plan(index, ns, window) {
+                Some(Ok(Walked {
                     known,
                     answer,
-                    ask: Vec::new(),
                     per_page,
-                    now,
-                };
-                return Ok((d, None));
+                })) => {
+                    let d = DiscoveryPlan {
+                        ns,
+                        hit,
+                        start,
+                        end: start + known.len(),
+                        known,
+                        answer,
+                        ask: Vec::new(),
+                        per_page,
+                        now,
+                    };
+                    return Ok((d, None));
+                }
+                Some(Err(NoLayout)) => return Err(hit),
+                // The index lost sync meanwhile: the master's path.
+                None => {}
             }
         }
+        let Ok(known) = self.classify(ns, window) else {
+            return Err(hit);
+        };
+        let mut answer: Vec<Option<bool>> = known.iter().map(|k| (*k == Known::Near).then_some(true)).collect();
         // The master's path: the layout and the key scheme, to render the query's keys with.
         let (layout, scheme) = {
             let st = self.pages.read();
@@ -489,23 +476,96 @@ impl<'a> PoolDiscovery<'a> {
         hit
     }
 
+    /// What the directory knows of each of `pages` (one read lock, the view's probes
+    /// being lock-free already; nothing is cloned here), and of the pages it credits to
+    /// the pool, which this node found there rather than wrote (the cache's `found`).
+    fn classify(&self, ns: NamespaceId, pages: &[PageHash]) -> Result<Vec<Known>, NoLayout> {
+        let mut known: Vec<Known> = {
+            let st = self.pages.read();
+            if st.dir.layout(ns).is_err() {
+                return Err(NoLayout);
+            }
+            // The pages' slots load together, not one cold miss after another.
+            st.dir.prefetch(ns, pages);
+            pages
+                .iter()
+                .map(|h| match st.dir.find(ns, h) {
+                    Some(id) if st.dir.is_complete(id, TierKind::Device) || st.dir.is_complete(id, TierKind::Host) => {
+                        Known::Near
+                    }
+                    Some(id) if st.dir.is_complete(id, TierKind::Pool) => Known::Pool,
+                    _ => Known::No,
+                })
+                .collect()
+        };
+        if known.contains(&Known::Pool)
+            && let Some(cache) = self.cache()
+        {
+            for (k, h) in known.iter_mut().zip(pages) {
+                if *k == Known::Pool && cache.found.contains_key(&(ns, *h)) {
+                    *k = Known::Found;
+                }
+            }
+        }
+        Ok(known)
+    }
+
+    /// The window's answers from the directory and the pool index, up to and including
+    /// the first page that does not count: what the directory knows of each page and
+    /// whether it counts, and the objects per page. Pages this node wrote stay the
+    /// directory's to judge (a node's own lookup may run before its own events reach its
+    /// index); pages found in the pool follow the index. The window is taken in parts of
+    /// growing size (4, 8, 16, …) and the walk stops after the part that holds a page that
+    /// does not count, so a lookup whose first page misses classifies a few pages, not the
+    /// whole window. `None` when the index lost sync meanwhile.
+    fn index_plan(&self, index: &PoolIndex, ns: NamespaceId, window: &[PageHash]) -> Option<Result<Walked, NoLayout>> {
+        let (mut known, mut answer) = (Vec::with_capacity(window.len()), Vec::with_capacity(window.len()));
+        let (mut part, mut per_page) = (4, 0);
+        while known.len() < window.len() {
+            let pages = &window[known.len()..(known.len() + part).min(window.len())];
+            let k = match self.classify(ns, pages) {
+                Ok(k) => k,
+                Err(e) => return Some(Err(e)),
+            };
+            let mut a: Vec<Option<bool>> = k
+                .iter()
+                .map(|k| matches!(k, Known::Near | Known::Pool).then_some(true))
+                .collect();
+            per_page = self.index_answers(index, ns, pages, known.is_empty(), &mut a)?;
+            let open = a.iter().all(|a| *a == Some(true));
+            known.extend(k);
+            answer.extend(a);
+            if !open {
+                break;
+            }
+            part *= 2;
+        }
+        Some(Ok(Walked {
+            known,
+            answer,
+            per_page,
+        }))
+    }
+
     /// The index's answers for the window's unanswered pages, in order, up to the first
     /// page that lacks an object (it and the rest stay `false`): the namespace's key prefix
     /// and its layout's objects are resolved once (and remembered by the index under the
     /// namespace, so later lookups render no key), then each page is one probe of the
     /// index by its hash (no key rendered), under the directory's and the index's read
     /// locks (the index's lock is a leaf: nothing is taken under it). `None` when the index
-    /// lost sync meanwhile. Returns the objects per page.
+    /// lost sync meanwhile. Returns the objects per page. `first`: this part begins the
+    /// lookup, which the index then counts (later parts count only their pages).
     fn index_answers(
         &self,
         index: &PoolIndex,
         ns: NamespaceId,
         window: &[PageHash],
+        first: bool,
         answer: &mut [Option<bool>],
     ) -> Option<usize> {
         let st = self.pages.read();
         let layout = st.dir.layout(ns).ok()?;
-        let mut probe = index.probe()?;
+        let mut probe = if first { index.probe()? } else { index.probe_more()? };
         let mut pages = probe.pages_named(u32::from(ns.0), &st.keys[ns.0 as usize], layout);
         let mut open = true;
         for (i, h) in window.iter().enumerate() {

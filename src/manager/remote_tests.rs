@@ -440,3 +440,49 @@ fn the_directory_work_lookups_leave_is_bounded_and_settled_before_anyone_reads_i
     assert!(st.tiers[TierKind::Pool.index()].complete);
     assert_eq!(b.m.discovery().counters().unwrap().found_pages, 3);
 }
+
+/// The index's walk takes the window in growing parts and stops after the part that holds
+/// the first page that does not count: the credit is the same wherever that page falls
+/// (inside the first part, on a part's edge, deep in the window, or nowhere), a page this
+/// node holds counts although the index lacks it, and the walk is one lookup of the index
+/// however many parts it took, probing pages up to the first it lacks and no further.
+#[cfg(feature = "daemon")]
+#[test]
+fn the_index_walk_credits_the_same_wherever_the_first_missing_page_falls() {
+    use crate::pool::index::PoolIndex;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = shared_pool(dir.path());
+    let a = node(dir.path(), "a", &pool, Namespace::model("m"));
+    let hs = hashes(64);
+    let scheme = a.m.pages().key_scheme(a.ns).unwrap();
+    // (first page the index lacks, credit, pages the index is asked about: the parts are
+    // 4, 8, 16 and 32 pages, and page 40, which B holds itself, is not asked about).
+    let cases: [(Option<usize>, usize, u64); 6] = [
+        (Some(0), 0, 1),
+        (Some(3), 3, 4),
+        (Some(4), 4, 5),
+        (Some(27), 27, 28),
+        (Some(41), 41, 41),
+        (None, 64, 63),
+    ];
+    for (missing, credit, probed) in cases {
+        let mut listing: Vec<String> = hs.iter().flat_map(|h| scheme.page_keys(&layout(), h)).collect();
+        let mut drop = vec![scheme.page_keys(&layout(), &hs[40])[0].clone()];
+        if let Some(m) = missing {
+            drop.push(scheme.page_keys(&layout(), &hs[m])[3].clone());
+        }
+        listing.retain(|k| !drop.contains(k));
+        let index = Arc::new(PoolIndex::new(1 << 12));
+        index.begin_resync();
+        assert!(index.finish_resync(listing, std::time::Instant::now()));
+        let b = node(dir.path(), &format!("b{credit}"), &pool, Namespace::model("m"));
+        b.store_and_share(&hs[40..41]);
+        assert!(b.m.discovery().set_index(index.clone()));
+        match b.m.discovery().lookup_begin(b.ns, &hs).unwrap() {
+            LookupStep::Done(hit) => assert_eq!((hit.device, hit.host, hit.pool), (0, 0, credit), "{missing:?}"),
+            _ => panic!("the index answers"),
+        }
+        let ix = index.snapshot();
+        assert_eq!((ix.index_lookups, ix.index_pages), (1, probed), "{missing:?}");
+    }
+}

@@ -272,10 +272,21 @@ impl PoolIndex {
     /// [`PageProbe::present`] page by page, stopping at the first page that is not.
     /// The view holds the index's read lock: probe, and drop it.
     pub fn probe(&self) -> Option<IndexProbe<'_>> {
+        self.probe_counting(true)
+    }
+
+    /// [`Self::probe`] for a later part of a lookup that an earlier probe began: its
+    /// pages count, the lookup does not count again.
+    pub fn probe_more(&self) -> Option<IndexProbe<'_>> {
+        self.probe_counting(false)
+    }
+
+    fn probe_counting(&self, lookup: bool) -> Option<IndexProbe<'_>> {
         let st = self.state.read();
         (st.mode == IndexMode::InSync).then_some(IndexProbe {
             st,
             index: self,
+            lookup,
             pages: 0,
         })
     }
@@ -326,6 +337,8 @@ impl PoolIndex {
 pub struct IndexProbe<'a> {
     st: parking_lot::RwLockReadGuard<'a, State>,
     index: &'a PoolIndex,
+    /// Whether dropping it counts a lookup ([`PoolIndex::probe_more`]: no).
+    lookup: bool,
     pages: u64,
 }
 
@@ -365,7 +378,7 @@ impl PageProbe<'_, '_> {
 
 impl Drop for IndexProbe<'_> {
     fn drop(&mut self) {
-        self.index.index_lookups.fetch_add(1, Relaxed);
+        self.index.index_lookups.fetch_add(u64::from(self.lookup), Relaxed);
         self.index.index_pages.fetch_add(self.pages, Relaxed);
     }
 }
