@@ -123,48 +123,6 @@ fn leases_dropped_before_their_settle_are_given_back() {
     assert_eq!(f.m.grants().lease_count(), 1, "only the other reader's lease is left");
 }
 
-/// The local pool, whose first ordered put panics (a fault in a pool backend).
-struct PanicsOnce {
-    pool: crate::pool::local::LocalPool,
-    panicked: std::sync::atomic::AtomicBool,
-}
-
-impl crate::pool::PoolBackend for PanicsOnce {
-    fn name(&self) -> &'static str {
-        "panics-once"
-    }
-    fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), crate::pool::PoolError>> {
-        self.pool.batch_put_from(items)
-    }
-    fn batch_put_ordered(&self, items: &[crate::pool::PutItem<'_>]) -> Vec<Result<(), crate::pool::PoolError>> {
-        if !self.panicked.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            panic!("the pool's put failed hard");
-        }
-        self.pool.batch_put_ordered(items)
-    }
-    fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, crate::pool::PoolError>> {
-        self.pool.batch_get_into(items)
-    }
-    fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool, crate::pool::PoolError>> {
-        self.pool.batch_exists(keys)
-    }
-    fn remove(&self, key: &str, force: bool) -> Result<(), crate::pool::PoolError> {
-        self.pool.remove(key, force)
-    }
-    fn health(&self) -> crate::pool::PoolHealth {
-        self.pool.health()
-    }
-    fn usage(&self) -> crate::pool::PoolUsage {
-        self.pool.usage()
-    }
-    fn take_evicted(&self) -> Vec<String> {
-        self.pool.take_evicted()
-    }
-    fn max_object_bytes(&self) -> usize {
-        self.pool.max_object_bytes()
-    }
-}
-
 /// A host→pool write whose pool put panics leaves no page marked in flight in the pool
 /// and no lease behind: the next write of the same pages copies every object, and the
 /// pages are complete in the pool with their bytes.
@@ -181,10 +139,13 @@ fn a_pool_write_that_panics_clears_its_in_flight_marks_and_leases() {
         ..Default::default()
     };
     let local = crate::pool::local::LocalPool::create(&dir.path().join("pool"), 256 * slot, slot, &opts).unwrap();
-    let pool = Arc::new(PanicsOnce {
-        pool: local,
-        panicked: Default::default(),
-    });
+    // The first put panics; the rest go through.
+    let panicked = std::sync::atomic::AtomicBool::new(false);
+    let pool = Arc::new(crate::pool::hooked::HookedPool::new(Arc::new(local)).on_put(move || {
+        if !panicked.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            panic!("the pool's put failed hard");
+        }
+    }));
     let mut cfg = ManagerConfig::in_dir(dir.path(), 16 * layout.page_bytes(), None);
     cfg.arena.lock = false;
     cfg.pool = PoolConfig::Backend(pool.clone());

@@ -153,62 +153,13 @@ fn pages_another_node_shared_are_pool_hits_here_and_load_the_writers_bytes() {
     );
 }
 
-/// The local pool, with an existence query the caller awaits (as the Mooncake pool's
-/// query of the master is), counting how often each way was asked.
-#[cfg(feature = "daemon")]
-struct Awaitable {
-    pool: Arc<LocalPool>,
-    awaited: std::sync::atomic::AtomicUsize,
-    blocking: std::sync::atomic::AtomicUsize,
-}
-
-#[cfg(feature = "daemon")]
-impl crate::pool::PoolBackend for Awaitable {
-    fn name(&self) -> &'static str {
-        "awaitable"
-    }
-    fn batch_put_from(&self, items: &[(&str, &[u8])]) -> Vec<Result<(), crate::pool::PoolError>> {
-        self.pool.batch_put_from(items)
-    }
-    fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, crate::pool::PoolError>> {
-        self.pool.batch_get_into(items)
-    }
-    fn batch_exists(&self, keys: &[&str]) -> Vec<Result<bool, crate::pool::PoolError>> {
-        self.blocking.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.pool.batch_exists(keys)
-    }
-    fn remove(&self, key: &str, force: bool) -> Result<(), crate::pool::PoolError> {
-        self.pool.remove(key, force)
-    }
-    fn health(&self) -> crate::pool::PoolHealth {
-        self.pool.health()
-    }
-    fn usage(&self) -> crate::pool::PoolUsage {
-        self.pool.usage()
-    }
-    fn take_evicted(&self) -> Vec<String> {
-        self.pool.take_evicted()
-    }
-    fn max_object_bytes(&self) -> usize {
-        self.pool.max_object_bytes()
-    }
-    fn awaits_exists(&self) -> bool {
-        true
-    }
-    fn exists_async(&self, keys: crate::pool::KeyBatch) -> Option<crate::pool::ExistsFuture> {
-        self.awaited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let answers = self.pool.batch_exists(&keys.refs());
-        Some(Box::pin(async move { Some(answers) }))
-    }
-}
-
 /// A lookup begun on an async runtime hands its query back, and finishing it with the
 /// pool's answers gives what a blocking lookup gives: the complete pages of the prefix, each
 /// announced once, and nothing for a page missing one rank's objects.
 #[cfg(feature = "daemon")]
 #[test]
 fn an_awaited_lookup_credits_what_a_blocking_one_does() {
-    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     let dir = tempfile::tempdir().unwrap();
     let pool = shared_pool(dir.path());
     let a = node(dir.path(), "a", &pool, Namespace::model("m"));
@@ -216,11 +167,21 @@ fn an_awaited_lookup_credits_what_a_blocking_one_does() {
     a.store_and_share(&hs);
     let keys = a.m.pages().key_scheme(a.ns).unwrap().page_keys(&layout(), &hs[2]);
     pool.remove(&keys[3], true).unwrap();
-    let awaitable = Arc::new(Awaitable {
-        pool: pool.clone(),
-        awaited: Default::default(),
-        blocking: Default::default(),
-    });
+    // The local pool, with an existence query the caller awaits (as the Mooncake pool's
+    // query of the master is), counting how often each way was asked.
+    let (awaited, blocking) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let awaitable = {
+        let (a, b) = (awaited.clone(), blocking.clone());
+        Arc::new(
+            crate::pool::hooked::HookedPool::new(pool.clone())
+                .awaitable(move || {
+                    a.fetch_add(1, Relaxed);
+                })
+                .on_exists(move || {
+                    b.fetch_add(1, Relaxed);
+                }),
+        )
+    };
     let l = layout();
     let mut cfg = ManagerConfig::in_dir(&dir.path().join("b"), 64 * l.page_bytes(), None);
     std::fs::create_dir_all(dir.path().join("b")).unwrap();
@@ -252,10 +213,7 @@ fn an_awaited_lookup_credits_what_a_blocking_one_does() {
         LookupStep::Done(again) => assert_eq!(again.pool, 2),
         _ => panic!("cached answers need no query"),
     }
-    assert_eq!(
-        (awaitable.awaited.load(Relaxed), awaitable.blocking.load(Relaxed)),
-        (1, 0)
-    );
+    assert_eq!((awaited.load(Relaxed), blocking.load(Relaxed)), (1, 0));
     assert_eq!(b.lookup(ns, &hs).unwrap().pool, 2, "a blocking lookup agrees");
 }
 

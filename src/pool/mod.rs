@@ -7,6 +7,8 @@
 //! in the directory, when every object key of their layout exists.
 
 pub mod delayed;
+#[cfg(test)]
+pub(crate) mod hooked;
 pub mod index;
 pub mod io_guard;
 pub mod keys;
