@@ -352,32 +352,18 @@ impl Manager {
 /// of them are ready to load, in order.
 fn stage_and_advise(mover: &Mover<'_>, queues: &EngineQueues, ns: NamespaceId, hashes: &[PageHash]) {
     for chunk in hashes.chunks(mover.cfg.max_batch.max(1)) {
-        let in_pool: Vec<PageHash> = {
+        let in_pool = {
             let st = mover.read();
-            chunk
-                .iter()
-                .copied()
-                .filter(|h| {
-                    st.dir.find(ns, h).is_some_and(|id| {
-                        st.dir.is_complete(id, TierKind::Pool) && !st.dir.is_complete(id, TierKind::Host)
-                    })
-                })
-                .collect()
+            hashes_where(&st, ns, chunk, |id| {
+                st.dir.is_complete(id, TierKind::Pool) && !st.dir.is_complete(id, TierKind::Host)
+            })
         };
         if !in_pool.is_empty() {
             mover.stage_pages_from_pool(ns, &in_pool);
         }
-        let ready: Vec<PageHash> = {
+        let ready = {
             let st = mover.read();
-            chunk
-                .iter()
-                .copied()
-                .filter(|h| {
-                    st.dir
-                        .find(ns, h)
-                        .is_some_and(|id| st.dir.is_complete(id, TierKind::Host))
-                })
-                .collect()
+            hashes_where(&st, ns, chunk, |id| st.dir.is_complete(id, TierKind::Host))
         };
         if !ready.is_empty() {
             queues
@@ -418,6 +404,15 @@ impl Mover<'_> {
             }
         }
     }
+}
+
+/// The pages of `hashes` the directory knows whose record `keep` accepts, in order.
+fn hashes_where(st: &DirState, ns: NamespaceId, hashes: &[PageHash], keep: impl Fn(PageId) -> bool) -> Vec<PageHash> {
+    hashes
+        .iter()
+        .copied()
+        .filter(|h| st.dir.find(ns, h).is_some_and(&keep))
+        .collect()
 }
 
 /// The pages of `hashes` the directory holds complete in `tier`.
