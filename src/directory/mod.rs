@@ -290,14 +290,6 @@ impl Directory {
         self.complete[tier.index()]
     }
 
-    /// Starts loading where [`Self::find`] of each of `hashes` will look, so that the
-    /// finds that follow overlap their memory reads instead of waiting on one at a time.
-    pub fn prefetch(&self, ns: NamespaceId, hashes: &[PageHash]) {
-        for h in hashes {
-            self.view.prefetch(h.table_hash(ns));
-        }
-    }
-
     pub fn find(&self, ns: NamespaceId, hash: &PageHash) -> Option<PageId> {
         self.view.find(ns, hash, hash.table_hash(ns)).map(|(i, _)| PageId(i))
     }

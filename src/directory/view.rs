@@ -299,6 +299,15 @@ impl DirView {
         self.find_key(h, &Key::new(ns, hash))
     }
 
+    /// Starts loading where a find of each of `hashes` will look (the directory's `find`
+    /// reads this index), so that the finds that follow overlap their memory reads
+    /// instead of waiting on one at a time.
+    pub fn prefetch_pages(&self, ns: NamespaceId, hashes: &[PageHash]) {
+        for h in hashes {
+            self.prefetch(h.table_hash(ns));
+        }
+    }
+
     /// Hints the CPU to fetch the home slot of `h`.
     #[inline]
     pub(super) fn prefetch(&self, h: u64) {

@@ -486,7 +486,7 @@ impl<'a> PoolDiscovery<'a> {
                 return Err(NoLayout);
             }
             // The pages' slots load together, not one cold miss after another.
-            st.dir.prefetch(ns, pages);
+            st.dir.view().prefetch_pages(ns, pages);
             pages
                 .iter()
                 .map(|h| match st.dir.find(ns, h) {
