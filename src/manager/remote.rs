@@ -39,6 +39,7 @@ use serde::Serialize;
 
 use super::locks::{Ordered, Rank};
 use super::pages::Pages;
+use super::state::DirState;
 use super::{Manager, ManagerConfig, Stores};
 use crate::clock::Clock;
 use crate::page::{NamespaceId, PageHash};
@@ -477,27 +478,31 @@ impl<'a> PoolDiscovery<'a> {
     }
 
     /// What the directory knows of each of `pages` (one read lock, the view's probes
-    /// being lock-free already; nothing is cloned here), and of the pages it credits to
-    /// the pool, which this node found there rather than wrote (the cache's `found`).
+    /// being lock-free already; nothing is cloned here): [`Self::classify_in`].
     fn classify(&self, ns: NamespaceId, pages: &[PageHash]) -> Result<Vec<Known>, NoLayout> {
-        let mut known: Vec<Known> = {
-            let st = self.pages.read();
-            if st.dir.layout(ns).is_err() {
-                return Err(NoLayout);
-            }
-            // The pages' slots load together, not one cold miss after another.
-            st.dir.view().prefetch_pages(ns, pages);
-            pages
-                .iter()
-                .map(|h| match st.dir.find(ns, h) {
-                    Some(id) if st.dir.is_complete(id, TierKind::Device) || st.dir.is_complete(id, TierKind::Host) => {
-                        Known::Near
-                    }
-                    Some(id) if st.dir.is_complete(id, TierKind::Pool) => Known::Pool,
-                    _ => Known::No,
-                })
-                .collect()
-        };
+        let st = self.pages.read();
+        if st.dir.layout(ns).is_err() {
+            return Err(NoLayout);
+        }
+        Ok(self.classify_in(&st, ns, pages))
+    }
+
+    /// What the directory `st` knows of each of `pages`, and of the pages it credits to
+    /// the pool, which this node found there rather than wrote (the cache's `found`, whose
+    /// lock nests inside the directory's).
+    fn classify_in(&self, st: &DirState, ns: NamespaceId, pages: &[PageHash]) -> Vec<Known> {
+        // The pages' slots load together, not one cold miss after another.
+        st.dir.view().prefetch_pages(ns, pages);
+        let mut known: Vec<Known> = pages
+            .iter()
+            .map(|h| match st.dir.find(ns, h) {
+                Some(id) if st.dir.is_complete(id, TierKind::Device) || st.dir.is_complete(id, TierKind::Host) => {
+                    Known::Near
+                }
+                Some(id) if st.dir.is_complete(id, TierKind::Pool) => Known::Pool,
+                _ => Known::No,
+            })
+            .collect();
         if known.contains(&Known::Pool)
             && let Some(cache) = self.cache()
         {
@@ -507,7 +512,7 @@ impl<'a> PoolDiscovery<'a> {
                 }
             }
         }
-        Ok(known)
+        known
     }
 
     /// The window's answers from the directory and the pool index, up to and including
@@ -517,22 +522,45 @@ impl<'a> PoolDiscovery<'a> {
     /// index); pages found in the pool follow the index. The window is taken in parts of
     /// growing size (4, 8, 16, …) and the walk stops after the part that holds a page that
     /// does not count, so a lookup whose first page misses classifies a few pages, not the
-    /// whole window. `None` when the index lost sync meanwhile.
+    /// whole window. The directory's read lock is held for the whole walk; the index's is
+    /// taken per part, after the part's classification (it is a leaf: the cache's lock
+    /// must not nest in it). `None` when the index lost sync meanwhile.
     fn index_plan(&self, index: &PoolIndex, ns: NamespaceId, window: &[PageHash]) -> Option<Result<Walked, NoLayout>> {
+        let st = self.pages.read();
+        let Ok(layout) = st.dir.layout(ns) else {
+            return Some(Err(NoLayout));
+        };
+        let scheme = &st.keys[ns.0 as usize];
         let (mut known, mut answer) = (Vec::with_capacity(window.len()), Vec::with_capacity(window.len()));
-        let (mut part, mut per_page) = (4, 0);
+        let mut part = 4;
         while known.len() < window.len() {
             let pages = &window[known.len()..(known.len() + part).min(window.len())];
-            let k = match self.classify(ns, pages) {
-                Ok(k) => k,
-                Err(e) => return Some(Err(e)),
-            };
+            let k = self.classify_in(&st, ns, pages);
             let mut a: Vec<Option<bool>> = k
                 .iter()
                 .map(|k| matches!(k, Known::Near | Known::Pool).then_some(true))
                 .collect();
-            per_page = self.index_answers(index, ns, pages, known.is_empty(), &mut a)?;
-            let open = a.iter().all(|a| *a == Some(true));
+            // The index's answers for the part's unanswered pages, in order, up to the
+            // first page that lacks an object (it and the rest stay `false`): each page is
+            // one probe by its hash, no key rendered (the namespace's key prefix and its
+            // layout's objects are resolved once and remembered by the index under the
+            // namespace). The first part's probe counts the lookup; later parts count only
+            // their pages.
+            let mut probe = if known.is_empty() {
+                index.probe()?
+            } else {
+                index.probe_more()?
+            };
+            let mut present = probe.pages_named(u32::from(ns.0), scheme, layout);
+            let mut open = true;
+            for (a, h) in a.iter_mut().zip(pages) {
+                if a.is_none() {
+                    open = open && present.present(h);
+                    *a = Some(open);
+                }
+            }
+            // The index's lock goes before the next part's classification takes the cache's.
+            drop(probe);
             known.extend(k);
             answer.extend(a);
             if !open {
@@ -543,39 +571,8 @@ impl<'a> PoolDiscovery<'a> {
         Some(Ok(Walked {
             known,
             answer,
-            per_page,
+            per_page: layout.object_count(),
         }))
-    }
-
-    /// The index's answers for the window's unanswered pages, in order, up to the first
-    /// page that lacks an object (it and the rest stay `false`): the namespace's key prefix
-    /// and its layout's objects are resolved once (and remembered by the index under the
-    /// namespace, so later lookups render no key), then each page is one probe of the
-    /// index by its hash (no key rendered), under the directory's and the index's read
-    /// locks (the index's lock is a leaf: nothing is taken under it). `None` when the index
-    /// lost sync meanwhile. Returns the objects per page. `first`: this part begins the
-    /// lookup, which the index then counts (later parts count only their pages).
-    fn index_answers(
-        &self,
-        index: &PoolIndex,
-        ns: NamespaceId,
-        window: &[PageHash],
-        first: bool,
-        answer: &mut [Option<bool>],
-    ) -> Option<usize> {
-        let st = self.pages.read();
-        let layout = st.dir.layout(ns).ok()?;
-        let mut probe = if first { index.probe()? } else { index.probe_more()? };
-        let mut pages = probe.pages_named(u32::from(ns.0), &st.keys[ns.0 as usize], layout);
-        let mut open = true;
-        for (i, h) in window.iter().enumerate() {
-            if answer[i].is_some() {
-                continue;
-            }
-            open = open && pages.present(h);
-            answer[i] = Some(open);
-        }
-        Some(layout.object_count())
     }
 }
 
