@@ -141,11 +141,13 @@ fn a_pool_write_that_panics_clears_its_in_flight_marks_and_leases() {
     let local = crate::pool::local::LocalPool::create(&dir.path().join("pool"), 256 * slot, slot, &opts).unwrap();
     // The first put panics; the rest go through.
     let panicked = std::sync::atomic::AtomicBool::new(false);
-    let pool = Arc::new(crate::pool::hooked::HookedPool::new(Arc::new(local)).on_put(move || {
-        if !panicked.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            panic!("the pool's put failed hard");
-        }
-    }));
+    let pool = Arc::new(
+        crate::pool::hooked::HookedPool::new(Arc::new(local)).before(move |call| {
+            if call == crate::pool::hooked::Call::Put && !panicked.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                panic!("the pool's put failed hard");
+            }
+        }),
+    );
     let mut cfg = ManagerConfig::in_dir(dir.path(), 16 * layout.page_bytes(), None);
     cfg.arena.lock = false;
     cfg.pool = PoolConfig::Backend(pool.clone());

@@ -177,8 +177,10 @@ fn an_awaited_lookup_credits_what_a_blocking_one_does() {
                 .awaitable(move || {
                     a.fetch_add(1, Relaxed);
                 })
-                .on_exists(move || {
-                    b.fetch_add(1, Relaxed);
+                .before(move |call| {
+                    if call == crate::pool::hooked::Call::Exists {
+                        b.fetch_add(1, Relaxed);
+                    }
                 }),
         )
     };

@@ -124,7 +124,7 @@ impl Stores {
         // Fault injection (benches, tests): the same pool, answering later.
         let pool = pool.map(|p| match self.pool_fault_delay_ms {
             0 => p,
-            ms => Arc::new(crate::pool::delayed::DelayedPool::new(
+            ms => Arc::new(crate::pool::hooked::HookedPool::delayed(
                 p,
                 std::time::Duration::from_millis(ms),
             )) as Arc<dyn PoolBackend>,

@@ -6,9 +6,7 @@
 //! implement the same trait. The pool is object-addressed: pages become pool-complete only
 //! in the directory, when every object key of their layout exists.
 
-pub mod delayed;
-#[cfg(test)]
-pub(crate) mod hooked;
+pub mod hooked;
 pub mod index;
 pub mod io_guard;
 pub mod keys;
