@@ -29,7 +29,6 @@ pub(super) mod settle;
 pub use report::PoolReport;
 pub use settle::settle_lookups;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
@@ -50,8 +49,27 @@ use crate::pool::{KeyBatch, PoolHealth};
 use crate::tier::TierKind;
 use crate::wire::PrefixHit;
 
-/// Cache maps keyed by engine-given hashes: foldhash, seeded per process.
-type PageMap<V> = HashMap<(NamespaceId, PageHash), V, foldhash::quality::RandomState>;
+/// Bounded caches keyed by engine-given hashes (foldhash, seeded per process). Past
+/// their capacity, quick_cache's S3-FIFO evicts one entry per insert: entries asked about
+/// once leave first, and a scan of new pages does not flush the ones lookups keep hitting.
+pub(super) type PageMap<V> =
+    quick_cache::unsync::Cache<(NamespaceId, PageHash), V, quick_cache::UnitWeighter, foldhash::quality::RandomState>;
+
+/// A [`PageMap`] holding at most `cap` entries. Its table grows with use: a daemon whose
+/// lookups never reach a pool allocates next to nothing.
+pub(super) fn page_map<V: Clone>(cap: usize) -> PageMap<V> {
+    let options = quick_cache::OptionsBuilder::new()
+        .estimated_items_capacity(cap.clamp(1, 1024))
+        .weight_capacity(cap.max(1) as u64)
+        .build()
+        .expect("an items estimate and a weight capacity are all the options need");
+    PageMap::with_options(
+        options,
+        quick_cache::UnitWeighter,
+        foldhash::quality::RandomState::default(),
+        Default::default(),
+    )
+}
 
 /// Discovery tunables. Every field has a documented default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,7 +80,8 @@ pub struct RemoteConfig {
     pub positive_ttl_ms: u64,
     /// How long "not complete in the pool" is believed, in ms. Default: 500.
     pub negative_ttl_ms: u64,
-    /// Most cached answers; past it the oldest half is dropped. Default: 262,144.
+    /// Most cached answers (and, apart, most pages remembered as found in the pool); past
+    /// it, one entry is evicted per insert (S3-FIFO, see [`PageMap`]). Default: 262,144.
     pub cache_entries: usize,
 }
 
@@ -129,7 +148,6 @@ struct Counters {
 }
 
 /// Cached answers and the origin of pages found in the pool. Guarded by [`Rank::Remote`].
-#[derive(Default)]
 pub(super) struct Cache {
     /// (namespace, page) → (complete in the pool, expires at ms).
     answers: PageMap<(bool, u64)>,
@@ -141,14 +159,11 @@ pub(super) struct Cache {
 }
 
 impl Cache {
-    fn trim(map: &mut PageMap<impl Copy>, cap: usize) {
-        if map.len() >= cap {
-            // No order is kept per entry; dropping an arbitrary half keeps the cost O(1)
-            // amortised, and a dropped answer only costs one more query.
-            let drop: Vec<_> = map.keys().take(map.len() / 2 + 1).copied().collect();
-            for k in drop {
-                map.remove(&k);
-            }
+    fn new(cap: usize) -> Self {
+        Self {
+            answers: page_map(cap),
+            found: page_map(cap),
+            pending: Vec::new(),
         }
     }
 }
@@ -168,7 +183,7 @@ impl Remote {
     pub(crate) fn new(cfg: RemoteConfig) -> Self {
         Self {
             cfg,
-            cache: Mutex::new(Cache::default()),
+            cache: Mutex::new(Cache::new(cfg.cache_entries)),
             n: Counters::default(),
             index: std::sync::OnceLock::new(),
             pending: AtomicBool::new(false),

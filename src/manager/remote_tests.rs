@@ -446,3 +446,41 @@ fn the_index_walk_credits_the_same_wherever_the_first_missing_page_falls() {
         assert_eq!((ix.index_lookups, ix.index_pages), (1, probed), "{missing:?}");
     }
 }
+
+/// The discovery cache holds at most its capacity, and a page that lookups keep asking
+/// about outlives a scan of pages asked about once (a burst of new prefixes must not
+/// flush the answers that save master queries). The old cache dropped an arbitrary half
+/// of its entries whenever it filled.
+#[test]
+fn the_discovery_cache_is_bounded_and_keeps_what_lookups_reuse() {
+    let cap = 1_000;
+    let mut map = super::remote::page_map::<u64>(cap);
+    let ns = NamespaceId(0);
+    let key = |i: u64| (ns, PageHash::from_u64(i));
+    let hot: Vec<_> = (0..100u64).map(|i| key(1 << 40 | i)).collect();
+    for (i, k) in hot.iter().enumerate() {
+        map.insert(*k, i as u64);
+    }
+    let mut most = 0;
+    for i in 0..20 * cap as u64 {
+        map.insert(key(i), i);
+        most = most.max(map.len());
+        if i % 50 == 0 {
+            // The hot pages are read between inserts, as repeated lookups read them.
+            for k in &hot {
+                let _ = map.get(k);
+            }
+        }
+    }
+    assert!(most <= cap, "held {most} entries, capacity {cap}");
+    assert!(
+        map.len() >= cap * 9 / 10,
+        "a full cache stays nearly full: {}",
+        map.len()
+    );
+    let kept = hot.iter().filter(|k| map.contains_key(*k)).count();
+    assert_eq!(kept, hot.len(), "every reused entry survives the scan");
+    for (i, k) in hot.iter().enumerate() {
+        assert_eq!(map.get(k), Some(&(i as u64)), "with its value");
+    }
+}

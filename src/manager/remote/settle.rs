@@ -21,7 +21,7 @@
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::time::Duration;
 
-use super::{Cache, DiscoveryPlan, Known, PoolDiscovery};
+use super::{DiscoveryPlan, Known, PoolDiscovery};
 use crate::manager::Manager;
 use crate::page::{NamespaceId, PageHash};
 use crate::pool::PoolError;
@@ -86,7 +86,6 @@ pub(super) fn credit(
             return (PrefixHit { pool: 0, ..hit }, None);
         };
         if let Some(mut cache) = pd.cache() {
-            Cache::trim(&mut cache.answers, remote.cfg.cache_entries);
             for (j, &i) in ask.iter().enumerate() {
                 let yes = present.len() == asked && present[j * per_page..(j + 1) * per_page].iter().all(|&p| p);
                 answer[i] = Some(yes);
@@ -184,7 +183,6 @@ pub(super) fn settle(pd: &PoolDiscovery, extra: Option<Settle>) {
         if batch.is_empty() {
             return;
         }
-        Cache::trim(&mut cache.found, remote.cfg.cache_entries);
         for w in &batch {
             for h in &w.found {
                 let Ok(id) = st.dir.find_or_insert(w.ns, h) else { break };
