@@ -56,6 +56,10 @@ pub struct PeerCred {
 }
 
 /// Reads `SO_PEERCRED` of a connected Unix stream (std's or tokio's).
+///
+/// Raw `libc`, not rustix: the kernel reports pid 0 for a peer in a pid namespace the
+/// reader cannot see (an engine in another container), and rustix's `UCred` holds the
+/// pid as a non-zero type, so its `socket_peercred` would build an invalid value there.
 pub fn peer_cred(stream: &impl AsRawFd) -> std::io::Result<PeerCred> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;

@@ -364,11 +364,13 @@ fn spawn(l: &Launch, n: u64) -> std::io::Result<(Child, Arc<Conn>)> {
     for (path, len) in &l.regions {
         cmd.arg("--region").arg(format!("{}:{len}", path.display()));
     }
-    // SAFETY: prctl is async-signal-safe. The helper dies with the supervisor thread that
-    // started it, so a crashed daemon never leaves a client holding pool memory.
+    // SAFETY: the closure makes one `prctl` system call (rustix issues it directly: no
+    // allocation, no lock), which is async-signal-safe. The helper dies with the
+    // supervisor thread that started it, so a crashed daemon never leaves a client
+    // holding pool memory.
     unsafe {
         cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
             Ok(())
         });
     }
