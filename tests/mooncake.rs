@@ -24,10 +24,11 @@ use parking_lot::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// When a test last restarted the master. A helper whose master was restarted under it
-/// may exit without unmounting its segment; the master keeps placing objects there until
-/// the client TTL (`scripts/mooncake-env.sh`, 3 s) drops it, and those puts fail with
-/// TRANSFER_FAIL. A test that checks exact put results waits that out first.
+/// When a test last restarted the master or killed a helper. A helper whose master was
+/// restarted under it (or that was killed) may leave its segment mounted; the master
+/// keeps placing objects there until the client TTL (`scripts/mooncake-env.sh`, 3 s)
+/// drops it, and those puts fail with TRANSFER_FAIL. A test that checks exact put
+/// results waits that out first.
 static RESTARTED_AT: Mutex<Option<Instant>> = Mutex::new(None);
 
 /// Waits until segments left by an earlier test's helpers have expired in the master.
@@ -435,12 +436,13 @@ fn killed_helper_is_restarted_and_the_pool_comes_back() {
     healthy(&pool);
     assert!(pool.restarts() >= 1);
     assert_ne!(pool.helper_pid(), Some(pid));
+    // Until the master drops the dead helper's segment (client TTL, 3 s from the script),
+    // a put may be placed there and fail; it is never reported stored. The puts below
+    // retry until one lands in the live segment, and the next test that checks exact
+    // put results waits the TTL out from here (`stale_segments_expired`).
+    *RESTARTED_AT.lock() = Some(Instant::now());
     let s = scheme("helper");
     let data = pattern(500, 100 << 10);
-    // Until the master drops the dead helper's segment (client TTL, 3 s from the script),
-    // a put may be placed there and fail; it is never reported stored. Wait the TTL out so
-    // the next test meets a clean store.
-    std::thread::sleep(Duration::from_secs(4));
     assert!(
         eventually(Duration::from_secs(15), || pool
             .batch_put_from(&[(&s.prefix, &data[..])])[0]
