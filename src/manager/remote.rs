@@ -57,7 +57,7 @@ pub(super) type PageMap<V> =
 
 /// A [`PageMap`] holding at most `cap` entries. Its table grows with use: a daemon whose
 /// lookups never reach a pool allocates next to nothing.
-pub(super) fn page_map<V: Clone>(cap: usize) -> PageMap<V> {
+pub(super) fn page_map<V>(cap: usize) -> PageMap<V> {
     let options = quick_cache::OptionsBuilder::new()
         .estimated_items_capacity(cap.clamp(1, 1024))
         .weight_capacity(cap.max(1) as u64)
