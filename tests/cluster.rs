@@ -524,27 +524,6 @@ fn a_cluster_key_file_others_can_read_refuses_the_start() {
     assert!(err.contains("mooncake.integrity = false"), "{err}");
 }
 
-/// The processes whose parent is `pid` (from `/proc/*/stat`).
-fn children_of(pid: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&p| stat_of(p).is_some_and(|(_, ppid)| ppid == pid))
-        .collect()
-}
-
-/// A process's state letter and parent pid; `None` once it is gone.
-fn stat_of(pid: u32) -> Option<(char, u32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) S ppid …": the name may hold spaces and parentheses; the last ')' ends it.
-    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
-    let state = rest.next()?.chars().next()?;
-    Some((state, rest.next()?.parse().ok()?))
-}
-
 /// A SIGKILLed daemon takes its Mooncake helper with it: no process is left holding the
 /// node's store segment and a mapping of its arena. The helper leaves when its control
 /// socket closes, and the kernel kills it when the daemon's thread that started it dies
@@ -561,21 +540,18 @@ fn a_killed_daemons_mooncake_helper_dies_with_it() {
     // The helper starts at an engine's first connect.
     let _engine = a.client("a-engine", 0);
     let daemon = a.pid();
-    let mut helpers = Vec::new();
     assert!(
-        eventually(Duration::from_secs(30), || {
-            helpers = children_of(daemon);
-            !helpers.is_empty()
-        }),
+        eventually(Duration::from_secs(30), || cluster_support::helper_pid(daemon)
+            .is_some()),
         "the daemon started no helper; log {}",
         a.log.display()
     );
+    let helper = cluster_support::helper_pid(daemon).unwrap();
     // SAFETY: signalling a process by pid has no memory-safety preconditions; it is the
     // daemon this test started.
     assert_eq!(unsafe { libc::kill(daemon as i32, libc::SIGKILL) }, 0);
-    let gone = |p: &u32| stat_of(*p).is_none_or(|(state, _)| state == 'Z' || state == 'X');
     assert!(
-        eventually(Duration::from_secs(20), || helpers.iter().all(gone)),
-        "helper(s) {helpers:?} outlived their daemon"
+        eventually(Duration::from_secs(20), || !cluster_support::alive(helper)),
+        "helper {helper} outlived its daemon"
     );
 }

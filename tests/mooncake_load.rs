@@ -18,7 +18,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster_support::{Master, Node, eventually, store_and_share};
+use cluster_support::{Master, Node, eventually, helper_pid, store_and_share};
 use common::rank::RankProc;
 use common::require::require;
 use common::{hashes, spec};
@@ -52,18 +52,6 @@ fn metric(node: &Node, name: &str) -> Option<f64> {
     s.read_to_string(&mut text).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
-/// The daemon's Mooncake helper: its child running `kvtier_mooncake_helper.py`.
-fn helper_pid(daemon: u32) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-        // `pid (comm) state ppid ...`: comm may hold spaces, so read past its ')'.
-        let ppid: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
-        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-        (ppid == daemon && String::from_utf8_lossy(&cmd).contains("kvtier_mooncake_helper")).then_some(pid)
-    })
 }
 
 /// `store_and_share`, then waits until the master lists every object of the pages;

@@ -125,6 +125,31 @@ impl Drop for Master {
     }
 }
 
+/// The daemon's Mooncake helper: its child running `kvtier_mooncake_helper.py`.
+pub fn helper_pid(daemon: u32) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        // `pid (comm) state ppid ...`: comm may hold spaces, so read past its ')'.
+        let ppid: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        (ppid == daemon && String::from_utf8_lossy(&cmd).contains("kvtier_mooncake_helper")).then_some(pid)
+    })
+}
+
+/// Whether process `pid` still runs: its `/proc` entry exists and it is not a zombie
+/// (a killed child that nobody has reaped yet).
+pub fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) state ...`: comm may hold spaces, so read past its ')'.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, Some("Z" | "X") | None)
+}
+
 /// `pool.key` in `dir`: 32 random bytes, mode 0600, made once (`mooncake.integrity_key_file`).
 pub fn cluster_key_file(dir: &Path) -> PathBuf {
     use std::io::{Read, Write};
