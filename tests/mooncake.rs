@@ -464,6 +464,7 @@ fn c_abi_pool_round_trips_a_page() {
         return;
     }
     let Some(cfg) = config() else { return };
+    stale_segments_expired();
     let pool = MooncakeCPool::open(cfg, None, None).unwrap();
     assert_eq!(pool.health(), PoolHealth::Ok);
     let (l, s) = (layout(), scheme("cabi"));
@@ -493,6 +494,7 @@ fn manager_shares_to_mooncake_and_defers_while_the_master_is_down() {
     use kvtier::tier::device::EmulatedDevice;
     let _g = SERIAL.lock();
     let Some(mc) = config() else { return };
+    stale_segments_expired();
     let dir = tempfile::tempdir().unwrap();
     let l = layout();
     let mut cfg = ManagerConfig::in_dir(dir.path(), 32 * l.page_bytes(), None);
