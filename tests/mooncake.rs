@@ -31,11 +31,50 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// results waits that out first.
 static RESTARTED_AT: Mutex<Option<Instant>> = Mutex::new(None);
 
-/// Waits until segments left by an earlier test's helpers have expired in the master.
+/// Waits until segments left by an earlier test's helpers have gone from the master.
+///
+/// Where the master's metrics are known (`KVTIER_MOONCAKE_MASTER_ADMIN`, which
+/// `scripts/mooncake-env.sh env` exports), that is a condition: no capacity mounted, as
+/// no pool of an earlier test is alive (each drops its own before it ends), with a
+/// deadline well past the client TTL. Without them, the TTL and a margin are waited out
+/// after a restart or a kill.
 fn stale_segments_expired() {
     const TTL_AND_MARGIN: Duration = Duration::from_secs(4);
-    if let Some(at) = RESTARTED_AT.lock().take() {
+    let at = RESTARTED_AT.lock().take();
+    if let Ok(admin) = std::env::var("KVTIER_MOONCAKE_MASTER_ADMIN") {
+        let mut last = None;
+        let gone = eventually(Duration::from_secs(30), || {
+            last = master_gauge(&admin, "master_total_capacity_bytes");
+            last == Some(0)
+        });
+        assert!(
+            gone,
+            "the master still has {last:?} bytes of segments mounted by earlier tests"
+        );
+    } else if let Some(at) = at {
         std::thread::sleep(TTL_AND_MARGIN.saturating_sub(at.elapsed()));
+    }
+}
+
+/// One gauge of the master's Prometheus metrics (`host:port`), if it answers. Read until
+/// the gauge's line is whole: the master's HTTP server may keep the connection open.
+fn master_gauge(admin: &str, name: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(admin).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n").ok()?;
+    let needle = format!("\n{name} ");
+    let (mut body, mut chunk) = (String::new(), [0u8; 16 << 10]);
+    loop {
+        if let Some(at) = body.find(&needle).map(|i| i + needle.len())
+            && let Some(len) = body[at..].find('\n')
+        {
+            return body[at..at + len].trim().parse::<f64>().ok().map(|v| v as u64);
+        }
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => body.push_str(&String::from_utf8_lossy(&chunk[..n])),
+        }
     }
 }
 
