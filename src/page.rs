@@ -19,8 +19,8 @@ pub const MAX_HASH_BYTES: usize = 32;
 pub enum PageError {
     #[error("a page hash has {0} bytes; it must have {MIN_HASH_BYTES} to {MAX_HASH_BYTES}")]
     HashLength(usize),
-    #[error("a page hash in hex must be an even number of hex digits: {0:?}")]
-    BadHex(String),
+    #[error("a page hash in hex must be an even number of hex digits (0-9, a-f); {0:?} {1}")]
+    BadHex(String, &'static str),
     #[error("object key {0:?} does not follow the HiCache scheme for this layout")]
     BadKey(String),
 }
@@ -53,18 +53,24 @@ impl PageHash {
     }
 
     pub fn from_hex(s: &str) -> Result<Self, PageError> {
+        let shown = || s.chars().take(80).collect();
+        if let Some(c) = s.chars().find(|c| !c.is_ascii_hexdigit()) {
+            let why = if c.is_ascii_graphic() {
+                "has a character that is not a hex digit"
+            } else {
+                "has a space, control or non-ASCII character"
+            };
+            return Err(PageError::BadHex(shown(), why));
+        }
         if !s.len().is_multiple_of(2) {
-            return Err(PageError::BadHex(s.chars().take(80).collect()));
+            return Err(PageError::BadHex(shown(), "has an odd number of digits"));
         }
-        let mut buf = Vec::with_capacity(s.len() / 2);
-        for pair in s.as_bytes().chunks(2) {
-            let hi = hex_val(pair[0]);
-            let lo = hex_val(pair[1]);
-            match (hi, lo) {
-                (Some(h), Some(l)) => buf.push(h << 4 | l),
-                _ => return Err(PageError::BadHex(s.chars().take(80).collect())),
-            }
-        }
+        // Every character is a hex digit and the length is even: every pair converts.
+        let buf: Vec<u8> = s
+            .as_bytes()
+            .chunks(2)
+            .filter_map(|p| Some(hex_val(p[0])? << 4 | hex_val(*p.get(1)?)?))
+            .collect();
         Self::new(&buf)
     }
 
@@ -328,8 +334,27 @@ mod tests {
         assert_eq!(PageHash::new(&[1; 33]), Err(PageError::HashLength(33)));
         assert_eq!(PageHash::new(&[0xab; 8]).unwrap().to_hex(), "abababababababab");
         assert_eq!(PageHash::new(&[7; 32]).unwrap().len(), 32);
-        assert!(PageHash::from_hex("abc").is_err());
-        assert!(PageHash::from_hex("zz00000000000000").is_err());
+        let why = |s: &str| match PageHash::from_hex(s) {
+            Err(PageError::BadHex(shown, why)) => {
+                assert_eq!(shown, s);
+                why
+            }
+            other => panic!("{s:?}: {other:?}"),
+        };
+        assert_eq!(why("abc"), "has an odd number of digits");
+        // Not "odd": an even count of characters that are not all hex digits says so.
+        assert_eq!(why("zz00000000000000"), "has a character that is not a hex digit");
+        assert_eq!(why("00112233 4455667"), "has a space, control or non-ASCII character");
+        assert_eq!(why("0011223344556é"), "has a space, control or non-ASCII character");
+        assert!(
+            PageError::BadHex("zz".into(), "has a character that is not a hex digit")
+                .to_string()
+                .ends_with("\"zz\" has a character that is not a hex digit")
+        );
+        assert_eq!(
+            PageHash::from_hex("00112233445566FF").unwrap(),
+            PageHash::from_hex("00112233445566ff").unwrap()
+        );
         let h = PageHash::from_hex("00112233445566778899").unwrap();
         assert_eq!(h.as_bytes(), &[0, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99]);
         assert_eq!(PageHash::from_u64(0x0102030405060708).prefix_u64(), 0x0102030405060708);
