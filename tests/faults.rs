@@ -216,10 +216,12 @@ fn idle_connections_are_closed_so_a_new_engine_gets_in() {
         64 << 10,
         &["max_connections=4", "connect_timeout_ms=1000", "idle_timeout_ms=1500"],
     );
-    // The start-up probe's connection must be gone before the limit is filled.
-    std::thread::sleep(Duration::from_millis(200));
+    // The start-up probe's connection must be gone before the limit is filled: the
+    // connected idle rank waits until the daemon counts it alone.
+    let mut connected = raw_connected(&d, "idle");
+    until_sole_connection(&mut connected, Duration::from_secs(10));
     let mut idle: Vec<UnixStream> = (0..3).map(|_| UnixStream::connect(&d.socket).unwrap()).collect();
-    idle.push(raw_connected(&d, "idle"));
+    idle.push(connected);
     // The limit is held: a fifth connection is refused.
     let mut over = UnixStream::connect(&d.socket).unwrap();
     over.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
