@@ -216,10 +216,12 @@ fn idle_connections_are_closed_so_a_new_engine_gets_in() {
         64 << 10,
         &["max_connections=4", "connect_timeout_ms=1000", "idle_timeout_ms=1500"],
     );
-    // The start-up probe's connection must be gone before the limit is filled.
-    std::thread::sleep(Duration::from_millis(200));
+    // The start-up probe's connection must be gone before the limit is filled: the
+    // connected idle rank waits until the daemon counts it alone.
+    let mut connected = raw_connected(&d, "idle");
+    until_sole_connection(&mut connected, Duration::from_secs(10));
     let mut idle: Vec<UnixStream> = (0..3).map(|_| UnixStream::connect(&d.socket).unwrap()).collect();
-    idle.push(raw_connected(&d, "idle"));
+    idle.push(connected);
     // The limit is held: a fifth connection is refused.
     let mut over = UnixStream::connect(&d.socket).unwrap();
     over.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -260,6 +262,16 @@ fn admin(d: &Daemon, method: &str, path: &str, body: &str) -> (u16, String) {
     (status, body)
 }
 
+/// Upkeep runs the daemon finished, from `/v1/status`.
+fn upkeep_ticks(d: &Daemon) -> u64 {
+    let (st, body) = admin(d, "GET", "/v1/status", "");
+    assert_eq!(st, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["upkeep_ticks"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("upkeep_ticks in {body}"))
+}
+
 /// Item 10: a pin TTL near `u64::MAX` (allowed once `max_pin_ttl_ms` is raised that far)
 /// saturates instead of wrapping into the past: the pin holds through eviction and ticks.
 #[test]
@@ -282,7 +294,9 @@ fn a_pin_ttl_near_u64_max_saturates_and_holds() {
         &format!("{{\"max_pin_ttl_ms\": {}}}", u64::MAX),
     );
     assert_eq!(st, 200, "{body}");
-    std::thread::sleep(Duration::from_millis(50));
+    // The answer is the configuration now in force (applied before the answer).
+    let now: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(now["max_pin_ttl_ms"].as_u64(), Some(u64::MAX), "{body}");
     let pin = kvtier::hints::Hint::Pin {
         target: kvtier::hints::HintTarget::Pages(keep.clone()),
         tier: kvtier::tier::TierKind::Host,
@@ -299,7 +313,13 @@ fn a_pin_ttl_near_u64_max_saturates_and_holds() {
         c.store(&hs, &[0, 1, 2, 3], "").unwrap();
         c.removed(&hs).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // Upkeep has had its chance: a whole run (pin expiry, then eviction by watermark)
+    // started after the last store.
+    let ticks = || upkeep_ticks(&d);
+    let after_stores = ticks();
+    until("two more upkeep runs", Duration::from_secs(15), || {
+        ticks() >= after_stores + 2
+    });
     let hit = c.lookup(&keep).unwrap();
     assert_eq!((hit.device, hit.host), (0, 2), "the pinned pages stayed on host");
 }

@@ -147,9 +147,9 @@ fn mla_tp_rank_1_on_another_node_loads_latents_found_in_the_store() {
     let share = Hint::Share {
         target: HintTarget::Pages(hs.clone()),
     };
+    // Each round (re)sends the share, then looks; `eventually` spaces the rounds.
     let pooled = eventually(Duration::from_secs(60), || {
         let taken = matches!(writers[0].client.hint(share.clone()), Ok(HintOutcome::Accepted { .. }));
-        std::thread::sleep(Duration::from_millis(200));
         taken && a.admin(&["pages", "--ns", "0", "--prefix", &prefix.join(",")])["complete_prefix"]["pool"] == hs.len()
     });
     assert!(pooled, "A's MLA pages reached the store; log {}", a.log.display());

@@ -127,9 +127,9 @@ fn a_pre_put_page_is_replaced_and_a_forged_object_is_removed_on_load() {
     let share = Hint::Share {
         target: HintTarget::Prefix(hs.clone()),
     };
+    // Each round (re)sends the share, then looks; `eventually` spaces the rounds.
     let pooled = eventually(Duration::from_secs(60), || {
         let ok = matches!(ctl.hint(share.clone()), Ok(HintOutcome::Accepted { .. }));
-        std::thread::sleep(Duration::from_millis(200));
         ok && a.admin(&["pages", "--ns", "0", "--prefix", &prefix.join(",")])["complete_prefix"]["pool"] == hs.len()
     });
     assert!(pooled, "A's pages reached the store; log {}", a.log.display());

@@ -539,10 +539,15 @@ fn soak_32_clients_through_daemon_kills_serve_only_right_bytes_and_lose_no_ackno
         "max_pages=65536",
     ];
     let mut d = Daemon::start_with(dir.path(), ARENA_BYTES, &sets);
-    // Descriptors of the fresh, idle daemon (the start-up probe's connection gone): once
-    // the load is over and its clients have left, the last daemon must be back there.
-    std::thread::sleep(Duration::from_millis(300));
-    let (_, fds_start) = footprint(d.pid().unwrap());
+    // Descriptors of the fresh, idle daemon, counted with one raw connection of the test's
+    // own once the daemon counts it alone (the start-up probe's connection gone): once the
+    // load is over and its clients have left, the last daemon must be back there, counted
+    // the same way.
+    let fds_start = {
+        let mut own = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+        until_sole_connection(&mut own, Duration::from_secs(10));
+        footprint(d.pid().unwrap()).1
+    };
     let sampler = Sampler::start(dir.path().join("arena.manifest"), d.pid().unwrap());
     let start = Instant::now();
     let mut children: Vec<Child> = (0..CLIENTS).map(|i| spawn_client(&d.socket, i, run)).collect();
@@ -574,9 +579,13 @@ fn soak_32_clients_through_daemon_kills_serve_only_right_bytes_and_lose_no_ackno
     sleep_until(start, last + (run - last) * 4 / 5);
     let (rss_start, _) = footprint(d.pid().unwrap());
     let t = collect(&mut children);
-    // The load is over: every client has gone. Let the daemon notice, then measure.
-    std::thread::sleep(Duration::from_millis(1_500));
-    let (rss_end, fds_end) = footprint(d.pid().unwrap());
+    // The load is over: every client has gone. Once the daemon counts the test's own
+    // connection alone (every client's closed on its side too), measure.
+    let (rss_end, fds_end) = {
+        let mut own = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+        until_sole_connection(&mut own, Duration::from_secs(30));
+        footprint(d.pid().unwrap())
+    };
     let manifest_max = sampler.manifest_max.load(Ordering::Acquire);
     let rss_max = sampler.rss_kib_max.load(Ordering::Acquire) as f64 / 1024.0;
     let manifest_samples = sampler.samples.load(Ordering::Acquire);

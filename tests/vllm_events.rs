@@ -108,9 +108,23 @@ impl Decoder {
         let mut d = Self { child, stdin, lines };
         // Importing vLLM (and torch under it) takes a while on a loaded machine.
         assert_eq!(d.next(Duration::from_secs(240)), "ready");
-        // ZMQ subscriptions reach the publisher asynchronously.
-        std::thread::sleep(Duration::from_millis(300));
         d
+    }
+
+    /// A PUB socket drops what it sends before a subscription reaches it: until the
+    /// decoder hears a live batch, both ranks store a probe page (see [`is_probe`]).
+    fn probe_until_heard(&mut self, ranks: &[(Client, Arc<EmulatedDevice>)]) {
+        let start = Instant::now();
+        for i in 1.. {
+            store(ranks, &[PageHash::from_u64((PROBE_TOP << 48) | i)], None, false);
+            if self.ask("heard 200")["heard"] == true {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the decoder heard none of {i} probe pages"
+            );
+        }
     }
 
     fn next(&mut self, wait: Duration) -> String {
@@ -134,6 +148,16 @@ impl Drop for Decoder {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The top 16 bits of probe pages' hashes (`python/tests/vllm_events.py` knows them too).
+const PROBE_TOP: u64 = 0x7e57;
+
+/// Whether a decoded event is of a probe page.
+fn is_probe(e: &Value) -> bool {
+    e["block_hashes"]
+        .as_array()
+        .is_some_and(|hs| hs.iter().any(|h| h.as_u64().is_some_and(|h| h >> 48 == PROBE_TOP)))
 }
 
 fn hashes(base: u64, n: u64) -> Vec<PageHash> {
@@ -173,12 +197,13 @@ fn stored_json(h: &PageHash, parent: Option<u64>, with_tokens: bool) -> Value {
     })
 }
 
-/// Host `BlockStored` events of batches (a `{seq: batch}` map or a list), in order.
+/// Host `BlockStored` events of batches (a `{seq: batch}` map or a list), in order,
+/// probe pages left out.
 fn host_stored(batches: &[&Value]) -> Vec<Value> {
     batches
         .iter()
         .flat_map(|b| b["events"].as_array().unwrap().iter())
-        .filter(|e| e["type"] == "BlockStored" && e["medium"] == "CPU_PINNED")
+        .filter(|e| e["type"] == "BlockStored" && e["medium"] == "CPU_PINNED" && !is_probe(e))
         .cloned()
         .collect()
 }
@@ -213,6 +238,7 @@ fn run(
     let mut args = vec![mode.to_string(), pub_ep, replay_ep];
     args.extend_from_slice(extra);
     let mut dec = Decoder::start(python, &args);
+    dec.probe_until_heard(&ranks);
     // While it listens: the chain goes on with tokens, then 2 pages without, with a top
     // bit set hash so the integer needs msgpack's uint64.
     let b = hashes(0x200, 3);

@@ -12,8 +12,12 @@ its imports served by the installed vLLM. Every payload goes through
 process exits non-zero.
 
 It subscribes, prints "ready", then answers commands on stdin, one JSON line each:
+  heard <ms>        wait up to <ms> for a live batch (the test stores probe pages until
+                    one comes: a PUB socket drops what it sends before a subscription
+                    reaches it); print whether one came
   until <n>         receive live batches until <n> BlockStored events of host pages
-                    (medium CPU_PINNED) arrived in all; print every live batch by seq
+                    (medium CPU_PINNED) arrived in all, probe pages (hashes whose top 16
+                    bits are 0x7e57) not counted; print every live batch by seq
   replay <start>    replay from <start> with the mode's protocol; print what came back
   flood <n>         send <n> replay requests from 0 back to back on one socket; print
                     how many were answered with batches and how many with the end alone
@@ -29,6 +33,12 @@ import msgspec
 import zmq
 
 END = (-1).to_bytes(8, "big", signed=True)
+# The top 16 bits of the test's probe pages' hashes (tests/vllm_events.rs).
+PROBE_TOP = 0x7E57
+
+
+def is_probe(e):
+    return any(isinstance(h, int) and h >> 48 == PROBE_TOP for h in e.get("block_hashes", []))
 
 
 def load(mode, wheel):
@@ -115,12 +125,24 @@ def main():
         sock.close()
         return got
 
+    def receive():
+        topic, seq, payload = sub.recv_multipart()
+        assert topic == b"" and len(seq) == 8, (topic, seq)
+        s = int.from_bytes(seq, "big")
+        assert s not in live, f"seq {s} twice"
+        live[s] = decode(payload)
+
     print("ready", flush=True)
     for line in sys.stdin:
         cmd = line.split()
         if not cmd:
             continue
-        if cmd[0] == "until":
+        if cmd[0] == "heard":
+            came = bool(sub.poll(int(cmd[1])))
+            if came:
+                receive()
+            print(json.dumps({"heard": came}), flush=True)
+        elif cmd[0] == "until":
             want = int(cmd[1])
 
             def host_stored():
@@ -128,15 +150,11 @@ def main():
                     1
                     for b in live.values()
                     for e in b["events"]
-                    if e["type"] == "BlockStored" and e["medium"] == "CPU_PINNED"
+                    if e["type"] == "BlockStored" and e["medium"] == "CPU_PINNED" and not is_probe(e)
                 )
 
             while host_stored() < want:
-                topic, seq, payload = sub.recv_multipart()
-                assert topic == b"" and len(seq) == 8, (topic, seq)
-                s = int.from_bytes(seq, "big")
-                assert s not in live, f"seq {s} twice"
-                live[s] = decode(payload)
+                receive()
             print(json.dumps({str(s): live[s] for s in sorted(live)}), flush=True)
         elif cmd[0] == "replay":
             got = replay(int(cmd[1]))

@@ -184,6 +184,13 @@ pub fn render(s: &StatsSnapshot, uptime: Duration, engines: usize) -> String {
     }
     family(
         &mut o,
+        "kvtier_upkeep_ticks_total",
+        "counter",
+        "Upkeep runs finished (pin expiry, the session policy's step, eviction by watermark).",
+    );
+    sample(&mut o, "kvtier_upkeep_ticks_total", &[], s.upkeep_ticks as f64);
+    family(
+        &mut o,
         "kvtier_recovery_total",
         "counter",
         "What start-up recovery found: pages recovered, pages discarded by reason, manifest records skipped, unreadable manifests.",

@@ -168,6 +168,7 @@ fn status(ctx: &AdminState) -> Value {
         "leased_pages": stats.leased_pages,
         "deferred_hints": stats.deferred_hints,
         "event_seq": stats.event_seq,
+        "upkeep_ticks": stats.upkeep_ticks,
         "pool": ctx.manager.discovery().report(),
         "host_keep": ctx.engines.host_keep(),
         "engines": ctx.engines.engines(),

@@ -25,6 +25,8 @@ pub struct Stats {
     copies: [[Histogram; 3]; 3],
     /// What the daemon's start-up recovery kept and dropped, by [`RECOVERY_REASONS`].
     recovery: [AtomicU64; RECOVERY_REASONS.len()],
+    /// Upkeep runs ([`Manager::tick`](super::Manager::tick)) finished.
+    ticks: AtomicU64,
 }
 
 /// Labels of the recovery counters: pages recovered, pages discarded (failed checksum,
@@ -105,6 +107,11 @@ impl Stats {
 
     pub(crate) fn evicted(&self, tier: TierKind) {
         self.evictions[tier.index()].fetch_add(1, Relaxed);
+    }
+
+    /// One upkeep run finished.
+    pub(crate) fn ticked(&self) {
+        self.ticks.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn snapshot(&self, c: TableCounts<'_>) -> StatsSnapshot {
@@ -194,6 +201,7 @@ impl Stats {
             leased_pages,
             deferred_hints,
             event_seq: dir.event_seq,
+            upkeep_ticks: self.ticks.load(Relaxed),
         }
     }
 }
@@ -313,6 +321,10 @@ pub struct StatsSnapshot {
     pub leased_pages: u64,
     pub deferred_hints: u64,
     pub event_seq: u64,
+    /// Upkeep runs finished (each expires pins, takes the session policy's step and evicts
+    /// by watermark). Two more than a count read after a change include a whole run that
+    /// started after it.
+    pub upkeep_ticks: u64,
     /// Start-up recovery counts, in [`RECOVERY_REASONS`] order.
     pub recovery: [u64; RECOVERY_REASONS.len()],
 }

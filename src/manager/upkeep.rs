@@ -299,6 +299,7 @@ impl Manager {
         }
         // Re-arm: the next growth that finds usage above a high watermark wakes upkeep.
         self.inner.upkeep.rearm();
+        self.inner.stats.ticked();
         Ok(())
     }
 }

@@ -233,6 +233,37 @@ pub fn code(r: Option<Response>) -> Option<ErrorCode> {
     }
 }
 
+/// The daemon's counters (`Stats`), asked on `s`, a raw control connection: `Stats`
+/// needs no `Connect`, so the connection holds nothing in the daemon but itself.
+pub fn raw_stats(s: &mut UnixStream) -> kvtier::protocol::DaemonStats {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = Vec::new();
+    kvtier::protocol::Request::Stats.encode(1, &mut req);
+    std::io::Write::write_all(s, &req).unwrap();
+    match answer(s) {
+        Some(Response::Stats(st)) => st,
+        other => panic!("a Stats answer, not {other:?}"),
+    }
+}
+
+/// Waits (within `limit`) until the daemon counts the raw control connection `s` as its
+/// only one: every connection closed before it (a start-up probe's, clients' that left)
+/// is gone on the daemon's side too, its task ended and its descriptor closed.
+pub fn until_sole_connection(s: &mut UnixStream, limit: Duration) {
+    let t = Instant::now();
+    loop {
+        let n = raw_stats(s).connections;
+        if n == 1 {
+            return;
+        }
+        assert!(
+            t.elapsed() < limit,
+            "the daemon still counts {n} connections, not this one alone"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// One admin-socket request; the status and the body as JSON (`Null` when it is not).
 pub fn admin_json(sock: &Path, method: &str, target: &str, body: Option<&[u8]>) -> (u16, serde_json::Value) {
     let r = kvtier::cli::client::request(sock, method, target, body, Some(Duration::from_secs(30))).unwrap();
