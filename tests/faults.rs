@@ -262,16 +262,6 @@ fn admin(d: &Daemon, method: &str, path: &str, body: &str) -> (u16, String) {
     (status, body)
 }
 
-/// Upkeep runs the daemon finished, from `/v1/status`.
-fn upkeep_ticks(d: &Daemon) -> u64 {
-    let (st, body) = admin(d, "GET", "/v1/status", "");
-    assert_eq!(st, 200, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    v["upkeep_ticks"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("upkeep_ticks in {body}"))
-}
-
 /// Item 10: a pin TTL near `u64::MAX` (allowed once `max_pin_ttl_ms` is raised that far)
 /// saturates instead of wrapping into the past: the pin holds through eviction and ticks.
 #[test]
@@ -315,11 +305,7 @@ fn a_pin_ttl_near_u64_max_saturates_and_holds() {
     }
     // Upkeep has had its chance: a whole run (pin expiry, then eviction by watermark)
     // started after the last store.
-    let ticks = || upkeep_ticks(&d);
-    let after_stores = ticks();
-    until("two more upkeep runs", Duration::from_secs(15), || {
-        ticks() >= after_stores + 2
-    });
+    two_more_upkeep_runs(&admin_socket(&d), Duration::from_secs(15));
     let hit = c.lookup(&keep).unwrap();
     assert_eq!((hit.device, hit.host), (0, 2), "the pinned pages stayed on host");
 }

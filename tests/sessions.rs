@@ -10,6 +10,7 @@ mod common;
 mod session_support;
 
 use std::process::Command;
+use std::time::Duration;
 
 use common::kvtier_bin;
 use common::rank::RankProc;
@@ -51,14 +52,7 @@ fn an_acting_child_goes_to_the_pool_under_pressure_and_comes_back_on_resume() {
     // No pressure (24 of 100 pages): an acting session keeps its pages in host, after
     // the policy has had its chance (a whole upkeep run, which takes the policy's step,
     // started after the child began acting).
-    let ticks = || {
-        let (_, st) = http(&d.admin, "GET", "/v1/status", "");
-        st["upkeep_ticks"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("upkeep_ticks in {st}"))
-    };
-    let acting = ticks();
-    wait_until("two more upkeep runs", || ticks() >= acting + 2);
+    common::two_more_upkeep_runs(&d.admin, Duration::from_secs(15));
     assert!(where_are(&d.admin, 2000, 16).iter().all(|&(host, _)| host));
 
     // Another session fills host to 0.88, between the target (0.80) and the high

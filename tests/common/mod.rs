@@ -264,6 +264,23 @@ pub fn until_sole_connection(s: &mut UnixStream, limit: Duration) {
     }
 }
 
+/// Waits (within `limit`) until the daemon behind the admin socket `sock` has finished two
+/// more upkeep runs (`upkeep_ticks` in `/v1/status`) than when called: one whole run
+/// (pin expiry, the session policy's step, eviction by watermark) started after whatever
+/// the caller did before. For a negative assertion ("nothing moved") that needs the
+/// policy to have had its chance.
+pub fn two_more_upkeep_runs(sock: &Path, limit: Duration) {
+    let ticks = || {
+        let (status, st) = admin_json(sock, "GET", "/v1/status", None);
+        assert_eq!(status, 200, "{st}");
+        st["upkeep_ticks"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("upkeep_ticks in {st}"))
+    };
+    let from = ticks();
+    until("two more upkeep runs", limit, || ticks() >= from + 2);
+}
+
 /// One admin-socket request; the status and the body as JSON (`Null` when it is not).
 pub fn admin_json(sock: &Path, method: &str, target: &str, body: Option<&[u8]>) -> (u16, serde_json::Value) {
     let r = kvtier::cli::client::request(sock, method, target, body, Some(Duration::from_secs(30))).unwrap();
