@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::grants::{Grant, GrantKind, GrantPage, release_store_page};
+use super::grants::{Grant, GrantKind, GrantPage, Leases, release_store_page};
 use super::store_plan::{apply_store, plan_store, unplan_store};
 use super::{Manager, ManagerError};
 use crate::page::{NamespaceId, PageHash};
@@ -285,6 +285,11 @@ impl Manager {
             let hit = self.inner.pages.lookup(ns, hashes)?;
             self.discovery().discover(ns, hashes, hit);
         }
+        // Staging makes room on host by evicting, and upkeep evicts beside it: the load's
+        // pages already on host are leased before anything is staged, so neither takes
+        // them from under the load (which then came back short of pages it asked for while
+        // they were all on host or in the pool). Given back after the grant's own leases.
+        let held = lease_staging_prefix(self, ns, hashes);
         if wait != LoadWait::BestEffort {
             let deadline = match wait {
                 LoadWait::Timeout { ms } => Some(Instant::now() + Duration::from_millis(ms)),
@@ -346,6 +351,7 @@ impl Manager {
         });
         drop(gt);
         drop(st);
+        drop(held);
         if !earned.is_empty() {
             self.mover().spawn_copy_to_pool(ns, earned);
         }
@@ -427,4 +433,36 @@ impl Manager {
         drop(st);
         Ok(n)
     }
+}
+
+/// Leases the pages of a load's prefix that are complete on host, when a page of that
+/// prefix has to be staged from the pool first (the prefix: pages complete on host or in
+/// the pool, up to the first that is neither). With nothing to stage, nothing is leased.
+fn lease_staging_prefix<'m>(m: &'m Manager, ns: NamespaceId, hashes: &[PageHash]) -> Option<Leases<'m>> {
+    m.stores().pool()?;
+    let st = m.read();
+    let mut on_host = Vec::new();
+    let mut stage = false;
+    for h in hashes {
+        let Some(id) = st.dir.find(ns, h) else { break };
+        if st.dir.is_complete(id, TierKind::Host) {
+            on_host.push(id);
+        } else if st.dir.is_complete(id, TierKind::Pool) {
+            stage = true;
+        } else {
+            break;
+        }
+    }
+    if !stage || on_host.is_empty() {
+        return None;
+    }
+    // Under the read lock that saw them complete: eviction, which drops host pages under
+    // the write lock, cannot come in between.
+    let mut leases = Leases::new(&m.inner.grants);
+    let mut gt = m.grants();
+    for id in on_host {
+        leases.take(&mut gt, id);
+    }
+    drop(gt);
+    Some(leases)
 }

@@ -463,6 +463,59 @@ mod tests {
         }
     }
 
+    /// A load whose first page must be staged from the pool into a full host: the room
+    /// comes from a page outside the load, never from the load's own pages on host (the
+    /// least recently used here), so the load gets its whole prefix.
+    #[test]
+    fn staging_for_a_load_never_evicts_the_loads_own_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = LayoutSpec::mha(2, 2, 64, 2, 16).build().unwrap();
+        let page = layout.page_bytes();
+        let n = 8usize;
+        let mut cfg = ManagerConfig::in_dir(dir.path(), n as u64 * page, Some(4 * n as u64 * page));
+        cfg.arena.lock = false;
+        let m = Manager::new(cfg, SimClock::new()).unwrap();
+        let ns = m.register_namespace(Namespace::model("own"), layout.clone()).unwrap();
+        let per_page = layout.object_count();
+        assert_eq!(m.stores().arena().unwrap().slots() as usize, n * per_page);
+        let dev = Arc::new(EmulatedDevice::new(&layout, 0, n as u32 + 1));
+        m.attach_device(ns, 0, 0, dev.clone()).unwrap();
+        // The load's pages 0..8, then one page outside it.
+        let hs: Vec<PageHash> = (0..n as u64 + 1).map(|i| PageHash::from_u64(0x7700 + i)).collect();
+        let stored = |i: usize| {
+            dev.fill_page(i as u32, hs[i].prefix_u64()).unwrap();
+            let t = m.store(ns, 0, 0, &hs[i..=i], &[i as u32], 0).unwrap();
+            assert_eq!(m.wait(t, Duration::from_secs(30)).unwrap().failed, 0, "page {i}");
+        };
+        (0..n).for_each(stored);
+        let share = Hint::Share {
+            target: HintTarget::Pages(hs[..n].to_vec()),
+        };
+        assert_eq!(m.hint(ns, share).unwrap(), HintOutcome::Accepted { pages: n });
+        assert!(m.quiesce(Duration::from_secs(30)));
+        // Page 0, the least recently used, leaves host for the pool; the outside page
+        // takes its room, so host is full and page 1 is now the least recently used.
+        m.mover().make_host_room(per_page);
+        let on_host = |i: usize| {
+            m.page_status(ns, &hs[i])
+                .unwrap()
+                .is_some_and(|st| st.tiers.iter().any(|s| s.tier == TierKind::Host && s.complete))
+        };
+        assert!(!on_host(0) && (1..n).all(on_host));
+        stored(n);
+        assert!(on_host(n));
+        assert_eq!(m.stores().arena().unwrap().free_slots(), 0);
+        let grant = m.begin_load(ns, 0, 0, &hs[..n], LoadWait::WaitComplete, 0).unwrap();
+        assert_eq!(
+            grant.pages.len(),
+            n,
+            "the load got a prefix of {} of {n} pages",
+            grant.pages.len()
+        );
+        assert!((0..n).all(on_host) && !on_host(n));
+        assert_eq!(m.finish_load(grant.id, n).unwrap(), n);
+    }
+
     #[test]
     fn cut_covers_every_move_once_in_order() {
         for (n, pieces) in [(0, 4), (1, 8), (7, 3), (64, 8), (256, 8), (5, 0)] {
