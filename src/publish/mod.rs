@@ -23,7 +23,10 @@ pub mod vllm;
 pub mod wire;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Acquire, Relaxed},
+};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -64,7 +67,7 @@ pub struct PublisherStats {
     replays_refused: AtomicU64,
     /// Replay requests whose start the buffer no longer held.
     replays_too_old: AtomicU64,
-    /// The page event sequence the publisher has read up to (exclusive).
+    /// The page event sequence the publisher has read, sent and counted up to (exclusive).
     next_event: AtomicU64,
 }
 
@@ -84,6 +87,9 @@ pub struct PublisherCounts {
 
 impl PublisherStats {
     pub fn counts(&self) -> PublisherCounts {
+        // Read first, with the publishers' store after their sends: the counts below are
+        // at least those of every event before it.
+        let next_event = self.next_event.load(Acquire);
         PublisherCounts {
             batches: self.batches.load(Relaxed),
             events: self.events.load(Relaxed),
@@ -91,7 +97,7 @@ impl PublisherStats {
             replays: self.replays.load(Relaxed),
             replays_refused: self.replays_refused.load(Relaxed),
             replays_too_old: self.replays_too_old.load(Relaxed),
-            next_event: self.next_event.load(Relaxed),
+            next_event,
         }
     }
 }

@@ -28,7 +28,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool,
+    Ordering::{Relaxed, Release},
+};
 
 use super::wire::Writer;
 use super::{POLL, PublishError, PublisherHandle, PublisherStats, send_batch, start_bound, wall_clock};
@@ -219,7 +222,6 @@ fn run(
             tracing::warn!(lost = batch.lost, "Mooncake publisher fell behind the event ring");
         }
         next = batch.next;
-        stats.next_event.store(next, Relaxed);
         let pool = || batch.events.iter().filter(|e| e.tier == TierKind::Pool);
         if pool().any(|e| e.kind != PageEventKind::Cleared && !names.contains_key(&e.ns)) {
             names.extend(manager.pages().namespaces().into_iter().map(|(id, n, _)| (id, n)));
@@ -258,6 +260,9 @@ fn run(
             stats.events.fetch_add(chunk.len() as u64, Relaxed);
             seq += 1;
         }
+        // After the batches are sent and counted: whoever sees the log read this far sees
+        // their counts too.
+        stats.next_event.store(next, Release);
     }
 }
 

@@ -26,7 +26,10 @@
 //! `/v1/sessions/advice`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool,
+    Ordering::{Relaxed, Release},
+};
 
 use tokio_util::sync::CancellationToken;
 
@@ -127,7 +130,6 @@ fn run(
             );
         }
         next = batch.next;
-        stats.next_event.store(next, Relaxed);
         for ev in &batch.events {
             payload.clear();
             encode(&mut payload, ev, wall_clock().as_millis() as u64);
@@ -137,6 +139,9 @@ fn run(
             stats.batches.fetch_add(1, Relaxed);
             stats.events.fetch_add(1, Relaxed);
         }
+        // After the events are sent and counted: whoever sees the log read this far sees
+        // their counts too.
+        stats.next_event.store(next, Release);
     }
 }
 

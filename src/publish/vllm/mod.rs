@@ -41,7 +41,10 @@ pub use replay::{ReplayLimits, ReplayProtocol};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool,
+    Ordering::{Relaxed, Release},
+};
 
 use super::tokens::{PageTokens, TokenTable};
 use super::wire::Writer;
@@ -355,8 +358,8 @@ fn run(
             tracing::warn!(lost = batch.lost, "vLLM publisher fell behind the event ring");
         }
         next = batch.next;
-        stats.next_event.store(next, Relaxed);
         if batch.events.is_empty() {
+            stats.next_event.store(next, Release);
             continue;
         }
         let mut payload = Vec::with_capacity(48 * batch.events.len() + 32);
@@ -387,6 +390,9 @@ fn run(
             }
         }
         seq += 1;
+        // After the batch is sent and counted: whoever sees the log read this far sees
+        // its counts too.
+        stats.next_event.store(next, Release);
     }
 }
 
