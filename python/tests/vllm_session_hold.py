@@ -90,18 +90,52 @@ assert a.connector._hold is not None and a.connector._hold.endpoint == EVENTS, a
 sub = zmq.Context.instance().socket(zmq.SUB)
 sub.setsockopt(zmq.SUBSCRIBE, b"kvtier.sessions")
 sub.connect(EVENTS)
-# A PUB socket drops what it sends before a subscription reaches it: give the three
-# subscriptions time to arrive before the daemon decides anything.
-time.sleep(0.5)
+
+
+def probe_until_heard(c):
+    """A PUB socket drops what it sends before a subscription reaches it. Until the
+    script's subscription and both connectors' have heard one, session ``probe`` is
+    reported paused and then reasoning again, which the daemon answers with one
+    ``session_resume``; then the script's subscription reads on up to the last probe, so
+    its next event is the scenario's first. The probe then ends."""
+    holds = (a.connector._hold, b.connector._hold)
+    deadline = time.monotonic() + 20
+    probes, heard = 0, 0
+    sub.setsockopt(zmq.RCVTIMEO, 200)
+    while not heard or any(h.last_seq == 0 for h in holds):
+        assert time.monotonic() < deadline, ("no probe reached every subscriber", heard,
+                                             [h.last_seq for h in holds])
+        c.session("probe", None, "paused")
+        c.session("probe", None, "reasoning")
+        probes += 1
+        if not heard:
+            try:
+                _topic, seq, payload = sub.recv_multipart()
+                ev = msgspec.msgpack.decode(payload)
+                assert (ev["type"], ev["session_id"]) == ("session_resume", "probe"), ev
+                heard = int.from_bytes(seq, "big")
+            except zmq.Again:
+                pass
+        for h in holds:
+            h.poll()
+    while heard < probes:
+        ev = wait_event(sub, "session_resume", "probe")
+        assert ev["seq"] == heard + 1, (ev, heard)
+        heard = ev["seq"]
+    c.session("probe", None, "ended")
+    return probes
+
 
 layout = kvtier.Layout(layers=4, kv_heads=4, head_dim=16, dtype_bytes=2, page_tokens=4)
 with kvtier.Client(layout, socket=SOCKET, instance="tool-engine", model="pressure") as c:
     c.register_emulated(128)
+    probes = probe_until_heard(c)
     c.session("tool-h", None, "reasoning")
     store(c, "tool-h", 0x1000, 10)
     c.session("tool-h", None, "acting")
     filler = store(c, "filler", 0x5000, 86)
-    wait_event(sub, "session_pause", "tool-h")
+    ev = wait_event(sub, "session_pause", "tool-h")
+    assert ev["seq"] == probes + 1, (ev, probes)
     # Each connector's own subscription gets the event too, in its own time (a deadline).
     deadline = time.monotonic() + 15
     for hold in (a.connector._hold, b.connector._hold):
