@@ -7,10 +7,11 @@
 //! slot; a get lands `len + 32` bytes in the slot and checks them there, before the call
 //! returns, so no caller ever sees a slot whose MAC failed as loaded. Other objects go
 //! through the staging region, copied and hashed there. A batch is cut into parts of
-//! [`PART_BYTES`], each one request to the helper from the calling thread, pipelined with
-//! the MAC on one scoped thread ([`overlapped`]): a put hashes part `n + 1` while part `n`
-//! moves, a get checks part `n` while part `n + 1` moves. A batch of one part hashes on
-//! several threads ([`par_each`]) while its existence query waits on the master.
+//! [`PART_BYTES`], each one request to the helper from the calling thread. One scoped
+//! thread per call hashes (a put: part after part, running ahead of the transfers, while
+//! the calling thread first asks the master which keys are taken) or checks (a get: each
+//! part as it lands, while the next one moves; the last part is checked by the calling
+//! thread); each part hashes on several threads ([`par_each`]).
 //!
 //! An object that fails its MAC is a miss (`NotFound`), is counted, and is removed from
 //! the store, so neither this daemon's lookups nor a peer's credit it again. A put first
@@ -33,11 +34,15 @@ const PAR_MIN_BYTES: usize = 1 << 20;
 const PAR_MAX_THREADS: usize = 8;
 
 /// Bytes of one part of a sealed batch, each one request to the helper.
-/// Each request costs the wheel a round of master calls, so parts are large: 4 MiB parts
-/// made a 64 MiB batch of 64 KiB objects 16 requests where the raw client
-/// makes one (the wheel's own client, given 64-object batches, took about twice as long
-/// as with 1024-object ones).
-const PART_BYTES: usize = 16 << 20;
+/// Each request costs the wheel a round of master calls and the helper a wake-up or two,
+/// so parts are large: 4 MiB parts made a 64 MiB batch of 64 KiB objects 16 requests
+/// where the raw client makes one (the wheel's own client, given 64-object batches, took
+/// about twice as long as with 1024-object ones). 16 MiB parts, four per 64 MiB batch with
+/// the MAC of one part on one thread overlapping the next part's transfer, still lost to
+/// a batch sent whole after hashing on all cores (`kvtier bench pool`, 2 cores, where the
+/// transfer itself keeps a core busy and the MAC thread only took from it): the MAC costs
+/// the same CPU either way, and every extra request waits on the helper again.
+const PART_BYTES: usize = 64 << 20;
 
 /// `lens` cut into contiguous parts of about [`PART_BYTES`] (at least one object each).
 fn parts(lens: &[usize]) -> Vec<Range<usize>> {
@@ -91,25 +96,6 @@ pub(super) fn par_each<T: Send>(jobs: &mut [T], bytes: impl Fn(&T) -> usize, f: 
     });
 }
 
-/// Runs `side` (when there is one) on a scoped thread while `here` runs on the calling
-/// thread; `side`'s result is `None` where it panicked, `here`'s where it did.
-///
-/// Only `here` may wait on the master or the helper: `side` hashes, and ends in bounded
-/// time, so a trickling master holds no thread beyond the caller's place in the daemon's
-/// bounded blocking pool (tests/mooncake_trickle.rs counts them; parts in flight on
-/// threads of their own, up to 4, once held 76 threads against its bound of 74). One
-/// such thread at a time, per call.
-fn overlapped<A: Send, B>(
-    side: Option<impl FnOnce() -> A + Send>,
-    here: impl FnOnce() -> B,
-) -> (Option<Option<A>>, Option<B>) {
-    std::thread::scope(|s| {
-        let t = side.map(|f| s.spawn(f));
-        let b = std::panic::catch_unwind(std::panic::AssertUnwindSafe(here)).ok();
-        (t.map(|t| t.join().ok()), b)
-    })
-}
-
 /// The error of every object of a part whose thread failed.
 fn part_failed() -> PoolError {
     PoolError::Backend {
@@ -121,19 +107,15 @@ fn part_failed() -> PoolError {
 /// An object of a sealed put that moves from its slot: key, page bytes, slot tail.
 type Seal<'a> = (&'a str, &'a [u8], Tail);
 
-/// Writes each object's MAC into its slot tail, on several threads when `par`.
-fn seal_tails(mac: &Integrity, jobs: &mut [Seal], par: bool) {
+/// Writes each object's MAC into its slot tail ([`par_each`]).
+fn seal_tails(mac: &Integrity, jobs: &mut [Seal]) {
     let one = |(k, d, tail): &mut Seal| {
         let tag = mac.tag(k, d);
         // SAFETY: `sealed_room` put the tail in the caller's slot, after its bytes; this
         // job alone writes it.
         unsafe { tail.bytes() }.copy_from_slice(&tag);
     };
-    if par {
-        par_each(jobs, |j| j.1.len(), one);
-    } else {
-        jobs.iter_mut().for_each(one);
-    }
+    par_each(jobs, |j| j.1.len(), one);
 }
 
 /// One part of a sealed get: its objects' buffers and, for those that land in their
@@ -231,9 +213,9 @@ impl MooncakePool {
         Some(Tail(unsafe { a.base_ptr().add(off as usize + len) }))
     }
 
-    /// Puts a sealed batch, in parts ([`parts`]) sent one after another from this thread;
-    /// each part is hashed on a scoped thread while the part before it moves and this
-    /// thread then asks which of its keys are taken ([`overlapped`]). Keys the store
+    /// Puts a sealed batch, in parts ([`parts`]) sent one after another from this thread,
+    /// each once a scoped thread has hashed it; that thread hashes part after part while
+    /// this one first asks which keys of the batch are taken, then puts. Keys the store
     /// already holds are checked before the put:
     /// an object that carries its MAC is a peer's copy of the same page and is kept (not
     /// sent again); one that fails (a pre-put by someone without the cluster key) is
@@ -244,43 +226,49 @@ impl MooncakePool {
         let at = self.sealed_rooms(items.iter().map(|(_, d)| *d));
         let lens: Vec<usize> = items.iter().map(|(_, d)| d.len() + MAC_LEN).collect();
         let ranges = parts(&lens);
-        let par = ranges.len() == 1;
         let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
-        let mut seals = ranges.iter().map(|r| {
-            r.clone()
-                .filter_map(|i| Some((items[i].0, items[i].1, self.tail(at[i]?, items[i].1.len())?)))
-                .collect::<Vec<Seal>>()
-        });
+        let seals: Vec<Vec<Seal>> = ranges
+            .iter()
+            .map(|r| {
+                r.clone()
+                    .filter_map(|i| Some((items[i].0, items[i].1, self.tail(at[i]?, items[i].1.len())?)))
+                    .collect()
+            })
+            .collect();
         let mut out = Vec::with_capacity(items.len());
-        // Step `i` hashes part `i` on the side while this thread puts part `i - 1` and then
-        // asks which keys of part `i` are taken. `ready`: the previous part's answers,
-        // `None` where its hashing failed (no object of it is put unsealed).
-        let mut ready: Option<Vec<Result<bool, PoolError>>> = None;
-        for i in 0..=ranges.len() {
-            let side = seals.next().map(|mut s| move || seal_tails(mac, &mut s, par));
-            let (sealed, here) = overlapped(side, || {
-                let put = i.checked_sub(1).map(|p| {
-                    let r = ranges[p].clone();
-                    let done = ready.take().and_then(|asked| {
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            self.put_part(mac, &items[r.clone()], &at[r.clone()], asked)
-                        }))
-                        .ok()
-                    });
-                    done.unwrap_or_else(|| r.map(|_| Err(part_failed())).collect())
-                });
-                let asked = ranges.get(i).map(|r| self.batch_exists(&keys[r.clone()]));
-                (put, asked)
+        std::thread::scope(|s| {
+            // The hasher seals part after part, as fast as it can, and says which ones it
+            // sealed; it never waits on the master or the helper.
+            let (tx, sealed) = std::sync::mpsc::channel::<bool>();
+            s.spawn(move || {
+                for mut part in seals {
+                    let ok =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| seal_tails(mac, &mut part))).is_ok();
+                    if tx.send(ok).is_err() {
+                        return;
+                    }
+                }
             });
-            let (put, asked) = here.unwrap_or((None, None));
-            if let Some(p) = i.checked_sub(1) {
-                out.extend(put.unwrap_or_else(|| ranges[p].clone().map(|_| Err(part_failed())).collect()));
+            // One query for the whole batch, while the first parts hash. `None` where it
+            // failed: no part is put without its answers.
+            let asked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.batch_exists(&keys)))
+                .ok()
+                .filter(|a: &Vec<_>| a.len() == keys.len());
+            let mut asked = asked.map(Vec::into_iter);
+            for r in &ranges {
+                let answers: Option<Vec<_>> = asked.as_mut().map(|a| a.by_ref().take(r.len()).collect());
+                // A part whose hashing failed (or whose hasher is gone) is not put: no
+                // object goes out unsealed. One word per part, in order, whatever the answers.
+                let hashed = sealed.recv().unwrap_or(false);
+                let done = answers.filter(|_| hashed).and_then(|answers| {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.put_part(mac, &items[r.clone()], &at[r.clone()], answers)
+                    }))
+                    .ok()
+                });
+                out.extend(done.unwrap_or_else(|| r.clone().map(|_| Err(part_failed())).collect()));
             }
-            ready = match sealed {
-                Some(Some(())) => asked,
-                _ => None,
-            };
-        }
+        });
         out
     }
 
@@ -389,8 +377,8 @@ impl MooncakePool {
     }
 
     /// Gets a sealed batch, in parts sent one after another from this thread; the objects
-    /// that landed in their slots are checked on a scoped thread while the next part moves
-    /// ([`overlapped`]), the last part's here. Every object is checked before this call
+    /// that landed in their slots are checked on a scoped thread while the next part moves,
+    /// the last part's here. Every object is checked before this call
     /// returns; one that fails its MAC reads as absent and is removed from the store.
     pub(super) fn sealed_get(&self, mac: &Integrity, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize, PoolError>> {
         let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
@@ -402,47 +390,52 @@ impl MooncakePool {
             .map(|((_, b), off)| self.tail((*off)?, b.len()))
             .collect();
         let ranges = parts(&lens);
-        let par = ranges.len() == 1;
         let mut bufs = items.iter_mut().map(|(_, b)| Some(&mut **b));
         let mut tails = tails.into_iter();
-        let mut work = ranges.iter().map(|r| GetPart {
+        let work = ranges.iter().map(|r| GetPart {
             range: r.clone(),
             bufs: bufs.by_ref().take(r.len()).collect(),
             tails: tails.by_ref().take(r.len()).collect(),
         });
         // Per part, in order: its codes and opened lengths, `None` where it failed.
-        let mut done: Vec<Option<Opened>> = Vec::with_capacity(ranges.len());
-        // Step `i` checks part `i - 1` (`pending`) while part `i` lands.
-        let mut pending: Option<Landed> = None;
-        let check = |mut l: Landed, par: bool| {
-            l.check(mac, par);
-            l.finish()
+        let mut done: Vec<Option<Opened>> = (0..ranges.len()).map(|_| None).collect();
+        let check = |mut l: Landed| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                l.check(mac);
+                l.finish()
+            }))
+            .ok()
         };
-        for _ in 0..=ranges.len() {
-            let (checked, landed) = match work.next() {
-                Some(p) => {
-                    let side = pending.take().map(|l| move || check(l, false));
-                    let (c, l) = overlapped(side, || {
-                        let r = p.range.clone();
-                        self.land_part(mac, &keys[r.clone()], &lens[r.clone()], &at[r], p)
-                    });
-                    (c, Some(l))
+        let last = ranges.len() - 1;
+        std::thread::scope(|s| {
+            // The checker takes each part as it lands, while the next one moves; it never
+            // waits on the master or the helper. The last part is checked here.
+            let (tx, landed) = std::sync::mpsc::channel::<(usize, Landed)>();
+            let checker =
+                (last > 0).then(|| s.spawn(move || landed.into_iter().map(|(i, l)| (i, check(l))).collect::<Vec<_>>()));
+            for (i, p) in work.enumerate() {
+                let r = p.range.clone();
+                let l = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.land_part(mac, &keys[r.clone()], &lens[r.clone()], &at[r], p)
+                }));
+                match l {
+                    Ok(l) if i == last => done[i] = check(l),
+                    Ok(l) => {
+                        if let Err(std::sync::mpsc::SendError((i, l))) = tx.send((i, l)) {
+                            done[i] = check(l);
+                        }
+                    }
+                    // Never checked: its objects read as failed, never as loaded.
+                    Err(_) => {}
                 }
-                // Nothing left to overlap with: the last part is checked here.
-                None => (
-                    pending
-                        .take()
-                        .map(|l| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(l, par))).ok()),
-                    None,
-                ),
-            };
-            done.extend(checked);
-            match landed {
-                Some(Some(l)) => pending = Some(l),
-                Some(None) => done.push(None),
-                None => {}
             }
-        }
+            drop(tx);
+            if let Some(Ok(checked)) = checker.map(|c| c.join()) {
+                for (i, c) in checked {
+                    done[i] = c;
+                }
+            }
+        });
         let mut res: Vec<(Result<i64, PoolError>, Option<usize>)> = Vec::with_capacity(keys.len());
         for (r, d) in ranges.iter().zip(done) {
             match d {
@@ -541,13 +534,9 @@ struct Landed<'a> {
 }
 
 impl Landed<'_> {
-    /// Runs the checks (on several threads when `par`).
-    fn check(&mut self, mac: &Integrity, par: bool) {
-        if par {
-            par_each(&mut self.checks, |c| c.len, |c| c.run(mac));
-        } else {
-            self.checks.iter_mut().for_each(|c| c.run(mac));
-        }
+    /// Runs the checks ([`par_each`]).
+    fn check(&mut self, mac: &Integrity) {
+        par_each(&mut self.checks, |c| c.len, |c| c.run(mac));
         for c in &self.checks {
             self.opened[c.idx] = c.ok.then_some(c.len);
         }
@@ -569,35 +558,6 @@ mod tests {
         let big = PART_BYTES / 2;
         assert_eq!(parts(&[big; 5]), vec![0..2, 2..4, 4..5]);
         assert_eq!(parts(&[PART_BYTES * 2, 1]), vec![0..1, 1..2]);
-    }
-
-    #[test]
-    fn overlapped_runs_both_sides_at_once_and_answers_none_for_a_side_that_panicked() {
-        use std::sync::mpsc;
-        use std::time::Duration;
-        // The side waits for a word that `here` sends only after it has heard from the
-        // side: run one after the other, each would time out.
-        let (to_here, from_side) = mpsc::channel();
-        let (to_side, from_here) = mpsc::channel();
-        let (side, here) = overlapped(
-            Some(move || {
-                to_here.send(1u32).unwrap();
-                from_here.recv_timeout(Duration::from_secs(10)).map(|v: u32| v + 1)
-            }),
-            || {
-                let v = from_side.recv_timeout(Duration::from_secs(10));
-                to_side.send(41).unwrap();
-                v
-            },
-        );
-        assert_eq!(side, Some(Some(Ok(42))));
-        assert_eq!(here, Some(Ok(1)));
-        let (side, here) = overlapped(Some(|| -> u8 { panic!("the side fails") }), || 7);
-        assert_eq!((side, here), (Some(None), Some(7)));
-        let (side, here) = overlapped(Some(|| 3), || -> u8 { panic!("here fails") });
-        assert_eq!((side, here), (Some(Some(3)), None));
-        let none: Option<fn() -> u8> = None;
-        assert_eq!(overlapped(none, || 5), (None, Some(5)));
     }
 
     #[test]
