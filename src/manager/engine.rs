@@ -289,15 +289,17 @@ impl Manager {
         // pages already on host are leased before anything is staged, so neither takes
         // them from under the load (which then came back short of pages it asked for while
         // they were all on host or in the pool). Given back after the grant's own leases.
-        let held = lease_staging_prefix(self, ns, hashes);
-        if wait != LoadWait::BestEffort {
+        let (held, stage) = lease_staging_prefix(self, ns, hashes);
+        // Staged only when a page of the prefix is in the pool and not on host (the same
+        // walk that leased): a load of pages all on host starts no staging.
+        if stage && wait == LoadWait::BestEffort {
+            self.mover().spawn_stage_prefix(ns, hashes);
+        } else if stage {
             let deadline = match wait {
                 LoadWait::Timeout { ms } => Some(Instant::now() + Duration::from_millis(ms)),
                 _ => None,
             };
             self.mover().stage_prefix_from_pool(ns, hashes, deadline);
-        } else {
-            self.mover().spawn_stage_prefix(ns, hashes);
         }
         let host_to_pool = self.tunables().host_to_pool;
         let mut st = self.write();
@@ -435,11 +437,14 @@ impl Manager {
     }
 }
 
-/// Leases the pages of a load's prefix that are complete on host, when a page of that
-/// prefix has to be staged from the pool first (the prefix: pages complete on host or in
-/// the pool, up to the first that is neither). With nothing to stage, nothing is leased.
-fn lease_staging_prefix<'m>(m: &'m Manager, ns: NamespaceId, hashes: &[PageHash]) -> Option<Leases<'m>> {
-    m.stores().pool()?;
+/// Walks a load's prefix (pages complete on host or in the pool, up to the first that is
+/// neither) once, and says whether a page of it has to be staged from the pool first. When
+/// one has, the prefix's pages complete on host are leased, so that the staging's evictions
+/// cannot take them; with nothing to stage (or no pool), nothing is leased or staged.
+fn lease_staging_prefix<'m>(m: &'m Manager, ns: NamespaceId, hashes: &[PageHash]) -> (Option<Leases<'m>>, bool) {
+    if m.stores().pool().is_none() {
+        return (None, false);
+    }
     let st = m.read();
     let mut on_host = Vec::new();
     let mut stage = false;
@@ -454,7 +459,7 @@ fn lease_staging_prefix<'m>(m: &'m Manager, ns: NamespaceId, hashes: &[PageHash]
         }
     }
     if !stage || on_host.is_empty() {
-        return None;
+        return (None, stage);
     }
     // Under the read lock that saw them complete: eviction, which drops host pages under
     // the write lock, cannot come in between.
@@ -464,5 +469,5 @@ fn lease_staging_prefix<'m>(m: &'m Manager, ns: NamespaceId, hashes: &[PageHash]
         leases.take(&mut gt, id);
     }
     drop(gt);
-    Some(leases)
+    (Some(leases), true)
 }

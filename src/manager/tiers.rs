@@ -341,20 +341,10 @@ impl Mover<'_> {
         st.dir.set_page(page, TierKind::Host, false);
     }
 
-    /// Stages the prefix in the background (a best-effort load, a prefetch).
+    /// Stages the prefix in the background (a best-effort load whose prefix has pages in
+    /// the pool alone: the caller has looked).
     pub(crate) fn spawn_stage_prefix(&self, ns: NamespaceId, hashes: &[PageHash]) -> bool {
         if self.stores.pool().is_none() {
-            return true;
-        }
-        let needed = {
-            let st = self.read();
-            hashes.iter().any(|h| {
-                st.dir
-                    .find(ns, h)
-                    .is_some_and(|id| st.dir.is_complete(id, TierKind::Pool) && !st.dir.is_complete(id, TierKind::Host))
-            })
-        };
-        if !needed {
             return true;
         }
         let m = self.owner.clone();
