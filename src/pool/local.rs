@@ -135,10 +135,12 @@ impl LocalPool {
                 }
             }
         }
+        // The index keeps its own copy of each key: made here, not under the lock.
+        let keys: Vec<String> = written.iter().map(|&(i, _)| items[i].0.to_owned()).collect();
         let mut idx = self.index.lock();
         // Every byte above is in before its record goes in (`slots`: commit order).
-        for &(i, s) in &written {
-            if let Some(old) = idx.publish(items[i].0, hashes[i], s, items[i].1.len()) {
+        for (&(i, s), key) in written.iter().zip(keys) {
+            if let Some(old) = idx.publish(key, hashes[i], s, items[i].1.len()) {
                 self.store.free(old);
             }
             results[i] = Ok(());

@@ -226,17 +226,21 @@ impl Index {
     /// older object's slot when it may be freed now (one still being read is freed by its
     /// last reader). The new slot's record is written before the old one's is cleared, so
     /// a crash between the two keeps one of them.
-    pub fn publish(&mut self, key: &str, hash: u64, slot: SlotId, len: usize) -> Option<SlotId> {
+    ///
+    /// The key comes owned, built by the caller before it took the index lock: a slot
+    /// whose object was evicted has lent its key's buffer to the evicted log, so copying
+    /// the key in here would allocate under the lock, on every put into a full pool.
+    pub fn publish(&mut self, key: String, hash: u64, slot: SlotId, len: usize) -> Option<SlotId> {
         if let Some(t) = self.slots.as_mut() {
-            t.set(slot.0, key, len);
+            t.set(slot.0, &key, len);
         }
         self.restore(key, hash, slot, len)
     }
 
     /// [`Self::publish`] without writing the slot table: an object read back from it.
-    pub fn restore(&mut self, key: &str, hash: u64, slot: SlotId, len: usize) -> Option<SlotId> {
+    pub fn restore(&mut self, key: String, hash: u64, slot: SlotId, len: usize) -> Option<SlotId> {
         let old = self
-            .find(key, hash)
+            .find(&key, hash)
             .filter(|&s| s != slot.0)
             .and_then(|s| (self.drop_live(s) == Freed::Now).then_some(SlotId(s)));
         let s = slot.0;
@@ -245,8 +249,7 @@ impl Index {
         }
         let r = &mut self.records[s as usize];
         debug_assert_eq!(r.state, State::Unindexed, "a put publishes only a slot it reserved");
-        r.key.clear();
-        r.key.push_str(key);
+        r.key = key;
         r.hash = hash;
         r.len = len;
         r.readers = 0;
@@ -301,7 +304,7 @@ mod tests {
     use super::*;
 
     fn put(ix: &mut Index, key: &str, slot: u32, len: usize) -> Option<SlotId> {
-        ix.publish(key, key_hash(key), SlotId(slot), len)
+        ix.publish(key.to_owned(), key_hash(key), SlotId(slot), len)
     }
 
     #[test]
@@ -352,8 +355,8 @@ mod tests {
     fn keys_whose_hashes_collide_stay_apart() {
         let mut ix = Index::new(2);
         // Same hash, different keys: the stored key decides.
-        assert_eq!(ix.publish("x", 42, SlotId(0), 1), None);
-        assert_eq!(ix.publish("y", 42, SlotId(1), 2), None);
+        assert_eq!(ix.publish("x".into(), 42, SlotId(0), 1), None);
+        assert_eq!(ix.publish("y".into(), 42, SlotId(1), 2), None);
         assert_eq!(ix.fence("x", 42, 8), Ok((SlotId(0), 1)));
         assert_eq!(ix.fence("y", 42, 8), Ok((SlotId(1), 2)));
         assert!(!ix.contains("z", 42));

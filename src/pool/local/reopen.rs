@@ -95,7 +95,7 @@ impl LocalPool {
         live.sort_unstable_by_key(|f| f.seq);
         let mut index = Index::new(store.slots());
         for f in &live {
-            let _ = index.restore(&f.key, key_hash(&f.key), SlotId(f.slot), f.len);
+            let _ = index.restore(f.key.clone(), key_hash(&f.key), SlotId(f.slot), f.len);
         }
         index.attach(table);
         let used: Vec<SlotId> = live.iter().map(|f| SlotId(f.slot)).collect();
