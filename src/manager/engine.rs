@@ -292,14 +292,16 @@ impl Manager {
         let (held, stage) = lease_staging_prefix(self, ns, hashes);
         // Staged only when a page of the prefix is in the pool and not on host (the same
         // walk that leased): a load of pages all on host starts no staging.
-        if stage && wait == LoadWait::BestEffort {
-            self.mover().spawn_stage_prefix(ns, hashes);
-        } else if stage {
-            let deadline = match wait {
-                LoadWait::Timeout { ms } => Some(Instant::now() + Duration::from_millis(ms)),
-                _ => None,
-            };
-            self.mover().stage_prefix_from_pool(ns, hashes, deadline);
+        if stage {
+            if wait == LoadWait::BestEffort {
+                self.mover().spawn_stage_prefix(ns, hashes);
+            } else {
+                let deadline = match wait {
+                    LoadWait::Timeout { ms } => Some(Instant::now() + Duration::from_millis(ms)),
+                    _ => None,
+                };
+                self.mover().stage_prefix_from_pool(ns, hashes, deadline);
+            }
         }
         let host_to_pool = self.tunables().host_to_pool;
         let mut st = self.write();
