@@ -304,6 +304,11 @@ pub enum TicketError {
 
 /// Results of asynchronous operations, waited for by ticket. Bounded: at most `max`
 /// operations may be outstanding (issued and not yet collected).
+///
+/// A completion wakes waiters only when someone waits for that ticket: a caller that
+/// queued several operations and waits for the last is not woken by each of the others
+/// (on a machine with as many busy workers as cores, every wake-up takes a core from a
+/// copy).
 #[derive(Debug)]
 pub struct Tickets<T> {
     inner: Mutex<TicketState<T>>,
@@ -314,7 +319,14 @@ pub struct Tickets<T> {
 #[derive(Debug)]
 struct TicketState<T> {
     next: u64,
-    pending: HashMap<u64, Option<T>>,
+    pending: HashMap<u64, Slot<T>>,
+}
+
+#[derive(Debug)]
+struct Slot<T> {
+    result: Option<T>,
+    /// A caller sleeps until this ticket completes.
+    waited: bool,
 }
 
 impl<T: Clone> Tickets<T> {
@@ -337,18 +349,30 @@ impl<T: Clone> Tickets<T> {
         }
         let t = s.next;
         s.next += 1;
-        s.pending.insert(t, None);
+        s.pending.insert(
+            t,
+            Slot {
+                result: None,
+                waited: false,
+            },
+        );
         Ok(Ticket(t))
     }
 
     /// Records the result of an operation.
     pub fn complete(&self, t: Ticket, result: T) {
         let mut s = self.inner.lock();
-        if let Some(slot) = s.pending.get_mut(&t.0) {
-            *slot = Some(result);
-        }
+        let wake = match s.pending.get_mut(&t.0) {
+            Some(slot) => {
+                slot.result = Some(result);
+                slot.waited
+            }
+            None => false,
+        };
         drop(s);
-        self.cond.notify_all();
+        if wake {
+            self.cond.notify_all();
+        }
     }
 
     /// Waits up to `timeout` for the result and collects it.
@@ -356,17 +380,21 @@ impl<T: Clone> Tickets<T> {
         let deadline = Instant::now() + timeout;
         let mut s = self.inner.lock();
         loop {
-            match s.pending.get(&t.0) {
-                None => return Err(TicketError::Unknown(t.0)),
-                Some(Some(_)) => {
-                    let r = s.pending.remove(&t.0).flatten().expect("checked above");
-                    return Ok(r);
-                }
-                Some(None) => {
-                    if self.cond.wait_until(&mut s, deadline).timed_out() {
-                        return Err(TicketError::Timeout(t.0));
-                    }
-                }
+            let Some(slot) = s.pending.get_mut(&t.0) else {
+                return Err(TicketError::Unknown(t.0));
+            };
+            if slot.result.is_some() {
+                let r = s
+                    .pending
+                    .remove(&t.0)
+                    .and_then(|slot| slot.result)
+                    .expect("checked above");
+                return Ok(r);
+            }
+            slot.waited = true;
+            if self.cond.wait_until(&mut s, deadline).timed_out() {
+                // Another waiter of the same ticket may still sleep on it: leave the mark.
+                return Err(TicketError::Timeout(t.0));
             }
         }
     }
@@ -374,9 +402,14 @@ impl<T: Clone> Tickets<T> {
     /// Collects every finished result without waiting.
     pub fn poll(&self) -> Vec<(Ticket, T)> {
         let mut s = self.inner.lock();
-        let done: Vec<u64> = s.pending.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| *k).collect();
+        let done: Vec<u64> = s
+            .pending
+            .iter()
+            .filter(|(_, v)| v.result.is_some())
+            .map(|(k, _)| *k)
+            .collect();
         done.into_iter()
-            .filter_map(|k| s.pending.remove(&k).flatten().map(|v| (Ticket(k), v)))
+            .filter_map(|k| s.pending.remove(&k).and_then(|v| v.result).map(|v| (Ticket(k), v)))
             .collect()
     }
 
@@ -639,6 +672,34 @@ mod tests {
         assert_eq!(t.wait(a, Duration::ZERO), Err(TicketError::Unknown(a.0)));
         t.complete(b, 9);
         assert_eq!(t.poll(), vec![(b, 9)]);
+        assert_eq!(t.outstanding(), 0);
+    }
+
+    /// A caller asleep on the last of three tickets is woken by that one's completion
+    /// (the others, which nobody waits for, only record their results), and collects the
+    /// others afterwards without waiting.
+    #[test]
+    fn a_waiter_of_one_ticket_gets_it_and_the_others_stay_collectable() {
+        let t: Arc<Tickets<u32>> = Tickets::new(8);
+        let [a, b, c] = [(); 3].map(|_| t.issue().unwrap());
+        let t2 = t.clone();
+        let h = std::thread::spawn(move || {
+            // Completes only once the caller sleeps on `c`, so the wake-up is needed.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !t2.inner.lock().pending.get(&c.0).is_some_and(|s| s.waited) {
+                assert!(Instant::now() < deadline, "the caller never waited on c");
+                std::thread::yield_now();
+            }
+            for (tk, v) in [(a, 1), (b, 2)] {
+                assert!(!t2.inner.lock().pending[&tk.0].waited, "nobody waits on {tk:?}");
+                t2.complete(tk, v);
+            }
+            t2.complete(c, 3);
+        });
+        assert_eq!(t.wait(c, Duration::from_secs(30)), Ok(3));
+        h.join().unwrap();
+        assert_eq!(t.wait(a, Duration::ZERO), Ok(1));
+        assert_eq!(t.wait(b, Duration::ZERO), Ok(2));
         assert_eq!(t.outstanding(), 0);
     }
 }
