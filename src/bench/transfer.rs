@@ -434,7 +434,9 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
                         .zip(ss.chunks(args.batch))
                         .map(|(h, s)| m.store(ns, 0, 0, h, s, 0))
                         .collect::<Result<_, _>>()?;
-                    for tk in tickets {
+                    // The last first: the batches end about in order, so the caller
+                    // sleeps once per slice, as the references' caller does.
+                    for tk in tickets.into_iter().rev() {
                         let r = m.wait(tk, wait)?;
                         anyhow::ensure!(r.failed == 0 && r.error.is_none(), "store failed: {r:?}");
                     }
@@ -449,7 +451,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
                         .zip(ss.chunks(args.batch))
                         .map(|(h, s)| m.load(ns, 0, 0, h, s, LoadWait::BestEffort))
                         .collect::<Result<_, _>>()?;
-                    for tk in tickets {
+                    for tk in tickets.into_iter().rev() {
                         let r = m.wait(tk, wait)?;
                         anyhow::ensure!(r.failed == 0, "load failed: {r:?}");
                     }

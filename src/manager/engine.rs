@@ -308,8 +308,8 @@ impl Manager {
         // Leases are taken in the same critical section that saw the page complete on
         // host, so eviction (which checks leases under the directory lock) cannot slip in.
         let mut gt = self.grants();
-        let mut pages = Vec::new();
-        let mut grant_pages = Vec::new();
+        let mut pages = Vec::with_capacity(hashes.len());
+        let mut grant_pages = Vec::with_capacity(hashes.len());
         let mut earned = Vec::new();
         for (req_index, hash) in hashes.iter().enumerate() {
             let Some(id) = st.dir.find(ns, hash) else { break };
@@ -448,7 +448,7 @@ fn lease_staging_prefix<'m>(m: &'m Manager, ns: NamespaceId, hashes: &[PageHash]
         return (None, false);
     }
     let st = m.read();
-    let mut on_host = Vec::new();
+    let mut on_host = Vec::with_capacity(hashes.len());
     let mut stage = false;
     for h in hashes {
         let Some(id) = st.dir.find(ns, h) else { break };

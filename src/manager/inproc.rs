@@ -56,7 +56,7 @@ impl Manager {
                 return false;
             }
             let t = std::time::Instant::now();
-            let ok = copy_page(&layout, &*device, arena, slots[i], &page.objects, true).is_ok();
+            let ok = copy_page(&layout, &*device, arena, slots[i], page.objects.iter().copied(), true).is_ok();
             m.inner.stats.copied(TierKind::Device, TierKind::Host, t.elapsed());
             ok
         };
@@ -124,9 +124,9 @@ impl Manager {
             let (Some(page), Some(arena)) = (g.pages.get(i), arena.as_ref()) else {
                 return false;
             };
-            let objs: Vec<(usize, SlotId)> = page.objects.iter().map(|&(o, s, _)| (o, s)).collect();
+            let objs = page.objects.iter().map(|&(o, s, _)| (o, s));
             let t = std::time::Instant::now();
-            let ok = copy_page(&layout, &*device, arena, slots[i], &objs, false).is_ok();
+            let ok = copy_page(&layout, &*device, arena, slots[i], objs, false).is_ok();
             if ok {
                 m.inner.stats.copied(TierKind::Host, TierKind::Device, t.elapsed());
             }
@@ -259,22 +259,25 @@ fn grant_bytes<I: IntoIterator<Item = (usize, SlotId)>>(layout: &Layout, pages: 
         .sum()
 }
 
-/// Copies one page's objects between a device page and host slots.
-fn copy_page(
+/// Copies one page's objects between a device page and host slots: `objects` gives each
+/// object's index and host slot. One list per page (the device's batch), built straight
+/// from the grant's entries.
+fn copy_page<I>(
     layout: &Layout,
     device: &dyn DeviceRegion,
     arena: &HostArena,
     device_slot: u32,
-    objects: &[(usize, SlotId)],
+    objects: I,
     to_host: bool,
-) -> Result<(), ManagerError> {
-    let parts: Vec<_> = objects
-        .iter()
-        .map(|&(o, s)| (layout.objects()[o].part, s, layout.object_bytes(o) as usize))
-        .collect();
+) -> Result<(), ManagerError>
+where
+    I: ExactSizeIterator<Item = (usize, SlotId)>,
+{
+    let part = |o: usize| (layout.objects()[o].part, layout.object_bytes(o) as usize);
     if to_host {
-        let mut batch = Vec::with_capacity(parts.len());
-        for &(part, slot, len) in &parts {
+        let mut batch = Vec::with_capacity(objects.len());
+        for (o, slot) in objects {
+            let (part, len) = part(o);
             // SAFETY: the slot belongs to an open store grant: in flight, owned by us.
             batch.push(ObjectCopy::new(device_slot, part, unsafe {
                 arena.slot_mut(slot, len)?
@@ -282,8 +285,9 @@ fn copy_page(
         }
         device.copy_to_host(&mut batch)?;
     } else {
-        let mut batch = Vec::with_capacity(parts.len());
-        for &(part, slot, len) in &parts {
+        let mut batch = Vec::with_capacity(objects.len());
+        for (o, slot) in objects {
+            let (part, len) = part(o);
             // SAFETY: the page is leased by an open load grant: not freed or rewritten.
             batch.push(ObjectCopy::new(device_slot, part, unsafe { arena.slot(slot, len)? }));
         }
