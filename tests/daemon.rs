@@ -406,8 +406,13 @@ fn bad_frames_get_errors_while_others_keep_being_served() {
             let _ = g.write_all(&junk);
             let _ = answer(&mut g);
         }
+        // Served again after all of that: waited for with a deadline, not a fixed pause
+        // (on a loaded machine a 100 ms pause once passed with no lookup in it).
         let before = served.load(Ordering::Relaxed);
-        std::thread::sleep(Duration::from_millis(100));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while served.load(Ordering::Relaxed) <= before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         stop.store(true, Ordering::Relaxed);
         assert!(
             served.load(Ordering::Relaxed) > before,
