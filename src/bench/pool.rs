@@ -334,6 +334,7 @@ fn bench_mooncake(
             pool.run_dir().display()
         );
     }
+    settle_store(&pool, src, batch, tag)?;
     let (mut kp, mut kg, mut rp, mut rg) = (vec![], vec![], vec![], vec![]);
     let chunks = n.div_ceil(batch);
     // Round 0 warms both sides up (first touch of the store's segment) and is not counted.
@@ -412,6 +413,50 @@ fn bench_mooncake(
         rows.push(mac::row(&shape, src)?);
     }
     Ok(rows)
+}
+
+/// How long [`settle_store`] waits for the store to take a probe batch whole: a few times
+/// the client TTL a master is run with (`scripts/mooncake-env.sh`: 3 s; upstream: 10 s).
+const SETTLE_WAIT: Duration = Duration::from_secs(45);
+
+/// Waits until the wheel's own client puts a probe batch (the first `batch` objects) with
+/// no failures, removing each try's objects. A client that exited less than the master's
+/// client TTL ago still has its segment mounted, and the puts the master places there fail
+/// (`TRANSFER_FAIL`): kvtier's puts retry those, the raw reference does not. So a rerun of
+/// the bench within seconds against one master lost a quarter to a half of the
+/// reference's first puts and stopped, before anything was timed.
+fn settle_store(pool: &MooncakePool, src: &[&[u8]], batch: usize, tag: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + SETTLE_WAIT;
+    let probe = &src[..src.len().min(batch)];
+    let mut attempt = 0usize;
+    loop {
+        let prefix = format!("kvbprobe-{tag}-{attempt}-");
+        let r = pool.raw_bench(true, &prefix, probe, batch)?;
+        let keys: Vec<String> = (0..probe.len()).map(|i| format!("{prefix}{i}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        pool.remove_batch(&refs, true);
+        if r.failed == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the store did not settle: {} of {} probe puts of the raw client still fail after {SETTLE_WAIT:?}",
+                r.failed,
+                probe.len()
+            );
+        }
+        if attempt == 0 {
+            eprintln!(
+                "bench pool: {} of {} probe puts failed (a segment of a client that exited, still mounted?); \
+                 waiting up to {SETTLE_WAIT:?} for the store to settle",
+                r.failed,
+                probe.len()
+            );
+        }
+        // A poll of the store's state, bounded by the deadline above.
+        std::thread::sleep(Duration::from_millis(250));
+        attempt += 1;
+    }
 }
 
 /// Local pool: every put and get result is counted, and every object a get returns is
