@@ -383,12 +383,8 @@ impl<T: Clone> Tickets<T> {
             let Some(slot) = s.pending.get_mut(&t.0) else {
                 return Err(TicketError::Unknown(t.0));
             };
-            if slot.result.is_some() {
-                let r = s
-                    .pending
-                    .remove(&t.0)
-                    .and_then(|slot| slot.result)
-                    .expect("checked above");
+            if let Some(r) = slot.result.take() {
+                s.pending.remove(&t.0);
                 return Ok(r);
             }
             slot.waited = true;
@@ -401,16 +397,15 @@ impl<T: Clone> Tickets<T> {
 
     /// Collects every finished result without waiting.
     pub fn poll(&self) -> Vec<(Ticket, T)> {
-        let mut s = self.inner.lock();
-        let done: Vec<u64> = s
-            .pending
-            .iter()
-            .filter(|(_, v)| v.result.is_some())
-            .map(|(k, _)| *k)
-            .collect();
-        done.into_iter()
-            .filter_map(|k| s.pending.remove(&k).and_then(|v| v.result).map(|v| (Ticket(k), v)))
-            .collect()
+        let mut done = Vec::new();
+        self.inner.lock().pending.retain(|&k, slot| match slot.result.take() {
+            Some(r) => {
+                done.push((Ticket(k), r));
+                false
+            }
+            None => true,
+        });
+        done
     }
 
     pub fn outstanding(&self) -> usize {
