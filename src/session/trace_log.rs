@@ -8,13 +8,14 @@
 //! `max_bytes` it becomes `<path>.1` (the older ones shift up, the oldest past `files`
 //! goes), so the traces never take more than `files × max_bytes` of disk.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::page::PageHash;
+use crate::tier::private;
 
 /// Why a trace could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +28,8 @@ pub enum TraceLogError {
     },
     #[error("request trace: encoding a line: {0}")]
     Encode(#[from] serde_json::Error),
+    #[error("request trace: {0}")]
+    Unsafe(#[from] crate::tier::private::PrivateError),
 }
 
 /// One line, as written and as `kvtier replay --trace` reads it.
@@ -74,16 +77,13 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TraceLogError + '_ {
 }
 
 impl TraceLog {
-    /// Opens (appends to) the trace file, creating its directory.
+    /// Opens (appends to) the trace file, creating its directory `0700` when missing.
+    /// The traces name sessions and page hashes, so the directory must be one nobody
+    /// else can write ([`private::trusted_dir`]) and the file a private one of the
+    /// daemon's, opened without following a symlink ([`private::open_append`]).
     pub fn open(cfg: TraceLogConfig) -> Result<Self, TraceLogError> {
-        if let Some(dir) = cfg.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
-        }
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&cfg.path)
-            .map_err(io(&cfg.path))?;
+        private::trusted_dir(private::parent_of(&cfg.path))?;
+        let file = private::open_append(&cfg.path)?;
         let written = file.metadata().map_err(io(&cfg.path))?.len();
         Ok(Self { cfg, file, written })
     }
@@ -119,11 +119,7 @@ impl TraceLog {
             let _ = std::fs::rename(self.rotated(n), self.rotated(n + 1));
         }
         std::fs::rename(&self.cfg.path, self.rotated(1)).map_err(io(&self.cfg.path))?;
-        self.file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.cfg.path)
-            .map_err(io(&self.cfg.path))?;
+        self.file = private::open_append(&self.cfg.path)?;
         self.written = 0;
         Ok(())
     }
@@ -184,5 +180,40 @@ mod tests {
                 "timestamp"
             ]
         );
+    }
+
+    fn cfg(path: PathBuf) -> TraceLogConfig {
+        TraceLogConfig {
+            path,
+            max_bytes: 1 << 20,
+            files: 1,
+        }
+    }
+
+    #[test]
+    fn traces_are_private_and_never_written_through_a_planted_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // A fresh file and the directory made for it are the daemon's alone.
+        let path = dir.path().join("new/requests.jsonl");
+        TraceLog::open(cfg(path.clone())).unwrap().append(&line(1)).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(&path), mode(path.parent().unwrap())), (0o600, 0o700));
+        // A link planted at the trace path is refused; what it points at is untouched.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let planted = dir.path().join("new/planted.jsonl");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let err = TraceLog::open(cfg(planted)).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        // So is a directory others may write, and a file others may read.
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(TraceLog::open(cfg(open.join("t.jsonl"))).is_err());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = TraceLog::open(cfg(path.clone())).unwrap_err();
+        assert!(err.to_string().contains("mode 644"), "{err}");
     }
 }

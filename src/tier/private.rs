@@ -245,6 +245,20 @@ pub fn create_new(path: &Path) -> Result<File, PrivateError> {
     options(true).create_new(true).open(path).map_err(nofollow(path))
 }
 
+/// Opens a private file for appending, creating it `0600` when missing, never through a
+/// symlink; an existing one only when the daemon's uid owns it with no group or other
+/// permission bits. For files an operator names (a log), whose directory [`trusted_dir`]
+/// has checked: nobody else can plant or swap an entry there between create and check.
+pub fn open_append(path: &Path) -> Result<File, PrivateError> {
+    let file = options(true)
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(nofollow(path))?;
+    check_owned(path, &file, None)?;
+    Ok(file)
+}
+
 /// Gives an open file of the daemon's to `group` (`0660` with that group), or makes it
 /// private again (`0600`) without one. The group is set before the mode opens to it.
 pub fn share_file(path: &Path, file: &File, group: Option<u32>) -> Result<(), PrivateError> {
