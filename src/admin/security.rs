@@ -10,7 +10,7 @@
 //! The control socket shares the peer check ([`PeerPolicy`]) and the binding
 //! ([`bind_socket`], with a group for engines that run as another uid).
 
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
@@ -62,30 +62,13 @@ pub fn allowed(cfg: &AdminConfig, peer: &PeerCred) -> bool {
     cfg.allow_uids.contains(&peer.uid) || cfg.allow_gids.contains(&peer.gid)
 }
 
-/// Makes sure the socket's directory exists and is not world-writable.
+/// Makes sure the socket's directory exists and nobody but the daemon's uid can plant or
+/// swap an entry in it ([`crate::tier::private::trusted_dir`]: created `0700`, or owned
+/// by the daemon's uid, not writable by group or others, under ancestors no other user
+/// can rename in). A directory another user made first, or may write, is refused: a
+/// socket there could be displaced by theirs, and the CLI would talk to it.
 pub fn prepare_dir(dir: &Path) -> Result<(), AdminError> {
-    let err = |m: String| AdminError::Directory(dir.to_path_buf(), m);
-    match std::fs::metadata(dir) {
-        Ok(md) => {
-            if !md.is_dir() {
-                return Err(err("is not a directory".into()));
-            }
-            let mode = md.permissions().mode();
-            if mode & 0o002 != 0 {
-                return Err(err(format!(
-                    "is world-writable (mode {:o}); refusing to start",
-                    mode & 0o7777
-                )));
-            }
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| err(e.to_string())),
-        Err(e) => Err(err(e.to_string())),
-    }
+    crate::tier::private::trusted_dir(dir).map_err(|e| AdminError::Directory(dir.to_path_buf(), e.to_string()))
 }
 
 /// Binds the admin socket at `cfg.socket` with `cfg.mode`. A stale socket (nobody
@@ -144,6 +127,16 @@ mod tests {
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
         assert!(matches!(prepare_dir(&open), Err(AdminError::Directory(..))));
+        // Group-writable is refused too, and so is a directory of another uid.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o770)).unwrap();
+        assert!(matches!(prepare_dir(&open), Err(AdminError::Directory(..))));
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        prepare_dir(&open).unwrap();
+        if crate::tier::private::euid() == 0 {
+            std::os::unix::fs::chown(&open, Some(65534), None).unwrap();
+            let err = prepare_dir(&open).unwrap_err().to_string();
+            assert!(err.contains("uid 65534"), "{err}");
+        }
         let new = t.path().join("a/b");
         prepare_dir(&new).unwrap();
         assert_eq!(std::fs::metadata(&new).unwrap().permissions().mode() & 0o777, 0o700);

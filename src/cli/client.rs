@@ -22,6 +22,13 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    /// The socket is served by a process of another uid than the daemon's: not ours to
+    /// talk to (it would see every command and could answer anything).
+    #[error(
+        "the process serving {path} runs as uid {found}, not the daemon's uid {expected} \
+         (set KVTIER_DAEMON_UID when the daemon runs as another user)"
+    )]
+    Untrusted { path: String, expected: u32, found: u32 },
     #[error("talking to the daemon: {0}")]
     Io(#[from] std::io::Error),
     #[error("the daemon's answer is malformed: {0}")]
@@ -36,7 +43,20 @@ pub struct Response {
     reader: BufReader<UnixStream>,
 }
 
-/// Sends a request and reads the status line and headers of the answer.
+/// The uid the daemon must run as: `KVTIER_DAEMON_UID` where set (as engines are told),
+/// else this process's effective uid.
+fn daemon_uid() -> Result<u32, ClientError> {
+    match std::env::var("KVTIER_DAEMON_UID") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| ClientError::Protocol(format!("KVTIER_DAEMON_UID={v:?} is not a uid"))),
+        Err(_) => Ok(crate::tier::private::euid()),
+    }
+}
+
+/// Sends a request and reads the status line and headers of the answer, after checking
+/// that the socket's peer runs as the daemon's uid ([`daemon_uid`]).
 pub fn request(
     socket: &Path,
     method: &str,
@@ -44,10 +64,20 @@ pub fn request(
     body: Option<&[u8]>,
     timeout: Option<Duration>,
 ) -> Result<Response, ClientError> {
-    let mut s = UnixStream::connect(socket).map_err(|source| ClientError::Unreachable {
+    let unreachable = |source| ClientError::Unreachable {
         path: socket.display().to_string(),
         source,
-    })?;
+    };
+    let mut s = UnixStream::connect(socket).map_err(unreachable)?;
+    let expected = daemon_uid()?;
+    let found = crate::paths::peer_uid(&s).map_err(unreachable)?;
+    if found != expected {
+        return Err(ClientError::Untrusted {
+            path: socket.display().to_string(),
+            expected,
+            found,
+        });
+    }
     s.set_read_timeout(timeout)?;
     s.set_write_timeout(Some(Duration::from_secs(10)))?;
     let body = body.unwrap_or_default();

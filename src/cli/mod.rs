@@ -146,7 +146,7 @@ pub fn run(cmd: AdminCommand) -> anyhow::Result<i32> {
     match r {
         Ok(code) => Ok(code),
         Err(e) => match e.downcast_ref::<ClientError>() {
-            Some(ClientError::Unreachable { .. }) => {
+            Some(ClientError::Unreachable { .. } | ClientError::Untrusted { .. }) => {
                 eprintln!("kvtier: {e}");
                 Ok(EXIT_UNREACHABLE)
             }

@@ -83,6 +83,24 @@ fn an_engine_refuses_a_daemon_of_another_uid_on_its_default_socket() {
     }
     let refused = connect(&socket, None);
     let accepted = connect(&socket, Some(NOBODY)).map(|c| c.arena().map(|a| a.path));
+    // The admin CLI, run in that directory, refuses her admin socket the same way
+    // (exit 2, both uids named), and talks to it only when told her uid.
+    let admin = shared.join(".kvtier/admin.sock");
+    let cli = |daemon_uid: Option<u32>| {
+        let mut c = Command::new(kvtier_bin());
+        c.args(["status", "--json", "--socket", admin.to_str().unwrap()])
+            .env_remove("KVTIER_DAEMON_UID");
+        if let Some(u) = daemon_uid {
+            c.env("KVTIER_DAEMON_UID", u.to_string());
+        }
+        c.output().unwrap()
+    };
+    let t = Instant::now();
+    while !admin.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "her admin socket never appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (cli_refused, cli_told) = (cli(None), cli(Some(NOBODY)));
     let _ = mallory.kill();
     let _ = mallory.wait();
     match refused {
@@ -94,6 +112,18 @@ fn an_engine_refuses_a_daemon_of_another_uid_on_its_default_socket() {
         Err(e) => panic!("refused, but not as untrusted: {e}"),
         Ok(_) => panic!("the engine connected to uid {NOBODY}'s daemon and would map her arena"),
     }
+    let said = String::from_utf8_lossy(&cli_refused.stderr);
+    assert_eq!(cli_refused.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains(&format!("runs as uid {NOBODY}, not the daemon's uid 0")),
+        "{said}"
+    );
+    assert!(cli_refused.stdout.is_empty(), "nothing of hers was printed");
+    // Told her uid, it talks to her daemon, which refuses uid 0 on her admin socket (her
+    // allowlist): the request got there.
+    let told = String::from_utf8_lossy(&cli_told.stderr);
+    assert_eq!(cli_told.status.code(), Some(3), "{told}");
+    assert!(told.contains("uid 0 is not allowed"), "{told}");
     // Told explicitly that the daemon runs as uid 65534, the engine maps her arena (hers,
     // not a file of anybody else's).
     let arena = accepted.expect("connects when the daemon's uid is named").unwrap();
