@@ -85,6 +85,16 @@ pub(super) struct ObjectEvent<'a> {
     pub(super) ns: Option<(&'a Namespace, u32)>,
 }
 
+impl ObjectEvent<'_> {
+    /// An upper bound of the event's encoded size: the fixed fields and their names
+    /// (under 512 bytes), the key, and the namespace's strings.
+    fn approx_bytes(&self, cfg: &MooncakeConfig) -> usize {
+        let names = self.ns.map_or(0, |(n, _)| n.model.len() + n.salt.len() + n.lora.len());
+        let ids = cfg.tenant_id.len() + cfg.backend_id.len() + cfg.group_id.len();
+        512 + self.key.len() + names + ids
+    }
+}
+
 /// The `medium` of every event: the store's objects live in its memory segments, which
 /// Mooncake's master names `cpu`.
 pub const MEDIUM: &str = "cpu";
@@ -244,7 +254,7 @@ fn run(
                 objs.push(ObjectEvent { key, ev, ns });
             }
         }
-        for chunk in objs.chunks(cfg.max_batch_objects) {
+        for chunk in batches(&objs, &cfg) {
             let mut payload = Vec::with_capacity(160 * chunk.len() + 16);
             encode(
                 &mut payload,
@@ -264,6 +274,31 @@ fn run(
         // their counts too.
         stats.next_event.store(next, Release);
     }
+}
+
+/// The most payload bytes a message is cut to hold (as estimated by
+/// [`ObjectEvent::approx_bytes`]): a quarter of what a subscriber takes
+/// ([`crate::pool::index::sync::MAX_MESSAGE_BYTES`]), whatever the names in the keys.
+pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+
+/// `objs` cut into messages of at most `max_objects` events and about
+/// [`MAX_PAYLOAD_BYTES`] (a single larger event still goes, alone).
+fn batches<'a, 'b>(objs: &'b [ObjectEvent<'a>], cfg: &MooncakeConfig) -> Vec<&'b [ObjectEvent<'a>]> {
+    let max_objects = cfg.max_batch_objects.max(1);
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, o) in objs.iter().enumerate() {
+        let b = o.approx_bytes(cfg);
+        if i > start && (i - start >= max_objects || bytes + b > MAX_PAYLOAD_BYTES) {
+            out.push(&objs[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += b;
+    }
+    if start < objs.len() {
+        out.push(&objs[start..]);
+    }
+    out
 }
 
 type Schemes = HashMap<NamespaceId, Option<(crate::page::KeyScheme, crate::layout::Layout)>>;
@@ -289,6 +324,63 @@ fn scheme_of<'a>(
 mod tests {
     use super::*;
     use crate::page::PageHash;
+
+    #[test]
+    fn messages_stay_within_what_a_subscriber_takes_whatever_the_names() {
+        use crate::pool::index::events::{ObjectEvent as Read, decode_payload};
+        let evs: Vec<PageEvent> = (0..600u64)
+            .map(|i| PageEvent {
+                seq: i,
+                kind: PageEventKind::Stored,
+                tier: TierKind::Pool,
+                ns: NamespaceId(0),
+                hash: PageHash::from_u64(i),
+                at_ms: 0,
+            })
+            .collect();
+        // Names at the protocol's bound of 4 KiB each, keys that long too.
+        let name = Namespace {
+            model: "m".repeat(4096),
+            lora: "l".repeat(4096),
+            salt: "s".repeat(4096),
+        };
+        let cfg = MooncakeConfig::default();
+        let objs: Vec<ObjectEvent> = evs
+            .iter()
+            .map(|ev| ObjectEvent {
+                key: format!("{}_{}_0_k", "k".repeat(4096), ev.hash.to_hex()),
+                ev,
+                ns: Some((&name, 16)),
+            })
+            .collect();
+        let cut = batches(&objs, &cfg);
+        assert!(cut.len() > 1, "600 events of ~16 KiB do not fit one message");
+        let mut read = Vec::new();
+        for chunk in &cut {
+            let mut buf = Vec::new();
+            encode(&mut buf, &cfg, 1, chunk, &mut 1);
+            assert!(buf.len() <= MAX_PAYLOAD_BYTES, "{} bytes", buf.len());
+            assert!(buf.len() as i64 <= crate::pool::index::sync::MAX_MESSAGE_BYTES);
+            read.extend(decode_payload(&buf).unwrap().0);
+        }
+        let want: Vec<Read> = objs.iter().map(|o| Read::Stored(o.key.clone())).collect();
+        assert_eq!(read, want, "every event, once, in order");
+        // Small events are cut by count only.
+        let small = MooncakeConfig {
+            max_batch_objects: 256,
+            ..MooncakeConfig::default()
+        };
+        let plain: Vec<ObjectEvent> = evs
+            .iter()
+            .map(|ev| ObjectEvent {
+                key: "k".into(),
+                ev,
+                ns: None,
+            })
+            .collect();
+        let sizes: Vec<usize> = batches(&plain, &small).iter().map(|c| c.len()).collect();
+        assert_eq!(sizes, [256, 256, 88]);
+    }
 
     #[test]
     fn shape_is_timestamp_events_rank() {

@@ -38,6 +38,12 @@ pub struct IndexConfig {
     pub http_timeout: Duration,
 }
 
+/// The largest event message a subscriber takes (ZMQ drops larger ones). A publisher's
+/// message holds at most 1,024 events (kvtier's) of keys of a few hundred bytes.
+pub const MAX_MESSAGE_BYTES: i64 = 4 << 20;
+/// Messages a subscriber's socket queues before dropping (per source).
+pub const RCV_HWM: i32 = 256;
+
 /// Is the pool backend healthy (the daemon asks its manager).
 pub type Healthy = Box<dyn Fn() -> bool + Send>;
 
@@ -58,7 +64,12 @@ pub fn spawn(
         let sock = ctx.socket(zmq::SUB).map_err(std::io::Error::other)?;
         sock.set_subscribe(b"").map_err(std::io::Error::other)?;
         sock.set_rcvtimeo(100).map_err(std::io::Error::other)?;
-        sock.set_rcvhwm(100_000).map_err(std::io::Error::other)?;
+        // A peer's stream is untrusted input: a message past MAX_MESSAGE_BYTES is
+        // dropped by ZMQ, and at most RCV_HWM messages wait here, so what a peer can make
+        // this daemon hold is bounded; a message dropped either way is a sequence gap,
+        // and the index resyncs.
+        sock.set_maxmsgsize(MAX_MESSAGE_BYTES).map_err(std::io::Error::other)?;
+        sock.set_rcvhwm(RCV_HWM).map_err(std::io::Error::other)?;
         sock.connect(ep)
             .map_err(|e| std::io::Error::other(format!("{ep}: {e}")))?;
         let (index, cancel, ep) = (index.clone(), cancel.clone(), ep.clone());
@@ -96,11 +107,12 @@ fn subscribe(sock: zmq::Socket, ep: &str, index: &PoolIndex, cancel: &Cancellati
                 continue;
             }
         };
-        let expected = last.map_or(1, |l| l + 1);
-        if batch.seq != expected {
+        let expected = last.map_or(Some(1), |l| l.checked_add(1));
+        if Some(batch.seq) != expected {
             index.lose_sync(&format!(
-                "event sequence from {ep}: got {}, expected {expected}",
-                batch.seq
+                "event sequence from {ep}: got {}, expected {}",
+                batch.seq,
+                expected.map_or("none (past the last)".into(), |e| e.to_string())
             ));
         }
         last = Some(batch.seq);
