@@ -88,7 +88,30 @@ struct State {
     last_loss: String,
     /// Events that arrived during a resync, replayed over its listing (`None`: no resync
     /// under way).
-    journal: Option<Vec<(bool, Box<str>)>>,
+    journal: Option<Journal>,
+}
+
+/// The most bytes of keys a resync's journal holds; past it (or past `max_keys` entries)
+/// the resync is abandoned and another wanted, as for a listing too large.
+const JOURNAL_MAX_BYTES: usize = 64 << 20;
+
+/// Events journalled during a resync, and their keys' bytes.
+#[derive(Default)]
+struct Journal {
+    events: Vec<(bool, Box<str>)>,
+    bytes: usize,
+}
+
+impl Journal {
+    /// Journals an event; `false` when that would pass a bound.
+    fn push(&mut self, stored: bool, key: &str, max_keys: usize) -> bool {
+        if self.events.len() >= max_keys || self.bytes + key.len() > JOURNAL_MAX_BYTES {
+            return false;
+        }
+        self.bytes += key.len();
+        self.events.push((stored, key.into()));
+        true
+    }
 }
 
 /// The pages a shared pool holds, and which of their objects, as this node knows it.
@@ -146,13 +169,13 @@ impl PoolIndex {
         self.events.fetch_add(1, Relaxed);
         let mut st = self.state.write();
         if let Some(j) = st.journal.as_mut() {
-            if j.len() < self.max_keys {
-                j.push((stored, key.into()));
+            // A key that is no page's object is not held, so not journalled either.
+            if pages::split(key).is_none() || j.push(stored, key, self.max_keys) {
                 return;
             }
             // A dropped event would leave the listing's replay wrong: resync again.
             drop(st);
-            self.lose_sync("events during a resync past mooncake.index_max_keys");
+            self.lose_sync("events during a resync past mooncake.index_max_keys or the journal's bytes");
             return;
         }
         if stored {
@@ -191,7 +214,7 @@ impl PoolIndex {
     pub fn begin_resync(&self) {
         let mut st = self.state.write();
         st.mode = IndexMode::Syncing;
-        st.journal = Some(Vec::new());
+        st.journal = Some(Journal::default());
     }
 
     /// The store's listing, taken after [`Self::begin_resync`]: it replaces the index, the
@@ -212,7 +235,7 @@ impl PoolIndex {
             self.resync_failures.fetch_add(1, Relaxed);
             return false;
         };
-        for (stored, k) in journal {
+        for (stored, k) in journal.events {
             if stored {
                 // Past the bound the next event loses sync; the journal is bounded too.
                 let _ = keys.insert(&k);
@@ -304,11 +327,16 @@ impl PoolIndex {
         for k in keys {
             any |= st.keys.remove(k.as_str());
         }
-        if let Some(j) = st.journal.as_mut() {
-            j.extend(keys.iter().map(|k| (false, k.as_str().into())));
-        }
         if any {
             self.forgotten_pages.fetch_add(1, Relaxed);
+        }
+        let fits = st
+            .journal
+            .as_mut()
+            .is_none_or(|j| keys.iter().all(|k| j.push(false, k, self.max_keys)));
+        if !fits {
+            drop(st);
+            self.lose_sync("forgotten keys during a resync past the journal's bounds");
         }
     }
 

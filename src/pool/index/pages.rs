@@ -31,6 +31,9 @@ const SUFFIX_FIELDS: usize = 3;
 /// Most distinct prefixes (namespaces × layouts × tags) the index interns; past it the
 /// index is full (it loses sync, and a resync starts from empty tables).
 const MAX_PREFIXES: usize = 1 << 16;
+/// Most bytes of distinct prefixes the index interns: prefixes come from peers' events,
+/// and a key may be up to [`super::events::MAX_KEY_BYTES`] long.
+const MAX_PREFIX_BYTES: usize = 16 << 20;
 /// Most distinct suffixes (objects per page across every layout).
 const MAX_SUFFIXES: usize = 1 << 12;
 
@@ -129,6 +132,8 @@ pub(super) struct PageSet {
     prefixes: Map<Box<str>, u32>,
     suffixes: Map<Box<str>, u16>,
     pages: Map<(u32, PageHash), Objects>,
+    /// Bytes of the interned prefixes.
+    prefix_bytes: usize,
     /// Object keys held (set bits over every page).
     objects: usize,
     /// [`Self::query`]'s answers by the caller's name for its (scheme, layout) pair, so a
@@ -167,8 +172,14 @@ impl PageSet {
         let Some((prefix, hash, suffix)) = split(key) else {
             return Ok(false);
         };
-        let p = intern(&mut self.prefixes, prefix, MAX_PREFIXES)?;
-        let s = intern(&mut self.suffixes, suffix, MAX_SUFFIXES)?;
+        let p = intern(
+            &mut self.prefixes,
+            prefix,
+            MAX_PREFIXES,
+            &mut self.prefix_bytes,
+            MAX_PREFIX_BYTES,
+        )?;
+        let s = intern(&mut self.suffixes, suffix, MAX_SUFFIXES, &mut 0, usize::MAX)?;
         let new = self.pages.entry((p, hash)).or_default().set(s);
         self.objects += usize::from(new);
         Ok(new)
@@ -227,15 +238,24 @@ impl PageSet {
     }
 }
 
-fn intern<T: TryFrom<usize> + Copy>(map: &mut Map<Box<str>, T>, s: &str, cap: usize) -> Result<T, Full> {
+/// `s`'s id in `map`, given the next one when new: at most `cap` entries of at most
+/// `max_bytes` together (`bytes` keeps the sum).
+fn intern<T: TryFrom<usize> + Copy>(
+    map: &mut Map<Box<str>, T>,
+    s: &str,
+    cap: usize,
+    bytes: &mut usize,
+    max_bytes: usize,
+) -> Result<T, Full> {
     if let Some(&id) = map.get(s) {
         return Ok(id);
     }
-    if map.len() >= cap {
+    if map.len() >= cap || bytes.saturating_add(s.len()) > max_bytes {
         return Err(Full);
     }
     let id = T::try_from(map.len()).map_err(|_| Full)?;
     map.insert(s.into(), id);
+    *bytes += s.len();
     Ok(id)
 }
 
@@ -307,6 +327,29 @@ mod tests {
             set.remove(k);
         }
         assert_eq!((set.len(), set.pages()), (0, 0));
+    }
+
+    #[test]
+    fn interned_prefixes_are_bounded_by_bytes_as_well_as_count() {
+        let mut set = PageSet::default();
+        let long = "p".repeat(60 << 10);
+        let h = PageHash::from_u64(1).to_hex();
+        let mut held = 0;
+        let full = (0..1000).find(|i| {
+            let key = format!("{long}{i}_{h}_0_k");
+            match set.insert(&key) {
+                Ok(new) => {
+                    assert!(new);
+                    held += 1;
+                    false
+                }
+                Err(Full) => true,
+            }
+        });
+        // 16 MiB of 60 KiB prefixes: 273 of them, then full; a held prefix still takes keys.
+        assert_eq!((full, held), (Some(273), 273));
+        assert!(set.prefix_bytes <= MAX_PREFIX_BYTES);
+        assert!(set.insert(&format!("{long}0_{h}_1_v")).unwrap());
     }
 
     #[test]

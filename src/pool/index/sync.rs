@@ -42,7 +42,7 @@ pub struct IndexConfig {
 /// message holds at most 1,024 events (kvtier's) of keys of a few hundred bytes.
 pub const MAX_MESSAGE_BYTES: i64 = 4 << 20;
 /// Messages a subscriber's socket queues before dropping (per source).
-pub const RCV_HWM: i32 = 256;
+pub const RCV_HWM: i32 = 64;
 
 /// Is the pool backend healthy (the daemon asks its manager).
 pub type Healthy = Box<dyn Fn() -> bool + Send>;

@@ -79,6 +79,27 @@ fn journal_replays_removes_and_loss_during_resync_fails_it() {
 }
 
 #[test]
+fn a_resync_journal_is_bounded_in_bytes_and_skips_what_no_page_holds() {
+    let idx = PoolIndex::new(1 << 20);
+    idx.begin_resync();
+    // Keys that are no page's object are not journalled: no number of them ends the resync.
+    let junk = "x".repeat(60 << 10);
+    for _ in 0..2000 {
+        idx.apply(true, &junk);
+    }
+    assert!(idx.finish_resync([k(1)], Instant::now()), "junk never counted");
+    // Page keys of 60 KiB: past 64 MiB of them the resync is abandoned, not grown.
+    idx.begin_resync();
+    let long = |i: u64| format!("{}_{}_0_k", "p".repeat(60 << 10), PageHash::from_u64(i).to_hex());
+    for i in 0..1200 {
+        idx.apply(true, &long(i));
+    }
+    assert!(!idx.finish_resync([k(1)], Instant::now()));
+    assert_eq!(idx.mode(), IndexMode::Syncing);
+    assert!(idx.take_resync_wanted());
+}
+
+#[test]
 fn bounded_and_forget_learns() {
     let idx = PoolIndex::new(2);
     idx.begin_resync();
