@@ -71,30 +71,84 @@ pub fn resolve(given: &Path, what: &'static str, path_var: Option<&OsStr>) -> Re
 }
 
 /// Checks an absolute path the daemon will execute or hand to its interpreter: see the
-/// module doc.
+/// module doc. The path is resolved as the kernel resolves it, name by name and link by
+/// link ([`walk`]), and every directory that holds a name on the way (a link's included,
+/// wherever in a chain of links it sits) must be trusted; then the file it ends at.
 pub fn check(path: &Path, what: &'static str) -> Result<(), ProgramError> {
-    let io = |p: &Path, e: std::io::Error| ProgramError::Io {
-        what,
-        path: p.to_owned(),
-        error: e.to_string(),
-    };
-    let real = std::fs::canonicalize(path).map_err(|e| io(path, e))?;
-    let md = std::fs::metadata(&real).map_err(|e| io(&real, e))?;
+    let real = walk(path, what)?;
+    let md = std::fs::metadata(&real).map_err(|e| io_error(what, &real, e))?;
     if !md.is_file() {
         return Err(ProgramError::NotAFile { what, path: real });
     }
-    trusted(&real, &md, what, false)?;
-    // The directories above the name as given (where a symlink could be swapped) and above
-    // what it resolves to.
-    let given_parent = path.parent().unwrap_or(Path::new("/"));
-    let given_parent = std::fs::canonicalize(given_parent).map_err(|e| io(given_parent, e))?;
-    for top in [given_parent.as_path(), real.parent().unwrap_or(Path::new("/"))] {
-        for dir in top.ancestors() {
-            let md = std::fs::metadata(dir).map_err(|e| io(dir, e))?;
-            trusted(dir, &md, what, true)?;
-        }
+    trusted(&real, &md, what, false)
+}
+
+fn io_error(what: &'static str, p: &Path, e: std::io::Error) -> ProgramError {
+    ProgramError::Io {
+        what,
+        path: p.to_owned(),
+        error: e.to_string(),
     }
-    Ok(())
+}
+
+/// Most links followed resolving one path (the kernel's own limit).
+const MAX_LINKS: usize = 40;
+
+/// Resolves absolute `path` one name at a time, following links, and checks the directory
+/// each name is looked up in ([`trusted`]); in a sticky directory the entry itself must be
+/// the daemon's uid's or root's too, since its owner may replace it. Returns the path it
+/// ends at, with no link left in it.
+fn walk(path: &Path, what: &'static str) -> Result<PathBuf, ProgramError> {
+    let io = |p: &Path, e: std::io::Error| io_error(what, p, e);
+    // Names still to resolve, the next last.
+    let mut todo: Vec<std::ffi::OsString> = Vec::new();
+    let push = |todo: &mut Vec<std::ffi::OsString>, p: &Path| {
+        let names: Vec<_> = p
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n.to_owned()),
+                Component::ParentDir => Some("..".into()),
+                _ => None,
+            })
+            .collect();
+        todo.extend(names.into_iter().rev());
+    };
+    push(&mut todo, path);
+    let mut at = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(name) = todo.pop() {
+        if name == ".." {
+            at.pop();
+            continue;
+        }
+        let dir = std::fs::metadata(&at).map_err(|e| io(&at, e))?;
+        trusted(&at, &dir, what, true)?;
+        let next = at.join(&name);
+        let md = std::fs::symlink_metadata(&next).map_err(|e| io(&next, e))?;
+        if dir.mode() & libc::S_ISVTX != 0 && md.uid() != euid() && md.uid() != 0 {
+            return Err(ProgramError::Untrusted {
+                what,
+                path: next,
+                owner: md.uid(),
+                mode: md.mode() & 0o7777,
+                uid: euid(),
+            });
+        }
+        if !md.file_type().is_symlink() {
+            at = next;
+            continue;
+        }
+        links += 1;
+        if links > MAX_LINKS {
+            return Err(io(path, std::io::Error::from_raw_os_error(libc::ELOOP)));
+        }
+        let target = std::fs::read_link(&next).map_err(|e| io(&next, e))?;
+        if target.is_absolute() {
+            at = PathBuf::from("/");
+        }
+        push(&mut todo, &target);
+    }
+    Ok(at)
 }
 
 fn trusted(path: &Path, md: &std::fs::Metadata, what: &'static str, dir: bool) -> Result<(), ProgramError> {
@@ -185,5 +239,38 @@ mod tests {
         std::os::unix::fs::symlink(&target, &link).unwrap();
         assert!(matches!(check(&link, "x"), Err(ProgramError::Untrusted { .. })));
         assert!(matches!(check(dir.path(), "x"), Err(ProgramError::NotAFile { .. })));
+    }
+
+    #[test]
+    fn a_link_in_the_middle_of_a_chain_is_checked_where_it_lies() {
+        let dir = tempfile::tempdir().unwrap();
+        chmod(dir.path(), 0o755);
+        let real = dir.path().join("real");
+        std::fs::write(&real, b"#!/bin/sh\n").unwrap();
+        chmod(&real, 0o755);
+        // bin/python3 -> loose/mid -> real: the first link and the file are in trusted
+        // directories, the middle link in one anybody can write (and swap it in).
+        let (bin, loose) = (dir.path().join("bin"), dir.path().join("loose"));
+        std::fs::create_dir(&bin).unwrap();
+        std::fs::create_dir(&loose).unwrap();
+        chmod(&bin, 0o755);
+        chmod(&loose, 0o777);
+        std::os::unix::fs::symlink(&real, loose.join("mid")).unwrap();
+        std::os::unix::fs::symlink("../loose/mid", bin.join("python3")).unwrap();
+        let e = check(&bin.join("python3"), "x").unwrap_err();
+        assert!(
+            matches!(&e, ProgramError::Untrusted { path, .. } if path.ends_with("loose")),
+            "{e}"
+        );
+        // With that directory locked down, the same chain passes, and a directory link
+        // on the way is resolved too.
+        chmod(&loose, 0o755);
+        assert_eq!(check(&bin.join("python3"), "x"), Ok(()));
+        std::os::unix::fs::symlink(&bin, dir.path().join("venv")).unwrap();
+        assert_eq!(check(&dir.path().join("venv/python3"), "x"), Ok(()));
+        // A loop is an error, not a hang.
+        std::os::unix::fs::symlink("b", loose.join("a")).unwrap();
+        std::os::unix::fs::symlink("a", loose.join("b")).unwrap();
+        assert!(matches!(check(&loose.join("a"), "x"), Err(ProgramError::Io { .. })));
     }
 }
