@@ -48,6 +48,11 @@ const FLUSH_BYTES: usize = 32 << 10;
 /// it shares with the daemon, and doubled the lookup as that engine saw it. Tokio's
 /// timers tick in milliseconds: the work is done 1 to 2 ms after the answer.
 const SETTLE_IDLE: Duration = Duration::from_millis(1);
+/// How long a connection runs frames it already holds (read ahead of its answers) before
+/// it lets the other connections on the control thread run: every inline command is
+/// short, but a peer that pipelines thousands of them would otherwise hold the thread
+/// for all of them at once (2,000 polls of a 4,096-page ticket held it for 3 s).
+const TURN: Duration = Duration::from_millis(1);
 /// Most loads and lookups on the blocking pool at once. A read from the pool may hold its
 /// thread until the pool answers or its helper is replaced as hung (tens of seconds when
 /// the master trickles); capped at half of that pool (`BLOCKING_THREADS`, 64), such
@@ -195,8 +200,24 @@ pub async fn handle(stream: UnixStream, shared: Arc<Shared>, shutdown: Cancellat
     shared.backend.settle_lookups();
     // `None` when a blocking command outlived its deadline: it owns the state and
     // releases it when it ends.
-    if let Some(mut conn) = slot {
-        release(&shared, &mut conn);
+    if let Some(conn) = slot {
+        release_off_thread(&shared, conn).await;
+    }
+}
+
+/// [`release`] on the blocking pool, awaited: forgetting a rank's device pages walks each
+/// of them (up to [`MAX_DEVICE_PAGES`]) under the directory's lock, which on the control
+/// thread held every other connection up (839 ms for a million pages).
+async fn release_off_thread(shared: &Arc<Shared>, mut conn: Box<Conn>) {
+    let sh = shared.clone();
+    let id = conn.id;
+    let done = tokio::task::spawn_blocking(move || {
+        let _blocking = crate::pool::io_guard::allow_blocking();
+        release(&sh, &mut conn);
+    })
+    .await;
+    if let Err(e) = done {
+        tracing::warn!(conn = id, error = %e, "releasing a closed connection's state failed");
     }
 }
 
@@ -241,7 +262,13 @@ async fn serve(
     let settle = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(settle);
     let (mut settle_armed, mut answered_lookup) = (false, false);
+    // When this connection last left the thread to others (or waited for its peer).
+    let mut turn = Instant::now();
     loop {
+        if !frames.decoder().frame_ready(frames.read_buffer()) {
+            // The next frame comes from the socket: a wait, or the socket's own budget.
+            turn = Instant::now();
+        }
         let next = tokio::select! {
             biased;
             _ = &mut cancelled => {
@@ -337,6 +364,15 @@ async fn serve(
                 settle.as_mut().reset((Instant::now() + SETTLE_IDLE).into());
                 settle_armed = true;
             }
+        } else if last >= turn + TURN {
+            // More frames are buffered, and this connection has had its turn: send what is
+            // answered, and let the others run before the rest.
+            match flush(&mut wr, &mut out).await {
+                Err(ConnError::Frame(FrameError::Io(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                other => other?,
+            }
+            tokio::task::yield_now().await;
+            turn = Instant::now();
         }
     }
 }
@@ -425,8 +461,8 @@ async fn offload(shared: &Arc<Shared>, slot: &mut Option<Box<Conn>>, req: Reques
             // Closing first makes the race with a late answer explicit: either it is in
             // the channel now (take it and release here) or its sender sees the close.
             rx.close();
-            if let Ok((mut conn, _)) = rx.try_recv() {
-                release(shared, &mut conn);
+            if let Ok((conn, _)) = rx.try_recv() {
+                release_off_thread(shared, conn).await;
             }
             Err(ConnError::CommandTimeout(limit))
         }
