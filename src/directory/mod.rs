@@ -294,11 +294,6 @@ impl Directory {
         self.view.find(ns, hash, hash.table_hash(ns)).map(|(i, _)| PageId(i))
     }
 
-    /// The page's hash (kept only in its cell).
-    fn hash_of(&self, id: PageId) -> PageHash {
-        self.view.hash(id.0)
-    }
-
     /// Finds a page, creating an empty record when it is new.
     pub fn find_or_insert(&mut self, ns: NamespaceId, hash: &PageHash) -> Result<PageId, DirectoryError> {
         self.find_or_insert_fresh(ns, hash).map(|(id, _)| id)
@@ -312,7 +307,7 @@ impl Directory {
         if let Some(id) = self.find(ns, hash) {
             return Ok((id, false));
         }
-        if self.len() >= self.max_pages {
+        if self.len() >= self.max_pages && self.forget_device_only((self.max_pages / 64).max(1)) == 0 {
             return Err(DirectoryError::Full(self.max_pages));
         }
         let rec = PageRecord {
@@ -345,7 +340,7 @@ impl Directory {
     }
 
     pub fn info(&self, id: PageId) -> PageInfo {
-        self.records[id.0 as usize].info(self.hash_of(id))
+        self.records[id.0 as usize].info(self.view.hash(id.0))
     }
 
     pub fn set_pinned(&mut self, id: PageId, tier: TierKind, on: bool) {
@@ -387,7 +382,7 @@ impl Directory {
     fn set_state(&mut self, id: PageId, tier: TierKind, s: u8) {
         let old = self.records[id.0 as usize].tier_state(tier);
         self.write_state(id.0 as usize, tier, s);
-        let (hash, ns) = (self.hash_of(id), self.records[id.0 as usize].ns);
+        let (hash, ns) = (self.view.hash(id.0), self.records[id.0 as usize].ns);
         let kind = match (old == COMPLETE, s == COMPLETE) {
             (false, true) => {
                 self.complete[tier.index()] += 1;
@@ -418,7 +413,7 @@ impl Directory {
         if !rec.is_empty() || !self.live[id.0 as usize] {
             return;
         }
-        self.view.remove(self.hash_of(id).table_hash(rec.ns), id.0);
+        self.view.remove(self.view.hash(id.0).table_hash(rec.ns), id.0);
         self.live[id.0 as usize] = false;
         self.free.push(id.0);
         // A reused slot starts with no session, class or protection.

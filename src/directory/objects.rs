@@ -296,6 +296,35 @@ impl Directory {
         Ok((state == COMPLETE) != (target == COMPLETE))
     }
 
+    /// Forgets up to `n` pages whose only state is that engines hold them on device, least
+    /// recently accessed first, and returns how many. kvtier holds no byte of such a page
+    /// (device memory is the engine's), and an engine that frees its blocks without saying
+    /// so (`Removed`) leaves these marks behind for good: without this, they filled the
+    /// directory and every later store was refused. Pinned or in-flight pages stay; each
+    /// forgotten page that was complete on device emits its `removed` event.
+    pub(super) fn forget_device_only(&mut self, n: usize) -> usize {
+        let device = 3u8 << (TierKind::Device.index() * 2);
+        let mut oldest: std::collections::BinaryHeap<(u64, u32)> = std::collections::BinaryHeap::new();
+        for (i, r) in self.records.iter().enumerate() {
+            if !self.live[i] || r.state == 0 || r.state & !device != 0 || r.inflight != 0 || r.pinned != 0 {
+                continue;
+            }
+            oldest.push((r.last_access, i as u32));
+            if oldest.len() > n {
+                oldest.pop();
+            }
+        }
+        let mut forgotten = 0;
+        for (_, i) in oldest {
+            let id = PageId(i);
+            let all: Vec<usize> = (0..object_count(&self.layouts, &self.records[i as usize])).collect();
+            if self.set_objects(id, TierKind::Device, &all, false).is_ok() && !self.live[i as usize] {
+                forgotten += 1;
+            }
+        }
+        forgotten
+    }
+
     /// Marks several objects of one page as being written into `tier` (or no longer),
     /// with one side-table change.
     pub fn set_inflight_objects(

@@ -568,3 +568,44 @@ fn find_or_insert_fresh_says_once_that_it_created_the_record_and_untouched_follo
     assert_eq!(d.find(ns, &h), None);
     assert!(d.find_or_insert_fresh(ns, &h).unwrap().1);
 }
+
+#[test]
+fn a_full_directory_forgets_pages_only_engines_hold_oldest_first() {
+    let layout = LayoutSpec::mha(2, 2, 8, 2, 16).with_parallel(2, 1).build().unwrap();
+    let mut d = Directory::new(128);
+    let ns = d.register(Namespace::model("m"), layout).unwrap();
+    let h = PageHash::from_u64;
+    // 64 pages kvtier holds on host, then 64 that only engines hold on device (one rank's
+    // objects each: partial, as one rank of two reports), each touched in turn.
+    for i in 0..128u64 {
+        let id = d.find_or_insert(ns, &h(i)).unwrap();
+        let tier = if i < 64 { TierKind::Host } else { TierKind::Device };
+        d.set_objects(id, tier, &[0, 1], true).unwrap();
+        if i < 64 {
+            d.set_objects(id, tier, &[2, 3], true).unwrap();
+        }
+        d.order_mut().touch(id, false);
+    }
+    // One device page complete (both ranks), pinned: never forgotten.
+    let pinned = d.find(ns, &h(64)).unwrap();
+    d.set_objects(pinned, TierKind::Device, &[2, 3], true).unwrap();
+    d.set_pinned(pinned, TierKind::Device, true);
+    d.drain_events();
+    // Full: a new page is let in by forgetting the two oldest device-only pages (128 / 64),
+    // the pinned one skipped; no host page is touched.
+    assert!(d.find_or_insert(ns, &h(1000)).is_ok());
+    assert!(d.find(ns, &h(65)).is_none() && d.find(ns, &h(66)).is_none());
+    assert!(d.find(ns, &h(64)).is_some() && d.find(ns, &h(67)).is_some());
+    assert!((0..64).all(|i| d.is_complete(d.find(ns, &h(i)).unwrap(), TierKind::Host)));
+    assert_eq!(d.len(), 127);
+    // Only host pages and pinned ones left to forget: full is full.
+    let mut d = Directory::new(4);
+    let ns = d
+        .register(Namespace::model("m"), LayoutSpec::mha(2, 2, 8, 2, 16).build().unwrap())
+        .unwrap();
+    for i in 0..4u64 {
+        let id = d.find_or_insert(ns, &h(i)).unwrap();
+        d.set_objects(id, TierKind::Host, &[0, 1], true).unwrap();
+    }
+    assert!(matches!(d.find_or_insert(ns, &h(9)), Err(DirectoryError::Full(4))));
+}
