@@ -110,7 +110,12 @@ impl Fence {
         };
         let slot_bytes = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or_default());
         let slots = u64::from_le_bytes(bytes[16..24].try_into().unwrap_or_default());
-        if bytes.len() as u64 != HEADER as u64 + slots * width as u64 {
+        // A slot count no file of ours could hold (its product overflowing, say) is no
+        // fence file of ours either.
+        let len = slots
+            .checked_mul(width as u64)
+            .and_then(|b| b.checked_add(HEADER as u64));
+        if len != Some(bytes.len() as u64) {
             return Marked::default();
         }
         let mark = |s: usize| {

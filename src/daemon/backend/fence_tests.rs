@@ -122,3 +122,30 @@ fn a_load_reporting_pages_missing_drops_only_those_whose_stamps_differ() {
     assert_eq!(host(&b, ns, &hs), 1);
     assert_eq!(host(&b, ns, &hs[2..]), 2, "pages 2 and 3 stay");
 }
+
+#[test]
+fn a_fence_file_whose_slot_count_overflows_marks_nothing() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("arena.fence");
+    // A 64-byte header saying 2^61 slots of 8 bytes: the product wraps to 0, which once
+    // passed the length check, and the first mark read past the end.
+    let mut header = vec![0u8; super::HEADER];
+    header[..8].copy_from_slice(super::MAGIC);
+    header[8..16].copy_from_slice(&4096u64.to_le_bytes());
+    header[16..24].copy_from_slice(&(1u64 << 61).to_le_bytes());
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    std::io::Write::write_all(&mut f, &header).unwrap();
+    let m = super::Fence::read_marked(&path);
+    assert!(m.slots.is_empty());
+    // The same header with one slot and its mark reads that mark.
+    header[16..24].copy_from_slice(&1u64.to_le_bytes());
+    header.extend(7u64.to_le_bytes());
+    std::fs::write(&path, &header).unwrap();
+    assert_eq!(super::Fence::read_marked(&path).slots, vec![(0, 7)]);
+}
