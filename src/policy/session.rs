@@ -302,6 +302,7 @@ pub struct SessionPolicy {
 }
 
 mod calls;
+pub use calls::MAX_CHAIN_PAGES;
 
 impl SessionPolicy {
     pub fn new(cfg: SessionPolicyConfig, clock: Arc<dyn Clock>) -> Result<Self, PolicyError> {

@@ -8,6 +8,10 @@ use crate::page::{NamespaceId, PageHash};
 use crate::session::Activity;
 use crate::session::pressure::Action;
 
+/// Most pages a session's chain holds (a million tokens at 16 tokens a page); pages a
+/// session stores past it are not on its chain.
+pub const MAX_CHAIN_PAGES: usize = 1 << 16;
+
 impl SessionPolicy {
     /// The engine stored `hashes` for `session` (the request's pages in order; pages
     /// already stored may be among them). They join the session's chain.
@@ -27,10 +31,13 @@ impl SessionPolicy {
             if let Some(at) = c.hashes.iter().rposition(|h| h == first) {
                 c.hashes.truncate(at);
             }
-            c.hashes.extend_from_slice(hashes);
+            // Up to MAX_CHAIN_PAGES: the chain's head is what subagents share, and past
+            // the bound every store would re-walk an ever longer chain under the policy's
+            // lock (a session whose stores never branch grew without end).
+            let room = MAX_CHAIN_PAGES.saturating_sub(c.hashes.len());
+            c.hashes.extend_from_slice(&hashes[..hashes.len().min(room)]);
         }
-        let chain = c.hashes.clone();
-        self.lineage.insert(idx, &chain);
+        self.lineage.insert(idx, &c.hashes);
         Ok(())
     }
 

@@ -295,3 +295,18 @@ fn a_full_table_frees_the_oldest_idle_session_and_refuses_only_when_all_are_acti
     assert_eq!((p.stats().sessions_freed_full, p.stats().sessions_refused_full), (2, 1));
     assert_eq!(p.sessions().len(), 3);
 }
+
+#[test]
+fn a_chain_that_never_branches_stops_at_its_bound_and_keeps_its_head() {
+    let clock = SimClock::new();
+    let mut p = policy(&clock);
+    let batch = 4096u64;
+    let n = MAX_CHAIN_PAGES as u64 / batch + 3;
+    for i in 0..n {
+        p.page_stored("long", NS, &hashes(i * batch..(i + 1) * batch)).unwrap();
+    }
+    assert_eq!(p.session("long").unwrap().pages, MAX_CHAIN_PAGES);
+    // The head is what it was: a store from its second page on branches there.
+    p.page_stored("long", NS, &hashes(1..3)).unwrap();
+    assert_eq!(p.session("long").unwrap().pages, 3);
+}
