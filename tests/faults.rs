@@ -367,3 +367,69 @@ fn slow_admin_clients_cannot_lock_out_a_newcomer() {
         );
     }
 }
+
+/// A peer that pipelines thousands of commands, each run inline on the control thread,
+/// takes turns with the other connections: another client's ping is answered while most
+/// of the burst is still to come, not after all of it (a poll of a 4,096-page ticket
+/// walks every page; 2,000 of them once held the thread for seconds).
+#[test]
+fn a_pipelined_burst_of_inline_commands_takes_turns_with_other_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(dir.path(), 8 << 20, &["host.slot_bytes=256"]);
+    let layout = small_spec();
+    let pages = 4096usize;
+    let c = d.client(identity("big", 0, 0, 1, 1), layout.clone());
+    c.register_device(Arc::new(EmulatedDevice::new(
+        &layout.clone().build().unwrap(),
+        0,
+        pages as u32,
+    )))
+    .unwrap();
+    let slots: Vec<u32> = (0..pages as u32).collect();
+    let ticket = c.store(&hashes(1, pages), &slots, "").unwrap().ticket;
+    // Connection A: connected as a rank, then 2,000 polls of that ticket in one write.
+    let mut a = UnixStream::connect(&d.socket).unwrap();
+    a.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut connect = Vec::new();
+    Request::Connect {
+        identity: identity("burst", 0, 0, 1, 1),
+        layout: layout.clone(),
+    }
+    .encode(1, &mut connect);
+    a.write_all(&connect).unwrap();
+    assert!(matches!(answer(&mut a), Some(Response::Connected { .. })));
+    const N: usize = 2000;
+    let mut burst = Vec::new();
+    for i in 0..N {
+        Request::Poll { ticket }.encode(10 + i as u64, &mut burst);
+    }
+    let mut b = UnixStream::connect(&d.socket).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    // A's answers, each timed as it is read, on a thread of their own.
+    let mut reader = a.try_clone().unwrap();
+    let answers = std::thread::spawn(move || {
+        (0..N)
+            .map(|_| {
+                let r = answer(&mut reader);
+                assert!(matches!(r, Some(Response::Ticket(_))), "{r:?}");
+                std::time::Instant::now()
+            })
+            .collect::<Vec<_>>()
+    });
+    a.write_all(&burst).unwrap();
+    b.write_all(&ping_frame(2, b"me too")).unwrap();
+    assert_eq!(
+        answer(&mut b),
+        Some(Response::Pong {
+            payload: b"me too".to_vec()
+        })
+    );
+    let pong = std::time::Instant::now();
+    let times = answers.join().unwrap();
+    let before = times.iter().filter(|&&t| t < pong).count();
+    let burst_ms = (times[N - 1] - times[0]).as_millis();
+    assert!(
+        before < N / 2,
+        "the ping was answered after {before} of the burst's {N} answers (the burst took {burst_ms} ms)"
+    );
+}
