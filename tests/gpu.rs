@@ -32,6 +32,16 @@ use kvtier::tier::tensors::KvTensors;
 
 // ---- helpers ----------------------------------------------------------------------------
 
+/// A directory for a daemon whose arena GPU clients pin: on tmpfs (`/dev/shm`), because
+/// Linux lets no driver pin a shared mapping of a file on a disk file system (see
+/// `an_arena_a_gpu_cannot_pin_is_refused_with_the_reason`).
+fn pinnable_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("kvtier-gpu-")
+        .tempdir_in("/dev/shm")
+        .expect("a temporary directory in /dev/shm (tmpfs)")
+}
+
 fn ok(r: CUresult, what: &str) {
     assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
 }
@@ -388,7 +398,7 @@ fn client_stores_and_loads_gpu_pages_through_the_daemon() {
     if !gpu() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = pinnable_dir();
     // Slots for this layout's 32 KiB objects.
     let d = Daemon::start_with(tmp.path(), 64 << 20, &["slot_bytes=32768"]);
     let spec = LayoutSpec::mha(4, 4, 64, 2, 16);
@@ -440,6 +450,37 @@ fn client_stores_and_loads_gpu_pages_through_the_daemon() {
 }
 
 #[test]
+fn an_arena_a_gpu_cannot_pin_is_refused_with_the_reason() {
+    if !gpu() {
+        return;
+    }
+    // An arena file on a disk file system: the driver's pin of it fails (Linux 6.5 on
+    // refuses long-term writable pins of such file pages), and the client's error says
+    // why and what to do, instead of the driver's bare CUDA_ERROR_INVALID_VALUE.
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let file = std::fs::File::open(tmp.path()).unwrap();
+    if kvtier::tier::mapping::gpu_pin_refusal(&file).is_none() {
+        say("SKIPPED: the build directory is on tmpfs or hugetlbfs, which a GPU can pin");
+        return;
+    }
+    let admin = format!("admin.socket={}", tmp.path().join("admin.sock").display());
+    let d = Daemon::start_with(tmp.path(), 4 << 20, &["slot_bytes=32768", &admin]);
+    let spec = LayoutSpec::mha(4, 4, 64, 2, 16);
+    let layout = spec.clone().build().unwrap();
+    let c = d.client(common::identity("gpu-unpinnable", 0, 0, 1, 1), spec);
+    let dev = Arc::new(CudaDevice::new(&layout, 0, 4, 0).unwrap());
+    let err = c.register_device(dev).unwrap_err().to_string();
+    assert!(
+        err.contains("cuMemHostRegister") && err.contains("tmpfs") && err.contains(d.arena.to_str().unwrap()),
+        "{err}"
+    );
+    let (code, status) = common::admin_json(&d.wait_admin().admin, "GET", "/v1/status", None);
+    assert_eq!(code, 200, "{status}");
+    let why = &status["host_arena"]["mapping"]["gpu_pin_refusal"];
+    assert!(why.as_str().is_some_and(|w| w.contains("tmpfs")), "status: {status}");
+}
+
+#[test]
 fn the_c_abi_registers_engine_tensors_and_moves_pages_through_them() {
     use kvtier::ffi::{self, capi::*};
     use std::ffi::CString;
@@ -448,7 +489,7 @@ fn the_c_abi_registers_engine_tensors_and_moves_pages_through_them() {
     }
     // What an engine does through the C ABI: its vLLM-shaped [2, blocks, ...] tensors per
     // layer, registered as they are, then a store and a load between pages of them.
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = pinnable_dir();
     let d = Daemon::start(tmp.path(), 2 << 20);
     let (layers, blocks, run) = (2u64, 8u64, 256u64); // run: 4 tokens x 2 heads x 16 dims x 2 B
     let layout = LayoutSpec::mha(2, 2, 16, 2, 4).build().unwrap();
@@ -676,7 +717,7 @@ fn every_gpu_test_runs_on_the_emulated_driver() {
             "scenario {name} did not use the emulated driver:\n{out}"
         );
         let n = passed(&out);
-        let want = if name == "hung" { 1 } else { 12 };
+        let want = if name == "hung" { 1 } else { 13 };
         assert_eq!(n, want, "scenario {name}: {n} tests passed, expected {want}:\n{out}");
         say(&format!(
             "emulated CUDA driver (no GPU), scenario {name}: {n} GPU tests passed"

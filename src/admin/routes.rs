@@ -149,7 +149,7 @@ fn host_arena(ctx: &AdminState, stats: &crate::manager::StatsSnapshot) -> Value 
         "overhead": overhead, "models": models,
         "mapping": {
             "page_bytes": r.page_bytes, "huge_bytes": r.huge_bytes,
-            "small_pages_why": r.small_pages_why,
+            "small_pages_why": r.small_pages_why, "gpu_pin_refusal": r.gpu_pin_refusal,
         },
     })
 }

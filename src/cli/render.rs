@@ -89,6 +89,9 @@ pub fn status(v: &Value) -> String {
             if let Some(why) = mapping["small_pages_why"].as_str() {
                 let _ = write!(out, " (no huge pages: {why})");
             }
+            if let Some(why) = mapping["gpu_pin_refusal"].as_str() {
+                let _ = write!(out, "\n            GPU engines cannot pin it: {why}");
+            }
         }
         out.push('\n');
     }

@@ -290,7 +290,16 @@ impl Client {
         let base = unsafe { arena.slot(crate::tier::host::SlotId(0), 0)? }
             .as_ptr()
             .cast_mut();
-        Ok(dev.register_host(base, len)?)
+        dev.register_host(base, len)
+            .map_err(|e| match (&e, &arena.report().gpu_pin_refusal) {
+                (crate::tier::device::DeviceError::Copy(what), Some(why)) => {
+                    ClientError::from(crate::tier::device::DeviceError::Copy(format!(
+                        "{what}: host arena {}: {why}",
+                        arena.path().display()
+                    )))
+                }
+                _ => e.into(),
+            })
     }
 
     pub fn lookup(&self, hashes: &[PageHash]) -> Result<PrefixHit, ClientError> {

@@ -77,6 +77,10 @@ pub struct MapReport {
     pub huge_bytes: u64,
     /// Why the mapping has no huge pages, when it has none.
     pub small_pages_why: Option<String>,
+    /// Why a GPU driver cannot pin the mapping, when it cannot
+    /// ([`super::mapping::gpu_pin_refusal`]): engines with CUDA tensors then fail to
+    /// register.
+    pub gpu_pin_refusal: Option<String>,
 }
 
 /// An arena file mapped and touched but not yet cut into slots
@@ -288,6 +292,7 @@ impl HostArena {
         let threads = opts.touch_threads.max(1);
         let locked = populate(map.as_ptr(), bytes as usize, threads, opts.prefault, opts.lock);
         let (page_bytes, huge_bytes, small_pages_why) = map.page_size(path, opts.prefault);
+        let gpu_pin_refusal = super::mapping::gpu_pin_refusal(&file);
         let report = MapReport {
             bytes,
             touch_threads: threads,
@@ -296,6 +301,7 @@ impl HostArena {
             page_bytes,
             huge_bytes,
             small_pages_why,
+            gpu_pin_refusal,
         };
         tracing::info!(
             path = %path.display(),
@@ -309,6 +315,9 @@ impl HostArena {
         );
         if let Err(why) = &report.locked {
             tracing::warn!(%why, "host arena is not locked in memory; pages may be swapped");
+        }
+        if let Some(why) = &report.gpu_pin_refusal {
+            tracing::warn!(path = %path.display(), %why, "engines with GPU tensors cannot pin this host arena");
         }
         if let Some(why) = &report.small_pages_why {
             tracing::info!(path = %path.display(), %why, "no huge pages for this mapping; it uses 4 KiB pages");

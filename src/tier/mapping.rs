@@ -25,6 +25,30 @@ pub const SMALL_PAGE: u64 = 4096;
 /// The transparent huge page size when the kernel does not say (x86-64 and most arm64).
 const DEFAULT_HUGE_PAGE: u64 = 2 << 20;
 
+/// Why a GPU driver cannot pin a shared mapping of `file`, if it cannot: Linux (6.5 on)
+/// refuses a long-term writable pin (`FOLL_LONGTERM`) of file pages that need dirty
+/// tracking, which is every file system's but tmpfs's and hugetlbfs's, and the CUDA
+/// driver then fails `cuMemHostRegister` with `CUDA_ERROR_INVALID_VALUE` (seen with
+/// driver 580 for an arena on ext4). `None` on tmpfs and hugetlbfs, or when the file
+/// system cannot be read.
+pub fn gpu_pin_refusal(file: &File) -> Option<String> {
+    const TMPFS: i64 = 0x0102_1994;
+    const HUGETLBFS: i64 = 0x9584_58f6;
+    // SAFETY: `statfs` is plain data; `fstatfs` only writes into it.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a valid out-pointer.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    let kind = st.f_type as i64;
+    (kind != TMPFS && kind != HUGETLBFS).then(|| {
+        format!(
+            "the file is on a file system of type {kind:#x}, not tmpfs or hugetlbfs, and Linux does not let \
+             a GPU driver pin such file pages; put the arena on tmpfs (`/dev/shm`, the default) or hugetlbfs"
+        )
+    })
+}
+
 /// The kernel's PMD-sized transparent huge page, in bytes.
 pub fn huge_page_bytes() -> u64 {
     std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")

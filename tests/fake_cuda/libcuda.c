@@ -19,6 +19,10 @@
  *    on the calling thread;
  *  - cuMemHostRegister records ranges: overlapping ones are
  *    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, unmapped memory is CUDA_ERROR_INVALID_VALUE,
+ *    and so is a shared mapping of a file on a filesystem other than tmpfs or hugetlbfs:
+ *    Linux (6.5 on) refuses a driver's long-term writable pin of such pages, which need
+ *    dirty tracking, and the real driver then returns CUDA_ERROR_INVALID_VALUE (seen on an
+ *    H200 with driver 580 for an arena file on ext4);
  *    one larger than KVTIER_FAKE_CUDA_MAX_REGISTER_BYTES is CUDA_ERROR_OUT_OF_MEMORY;
  *  - 2-D copies honour both pitches and the x/y offsets; batched copies copy every entry;
  *  - cuLaunchHostFunc queues a host function on the stream; the stream's worker calls it
@@ -45,7 +49,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <sys/mman.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -558,6 +564,34 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* Whether [lo, hi) overlaps a shared mapping of a file that Linux will not pin for
+ * writing: one on a filesystem other than tmpfs or hugetlbfs. A file that cannot be
+ * looked up again (deleted, memfd) is given the benefit of the doubt. */
+static int unpinnable_file(uintptr_t lo, uintptr_t hi) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return 0;
+    char line[4096];
+    int bad = 0;
+    while (!bad && fgets(line, sizeof line, f)) {
+        unsigned long a, b, inode;
+        char perms[8];
+        int path_at = 0;
+        if (sscanf(line, "%lx-%lx %7s %*s %*s %lu %n", &a, &b, perms, &inode, &path_at) < 4)
+            continue;
+        if (b <= lo || a >= hi || inode == 0 || perms[3] != 's' || line[path_at] != '/')
+            continue;
+        line[strcspn(line, "\n")] = 0;
+        struct statfs st;
+        if (statfs(line + path_at, &st) != 0)
+            continue;
+        if (st.f_type != 0x01021994 /* tmpfs */ && st.f_type != (long)0x958458f6 /* hugetlbfs */)
+            bad = 1;
+    }
+    fclose(f);
+    return bad;
+}
+
 CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags) {
     (void)flags;
     NEED_CTX();
@@ -583,6 +617,10 @@ CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags) {
             return CUDA_ERROR_INVALID_VALUE;
         }
         at += n * (uintptr_t)page;
+    }
+    if (unpinnable_file(lo, hi)) {
+        bump(ST_REGISTER_FAILURES, 1);
+        return CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_lock(&mu);
     uintptr_t b = (uintptr_t)p;
