@@ -24,9 +24,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use parking_lot::{Condvar, Mutex};
 
+use super::cuda_batch::coalesce;
 use super::device::{DeviceError, DeviceRegion, ObjectCopy};
 use super::tensors::{KvTensors, PageMap};
 use crate::layout::{Layout, Part};
@@ -58,13 +59,22 @@ fn driver_err(e: cudarc::driver::DriverError) -> DeviceError {
     DeviceError::Copy(e.to_string())
 }
 
-/// One contiguous (or 2-D, for page-first) move between a device address and host memory.
+/// One contiguous (or 2-D) move between a device address and host memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Move {
     pub(super) dev: CUdeviceptr,
     pub(super) host: *mut u8,
     pub(super) width: usize,
-    /// Rows and host pitch of a 2-D move; `None` for a contiguous one.
-    pub(super) rows: Option<(usize, usize)>,
+    /// The rows of a 2-D move; `None` for a contiguous one.
+    pub(super) rows: Option<Rows>,
+}
+
+/// `n` rows of a move's `width` bytes, each side's rows its own pitch apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Rows {
+    pub(super) n: usize,
+    pub(super) dev_pitch: usize,
+    pub(super) host_pitch: usize,
 }
 
 /// Host memory registered with the driver.
@@ -89,6 +99,9 @@ pub struct CudaDevice {
     /// Set when a batch did not land in time; the region refuses copies from then on.
     broken: AtomicBool,
     serial: Mutex<()>,
+    /// Recorded on the compute stream before each batch, for the copy stream to wait on
+    /// (one event reused under `serial`, not one created per batch).
+    ready: CudaEvent,
     timeout: Duration,
     pin_chunk: usize,
 }
@@ -121,8 +134,18 @@ impl CudaDevice {
         batch: bool,
         map: PageMap,
         owned: Option<CUdeviceptr>,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, DeviceError> {
+        let ready = match ctx.new_event(None) {
+            Ok(e) => e,
+            Err(e) => {
+                if let Some(base) = owned {
+                    // SAFETY: allocated by `new` just before; nothing else has it.
+                    let _ = unsafe { sys::cuMemFree_v2(base) };
+                }
+                return Err(driver_err(e));
+            }
+        };
+        Ok(Self {
             compute: ctx.default_stream(),
             ctx,
             copy,
@@ -132,9 +155,10 @@ impl CudaDevice {
             batch: AtomicBool::new(batch),
             broken: AtomicBool::new(false),
             serial: Mutex::new(()),
+            ready,
             timeout: DEFAULT_COPY_TIMEOUT,
             pin_chunk: PIN_CHUNK_BYTES,
-        }
+        })
     }
 
     /// Allocates a region of `pages` pages for rank `pp_rank` of `layout` on GPU `ordinal`.
@@ -146,7 +170,7 @@ impl CudaDevice {
         // SAFETY: allocates device memory on the bound context; freed in Drop.
         check(unsafe { sys::cuMemAlloc_v2(&mut base, bytes.max(1)) }, "cuMemAlloc")?;
         let map = PageMap::contiguous(layout, pp_rank, pages, base);
-        Ok(Self::build(ctx, copy, batch, map, Some(base)))
+        Self::build(ctx, copy, batch, map, Some(base))
     }
 
     /// Wraps the engine's own KV tensors on GPU `ordinal` (see [`KvTensors`] for the
@@ -165,7 +189,7 @@ impl CudaDevice {
     ) -> Result<Self, DeviceError> {
         let map = PageMap::wrap(layout, pp_rank, tensors)?;
         let (ctx, copy, batch) = open(ordinal)?;
-        Ok(Self::build(ctx, copy, batch, map, None))
+        Self::build(ctx, copy, batch, map, None)
     }
 
     /// The engine stream whose work device→host copies must follow. Default: the
@@ -232,15 +256,32 @@ impl CudaDevice {
         self.broken.load(Ordering::Relaxed)
     }
 
-    fn plan(&self, slot: u32, part: Part, len: usize, host: *mut u8, out: &mut Vec<Move>) -> Result<(), DeviceError> {
+    /// The moves of one object, each keyed by its part and its place in the object, so
+    /// that [`coalesce`](super::cuda_batch::coalesce) can line up the same run of every
+    /// object in a batch.
+    fn plan(
+        &self,
+        slot: u32,
+        part: Part,
+        len: usize,
+        host: *mut u8,
+        out: &mut Vec<((u8, u32), Move)>,
+    ) -> Result<(), DeviceError> {
+        let mut run = 0u32;
         self.map.plan(slot, part, len, |r| {
-            out.push(Move {
+            let m = Move {
                 dev: r.dev,
                 // SAFETY: `host_off` < `len`, the checked object size.
                 host: unsafe { host.add(r.host_off) },
                 width: r.width,
-                rows: r.rows,
-            })
+                rows: r.rows.map(|(n, host_pitch)| Rows {
+                    n,
+                    dev_pitch: r.width,
+                    host_pitch,
+                }),
+            };
+            out.push(((part as u8, run), m));
+            run += 1;
         })
     }
 
@@ -254,15 +295,18 @@ impl CudaDevice {
             ));
         }
         self.ctx.bind_to_thread().map_err(driver_err)?;
-        let ready = self.ctx.new_event(None).map_err(driver_err)?;
-        ready.record(&self.compute).map_err(driver_err)?;
-        self.copy.wait(&ready).map_err(driver_err)?;
-        let flat = moves.iter().all(|m| m.rows.is_none());
-        let issued = if flat && moves.len() > 1 && self.batched() && self.issue_batch(moves, to_host).is_ok() {
-            Ok(())
-        } else {
-            moves.iter().try_for_each(|m| self.issue_one(m, to_host))
-        };
+        self.ready.record(&self.compute).map_err(driver_err)?;
+        self.copy.wait(&self.ready).map_err(driver_err)?;
+        // 2-D moves one call each; the contiguous ones in one batched call where the driver
+        // has it.
+        let (flat, rows): (Vec<Move>, Vec<Move>) = moves.iter().partition(|m| m.rows.is_none());
+        let issued = rows.iter().try_for_each(|m| self.issue_one(m, to_host)).and_then(|()| {
+            if flat.len() > 1 && self.batched() && self.issue_batch(&flat, to_host).is_ok() {
+                Ok(())
+            } else {
+                flat.iter().try_for_each(|m| self.issue_one(m, to_host))
+            }
+        });
         // Even when a move was refused, the ones issued before it must land before the
         // host buffers go back to the caller.
         self.wait_landed()?;
@@ -341,7 +385,7 @@ impl DeviceRegion for CudaDevice {
         for c in batch.iter_mut() {
             self.plan(c.slot, c.part, c.host.len(), c.host.as_mut_ptr(), &mut moves)?;
         }
-        self.run(&moves, true)
+        self.run(&coalesce(moves), true)
     }
 
     fn copy_from_host(&self, batch: &[ObjectCopy<&[u8]>]) -> Result<(), DeviceError> {
@@ -350,7 +394,7 @@ impl DeviceRegion for CudaDevice {
             // Only read from in this direction.
             self.plan(c.slot, c.part, c.host.len(), c.host.as_ptr().cast_mut(), &mut moves)?;
         }
-        self.run(&moves, false)
+        self.run(&coalesce(moves), false)
     }
 
     fn register_host(&self, base: *mut u8, len: usize) -> Result<(), DeviceError> {

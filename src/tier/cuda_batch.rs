@@ -1,14 +1,75 @@
-//! Issuing the CUDA region's copies: every contiguous move of a copy batch in one
-//! `cuMemcpyBatchAsync` (CUDA 12.8+), which saves a driver call per layer run, or one
-//! call per move (`cuMemcpy{DtoH,HtoD}Async`, `cuMemcpy2DAsync` for page-first layers).
+//! Issuing the CUDA region's copies. A batch's moves are first coalesced
+//! ([`coalesce`]): the same run of objects whose addresses step evenly on both sides
+//! (consecutive pages into consecutive slots, say) becomes one 2-D copy, or one
+//! contiguous copy where both sides are contiguous. On a real GPU a driver call costs
+//! microseconds, more than a 16 KiB run takes to cross PCIe, so the number of calls, not
+//! the bytes, bounds small objects. What is left contiguous goes in one
+//! `cuMemcpyBatchAsync` (CUDA 12.8+), or one call per move (`cuMemcpy{DtoH,HtoD}Async`,
+//! `cuMemcpy2DAsync`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 
-use super::cuda::{CudaDevice, Move, check};
+use super::cuda::{CudaDevice, Move, Rows, check};
 use super::device::DeviceError;
+
+/// The largest pitch a 2-D copy is given: CUDA's `MAX_PITCH` is 2^31 - 1 bytes on every
+/// GPU that reports it.
+const MAX_PITCH: usize = i32::MAX as usize;
+
+/// The moves of a batch, keyed by (part, run within the object), in as few copies as
+/// their addresses allow: the moves of one key, in batch order, whose device and host
+/// addresses each step by one constant pitch of at least the width become one 2-D move
+/// (or one contiguous move when both pitches are the width). Moves that are already 2-D
+/// are kept as they are. The copies of a batch land before any is reported, so their
+/// order does not matter.
+pub(super) fn coalesce(mut keyed: Vec<((u8, u32), Move)>) -> Vec<Move> {
+    keyed.sort_by_key(|(k, _)| *k); // stable: batch order within a key
+    let mut out: Vec<Move> = Vec::with_capacity(keyed.len());
+    let step = |a: usize, b: usize, width: usize| b.checked_sub(a).filter(|&d| d >= width && d <= MAX_PITCH);
+    let mut i = 0;
+    while i < keyed.len() {
+        let (key, first) = keyed[i];
+        let mut pitches = None;
+        let mut j = i + 1;
+        while first.rows.is_none() && j < keyed.len() {
+            let ((k, m), (_, prev)) = (keyed[j], keyed[j - 1]);
+            if k != key || m.rows.is_some() || m.width != first.width {
+                break;
+            }
+            let Some(d) = step(prev.dev as usize, m.dev as usize, m.width) else {
+                break;
+            };
+            let Some(h) = step(prev.host as usize, m.host as usize, m.width) else {
+                break;
+            };
+            if pitches.is_some_and(|p| p != (d, h)) {
+                break;
+            }
+            pitches = Some((d, h));
+            j += 1;
+        }
+        out.push(match pitches {
+            None => first,
+            Some((d, h)) if d == first.width && h == first.width => Move {
+                width: first.width * (j - i),
+                ..first
+            },
+            Some((dev_pitch, host_pitch)) => Move {
+                rows: Some(Rows {
+                    n: j - i,
+                    dev_pitch,
+                    host_pitch,
+                }),
+                ..first
+            },
+        });
+        i = j;
+    }
+    out
+}
 
 impl CudaDevice {
     /// One `cuMemcpyBatchAsync` for all moves. Any failure (an old driver without the
@@ -66,8 +127,7 @@ impl CudaDevice {
         }
     }
 
-    /// One driver call for one move: a contiguous copy, or a 2-D one for a page-first
-    /// layer.
+    /// One driver call for one move: a contiguous copy, or a 2-D one.
     pub(super) fn issue_one(&self, m: &Move, to_host: bool) -> Result<(), DeviceError> {
         let stream = self.copy.cu_stream();
         match (m.rows, to_host) {
@@ -83,14 +143,21 @@ impl CudaDevice {
                 unsafe { sys::cuMemcpyHtoDAsync_v2(m.dev, m.host.cast_const().cast(), m.width, stream) },
                 "cuMemcpyHtoDAsync",
             ),
-            (Some((rows, pitch)), to_host) => {
+            (
+                Some(Rows {
+                    n,
+                    dev_pitch,
+                    host_pitch,
+                }),
+                to_host,
+            ) => {
                 // Every field spelled out: the memory-type enum has no zero value, so a
                 // zeroed struct is not a valid one.
                 use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE as DEVICE, CU_MEMORYTYPE_HOST as HOST};
                 let (src_type, dst_type, src_pitch, dst_pitch) = if to_host {
-                    (DEVICE, HOST, m.width, pitch)
+                    (DEVICE, HOST, dev_pitch, host_pitch)
                 } else {
-                    (HOST, DEVICE, pitch, m.width)
+                    (HOST, DEVICE, host_pitch, dev_pitch)
                 };
                 let c = sys::CUDA_MEMCPY2D {
                     srcXInBytes: 0,
@@ -112,12 +179,92 @@ impl CudaDevice {
                     dstArray: std::ptr::null_mut(),
                     dstPitch: dst_pitch,
                     WidthInBytes: m.width,
-                    Height: rows,
+                    Height: n,
                 };
                 // SAFETY: `c` describes ranges `plan` checked; the host memory outlives the
                 // copy because `run` waits for it before returning.
                 check(unsafe { sys::cuMemcpy2DAsync_v2(&c, stream) }, "cuMemcpy2DAsync")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mv(dev: u64, host: usize, width: usize) -> Move {
+        Move {
+            dev,
+            host: host as *mut u8,
+            width,
+            rows: None,
+        }
+    }
+
+    #[test]
+    fn evenly_stepping_runs_become_one_copy_per_key() {
+        let w = 16 << 10;
+        // Four pages of two parts x two runs: device pages contiguous per (part, run),
+        // host objects K, V of a page side by side (host pitch 4 runs).
+        let mut keyed = Vec::new();
+        for page in 0..4usize {
+            for part in 0..2u8 {
+                for run in 0..2u32 {
+                    let dev = 0x10_0000 + ((part as usize * 2 + run as usize) * 4 + page) * w;
+                    let host = 0x9000_0000 + (page * 4 + part as usize * 2 + run as usize) * w;
+                    keyed.push(((part, run), mv(dev as u64, host, w)));
+                }
+            }
+        }
+        let out = coalesce(keyed);
+        assert_eq!(out.len(), 4, "{out:?}");
+        for m in &out {
+            assert_eq!(m.width, w);
+            assert_eq!(
+                m.rows,
+                Some(Rows {
+                    n: 4,
+                    dev_pitch: w,
+                    host_pitch: 4 * w
+                })
+            );
+        }
+        // K run 0 of page 0 first: the order within a key is the batch's.
+        assert_eq!((out[0].dev, out[0].host as usize), (0x10_0000, 0x9000_0000));
+    }
+
+    #[test]
+    fn contiguous_runs_merge_and_uneven_ones_stay_apart() {
+        let w = 4096;
+        let contiguous: Vec<_> = (0..3)
+            .map(|i| ((0, 0), mv(0x1000 + i * w as u64, 0x8000 + i as usize * w, w)))
+            .collect();
+        assert_eq!(coalesce(contiguous), vec![mv(0x1000, 0x8000, 3 * w)]);
+        // The third host address breaks the step: two rows, then a single move.
+        let uneven = vec![
+            ((0, 0), mv(0x1000, 0x8000, w)),
+            ((0, 0), mv(0x1000 + 2 * w as u64, 0x8000 + 2 * w, w)),
+            ((0, 0), mv(0x1000 + 4 * w as u64, 0x8000 + 5 * w, w)),
+        ];
+        let out = coalesce(uneven);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(
+            out[0].rows.map(|r| (r.n, r.dev_pitch, r.host_pitch)),
+            Some((2, 2 * w, 2 * w))
+        );
+        assert_eq!(out[1], mv(0x1000 + 4 * w as u64, 0x8000 + 5 * w, w));
+        // Descending addresses, overlapping rows, other widths and other keys never merge.
+        for pair in [
+            [((0, 0), mv(0x9000, 0x9000, w)), ((0, 0), mv(0x1000, 0x1000, w))],
+            [((0, 0), mv(0x1000, 0x1000, w)), ((0, 0), mv(0x1800, 0x1800, w))],
+            [((0, 0), mv(0x1000, 0x1000, w)), ((0, 0), mv(0x2000, 0x2000, 2 * w))],
+            [((0, 0), mv(0x1000, 0x1000, w)), ((0, 1), mv(0x2000, 0x2000, w))],
+        ] {
+            assert_eq!(coalesce(pair.to_vec()).len(), 2, "{pair:?}");
+        }
+        // A pitch above CUDA's limit stays two copies.
+        let far = vec![((0, 0), mv(0, 0x1000, w)), ((0, 0), mv(1 << 31, 0x2000, w))];
+        assert_eq!(coalesce(far).len(), 2);
     }
 }
