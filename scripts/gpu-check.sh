@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU and driver: runs the GPU tests and the CUDA transfer
-# bench (page moves vs raw cudaMemcpyAsync of the same bytes). Fails when no driver is
-# found, or when the tests ran only on the emulated driver CI uses, so a skipped or
-# emulated run is never mistaken for a pass.
+# On a machine with an NVIDIA GPU and driver: runs the GPU tests, the Python package with
+# PyTorch CUDA tensors (scripts/gpu-tensors.py, where python3 has torch) and the CUDA
+# transfer bench (page moves vs raw cudaMemcpyAsync of the same bytes). Fails when no
+# driver is found, or when the tests ran only on the emulated driver CI uses, so a skipped
+# or emulated run is never mistaken for a pass. A failing step does not stop the later
+# ones (GPU time is scarce: one run shows everything); the exit status says whether all
+# passed.
 #
 # Usage: scripts/gpu-check.sh [extra bench args, e.g. --mib 512]
 #
@@ -20,10 +23,18 @@ if [ -x "$here/kvtier" ] && [ -x "$here/gpu-tests" ]; then
             --skip every_gpu_test_runs_on_the_emulated_driver
     }
     run_bench() { "$here/kvtier" bench transfer --device cuda "$@"; }
+    run_tensors() {
+        PYTHONPATH="$here/python" KVTIER_LIB="$here/libkvtier.so" python3 "$here/gpu-tensors.py" "$here/kvtier"
+    }
 else
     cd "$here/.."
     run_tests() { cargo test --release --features cuda --test gpu -- --test-threads=1; }
     run_bench() { cargo run --release --features cuda -- bench transfer --device cuda "$@"; }
+    run_tensors() {
+        cargo build --release --features cuda --bin kvtier
+        cargo rustc --profile engine --lib --no-default-features --features cuda --crate-type cdylib
+        PYTHONPATH=python KVTIER_LIB="$PWD/target/engine/libkvtier.so" python3 scripts/gpu-tensors.py target/release/kvtier
+    }
 fi
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -31,6 +42,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
     exit 1
 fi
 nvidia-smi -L
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv || true
 
 # The emulated driver the tests build for CI must never stand in for the real one here:
 # refuse a library path that already holds a libcuda.so from somewhere else than the
@@ -45,15 +57,29 @@ if [ -n "${LD_LIBRARY_PATH:-}" ]; then
     done
 fi
 
+failed=()
 log=$(mktemp)
-run_tests 2>&1 | tee "$log"
+run_tests 2>&1 | tee "$log" || failed+=("GPU tests")
 if grep -q "SKIPPED: no CUDA driver" "$log"; then
     echo "gpu-check: the GPU tests skipped although nvidia-smi sees a GPU" >&2
-    exit 1
+    failed+=("GPU tests skipped")
 fi
 if ! grep -q "GPU test ran on the real CUDA driver" "$log"; then
     echo "gpu-check: no GPU test reported running on the real CUDA driver" >&2
-    exit 1
+    failed+=("GPU tests not on the real driver")
 fi
 
-run_bench --sizes-kib 64,256,1024,4096 --runs 5 "$@"
+if python3 -c 'import torch' 2>/dev/null; then
+    run_tensors || failed+=("Python CUDA tensors")
+else
+    echo "SKIPPED: Python CUDA tensors: python3 has no torch" >&2
+    failed+=("Python CUDA tensors skipped")
+fi
+
+run_bench --sizes-kib 64,256,1024,4096 --runs 5 "$@" || failed+=("CUDA transfer bench")
+
+if [ ${#failed[@]} -gt 0 ]; then
+    printf 'gpu-check: FAILED: %s\n' "${failed[@]}" >&2
+    exit 1
+fi
+echo "gpu-check: passed"
