@@ -7,17 +7,15 @@
 //! says whether a driver and a GPU are there (cudarc panics at its first call when
 //! `libcuda` is absent, so every constructor asks first). Copies run on a dedicated copy
 //! stream: an event recorded on the engine's compute stream orders D2H after the kernels
-//! that wrote the pages, and a host function queued behind the copies
-//! (`cuLaunchHostFunc`) wakes the caller, who sleeps on a condvar with a deadline (no
-//! polling). Layer-first objects move as one contiguous run per layer, batched into one
-//! `cuMemcpyBatchAsync` where the driver has it (CUDA 12.8+); page-first objects move as
-//! one 2-D copy per layer. The daemon's arena, mapped by this process, is registered as
+//! that wrote the pages, and the caller waits for an event recorded behind the copies,
+//! with a deadline (`wait_landed`). A batch's runs move in as few copies as their
+//! addresses allow (`cuda_batch`): 2-D copies where they step evenly, the rest in one
+//! `cuMemcpyBatchAsync` where the driver has it (CUDA 12.8+). The daemon's arena, mapped by this process, is registered as
 //! pinned memory in bounded chunks ([`PIN_CHUNK_BYTES`]) and the time it took is logged.
 //! A batch that does not land within the copy timeout marks the region broken: the
 //! driver may still write into the host buffers later, so it refuses further copies and,
 //! when dropped, leaks its memory rather than freeing what a hung copy may still touch.
 
-use std::ffi::c_void;
 use std::panic::catch_unwind;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use super::cuda_batch::coalesce;
 use super::device::{DeviceError, DeviceRegion, ObjectCopy};
@@ -36,6 +34,14 @@ use crate::layout::{Layout, Part};
 pub const PIN_CHUNK_BYTES: usize = 1 << 30;
 /// Longest wait for one copy batch. Default: 10 s.
 pub const DEFAULT_COPY_TIMEOUT: Duration = Duration::from_secs(10);
+/// A batch's wait spins at least this long before it naps...
+const SPIN_FLOOR: Duration = Duration::from_micros(200);
+/// ...and as long as its bytes take at this rate (bytes per ns, i.e. GB/s: half of
+/// PCIe 5's one-way speed, so a batch on a busy link is still waited for in the spin).
+const SPIN_BYTES_PER_NS: u64 = 25;
+/// The first and the longest nap of a wait past its spin.
+const MIN_NAP: Duration = Duration::from_micros(20);
+const MAX_NAP: Duration = Duration::from_millis(1);
 
 /// Whether a CUDA driver library and at least one GPU are present. Never panics.
 pub fn driver_present() -> bool {
@@ -102,6 +108,8 @@ pub struct CudaDevice {
     /// Recorded on the compute stream before each batch, for the copy stream to wait on
     /// (one event reused under `serial`, not one created per batch).
     ready: CudaEvent,
+    /// Recorded on the copy stream behind each batch; queried until it completes.
+    done: CudaEvent,
     timeout: Duration,
     pin_chunk: usize,
 }
@@ -135,7 +143,8 @@ impl CudaDevice {
         map: PageMap,
         owned: Option<CUdeviceptr>,
     ) -> Result<Self, DeviceError> {
-        let ready = match ctx.new_event(None) {
+        let events = ctx.new_event(None).and_then(|r| Ok((r, ctx.new_event(None)?)));
+        let (ready, done) = match events {
             Ok(e) => e,
             Err(e) => {
                 if let Some(base) = owned {
@@ -156,6 +165,7 @@ impl CudaDevice {
             broken: AtomicBool::new(false),
             serial: Mutex::new(()),
             ready,
+            done,
             timeout: DEFAULT_COPY_TIMEOUT,
             pin_chunk: PIN_CHUNK_BYTES,
         })
@@ -309,37 +319,47 @@ impl CudaDevice {
         });
         // Even when a move was refused, the ones issued before it must land before the
         // host buffers go back to the caller.
-        self.wait_landed()?;
+        let bytes = moves.iter().map(|m| m.width * m.rows.map_or(1, |r| r.n)).sum();
+        self.wait_landed(bytes)?;
         issued
     }
 
     /// Blocks until everything queued on the copy stream so far has run, or the copy
     /// timeout passes; then the region is broken, because the driver may still write
-    /// into the caller's buffers. A host function queued behind the copies signals a
-    /// condvar: no polling, and nothing of ours is left blocked in the driver when the
-    /// watchdog fires (see `Landed`).
-    fn wait_landed(&self) -> Result<(), DeviceError> {
-        let landed = Arc::new(Landed::default());
-        let user = Arc::into_raw(landed.clone()).cast_mut().cast::<c_void>();
-        // SAFETY: the stream is this region's live copy stream; `on_landed` only touches
-        // the `Landed` whose reference `user` carries, and makes no CUDA call.
-        let r = unsafe { sys::cuLaunchHostFunc(self.copy.cu_stream(), Some(on_landed), user) };
-        if r != CUresult::CUDA_SUCCESS {
-            // SAFETY: the driver refused the function, so it will never run: take back the
-            // reference it would have released.
-            drop(unsafe { Arc::from_raw(user.cast_const().cast::<Landed>()) });
+    /// into the caller's buffers. An event recorded behind the copies is queried: in a
+    /// spin while the copies should still be running (`bytes` at PCIe speed), then with
+    /// naps that double up to [`MAX_NAP`]. Nothing of ours is ever blocked inside the
+    /// driver, so the watchdog always fires; and no driver thread has to wake us, which
+    /// on an H200 cost a batch 50 to 300 us (see `docs/engines.md`, *Waiting for a
+    /// batch*).
+    fn wait_landed(&self, bytes: usize) -> Result<(), DeviceError> {
+        self.done.record(&self.copy).map_err(|e| {
             // Copies may be in flight into the caller's buffers and nothing can now say
             // when they land.
-            return Err(self.mark_broken(format!("cuLaunchHostFunc: {r:?}")));
-        }
-        let deadline = Instant::now() + self.timeout;
-        let mut done = landed.done.lock();
-        while !*done {
-            if landed.cv.wait_until(&mut done, deadline).timed_out() && !*done {
+            self.mark_broken(format!("recording the batch's end: {e}"))
+        })?;
+        let start = Instant::now();
+        let deadline = start + self.timeout;
+        let spin = SPIN_FLOOR + Duration::from_nanos(bytes as u64 / SPIN_BYTES_PER_NS);
+        let mut nap = MIN_NAP;
+        loop {
+            // SAFETY: the event is this region's, recorded above on its live copy stream.
+            match unsafe { sys::cuEventQuery(self.done.cu_event()) } {
+                CUresult::CUDA_SUCCESS => return Ok(()),
+                CUresult::CUDA_ERROR_NOT_READY => {}
+                r => return Err(self.mark_broken(format!("waiting for the batch: {r:?}"))),
+            }
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(self.mark_broken(format!("copies did not finish in {:?}", self.timeout)));
             }
+            if now - start < spin.min(self.timeout) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(nap.min(deadline - now));
+                nap = (nap * 2).min(MAX_NAP);
+            }
         }
-        Ok(())
     }
 
     fn mark_broken(&self, why: String) -> DeviceError {
@@ -347,24 +367,6 @@ impl CudaDevice {
         tracing::error!(%why, "a CUDA copy batch did not finish; the region is unusable");
         DeviceError::Copy(why)
     }
-}
-
-/// Completion of one copy batch, set by the driver's callback thread. The callback owns
-/// one reference: after a timeout the waiter is gone but the callback may still run (the
-/// stream was slow, not dead), and it then signals memory that is still alive. If the
-/// stream never completes, that one small allocation leaks with the broken region.
-#[derive(Default)]
-struct Landed {
-    done: Mutex<bool>,
-    cv: Condvar,
-}
-
-/// The host function queued behind a batch's copies.
-unsafe extern "C" fn on_landed(user: *mut c_void) {
-    // SAFETY: `user` came from `Arc::into_raw` in `wait_landed`, for exactly this one call.
-    let landed = unsafe { Arc::from_raw(user.cast_const().cast::<Landed>()) };
-    *landed.done.lock() = true;
-    landed.cv.notify_all();
 }
 
 impl DeviceRegion for CudaDevice {

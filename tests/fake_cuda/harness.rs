@@ -62,13 +62,14 @@ pub const ST_COPIES_2D: usize = 8;
 pub const ST_BATCHES: usize = 9;
 pub const ST_PAGEABLE: usize = 11;
 pub const ST_STREAM_WAITS: usize = 13;
+pub const ST_EVENT_RECORDS: usize = 14;
 pub const ST_HOST_FUNCS: usize = 16;
-pub const ST_HOST_FUNCS_RUN: usize = 17;
 pub const ST_EVENT_QUERIES: usize = 18;
-pub const ST_STREAM_QUERIES: usize = 19;
 pub const ST_EVENT_SYNCS: usize = 20;
 pub const ST_STREAM_SYNCS: usize = 21;
-pub const ST_COUNT: usize = 22;
+/// Copy operations the stream's worker has run (not just queued).
+pub const ST_COPIES_RUN: usize = 22;
+pub const ST_COUNT: usize = 23;
 
 pub fn stats() -> [u64; ST_COUNT] {
     let mut out = [0u64; ST_COUNT];

@@ -203,6 +203,7 @@ enum {
     ST_STREAM_QUERIES,
     ST_EVENT_SYNCS,
     ST_STREAM_SYNCS,
+    ST_COPIES_RUN,
     ST_COUNT
 };
 static uint64_t stats[ST_COUNT];
@@ -305,6 +306,7 @@ static void *worker(void *arg) {
                 for (size_t r = 0; r < g->height; r++)
                     memcpy(g->dst + r * g->dpitch, g->src + r * g->spitch, g->width);
             }
+            bump(ST_COPIES_RUN, 1);
             pthread_mutex_lock(&mu);
             free(o->segs);
         } else if (o->kind == OP_HOST) {
