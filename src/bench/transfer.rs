@@ -87,6 +87,11 @@ pub struct TransferArgs {
     /// Directory for the arena and pool files. Default: a temporary directory in /dev/shm.
     #[arg(long)]
     pub dir: Option<std::path::PathBuf>,
+    /// `--device cuda`: also move each batch's pages in a shuffled order, as an engine's
+    /// block table looks after churn, so that no run of a batch steps evenly and nothing
+    /// coalesces (rows `... scattered`).
+    #[arg(long)]
+    pub scatter: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -584,15 +589,16 @@ pub fn run(args: TransferArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
+        let w = rows.iter().map(|f| f.row.path.len()).max().unwrap_or(0).max(14);
         println!(
-            "{:<14} {:>10} {:>7} {:>10} {:>12} {:>7} {:>10} {:>10}",
+            "{:<w$} {:>10} {:>7} {:>10} {:>12} {:>7} {:>10} {:>10}",
             "path", "object", "threads", "GB/s", reference, "ratio", "heap", "ratio_heap"
         );
         let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         for f in &rows {
             let r = &f.row;
             println!(
-                "{:<14} {:>9}K {:>7} {:>10.2} {:>12.2} {:>7.2} {:>10} {:>10}",
+                "{:<w$} {:>9}K {:>7} {:>10.2} {:>12.2} {:>7.2} {:>10} {:>10}",
                 r.path,
                 r.object_bytes / 1024,
                 f.threads.map_or("-".into(), |t| t.to_string()),

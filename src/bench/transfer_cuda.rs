@@ -48,8 +48,30 @@ fn raw(dev: &CudaDevice, host: &mut [u8], obj: usize, per: usize, to_host: bool)
     Ok(())
 }
 
-/// Rows for one object size: device->host and host->device, against raw copies.
+/// Rows for one object size: device->host and host->device, against raw copies; with
+/// `--scatter`, the same again with the pages in a shuffled order.
 pub fn rows_for(object_kib: u64, args: &TransferArgs) -> anyhow::Result<Vec<Row>> {
+    let mut rows = rows_in_order(object_kib, args, false)?;
+    if args.scatter {
+        rows.extend(rows_in_order(object_kib, args, true)?);
+    }
+    Ok(rows)
+}
+
+/// A fixed shuffle of `0..n` (Fisher-Yates over a 64-bit LCG): the same in every run.
+fn shuffled(n: usize) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..n as u32).collect();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in (1..n).rev() {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        v.swap(i, (x >> 33) as usize % (i + 1));
+    }
+    v
+}
+
+fn rows_in_order(object_kib: u64, args: &TransferArgs, scatter: bool) -> anyhow::Result<Vec<Row>> {
     let token_bytes = (object_kib * 1024 / 64) as u32;
     let layout = LayoutSpec::mha(4, 1, token_bytes / 2, 2, 16).build()?;
     let obj = layout.object_bytes(0) as usize;
@@ -71,6 +93,12 @@ pub fn rows_for(object_kib: u64, args: &TransferArgs) -> anyhow::Result<Vec<Row>
         ])?;
     }
     let bytes = host.len() as u64;
+    // The device page behind host position `i` of the run.
+    let order: Vec<u32> = if scatter {
+        shuffled(pages)
+    } else {
+        (0..pages as u32).collect()
+    };
     let (mut d2h, mut h2d, mut raw_d2h, mut raw_h2d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.runs.max(1) {
         let t = Instant::now();
@@ -79,7 +107,7 @@ pub fn rows_for(object_kib: u64, args: &TransferArgs) -> anyhow::Result<Vec<Row>
                 .chunks_mut(obj)
                 .enumerate()
                 .map(|(i, h)| {
-                    let page = (b * args.batch + i / 2) as u32;
+                    let page = order[b * args.batch + i / 2];
                     ObjectCopy::new(page, if i % 2 == 0 { Part::K } else { Part::V }, h)
                 })
                 .collect();
@@ -92,14 +120,15 @@ pub fn rows_for(object_kib: u64, args: &TransferArgs) -> anyhow::Result<Vec<Row>
                 .chunks(obj)
                 .enumerate()
                 .map(|(i, h)| {
-                    let page = (b * args.batch + i / 2) as u32;
+                    let page = order[b * args.batch + i / 2];
                     ObjectCopy::new(page, if i % 2 == 0 { Part::K } else { Part::V }, h)
                 })
                 .collect();
             dev.copy_from_host(&batch)?;
         }
         h2d.push(t.elapsed());
-        for (i, (h, s)) in host.chunks(obj).zip(&src).enumerate() {
+        for (i, h) in host.chunks(obj).enumerate() {
+            let s = &src[2 * order[i / 2] as usize + i % 2];
             anyhow::ensure!(h == &s[..], "object {i} changed on the way");
         }
         let t = Instant::now();
@@ -117,10 +146,11 @@ pub fn rows_for(object_kib: u64, args: &TransferArgs) -> anyhow::Result<Vec<Row>
         }
     }
     tracing::info!(batched = dev.batched(), "cuda transfer bench");
+    let suffix = if scatter { " scattered" } else { "" };
     let row = |path: &str, ours, reference| {
         let (g, r) = (gbps(bytes, median(ours)), gbps(bytes, median(reference)));
         Row {
-            path: path.into(),
+            path: format!("{path}{suffix}"),
             object_bytes: obj as u64,
             pages,
             bytes,
