@@ -25,7 +25,7 @@ use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use parking_lot::Mutex;
 
-use super::cuda_batch::coalesce;
+use super::cuda_batch::{RunKey, coalesce};
 use super::device::{DeviceError, DeviceRegion, ObjectCopy};
 use super::tensors::{KvTensors, PageMap};
 use crate::layout::{Layout, Part};
@@ -266,17 +266,17 @@ impl CudaDevice {
         self.broken.load(Ordering::Relaxed)
     }
 
-    /// The moves of one object, each keyed by its part and its place in the object, so
-    /// that [`coalesce`](super::cuda_batch::coalesce) can line up the same run of every
-    /// object in a batch.
+    /// The moves of one object, each keyed by the object's place in the batch, its part
+    /// and the run's place in the object, for [`coalesce`](super::cuda_batch::coalesce).
     fn plan(
         &self,
         slot: u32,
         part: Part,
         len: usize,
         host: *mut u8,
-        out: &mut Vec<((u8, u32), Move)>,
+        out: &mut Vec<(RunKey, Move)>,
     ) -> Result<(), DeviceError> {
+        let object = out.last().map_or(0, |(k, _)| k.object + 1);
         let mut run = 0u32;
         self.map.plan(slot, part, len, |r| {
             let m = Move {
@@ -290,7 +290,14 @@ impl CudaDevice {
                     host_pitch,
                 }),
             };
-            out.push(((part as u8, run), m));
+            out.push((
+                RunKey {
+                    object,
+                    part: part as u8,
+                    run,
+                },
+                m,
+            ));
             run += 1;
         })
     }

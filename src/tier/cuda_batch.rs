@@ -19,15 +19,68 @@ use super::device::DeviceError;
 /// GPU that reports it.
 const MAX_PITCH: usize = i32::MAX as usize;
 
-/// The moves of a batch, keyed by (part, run within the object), in as few copies as
-/// their addresses allow: the moves of one key, in batch order, whose device and host
-/// addresses each step by one constant pitch of at least the width become one 2-D move
-/// (or one contiguous move when both pitches are the width). Moves that are already 2-D
-/// are kept as they are. The copies of a batch land before any is reported, so their
-/// order does not matter.
-pub(super) fn coalesce(mut keyed: Vec<((u8, u32), Move)>) -> Vec<Move> {
-    keyed.sort_by_key(|(k, _)| *k); // stable: batch order within a key
+/// Where a move sits in its batch: the object's place in the batch, its part, and the
+/// run's place in the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct RunKey {
+    pub(super) object: u32,
+    pub(super) part: u8,
+    pub(super) run: u32,
+}
+
+/// The moves of a batch in as few copies as their addresses allow. Moves step evenly
+/// along one of two lines:
+///
+/// - across objects: the same run (part, run) of the batch's objects, in batch order
+///   (consecutive pages into consecutive slots);
+/// - within an object: the runs of one object and part, in order (an owned region's
+///   layers, evenly spaced on the device and back to back in the arena slot).
+///
+/// A group of moves of one width whose device and host addresses each step by one
+/// constant pitch of at least the width becomes one 2-D move, or one contiguous move when
+/// both pitches are the width. Both orders are tried (one line, then the other on what
+/// stayed single) and the one with fewer copies is kept: a greedy pass along one line
+/// can pair a few objects by chance and break up what the other line would have merged
+/// whole. Moves that are already 2-D are kept as they are. The copies of a batch land
+/// before any is reported, so their order does not matter.
+pub(super) fn coalesce(keyed: Vec<(RunKey, Move)>) -> Vec<Move> {
+    // A line's name and the place along it.
+    let across = |k: &RunKey| ((k.part as u32, k.run), k.object);
+    let within = |k: &RunKey| ((k.object, k.part as u32), k.run);
+    let a = two_lines(keyed.clone(), across, within);
+    let b = two_lines(keyed, within, across);
+    if b.len() < a.len() { b } else { a }
+}
+
+/// A line of moves, by its name and the place along it.
+type Line = ((u32, u32), u32);
+
+/// Merges along the lines of `first`, then along those of `second` what stayed single.
+fn two_lines(
+    mut keyed: Vec<(RunKey, Move)>,
+    first: impl Fn(&RunKey) -> Line,
+    second: impl Fn(&RunKey) -> Line,
+) -> Vec<Move> {
     let mut out: Vec<Move> = Vec::with_capacity(keyed.len());
+    let mut single = Vec::new();
+    // Stable sorts: what shares a place keeps the batch's order.
+    keyed.sort_by_key(|(k, _)| first(k));
+    merge(
+        &keyed,
+        |a, b| first(a).0 == first(b).0,
+        |k, m, n| {
+            if n > 1 { out.push(m) } else { single.push((k, m)) }
+        },
+    );
+    single.sort_by_key(|(k, _)| second(k));
+    merge(&single, |a, b| second(a).0 == second(b).0, |_, m, _| out.push(m));
+    out
+}
+
+/// Greedy: each maximal stretch of `keyed` whose keys are `same` and whose flat moves of
+/// one width step by one constant (device, host) pitch pair, given to `emit` as one move
+/// with the number of moves it stands for.
+fn merge(keyed: &[(RunKey, Move)], same: impl Fn(&RunKey, &RunKey) -> bool, mut emit: impl FnMut(RunKey, Move, usize)) {
     let step = |a: usize, b: usize, width: usize| b.checked_sub(a).filter(|&d| d >= width && d <= MAX_PITCH);
     let mut i = 0;
     while i < keyed.len() {
@@ -36,7 +89,7 @@ pub(super) fn coalesce(mut keyed: Vec<((u8, u32), Move)>) -> Vec<Move> {
         let mut j = i + 1;
         while first.rows.is_none() && j < keyed.len() {
             let ((k, m), (_, prev)) = (keyed[j], keyed[j - 1]);
-            if k != key || m.rows.is_some() || m.width != first.width {
+            if !same(&key, &k) || m.rows.is_some() || m.width != first.width {
                 break;
             }
             let Some(d) = step(prev.dev as usize, m.dev as usize, m.width) else {
@@ -51,24 +104,28 @@ pub(super) fn coalesce(mut keyed: Vec<((u8, u32), Move)>) -> Vec<Move> {
             pitches = Some((d, h));
             j += 1;
         }
-        out.push(match pitches {
-            None => first,
-            Some((d, h)) if d == first.width && h == first.width => Move {
-                width: first.width * (j - i),
-                ..first
+        let n = j - i;
+        emit(
+            key,
+            match pitches {
+                None => first,
+                Some((d, h)) if d == first.width && h == first.width => Move {
+                    width: first.width * n,
+                    ..first
+                },
+                Some((dev_pitch, host_pitch)) => Move {
+                    rows: Some(Rows {
+                        n,
+                        dev_pitch,
+                        host_pitch,
+                    }),
+                    ..first
+                },
             },
-            Some((dev_pitch, host_pitch)) => Move {
-                rows: Some(Rows {
-                    n: j - i,
-                    dev_pitch,
-                    host_pitch,
-                }),
-                ..first
-            },
-        });
+            n,
+        );
         i = j;
     }
-    out
 }
 
 impl CudaDevice {
@@ -193,6 +250,10 @@ impl CudaDevice {
 mod tests {
     use super::*;
 
+    fn key(object: u32, part: u8, run: u32) -> RunKey {
+        RunKey { object, part, run }
+    }
+
     fn mv(dev: u64, host: usize, width: usize) -> Move {
         Move {
             dev,
@@ -213,7 +274,7 @@ mod tests {
                 for run in 0..2u32 {
                     let dev = 0x10_0000 + ((part as usize * 2 + run as usize) * 4 + page) * w;
                     let host = 0x9000_0000 + (page * 4 + part as usize * 2 + run as usize) * w;
-                    keyed.push(((part, run), mv(dev as u64, host, w)));
+                    keyed.push((key(page as u32, part, run), mv(dev as u64, host, w)));
                 }
             }
         }
@@ -238,14 +299,19 @@ mod tests {
     fn contiguous_runs_merge_and_uneven_ones_stay_apart() {
         let w = 4096;
         let contiguous: Vec<_> = (0..3)
-            .map(|i| ((0, 0), mv(0x1000 + i * w as u64, 0x8000 + i as usize * w, w)))
+            .map(|i| {
+                (
+                    key(i, 0, 0),
+                    mv(0x1000 + i as u64 * w as u64, 0x8000 + i as usize * w, w),
+                )
+            })
             .collect();
         assert_eq!(coalesce(contiguous), vec![mv(0x1000, 0x8000, 3 * w)]);
         // The third host address breaks the step: two rows, then a single move.
         let uneven = vec![
-            ((0, 0), mv(0x1000, 0x8000, w)),
-            ((0, 0), mv(0x1000 + 2 * w as u64, 0x8000 + 2 * w, w)),
-            ((0, 0), mv(0x1000 + 4 * w as u64, 0x8000 + 5 * w, w)),
+            (key(0, 0, 0), mv(0x1000, 0x8000, w)),
+            (key(1, 0, 0), mv(0x1000 + 2 * w as u64, 0x8000 + 2 * w, w)),
+            (key(2, 0, 0), mv(0x1000 + 4 * w as u64, 0x8000 + 5 * w, w)),
         ];
         let out = coalesce(uneven);
         assert_eq!(out.len(), 2, "{out:?}");
@@ -254,17 +320,64 @@ mod tests {
             Some((2, 2 * w, 2 * w))
         );
         assert_eq!(out[1], mv(0x1000 + 4 * w as u64, 0x8000 + 5 * w, w));
-        // Descending addresses, overlapping rows, other widths and other keys never merge.
+        // Descending addresses, overlapping rows, other widths, other runs of other
+        // objects and other parts of one object never merge.
         for pair in [
-            [((0, 0), mv(0x9000, 0x9000, w)), ((0, 0), mv(0x1000, 0x1000, w))],
-            [((0, 0), mv(0x1000, 0x1000, w)), ((0, 0), mv(0x1800, 0x1800, w))],
-            [((0, 0), mv(0x1000, 0x1000, w)), ((0, 0), mv(0x2000, 0x2000, 2 * w))],
-            [((0, 0), mv(0x1000, 0x1000, w)), ((0, 1), mv(0x2000, 0x2000, w))],
+            [
+                (key(0, 0, 0), mv(0x9000, 0x9000, w)),
+                (key(1, 0, 0), mv(0x1000, 0x1000, w)),
+            ],
+            [
+                (key(0, 0, 0), mv(0x1000, 0x1000, w)),
+                (key(1, 0, 0), mv(0x1800, 0x1800, w)),
+            ],
+            [
+                (key(0, 0, 0), mv(0x1000, 0x1000, w)),
+                (key(1, 0, 0), mv(0x2000, 0x2000, 2 * w)),
+            ],
+            [
+                (key(0, 0, 0), mv(0x1000, 0x1000, w)),
+                (key(1, 0, 1), mv(0x2000, 0x2000, w)),
+            ],
+            [
+                (key(0, 0, 0), mv(0x1000, 0x1000, w)),
+                (key(0, 1, 0), mv(0x2000, 0x2000, w)),
+            ],
         ] {
             assert_eq!(coalesce(pair.to_vec()).len(), 2, "{pair:?}");
         }
         // A pitch above CUDA's limit stays two copies.
-        let far = vec![((0, 0), mv(0, 0x1000, w)), ((0, 0), mv(1 << 31, 0x2000, w))];
+        let far = vec![(key(0, 0, 0), mv(0, 0x1000, w)), (key(1, 0, 0), mv(1 << 31, 0x2000, w))];
         assert_eq!(coalesce(far).len(), 2);
+    }
+
+    #[test]
+    fn scattered_objects_move_as_one_copy_each() {
+        // Objects of 4 runs, evenly spaced on the device (an owned region's layers) and
+        // back to back in their slot, in a shuffled page order: nothing steps across
+        // objects, and each object's runs become one 2-D copy.
+        let (w, pages) = (16usize << 10, 8usize);
+        let order = [5usize, 2, 7, 0];
+        let mut keyed = Vec::new();
+        for (i, &page) in order.iter().enumerate() {
+            for run in 0..4usize {
+                let dev = 0x100_0000 + (run * pages + page) * w;
+                let host = 0x9000_0000 + (i * 4 + run) * w;
+                keyed.push((key(i as u32, 0, run as u32), mv(dev as u64, host, w)));
+            }
+        }
+        let out = coalesce(keyed);
+        assert_eq!(out.len(), 4, "{out:?}");
+        for (m, &page) in out.iter().zip(&order) {
+            assert_eq!(m.dev, (0x100_0000 + page * w) as u64);
+            assert_eq!(
+                m.rows,
+                Some(Rows {
+                    n: 4,
+                    dev_pitch: pages * w,
+                    host_pitch: w
+                })
+            );
+        }
     }
 }
