@@ -531,12 +531,15 @@ fn soak_32_clients_through_daemon_kills_serve_only_right_bytes_and_lose_no_ackno
     // lookup view reserves its index and cells for `max_pages` up front, and they become
     // resident as ids and slots are first used): their bounded growth would otherwise hide
     // a leak in the RSS figures.
+    // The admin socket in the test's directory: the memory check below waits on its status.
+    let admin = format!("admin.socket={}", dir.path().join("admin.sock").display());
     let sets = [
         "pool_bytes=33554432",
         "prefault=true",
         "tick_ms=100",
         "event_ring=4096",
         "max_pages=65536",
+        admin.as_str(),
     ];
     let mut d = Daemon::start_with(dir.path(), ARENA_BYTES, &sets);
     // Descriptors of the fresh, idle daemon, counted with one raw connection of the test's
@@ -580,10 +583,13 @@ fn soak_32_clients_through_daemon_kills_serve_only_right_bytes_and_lose_no_ackno
     let (rss_start, _) = footprint(d.pid().unwrap());
     let t = collect(&mut children);
     // The load is over: every client has gone. Once the daemon counts the test's own
-    // connection alone (every client's closed on its side too), measure.
+    // connection alone (every client's closed on its side too), and has given the
+    // allocator's free memory back after the last frame (what a quiet daemon does; before,
+    // its resident memory stayed at the load's high-water mark), measure.
     let (rss_end, fds_end) = {
         let mut own = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
         until_sole_connection(&mut own, Duration::from_secs(30));
+        common::until_memory_trimmed(&d.wait_admin().admin, Duration::from_secs(30));
         footprint(d.pid().unwrap())
     };
     let manifest_max = sampler.manifest_max.load(Ordering::Acquire);

@@ -143,6 +143,23 @@ pub trait EngineView: Send + Sync {
     fn host_keep(&self) -> Option<HostKeep> {
         None
     }
+
+    /// The daemon's allocator trims after bursts, where it trims.
+    fn memory(&self) -> Option<MemoryReport> {
+        None
+    }
+}
+
+/// The daemon's allocator trims (`/v1/status` `memory`): once its control sockets have been
+/// quiet for a second after a burst, it gives the allocator's free memory back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemoryReport {
+    /// Frames read from control connections since start.
+    pub frames: u64,
+    /// Times the allocator was asked to return its free memory.
+    pub trims: u64,
+    /// `frames` when the last trim was decided (0 before the first).
+    pub trimmed_after_frames: u64,
 }
 
 /// How the host tier is kept across restarts: the manifest's upkeep (its bytes, live

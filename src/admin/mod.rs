@@ -35,7 +35,8 @@ mod session_routes;
 mod state;
 
 pub use config::{
-    AdminConfig, AdminError, EngineInfo, EngineView, HostKeep, NoEngines, SessionInfo, default_socket_path,
+    AdminConfig, AdminError, EngineInfo, EngineView, HostKeep, MemoryReport, NoEngines, SessionInfo,
+    default_socket_path,
 };
 pub use server::{AdminHandle, serve, spawn};
 pub use state::AdminState;

@@ -324,6 +324,7 @@ async fn serve(
             }
         };
         let (kind, request_id) = (frame.header.kind, frame.header.request_id);
+        super::memory::frame_read();
         // No request sees the directory behind a lookup answered before it.
         shared.backend.settle_lookups();
         let resp = match Request::decode(kind, &frame.body) {

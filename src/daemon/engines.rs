@@ -1,7 +1,7 @@
 //! What the admin socket shows of the daemon: the ranks connected right now.
 
 use super::connection::Shared;
-use crate::admin::{EngineInfo, EngineView};
+use crate::admin::{EngineInfo, EngineView, MemoryReport};
 
 impl EngineView for Shared {
     fn engines(&self) -> Vec<EngineInfo> {
@@ -31,5 +31,9 @@ impl EngineView for Shared {
 
     fn host_keep(&self) -> Option<crate::admin::HostKeep> {
         self.backend.host_keep()
+    }
+
+    fn memory(&self) -> Option<MemoryReport> {
+        Some(super::memory::report())
     }
 }

@@ -11,6 +11,7 @@ mod cmd;
 pub mod config;
 pub mod connection;
 mod engines;
+pub mod memory;
 pub mod orphans;
 pub mod pool_config;
 mod pool_watch;

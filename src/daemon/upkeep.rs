@@ -7,14 +7,17 @@
 //! expiry passes, the coarse periodic tick passes (deferred hints and pool self-evictions
 //! have no event to wake on), or shutdown. The tick itself
 //! may make room and do pool I/O, so it runs on the blocking pool with a deadline; wakes
-//! that arrive while it runs coalesce into one more run.
+//! that arrive while it runs coalesce into one more run. A run that finds the control
+//! sockets quiet after a burst also gives the allocator's free memory back
+//! ([`super::memory`]).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use super::connection::Shared;
+use super::memory::{self, QUIET, Quiet};
 
 /// How long one upkeep run is awaited before it is reported as slow.
 const RUN_LIMIT: Duration = Duration::from_secs(30);
@@ -23,6 +26,7 @@ const RUN_LIMIT: Duration = Duration::from_secs(30);
 /// passed its deadline.
 pub async fn run(shared: Arc<Shared>, tick: Duration, shutdown: CancellationToken) {
     let mut runs = 0u64;
+    let mut quiet = Quiet::new(QUIET, Instant::now());
     loop {
         tokio::select! {
             biased;
@@ -31,9 +35,13 @@ pub async fn run(shared: Arc<Shared>, tick: Duration, shutdown: CancellationToke
             _ = tokio::time::sleep(next_sleep(&shared, tick)) => {}
         }
         let backend = shared.backend.clone();
+        let trim = quiet.due(Quiet::frames(), Instant::now());
         let mut task = tokio::task::spawn_blocking(move || {
             let _blocking = crate::pool::io_guard::allow_blocking();
-            backend.tick()
+            backend.tick();
+            if let Some(frames) = trim {
+                memory::trim(frames);
+            }
         });
         // Never two runs at once: a slow run is waited for (and reported each deadline)
         // unless shutdown comes first.

@@ -307,6 +307,22 @@ pub fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Waits (within `limit`) until the daemon behind the admin socket `sock` has given its
+/// allocator's free memory back after every control frame it had read when called
+/// (`memory` in `/v1/status`; the daemon trims once its control sockets have been quiet
+/// for a second). Send no more frames meanwhile: each one restarts the quiet.
+pub fn until_memory_trimmed(sock: &Path, limit: Duration) {
+    let memory = || {
+        let (status, st) = admin_json(sock, "GET", "/v1/status", None);
+        assert_eq!(status, 200, "{st}");
+        let m = &st["memory"];
+        let field = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("memory.{k} in {st}"));
+        (field("frames"), field("trimmed_after_frames"))
+    };
+    let (frames, _) = memory();
+    until("the allocator's free memory given back", limit, || memory().1 >= frames);
+}
+
 /// Squeezes host through the admin socket's watermarks until none of `pages` is
 /// complete there (within `limit`), then puts the usual watermarks back: pages already
 /// copied to the pool are then complete in the pool only.
