@@ -527,12 +527,12 @@ fn soak_32_clients_through_daemon_kills_serve_only_right_bytes_and_lose_no_ackno
     let run = run_time();
     let kills = kill_times(run);
     let dir = tempfile::tempdir().unwrap();
+    // The admin socket in the test's directory: the memory check below waits on its status.
+    let admin = format!("admin.socket={}", dir.path().join("admin.sock").display());
     // A small event ring and a directory sized to what the arena and pool can hold (the
     // lookup view reserves its index and cells for `max_pages` up front, and they become
     // resident as ids and slots are first used): their bounded growth would otherwise hide
     // a leak in the RSS figures.
-    // The admin socket in the test's directory: the memory check below waits on its status.
-    let admin = format!("admin.socket={}", dir.path().join("admin.sock").display());
     let sets = [
         "pool_bytes=33554432",
         "prefault=true",
