@@ -153,6 +153,9 @@ fn check_metrics(py: &Path, text: &str) {
     assert_eq!(s["kvtier_moved_bytes_total{from=host,to=pool}"], 0.0);
     assert_eq!(s["kvtier_copy_duration_seconds_count{from=host,to=pool}"], 0.0);
     assert_eq!(parsed["families"]["kvtier_copy_duration_seconds"], "histogram");
+    // Lookups are timed by the daemon's connections; this manager has none.
+    assert_eq!(parsed["families"]["kvtier_lookup_duration_seconds"], "histogram");
+    assert_eq!(s["kvtier_lookup_duration_seconds_count{}"], 0.0);
     assert_eq!(parsed["families"]["kvtier_evictions"], "counter");
 }
 

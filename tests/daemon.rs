@@ -646,3 +646,66 @@ fn old_flat_names_keep_working_with_a_warning_naming_the_new_key() {
     assert_eq!(t["sessions"]["max"].as_integer(), Some(99));
     assert!(!err.contains("deprecated"), "{err}");
 }
+
+/// Every lookup the daemon answers is timed, from reading its request to its answer
+/// built, and counted once: `/v1/status` (`lookups.latency`) and `/metrics`
+/// (`kvtier_lookup_duration_seconds`) show the same lookups as the lookup counter. A
+/// lookup the daemon refuses is not a lookup answered, and is not timed.
+#[test]
+fn answered_lookups_are_timed_once_each_in_status_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin = dir.path().join("admin.sock");
+    let d = Daemon::start_with(dir.path(), 16 << 20, &[&format!("admin_socket={}", admin.display())]);
+    d.wait_admin();
+    let c = d.client(identity("timed", 0, 0, 1, 1), spec(1, 1));
+    let layout = spec(1, 1).build().unwrap();
+    c.register_device(Arc::new(EmulatedDevice::new(&layout, 0, 8))).unwrap();
+    let receipt = c.store(&hashes(500, 4), &[0, 1, 2, 3], "s").unwrap();
+    assert_eq!(receipt.written, 4);
+    // Three lookups: the stored prefix, a miss, and a prefix that stops after 4 pages.
+    let mut looked = Vec::new();
+    for (base, n) in [(500, 4), (9000, 8), (500, 16)] {
+        looked.push(c.lookup(&hashes(base, n)).unwrap().total());
+    }
+    assert_eq!(looked, [4, 0, 4]);
+    // One the daemon refuses: more pages than a request may name.
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    let mut body = Vec::new();
+    Request::Lookup {
+        hashes: hashes(1, 100_000),
+    }
+    .encode(7, &mut body);
+    s.write_all(&body).unwrap();
+    let refused = answer(&mut s);
+    assert!(matches!(refused, Some(Response::Error(_))), "{refused:?}");
+
+    let (status, st) = admin_json(&admin, "GET", "/v1/status", None);
+    assert_eq!(status, 200, "{st}");
+    let latency = &st["lookups"]["latency"];
+    assert_eq!(st["lookups"]["count"], 3, "{st}");
+    assert_eq!(latency["count"], 3, "{latency}");
+    let buckets: Vec<u64> = latency["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_u64().unwrap())
+        .collect();
+    assert_eq!(buckets.len(), kvtier::manager::LOOKUP_BUCKETS_S.len() + 1);
+    assert_eq!(buckets.iter().sum::<u64>(), 3, "{latency}");
+    let sum_ns = latency["sum_ns"].as_u64().unwrap();
+    assert!(sum_ns > 0, "{latency}");
+
+    let r = kvtier::cli::client::request(&admin, "GET", "/metrics", None, Some(Duration::from_secs(30))).unwrap();
+    let text = String::from_utf8(r.body().unwrap().to_vec()).unwrap();
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("kvtier_lookups_total"), 3.0);
+    assert_eq!(value("kvtier_lookup_duration_seconds_count"), 3.0);
+    assert_eq!(value("kvtier_lookup_duration_seconds_bucket{le=\"+Inf\"}"), 3.0);
+    assert_eq!(value("kvtier_lookup_duration_seconds_sum"), sum_ns as f64 / 1e9);
+}

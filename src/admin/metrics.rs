@@ -7,7 +7,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use crate::manager::{COPY_BUCKETS_S, StatsSnapshot};
+use crate::manager::{COPY_BUCKETS_S, LOOKUP_BUCKETS_S, StatsSnapshot};
 use crate::tier::TierKind;
 
 /// Renders the whole exposition.
@@ -151,6 +151,24 @@ pub fn render(s: &StatsSnapshot, uptime: Duration, engines: usize) -> String {
             c.count as f64,
         );
     }
+    let h = "kvtier_lookup_duration_seconds";
+    family(
+        &mut o,
+        h,
+        "histogram",
+        "How long the daemon took to answer a lookup, from reading the request to its answer.",
+    );
+    let l = &s.lookup_latency;
+    let mut cum = 0u64;
+    for (i, n) in l.buckets.iter().enumerate() {
+        cum += n;
+        let le = LOOKUP_BUCKETS_S
+            .get(i)
+            .map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
+        sample(&mut o, &format!("{h}_bucket"), &[("le", &le)], cum as f64);
+    }
+    sample(&mut o, &format!("{h}_sum"), &[], l.sum_ns as f64 / 1e9);
+    sample(&mut o, &format!("{h}_count"), &[], l.count as f64);
     family(&mut o, "kvtier_hints_total", "counter", "Hint outcomes by hint kind.");
     for c in &s.hints {
         sample(

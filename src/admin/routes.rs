@@ -169,6 +169,7 @@ fn status(ctx: &AdminState) -> Value {
         "deferred_hints": stats.deferred_hints,
         "event_seq": stats.event_seq,
         "upkeep_ticks": stats.upkeep_ticks,
+        "lookups": {"count": stats.lookups, "latency": stats.lookup_latency},
         "memory": ctx.engines.memory(),
         "pool": ctx.manager.discovery().report(),
         "host_keep": ctx.engines.host_keep(),

@@ -324,6 +324,7 @@ async fn serve(
             }
         };
         let (kind, request_id) = (frame.header.kind, frame.header.request_id);
+        let read_at = Instant::now();
         super::memory::frame_read();
         // No request sees the directory behind a lookup answered before it.
         shared.backend.settle_lookups();
@@ -349,8 +350,11 @@ async fn serve(
             Err(e) if kind < 0x80 => Response::error(ErrorCode::BadFrame, e.to_string()),
             Err(_) => Response::error(ErrorCode::UnknownMessage, format!("kind {kind:#04x} is not a request")),
         };
-        answered_lookup |= matches!(resp, Response::Lookup(_));
         enc.encode(Outgoing::Response(request_id, &resp), &mut out)?;
+        if matches!(resp, Response::Lookup(_)) {
+            answered_lookup = true;
+            shared.backend.lookup_served(read_at.elapsed());
+        }
         last = Instant::now();
         if !frames.decoder().frame_ready(frames.read_buffer()) || out.len() >= FLUSH_BYTES {
             match flush(&mut wr, &mut out).await {

@@ -77,7 +77,9 @@ pub use session_events::{
     SESSION_EVENT_RING, SessionEvent, SessionEventBatch, SessionEventKind, SessionEventLog, SessionEventReason,
 };
 pub use session_registry::SessionRegistry;
-pub use stats::{COPY_BUCKETS_S, CopyLatency, RECOVERY_REASONS, Stats, StatsSnapshot, TierStats};
+pub use stats::{
+    COPY_BUCKETS_S, CopyLatency, LOOKUP_BUCKETS_S, Latency, RECOVERY_REASONS, Stats, StatsSnapshot, TierStats,
+};
 pub use stores::Stores;
 
 use crate::clock::Clock;
@@ -312,6 +314,12 @@ impl Manager {
         let hit = self.discovery().discover(ns, hashes, hit);
         self.inner.stats.record_lookup(hashes.len(), &hit);
         Ok(hit)
+    }
+
+    /// A daemon answered a lookup `d` after it read the request: the lookup latency
+    /// histogram ([`StatsSnapshot::lookup_latency`]).
+    pub fn lookup_served(&self, d: std::time::Duration) {
+        self.inner.stats.lookup_served(d);
     }
 
     /// The page directory (completeness, eviction order, the lookup view and the page

@@ -23,6 +23,8 @@ pub struct Stats {
     hints: [[AtomicU64; 4]; 5],
     evictions: [AtomicU64; 3],
     copies: [[Histogram; 3]; 3],
+    /// How long the daemon took to answer each lookup ([`Stats::lookup_served`]).
+    lookup_time: Histogram,
     /// What the daemon's start-up recovery kept and dropped, by [`RECOVERY_REASONS`].
     recovery: [AtomicU64; RECOVERY_REASONS.len()],
     /// Upkeep runs ([`Manager::tick`](super::Manager::tick)) finished.
@@ -47,7 +49,15 @@ pub const COPY_BUCKETS_S: [f64; 12] = [
     0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
 ];
 
-/// A fixed-bucket latency histogram (non-cumulative counts; the last is `+Inf`).
+/// Upper bounds (seconds) of the lookup latency histogram's buckets; a last `+Inf`
+/// bucket is implied. A lookup the directory or the pool index answers takes
+/// microseconds; one that asks the pool's master, hundreds of them or more.
+pub const LOOKUP_BUCKETS_S: [f64; 12] = [
+    0.000_005, 0.000_01, 0.000_02, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.005, 0.02, 0.1, 1.0,
+];
+
+/// A fixed-bucket latency histogram (non-cumulative counts; the last is `+Inf`), over
+/// the bounds its caller passes ([`COPY_BUCKETS_S`] or [`LOOKUP_BUCKETS_S`]).
 #[derive(Debug, Default)]
 struct Histogram {
     buckets: [AtomicU64; COPY_BUCKETS_S.len() + 1],
@@ -55,15 +65,21 @@ struct Histogram {
 }
 
 impl Histogram {
-    fn record(&self, d: Duration) {
+    fn record(&self, bounds: &[f64; COPY_BUCKETS_S.len()], d: Duration) {
         let s = d.as_secs_f64();
-        let i = COPY_BUCKETS_S
-            .iter()
-            .position(|&b| s <= b)
-            .unwrap_or(COPY_BUCKETS_S.len());
+        let i = bounds.iter().position(|&b| s <= b).unwrap_or(bounds.len());
         self.buckets[i].fetch_add(1, Relaxed);
         self.sum_ns
             .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    fn latency(&self) -> Latency {
+        let buckets: Vec<u64> = self.buckets.iter().map(|b| b.load(Relaxed)).collect();
+        Latency {
+            count: buckets.iter().sum(),
+            sum_ns: self.sum_ns.load(Relaxed),
+            buckets,
+        }
     }
 }
 
@@ -85,7 +101,13 @@ impl Stats {
 
     /// One copy between tiers (a page, or a batch of objects) took `d`.
     pub(crate) fn copied(&self, from: TierKind, to: TierKind, d: Duration) {
-        self.copies[from.index()][to.index()].record(d);
+        self.copies[from.index()][to.index()].record(&COPY_BUCKETS_S, d);
+    }
+
+    /// The daemon answered a lookup `d` after it read the request (see
+    /// [`StatsSnapshot::lookup_latency`]).
+    pub(crate) fn lookup_served(&self, d: Duration) {
+        self.lookup_time.record(&LOOKUP_BUCKETS_S, d);
     }
 
     pub(crate) fn hint(&self, kind: HintKind, outcome: &HintOutcome) {
@@ -139,13 +161,13 @@ impl Stats {
             for to in TierKind::ALL {
                 let h = &self.copies[from.index()][to.index()];
                 if from != to {
-                    let buckets: Vec<u64> = h.buckets.iter().map(|b| b.load(Relaxed)).collect();
+                    let l = h.latency();
                     copy_latency.push(CopyLatency {
                         from,
                         to,
-                        count: buckets.iter().sum(),
-                        sum_s: h.sum_ns.load(Relaxed) as f64 / 1e9,
-                        buckets,
+                        count: l.count,
+                        sum_s: l.sum_ns as f64 / 1e9,
+                        buckets: l.buckets,
                     });
                 }
             }
@@ -194,6 +216,7 @@ impl Stats {
             miss_pages: self.miss_pages.load(Relaxed),
             moved,
             copy_latency,
+            lookup_latency: self.lookup_time.latency(),
             hints,
             tiers,
             pages: dir.pages,
@@ -303,6 +326,15 @@ pub struct CopyLatency {
     pub sum_s: f64,
 }
 
+/// A latency histogram's counts per bucket (not cumulative; one more for `+Inf`), their
+/// total and the sum of latencies, in nanoseconds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Latency {
+    pub buckets: Vec<u64>,
+    pub count: u64,
+    pub sum_ns: u64,
+}
+
 /// A point-in-time view of the manager's counters and tiers.
 #[derive(Clone, Debug, Serialize)]
 pub struct StatsSnapshot {
@@ -314,6 +346,11 @@ pub struct StatsSnapshot {
     pub moved: Vec<MovedBytes>,
     /// Copy latency per tier pair (from ≠ to).
     pub copy_latency: Vec<CopyLatency>,
+    /// How long the daemon took to answer lookups, from reading the request to its answer
+    /// ready to write ([`LOOKUP_BUCKETS_S`]): the directory, the pool index or the master's
+    /// query, and, for a lookup sent to a blocking thread, the hand-off. Lookups of an
+    /// embedding process (no daemon) are not timed.
+    pub lookup_latency: Latency,
     pub hints: Vec<HintCount>,
     pub tiers: Vec<TierStats>,
     pub pages: u64,
@@ -339,5 +376,31 @@ impl StatsSnapshot {
 
     pub fn tier(&self, t: TierKind) -> &TierStats {
         &self.tiers[t.index()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lookup_lands_in_the_first_bucket_whose_bound_holds_it() {
+        let s = Stats::default();
+        for us in [3, 5, 7, 150, 2_000_000] {
+            s.lookup_served(Duration::from_micros(us));
+        }
+        let l = s.lookup_time.latency();
+        // ≤ 5 µs: 3 and 5; ≤ 10 µs: 7; ≤ 200 µs: 150; past 1 s: the +Inf bucket.
+        assert_eq!(l.buckets, [2, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(l.count, 5);
+        assert_eq!(l.sum_ns, (3 + 5 + 7 + 150 + 2_000_000) * 1_000);
+        // The copy histograms keep their own bounds.
+        s.copied(TierKind::Host, TierKind::Pool, Duration::from_micros(7));
+        assert_eq!(
+            s.copies[TierKind::Host.index()][TierKind::Pool.index()]
+                .latency()
+                .buckets[0],
+            1
+        );
     }
 }

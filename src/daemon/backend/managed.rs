@@ -655,6 +655,10 @@ impl Backend for ManagedTiers {
         AdviceBatch { advice, more }
     }
 
+    fn lookup_served(&self, d: Duration) {
+        self.mgr.lookup_served(d);
+    }
+
     fn stats(&self) -> DaemonStats {
         let s = self.mgr.stats();
         let arena = self.mgr.stores().arena();

@@ -151,6 +151,8 @@ pub trait Backend: Send + Sync + 'static {
     fn take_advice(&self, ns: NamespaceId, max_pages: usize) -> AdviceBatch;
     /// Counters (the daemon adds its connection count).
     fn stats(&self) -> DaemonStats;
+    /// A lookup was answered `d` after its request was read (the lookup latency).
+    fn lookup_served(&self, _d: Duration) {}
     /// The manifest's upkeep and the restart fence, for the admin socket (a backend
     /// without a manifest has none).
     fn host_keep(&self) -> Option<crate::admin::HostKeep> {
