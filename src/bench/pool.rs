@@ -123,6 +123,12 @@ pub struct Row {
     /// round trip costs here, so `kvtier_p50_us` minus it is kvtier's own share.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub socket_echo_p50_us: Option<f64>,
+    /// `remote_lookup`: the subject daemon's own time for the lookup, as its lookup
+    /// latency histogram took it (request read to answer built), median in µs: the rest of
+    /// `kvtier_p50_us` is the socket round trip, the engine's side and the daemon's
+    /// wake-up and read path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_lookup_p50_us: Option<f64>,
     /// `remote_lookup`: the subject daemon's existence query as it timed it (daemon →
     /// master and back), median in µs; the rest of `kvtier_p50_us` is the control socket
     /// and the daemon's own work.
@@ -247,6 +253,7 @@ impl Shape {
             kvtier_p50_us: None,
             raw_p50_us: None,
             socket_echo_p50_us: None,
+            daemon_lookup_p50_us: None,
             daemon_exists_p50_us: None,
             slot_bytes: None,
         }

@@ -44,6 +44,11 @@
 //! On a machine whose idle cores wake slowly, the echo alone can exceed a tenth of the
 //! reference, and then no socket round trip meets the goal there.
 //!
+//! Each round also reads the subject's own time for its lookup from the daemon's lookup
+//! latency histogram (`daemon_lookup_p50_us`; the round fails unless exactly one lookup
+//! was timed between its two polls), so a row says how much of the subject's time is the
+//! daemon's work and how much the round trip around it.
+//!
 //! The `index_resync` row starts a second subject against a store that holds
 //! `--resync-pages` pages (4 objects each) and reports how long its index took to list
 //! the store and come in sync, as the daemon timed it, against the wheel's
@@ -160,9 +165,11 @@ fn subject_daemon(args: &PoolBenchArgs, slot_bytes: u64, events: &str) -> anyhow
 
 /// The subject's counters: master existence queries, pages found in the pool and entered
 /// in its directory, and its index's mode, events applied, lookups answered, last resync
-/// (µs) and keys listed then.
+/// (µs) and keys listed then; lookups it served and their summed latency (ns).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Counters {
+    served: u64,
+    served_ns: u64,
     queries: u64,
     found: u64,
     in_sync: bool,
@@ -176,23 +183,34 @@ fn counters(admin: &Path) -> anyhow::Result<Counters> {
     let r = crate::cli::client::request(admin, "GET", "/v1/status", None, Some(Duration::from_secs(10)))?;
     let v: serde_json::Value = serde_json::from_slice(&r.body()?)?;
     let (remote, ix) = (&v["pool"]["remote"], &v["pool"]["index"]);
+    let latency = &v["lookups"]["latency"];
     let n = |x: &serde_json::Value| x.as_u64();
     match (
         n(&remote["exists_queries"]),
         n(&remote["found_pages"]),
         n(&ix["events"]),
         n(&ix["index_lookups"]),
+        n(&latency["count"]),
+        n(&latency["sum_ns"]),
     ) {
-        (Some(queries), Some(found), Some(events), Some(index_lookups)) => Ok(Counters {
-            queries,
-            found,
-            in_sync: ix["mode"] == "in_sync",
-            events,
-            index_lookups,
-            resync_us: n(&ix["last_resync_us"]).unwrap_or(0),
-            resync_keys: n(&ix["last_resync_keys"]).unwrap_or(0),
-        }),
-        _ => bail!("the subject's status has no index counters: {}", v["pool"]),
+        (Some(queries), Some(found), Some(events), Some(index_lookups), Some(served), Some(served_ns)) => {
+            Ok(Counters {
+                served,
+                served_ns,
+                queries,
+                found,
+                in_sync: ix["mode"] == "in_sync",
+                events,
+                index_lookups,
+                resync_us: n(&ix["last_resync_us"]).unwrap_or(0),
+                resync_keys: n(&ix["last_resync_keys"]).unwrap_or(0),
+            })
+        }
+        _ => bail!(
+            "the subject's status has no index or lookup counters: {} {}",
+            v["pool"],
+            v["lookups"]
+        ),
     }
 }
 
@@ -271,8 +289,9 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
     let scheme = crate::pool::keys::scheme_for(TAG, crate::pool::keys::KeyFormat::Kvtier, &ns, &layout);
     let zeros = vec![0u8; obj];
     let base = (std::process::id() as u64) << 32;
-    // Per placement: the subject's, the reference's and the socket echo's times.
-    let mut times: Vec<[Vec<f64>; 3]> = vec![Default::default(); places.len()];
+    // Per placement: the subject's, the reference's, the socket echo's and the subject
+    // daemon's own times.
+    let mut times: Vec<[Vec<f64>; 4]> = vec![Default::default(); places.len()];
     // The pool starts with the subject's first namespace; its index then lists the store.
     let mut seen = wait_for(&admin, WARM_WAIT, "index in sync", |c| c.in_sync)?.events;
     // A round takes milliseconds, and one lookup crosses the engine, the daemon and the
@@ -337,7 +356,11 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
             (ks, reference()?)
         };
         let after = wait_for(&admin, EVENT_WAIT, "the lookup's pages entered", entered)?;
-        if after.queries != before.queries || after.index_lookups != before.index_lookups + 1 || after.found != want {
+        if after.queries != before.queries
+            || after.index_lookups != before.index_lookups + 1
+            || after.found != want
+            || after.served != before.served + 1
+        {
             bail!(
                 "the lookup was not answered from the index alone, or its pages not entered once: before {before:?}, after {after:?}"
             );
@@ -356,6 +379,7 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
             times[at][0].push(ks);
             times[at][1].push(rs);
             times[at][2].push(es);
+            times[at][3].push(after.served_ns.saturating_sub(before.served_ns) as f64 / 1e9);
         }
         writer.remove_batch(&refs, true);
         announce.send(false, &refs)?;
@@ -366,47 +390,47 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
     let mut rows: Vec<Row> = places
         .iter()
         .zip(times)
-        .map(|(p, [k, r, e])| {
+        .map(|(p, [k, r, e, d])| {
             let op = if p.name == "same_core" {
                 "remote_lookup_same_core"
             } else {
                 "remote_lookup_cross_core"
             };
-            lookup_row(op, obj, PAGES * layout.object_count(), k, r, e)
+            lookup_row(op, obj, PAGES * layout.object_count(), [k, r, e, d])
         })
         .collect();
     let worst = rows
         .iter()
         .max_by(|a, b| a.ratio.total_cmp(&b.ratio))
         .context("no placement")?;
-    let (k, r, e) = (worst.kvtier_p50_us, worst.raw_p50_us, worst.socket_echo_p50_us);
-    let mut row = lookup_row(
-        "remote_lookup",
-        obj,
-        PAGES * layout.object_count(),
-        vec![],
-        vec![],
-        vec![],
-    );
+    let mut row = lookup_row("remote_lookup", obj, PAGES * layout.object_count(), Default::default());
     (
         row.rounds,
         row.kvtier_p50_us,
         row.raw_p50_us,
         row.socket_echo_p50_us,
+        row.daemon_lookup_p50_us,
         row.ratio,
-    ) = (worst.rounds, k, r, e, worst.ratio);
+    ) = (
+        worst.rounds,
+        worst.kvtier_p50_us,
+        worst.raw_p50_us,
+        worst.socket_echo_p50_us,
+        worst.daemon_lookup_p50_us,
+        worst.ratio,
+    );
     rows.insert(0, row);
     Ok(rows)
 }
 
-/// A `remote_lookup` row from the subject's, the reference's and the socket echo's times
-/// (s) of its rounds.
-fn lookup_row(op: &'static str, obj: usize, objects: usize, k: Vec<f64>, r: Vec<f64>, e: Vec<f64>) -> Row {
+/// A `remote_lookup` row from the subject's, the reference's, the socket echo's and the
+/// subject daemon's own times (s) of its rounds.
+fn lookup_row(op: &'static str, obj: usize, objects: usize, [k, r, e, d]: [Vec<f64>; 4]) -> Row {
     let rounds = k.len();
-    let (kp, rp, ep) = if rounds == 0 {
-        (0.0, 0.0, 0.0)
+    let (kp, rp, ep, dp) = if rounds == 0 {
+        (0.0, 0.0, 0.0, 0.0)
     } else {
-        (median(k) * 1e6, median(r) * 1e6, median(e) * 1e6)
+        (median(k) * 1e6, median(r) * 1e6, median(e) * 1e6, median(d) * 1e6)
     };
     Row {
         backend: "mooncake",
@@ -429,6 +453,7 @@ fn lookup_row(op: &'static str, obj: usize, objects: usize, k: Vec<f64>, r: Vec<
         kvtier_p50_us: Some(kp),
         raw_p50_us: Some(rp),
         socket_echo_p50_us: Some(ep),
+        daemon_lookup_p50_us: Some(dp),
         daemon_exists_p50_us: None,
         slot_bytes: None,
     }
@@ -507,6 +532,7 @@ pub(super) fn index_resync(args: &PoolBenchArgs) -> anyhow::Result<Row> {
             kvtier_p50_us: Some(kp),
             raw_p50_us: Some(rp),
             socket_echo_p50_us: None,
+            daemon_lookup_p50_us: None,
             daemon_exists_p50_us: None,
             slot_bytes: None,
         })
