@@ -316,12 +316,6 @@ impl Manager {
         Ok(hit)
     }
 
-    /// A daemon answered a lookup `d` after it read the request: the lookup latency
-    /// histogram ([`StatsSnapshot::lookup_latency`]).
-    pub fn lookup_served(&self, d: std::time::Duration) {
-        self.inner.stats.lookup_served(d);
-    }
-
     /// The page directory (completeness, eviction order, the lookup view and the page
     /// event log): namespaces, layouts and key schemes for anyone, the rest for the
     /// components that act on pages.

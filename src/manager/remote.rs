@@ -657,6 +657,13 @@ impl PoolDiscovery<'_> {
         Ok(LookupStep::Done(hit))
     }
 
+    /// The daemon answered a lookup `d` after it read the request, whichever way it was
+    /// answered (here, by a query, or on a blocking thread): the lookup latency histogram
+    /// ([`super::StatsSnapshot::lookup_latency`]).
+    pub fn lookup_served(&self, d: std::time::Duration) {
+        self.stats.lookup_served(d);
+    }
+
     /// Completes a lookup that [`PoolDiscovery::lookup_begin`] handed back, with the same
     /// `hashes` and the pool's answers.
     pub fn lookup_finish(

@@ -106,6 +106,7 @@ impl Stats {
 
     /// The daemon answered a lookup `d` after it read the request (see
     /// [`StatsSnapshot::lookup_latency`]).
+    #[cfg(any(feature = "daemon", test))]
     pub(crate) fn lookup_served(&self, d: Duration) {
         self.lookup_time.record(&LOOKUP_BUCKETS_S, d);
     }

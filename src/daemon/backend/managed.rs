@@ -656,7 +656,7 @@ impl Backend for ManagedTiers {
     }
 
     fn lookup_served(&self, d: Duration) {
-        self.mgr.lookup_served(d);
+        self.mgr.discovery().lookup_served(d);
     }
 
     fn stats(&self) -> DaemonStats {
