@@ -129,27 +129,8 @@ pub fn render(s: &StatsSnapshot, uptime: Duration, engines: usize) -> String {
         "Latency of one copy between tiers (a page, or a batch of pool objects).",
     );
     for c in &s.copy_latency {
-        let (from, to) = (c.from.name(), c.to.name());
-        let mut cum = 0u64;
-        for (i, n) in c.buckets.iter().enumerate() {
-            cum += n;
-            let le = COPY_BUCKETS_S
-                .get(i)
-                .map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
-            sample(
-                &mut o,
-                &format!("{h}_bucket"),
-                &[("from", from), ("to", to), ("le", &le)],
-                cum as f64,
-            );
-        }
-        sample(&mut o, &format!("{h}_sum"), &[("from", from), ("to", to)], c.sum_s);
-        sample(
-            &mut o,
-            &format!("{h}_count"),
-            &[("from", from), ("to", to)],
-            c.count as f64,
-        );
+        let labels = [("from", c.from.name()), ("to", c.to.name())];
+        histogram(&mut o, h, &labels, &COPY_BUCKETS_S, &c.buckets, c.sum_s, c.count);
     }
     let h = "kvtier_lookup_duration_seconds";
     family(
@@ -159,16 +140,15 @@ pub fn render(s: &StatsSnapshot, uptime: Duration, engines: usize) -> String {
         "How long the daemon took to answer a lookup, from reading the request to its answer.",
     );
     let l = &s.lookup_latency;
-    let mut cum = 0u64;
-    for (i, n) in l.buckets.iter().enumerate() {
-        cum += n;
-        let le = LOOKUP_BUCKETS_S
-            .get(i)
-            .map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
-        sample(&mut o, &format!("{h}_bucket"), &[("le", &le)], cum as f64);
-    }
-    sample(&mut o, &format!("{h}_sum"), &[], l.sum_ns as f64 / 1e9);
-    sample(&mut o, &format!("{h}_count"), &[], l.count as f64);
+    histogram(
+        &mut o,
+        h,
+        &[],
+        &LOOKUP_BUCKETS_S,
+        &l.buckets,
+        l.sum_ns as f64 / 1e9,
+        l.count,
+    );
     family(&mut o, "kvtier_hints_total", "counter", "Hint outcomes by hint kind.");
     for c in &s.hints {
         sample(
@@ -588,6 +568,21 @@ fn pool_index(o: &mut String, ix: &crate::pool::index::IndexSnapshot) {
 
 fn family(o: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// One histogram's samples: cumulative `_bucket`s over `bounds` (non-cumulative `counts`,
+/// one more than `bounds` for `+Inf`), then `_sum` and `_count`, each with `labels`.
+fn histogram(o: &mut String, h: &str, labels: &[(&str, &str)], bounds: &[f64], counts: &[u64], sum_s: f64, count: u64) {
+    let mut cum = 0u64;
+    for (i, n) in counts.iter().enumerate() {
+        cum += n;
+        let le = bounds.get(i).map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
+        let mut with_le = labels.to_vec();
+        with_le.push(("le", &le));
+        sample(o, &format!("{h}_bucket"), &with_le, cum as f64);
+    }
+    sample(o, &format!("{h}_sum"), labels, sum_s);
+    sample(o, &format!("{h}_count"), labels, count as f64);
 }
 
 fn sample(o: &mut String, name: &str, labels: &[(&str, &str)], v: f64) {
