@@ -708,4 +708,18 @@ fn answered_lookups_are_timed_once_each_in_status_and_metrics() {
     assert_eq!(value("kvtier_lookup_duration_seconds_count"), 3.0);
     assert_eq!(value("kvtier_lookup_duration_seconds_bucket{le=\"+Inf\"}"), 3.0);
     assert_eq!(value("kvtier_lookup_duration_seconds_sum"), sum_ns as f64 / 1e9);
+
+    // `kvtier status` says it in a line.
+    let out = std::process::Command::new(kvtier_bin())
+        .args(["status", "--socket"])
+        .arg(&admin)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("lookups  "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.starts_with("lookups  3 answered, mean "), "{line}");
 }

@@ -169,7 +169,11 @@ fn status(ctx: &AdminState) -> Value {
         "deferred_hints": stats.deferred_hints,
         "event_seq": stats.event_seq,
         "upkeep_ticks": stats.upkeep_ticks,
-        "lookups": {"count": stats.lookups, "latency": stats.lookup_latency},
+        "lookups": {
+            "count": stats.lookups,
+            "latency": stats.lookup_latency,
+            "bounds_s": crate::manager::LOOKUP_BUCKETS_S,
+        },
         "memory": ctx.engines.memory(),
         "pool": ctx.manager.discovery().report(),
         "host_keep": ctx.engines.host_keep(),
