@@ -351,11 +351,11 @@ async fn serve(
             Err(_) => Response::error(ErrorCode::UnknownMessage, format!("kind {kind:#04x} is not a request")),
         };
         enc.encode(Outgoing::Response(request_id, &resp), &mut out)?;
+        last = Instant::now();
         if matches!(resp, Response::Lookup(_)) {
             answered_lookup = true;
-            shared.backend.lookup_served(read_at.elapsed());
+            shared.backend.lookup_served(last.saturating_duration_since(read_at));
         }
-        last = Instant::now();
         if !frames.decoder().frame_ready(frames.read_buffer()) || out.len() >= FLUSH_BYTES {
             match flush(&mut wr, &mut out).await {
                 Err(ConnError::Frame(FrameError::Io(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
