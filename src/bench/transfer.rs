@@ -12,13 +12,19 @@
 //!   device region is page-aligned private memory.
 //! - the heap one (`memcpy_heap_gbps`, `ratio_heap`): between page-aligned private
 //!   buffers, so what the mapping costs shows beside it.
+//! - on the device paths, the runs one (`memcpy_same_runs_gbps`, `ratio_same_runs`): the
+//!   same mappings, but the device side copied run by run, to and from the places the
+//!   engine's layout puts each object's layers (one run per layer of a layer-first
+//!   region), as the path itself must. The object-sized reference writes each object in
+//!   one piece, which no copy into an engine's per-layer tensors can; this one shows what
+//!   that layout costs `memcpy` itself, so the rest of a gap is kvtier's.
 //!
 //! Every path runs slice by slice (8 MiB by default), each slice followed at once by its
-//! two references (subject, same mapping, heap, subject, …), so all three meet the same
-//! machine. All are timed from the calling thread: the subject from its first request to
-//! its last result, the references from handing their parts to parked copier threads to
-//! hearing the last is done, so they pay the same wake-ups. A ratio is the median of the
-//! per-slice ratios.
+//! references (subject, same mapping, heap, runs on a device path, subject, …), so all of
+//! them meet the same machine. All are timed from the calling thread: the subject from
+//! its first request to its last result, the references from handing their parts to
+//! parked copier threads to hearing the last is done, so they pay the same wake-ups. A
+//! ratio is the median of the per-slice ratios.
 //!
 //! Stores, loads, shares and stagings share each batch among the workers
 //! (`TransferEngine::runners`), so their thread count is the workers' even for one batch
@@ -132,6 +138,14 @@ pub struct Figure {
     /// The median over slices of the path's speed over the heap reference's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio_heap: Option<f64>,
+    /// Device paths: `memcpy` between the same mappings as `memcpy_same_mapping_gbps`,
+    /// with the device side copied run by run where the engine's layout puts each layer
+    /// of each object (what the path must do), in the same slices.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memcpy_same_runs_gbps: Option<f64>,
+    /// The median over slices of the path's speed over the runs reference's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_same_runs: Option<f64>,
     /// Page size backing the host arena and the pool in this run (bytes): 4096, or a huge
     /// page size where the host allows them (see `tier::mapping`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -146,6 +160,8 @@ impl From<Row> for Figure {
             memcpy_same_mapping_gbps: None,
             memcpy_heap_gbps: None,
             ratio_heap: None,
+            memcpy_same_runs_gbps: None,
+            ratio_same_runs: None,
             mapping_page_bytes: None,
         }
     }
@@ -163,31 +179,58 @@ struct Copiers {
     done: crossbeam_channel::Receiver<()>,
 }
 
-/// One copier's share of a slice: `len` bytes from `src` to `dst` in `chunk`-sized pieces.
-struct Part {
-    src: *const u8,
-    dst: *mut u8,
-    len: usize,
-    chunk: usize,
+/// One copier's share of a slice.
+enum Part {
+    /// `len` bytes from `src` to `dst` in `chunk`-sized pieces.
+    Pieces {
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
+        chunk: usize,
+    },
+    /// The `len` runs at `runs` (a share of the bench's run table, which outlives the
+    /// copiers' scope), each from `src + offset` to `dst + offset`.
+    Runs {
+        src: *const u8,
+        dst: *mut u8,
+        runs: *const RunCopy,
+        len: usize,
+    },
 }
 
-// SAFETY: a part names a byte range of the bench's reference buffers that no other part
-// of the same slice overlaps, and the caller neither reads nor writes the buffers until
-// every part has reported done; the buffers outlive the copiers (a thread scope).
+/// One copy of a run: `(src offset, dst offset, bytes)`.
+type RunCopy = (usize, usize, usize);
+
+// SAFETY: a part names bytes of the bench's reference buffers that no other part of the
+// same slice writes, and the caller neither reads nor writes the buffers until every part
+// has reported done; the buffers (and the run table) outlive the copiers (a thread scope).
 unsafe impl Send for Part {}
 
 impl Part {
     fn copy(self) {
-        // SAFETY: see `unsafe impl Send for Part`: the ranges are valid, disjoint from the
-        // other parts' and untouched by the caller while the part runs.
-        let (src, dst) = unsafe {
-            (
-                std::slice::from_raw_parts(self.src, self.len),
-                std::slice::from_raw_parts_mut(self.dst, self.len),
-            )
-        };
-        for (a, b) in src.chunks(self.chunk).zip(dst.chunks_mut(self.chunk)) {
-            b.copy_from_slice(a);
+        match self {
+            Part::Pieces { src, dst, len, chunk } => {
+                // SAFETY: see `unsafe impl Send for Part`: the ranges are valid, disjoint
+                // from the other parts' and untouched by the caller while the part runs.
+                let (src, dst) = unsafe {
+                    (
+                        std::slice::from_raw_parts(src, len),
+                        std::slice::from_raw_parts_mut(dst, len),
+                    )
+                };
+                for (a, b) in src.chunks(chunk).zip(dst.chunks_mut(chunk)) {
+                    b.copy_from_slice(a);
+                }
+            }
+            Part::Runs { src, dst, runs, len } => {
+                // SAFETY: a live share of the run table (see `unsafe impl Send for Part`).
+                let runs = unsafe { std::slice::from_raw_parts(runs, len) };
+                for &(s, d, n) in runs {
+                    // SAFETY: `Copiers::time_runs` checked that each run lies inside both
+                    // buffers, and no other part's share writes the same bytes.
+                    unsafe { std::ptr::copy_nonoverlapping(src.add(s), dst.add(d), n) };
+                }
+            }
         }
     }
 }
@@ -234,7 +277,7 @@ impl Copiers {
         let chunk = chunk.max(1);
         let t0 = Instant::now();
         let Threads::Workers(threads) = threads else {
-            Part {
+            Part::Pieces {
                 src: src.as_ptr(),
                 dst: dst.as_mut_ptr(),
                 len: src.len().min(dst.len()),
@@ -245,14 +288,20 @@ impl Copiers {
         };
         let threads = threads.clamp(1, self.parts.len());
         let per = src.len().div_ceil(chunk).div_ceil(threads).max(1) * chunk;
+        let parts = src.chunks(per).zip(dst.chunks_mut(per)).map(|(sv, dv)| Part::Pieces {
+            src: sv.as_ptr(),
+            dst: dv.as_mut_ptr(),
+            len: sv.len().min(dv.len()),
+            chunk,
+        });
+        self.hand_out(t0, parts)
+    }
+
+    /// Hands one part to each copier (as many as there are parts, at most one each) and
+    /// returns the time from `t0` until the last reports done.
+    fn hand_out(&self, t0: Instant, parts: impl Iterator<Item = Part>) -> anyhow::Result<Duration> {
         let mut sent = 0;
-        for ((sv, dv), tx) in src.chunks(per).zip(dst.chunks_mut(per)).zip(&self.parts) {
-            let part = Part {
-                src: sv.as_ptr(),
-                dst: dv.as_mut_ptr(),
-                len: sv.len().min(dv.len()),
-                chunk,
-            };
+        for (part, tx) in parts.zip(&self.parts) {
             tx.send_timeout(part, PART_WAIT)
                 .map_err(|_| anyhow::anyhow!("a reference copier is gone"))?;
             sent += 1;
@@ -264,6 +313,71 @@ impl Copiers {
         }
         Ok(t0.elapsed().max(Duration::from_nanos(1)))
     }
+
+    /// Copies the runs of `pages` (`per_page` entries each in `table`, offsets relative to
+    /// `src` and `dst`) on `threads` of the copiers, each taking a contiguous share of the
+    /// pages, or on this thread; returns the caller's time, as [`Copiers::time`] does.
+    /// `src` and `dst` must hold every offset of the table's runs for those pages.
+    fn time_runs(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        table: &[RunCopy],
+        per_page: usize,
+        pages: std::ops::Range<usize>,
+        threads: Threads,
+    ) -> anyhow::Result<Duration> {
+        let all = &table[pages.start * per_page..pages.end * per_page];
+        anyhow::ensure!(
+            all.iter().all(|&(s, d, n)| s + n <= src.len() && d + n <= dst.len()),
+            "a reference run lies outside its buffers"
+        );
+        let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
+        let part = |runs: &[RunCopy]| Part::Runs {
+            src,
+            dst,
+            runs: runs.as_ptr(),
+            len: runs.len(),
+        };
+        let t0 = Instant::now();
+        let Threads::Workers(threads) = threads else {
+            part(all).copy();
+            return Ok(t0.elapsed());
+        };
+        let threads = threads.clamp(1, self.parts.len());
+        let per = pages.len().div_ceil(threads).max(1) * per_page;
+        self.hand_out(t0, all.chunks(per).map(part))
+    }
+}
+
+/// Every page's runs between an object-contiguous page (the arena side: the page's parts
+/// one after the other, each object in the layout's byte order) and a device region laid
+/// out as [`EmulatedDevice::new`] lays it out: `(page offset, device offset, bytes)`,
+/// `per_page` entries per page, pages in slot order.
+fn device_runs(layout: &crate::layout::Layout, pages: u32) -> anyhow::Result<(Vec<RunCopy>, usize)> {
+    let map = crate::tier::tensors::PageMap::contiguous(layout, 0, pages, 0);
+    let obj = map.object_bytes();
+    let mut table = Vec::new();
+    for slot in 0..pages {
+        for (pi, &part) in map.parts().iter().enumerate() {
+            map.plan(slot, part, obj, |r| {
+                let (rows, pitch) = r.rows.unwrap_or((1, 0));
+                for t in 0..rows {
+                    table.push((
+                        slot as usize * map.parts().len() * obj + pi * obj + r.host_off + t * pitch,
+                        r.dev as usize + t * r.width,
+                        r.width,
+                    ));
+                }
+            })?;
+        }
+    }
+    let per_page = table.len() / pages.max(1) as usize;
+    anyhow::ensure!(
+        per_page * pages as usize == table.len(),
+        "pages with different run counts"
+    );
+    Ok((table, per_page))
 }
 
 /// The four paths, in the order each round runs them.
@@ -292,6 +406,8 @@ struct Timings {
     subject: Vec<Duration>,
     same: Vec<Duration>,
     heap: Vec<Duration>,
+    /// Device paths only: the runs reference.
+    runs: Vec<Duration>,
 }
 
 fn median<T: Copy + PartialOrd>(v: &[T]) -> T {
@@ -397,6 +513,23 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     let shm_src: &[u8] = shm_src;
     // SAFETY: as above; only the reference copies write it, one slice at a time.
     let shm_dst = unsafe { shm_dst_map.slot_mut(SlotId(0), bytes as usize) }?;
+    // The runs reference's device side: a region laid out as the emulated device's, and
+    // each page's runs between it and an object-contiguous page. It starts out holding
+    // the pattern, scattered, so that the device->host runs reference gathers the same
+    // bytes the other references copy (the final check reads them back).
+    let (to_dev, per_page) = device_runs(&layout, pages as u32)?;
+    anyhow::ensure!(
+        to_dev.iter().map(|r| r.2 as u64).sum::<u64>() == bytes,
+        "the device runs do not cover every page byte once"
+    );
+    let to_host: Vec<_> = to_dev.iter().map(|&(h, d, n)| (d, h, n)).collect();
+    let mut dev_ref = PageAligned::new(
+        crate::tier::tensors::PageMap::contiguous_bytes(&layout, 0, pages as u32),
+        0,
+    );
+    for &(h, d, n) in &to_dev {
+        dev_ref[d..d + n].copy_from_slice(&pattern[h..h + n]);
+    }
     let wait = Duration::from_secs(120);
     let mut hashes = Vec::new();
     let mut t: [Timings; 4] = Default::default();
@@ -420,6 +553,16 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             t.same.push(copiers.time(src, dst, obj as usize, threads)?);
             t.heap
                 .push(copiers.time(&heap_src[span.clone()], &mut heap_dst[span], obj as usize, threads)?);
+            let pages = at..at + n;
+            match p {
+                0 => t
+                    .runs
+                    .push(copiers.time_runs(&dev_ref, shm_dst, &to_host, per_page, pages, threads)?),
+                1 => t
+                    .runs
+                    .push(copiers.time_runs(shm_src, &mut dev_ref, &to_dev, per_page, pages, threads)?),
+                _ => {}
+            }
             anyhow::Ok(())
         };
         for round in 1..=args.runs.max(1) as u64 {
@@ -542,6 +685,8 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             memcpy_same_mapping_gbps: Some(gbps(bytes, total(&t.same))),
             memcpy_heap_gbps: Some(gbps(bytes, total(&t.heap))),
             ratio_heap: Some(ratio(&t.subject, &t.heap)),
+            memcpy_same_runs_gbps: (!t.runs.is_empty()).then(|| gbps(bytes, total(&t.runs))),
+            ratio_same_runs: (!t.runs.is_empty()).then(|| ratio(&t.subject, &t.runs)),
             mapping_page_bytes,
         })
         .collect())
@@ -591,14 +736,14 @@ pub fn run(args: TransferArgs) -> anyhow::Result<()> {
     } else {
         let w = rows.iter().map(|f| f.row.path.len()).max().unwrap_or(0).max(14);
         println!(
-            "{:<w$} {:>10} {:>7} {:>10} {:>12} {:>7} {:>10} {:>10}",
-            "path", "object", "threads", "GB/s", reference, "ratio", "heap", "ratio_heap"
+            "{:<w$} {:>10} {:>7} {:>10} {:>12} {:>7} {:>10} {:>10} {:>10} {:>11}",
+            "path", "object", "threads", "GB/s", reference, "ratio", "heap", "ratio_heap", "runs", "ratio_runs"
         );
         let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         for f in &rows {
             let r = &f.row;
             println!(
-                "{:<w$} {:>9}K {:>7} {:>10.2} {:>12.2} {:>7.2} {:>10} {:>10}",
+                "{:<w$} {:>9}K {:>7} {:>10.2} {:>12.2} {:>7.2} {:>10} {:>10} {:>10} {:>11}",
                 r.path,
                 r.object_bytes / 1024,
                 f.threads.map_or("-".into(), |t| t.to_string()),
@@ -606,9 +751,60 @@ pub fn run(args: TransferArgs) -> anyhow::Result<()> {
                 r.memcpy_gbps,
                 r.ratio,
                 opt(f.memcpy_heap_gbps),
-                opt(f.ratio_heap)
+                opt(f.ratio_heap),
+                opt(f.memcpy_same_runs_gbps),
+                opt(f.ratio_same_runs)
             );
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tier::tensors::PageMap;
+
+    /// The runs reference's table gathers from a device region exactly the bytes the
+    /// emulated device holds for each layer of each page, and covers every device byte
+    /// once: a wrong table would time a copy of other bytes than the path moves.
+    #[test]
+    fn the_runs_table_gathers_each_page_as_the_device_lays_it_out() {
+        for layout in [
+            LayoutSpec::mha(4, 1, 128, 2, 16).build().unwrap(),
+            LayoutSpec::mla(3, 96, 2, 16).build().unwrap(),
+        ] {
+            let pages = 5u32;
+            let dev = EmulatedDevice::new(&layout, 0, pages);
+            for s in 0..pages {
+                dev.fill_page(s, 100 + s as u64).unwrap();
+            }
+            let map = PageMap::contiguous(&layout, 0, pages, 0);
+            let len = PageMap::contiguous_bytes(&layout, 0, pages);
+            let raw = dev.read_raw(0, len).unwrap();
+            let (table, per_page) = device_runs(&layout, pages).unwrap();
+            let page = layout.page_bytes() as usize;
+            assert_eq!(table.len(), per_page * pages as usize);
+            let mut host = vec![0u8; page * pages as usize];
+            let mut seen = vec![0u8; len];
+            for &(h, d, n) in &table {
+                host[h..h + n].copy_from_slice(&raw[d..d + n]);
+                seen[d..d + n].iter_mut().for_each(|b| *b += 1);
+            }
+            assert!(seen.iter().all(|&b| b == 1), "a device byte read twice or never");
+            let (obj, run) = (map.object_bytes(), map.run());
+            for s in 0..pages as usize {
+                for (pi, &part) in map.parts().iter().enumerate() {
+                    for layer in 0..map.layers() {
+                        let at = s * page + pi * obj + layer as usize * run;
+                        assert_eq!(
+                            host[at..at + run],
+                            dev.read_layer(s as u32, part, layer).unwrap()[..],
+                            "page {s} part {part:?} layer {layer}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
