@@ -1,23 +1,31 @@
-//! Pool objects always in SGLang's page-first byte order, whatever order the engine
-//! registered.
+//! Pool objects in SGLang's page-first byte order where SGLang reads them.
 //!
 //! HiCache engines on a shared Mooncake Store read and write each object as
-//! `[token][layer][head][dim]` (the `page_first` host layout). A namespace registered with
-//! [`ByteOrder::LayerFirst`] keeps `[layer][token][head][dim]` on host, as its GPU holds it;
-//! so that its pool objects have SGLang's bytes as well as SGLang's keys, the host-to-pool
-//! copy transposes each object to page-first and the pool-to-host copy transposes back.
-//! A page-first namespace is copied as it is. The transpose moves whole `[head][dim]` rows,
-//! so it is one `copy_from_slice` per (token, layer), straight between the host slot and
-//! the pool's object where the backend allows it (see [`crate::pool::reorder`]).
+//! `[token][layer][head][dim]` (the `page_first` host layout). With SGLang's keys
+//! ([`KeyFormat::Sglang`]), a namespace registered with [`ByteOrder::LayerFirst`] (which
+//! keeps `[layer][token][head][dim]` on host, as its GPU holds it) must write SGLang's bytes
+//! under SGLang's keys, so the host-to-pool copy transposes each object to page-first and
+//! the pool-to-host copy transposes back. The transpose moves whole `[head][dim]` rows, one
+//! `copy_from_slice` per (token, layer), straight between the host slot and the pool's
+//! object where the backend allows it (see [`crate::pool::reorder`]).
+//!
+//! With kvtier's own keys ([`KeyFormat::Kvtier`], the default) no SGLang instance reads the
+//! objects, and the key's layout fingerprint holds the byte order: only an engine of the
+//! same byte order ever reads an object. So objects keep the host's bytes, and a page moves
+//! between host and pool in one `memcpy` per object. A row-by-row transpose of 16-token
+//! objects ran at 0.5-0.6 of such a `memcpy` wherever the bytes were in cache (see
+//! docs/ARCHITECTURE.md, issue 29).
 
 use crate::layout::{ByteOrder, Layout};
 use crate::pool::Transpose;
+use crate::pool::keys::KeyFormat;
 
-/// How object `obj` of `layout` is reordered between host and pool: layer-first host
-/// bytes `[layer][token][row]` are pool bytes `[token][layer][row]`. `None` when host and
-/// pool orders are the same (page-first, or an object of one layer or one token).
-pub(crate) fn transpose_rows(layout: &Layout, obj: usize) -> Option<Transpose> {
-    if layout.byte_order() != ByteOrder::LayerFirst {
+/// How object `obj` of `layout` is reordered between host and pool under keys of
+/// `format`: with SGLang's keys, layer-first host bytes `[layer][token][row]` are pool
+/// bytes `[token][layer][row]`. `None` when host and pool orders are the same (kvtier's
+/// keys, a page-first layout, or an object of one layer or one token).
+pub(crate) fn transpose_rows(format: KeyFormat, layout: &Layout, obj: usize) -> Option<Transpose> {
+    if format != KeyFormat::Sglang || layout.byte_order() != ByteOrder::LayerFirst {
         return None;
     }
     let id = layout.objects().get(obj)?;
@@ -47,7 +55,8 @@ mod tests {
             .with_byte_order(ByteOrder::LayerFirst)
             .build()
             .unwrap();
-        let r = transpose_rows(&l, 0).unwrap();
+        assert_eq!(transpose_rows(KeyFormat::Kvtier, &l, 0), None);
+        let r = transpose_rows(KeyFormat::Sglang, &l, 0).unwrap();
         assert_eq!(
             r,
             Transpose {
@@ -77,14 +86,28 @@ mod tests {
             .with_byte_order(ByteOrder::PageFirst)
             .build()
             .unwrap();
-        assert_eq!(transpose_rows(&pf, 0), None);
+        assert_eq!(transpose_rows(KeyFormat::Sglang, &pf, 0), None);
     }
 
-    /// Through a manager with the local pool: a layer-first page stored from a device and
-    /// shared lands in the pool page-first, element by element (the in-place transpose,
-    /// streamed), and prefetched back from the pool alone it loads unchanged.
+    /// Through a manager with the local pool and SGLang's keys: a layer-first page stored
+    /// from a device and shared lands in the pool page-first, element by element (the
+    /// in-place transpose), and prefetched back from the pool alone it loads unchanged.
     #[test]
-    fn the_local_pool_holds_page_first_bytes_and_gives_layer_first_back() {
+    fn with_sglang_keys_the_local_pool_holds_page_first_bytes_and_gives_layer_first_back() {
+        round_trip_through_the_pool(KeyFormat::Sglang);
+    }
+
+    /// With kvtier's keys the same page lands in the pool with the host's own bytes
+    /// (layer-first, no transpose), and comes back unchanged.
+    #[test]
+    fn with_kvtier_keys_the_local_pool_holds_the_hosts_bytes() {
+        round_trip_through_the_pool(KeyFormat::Kvtier);
+    }
+
+    /// Stores, shares, reads every pool object row by row against where `format` puts each
+    /// (token, layer) row, then drops host and device copies and loads the pages back from
+    /// the pool alone.
+    fn round_trip_through_the_pool(format: KeyFormat) {
         use crate::clock::SystemClock;
         use crate::hints::{Hint, HintTarget};
         use crate::manager::{LoadWait, Manager, ManagerConfig, pool_key_scheme};
@@ -101,6 +124,7 @@ mod tests {
         let page = l.page_bytes();
         let mut cfg = ManagerConfig::in_dir(dir.path(), 16 * page, Some(16 * page));
         cfg.policy = None;
+        cfg.pool_key_format = format;
         let m = Manager::new(cfg, SystemClock::new()).unwrap();
         let name = Namespace::model("pool-layout");
         let ns = m.register_namespace(name.clone(), l.clone()).unwrap();
@@ -123,20 +147,26 @@ mod tests {
         assert!(m.quiesce(wait));
         let pool = m.stores().pool().unwrap();
         let keys = pool_key_scheme(m.config(), &name, &l);
-        let t = transpose_rows(&l, 0).unwrap();
+        let row = transpose_rows(KeyFormat::Sglang, &l, 0).unwrap().row;
+        let transposed = transpose_rows(format, &l, 0).is_some();
+        assert_eq!(transposed, format == KeyFormat::Sglang);
         for (s, h) in hashes.iter().enumerate() {
             for (o, &part) in [Part::K, Part::V].iter().enumerate() {
                 let key = keys.object_key(&l, h, l.objects()[o]);
                 let mut raw = vec![0u8; l.object_bytes(o) as usize];
                 assert_eq!(pool.batch_get_into(&mut [(&key, &mut raw[..])]), vec![Ok(raw.len())]);
-                // Pool row (token, layer) is the device's layer `layer`, token `token`.
+                // The device's layer `layer`, token `token` is pool row (token, layer)
+                // page-first, else row (layer, token) as on host.
                 for layer in 0..4u32 {
                     let want = dev.read_layer(s as u32, part, layer).unwrap();
                     for token in 0..16 {
-                        let p = (token * 4 + layer as usize) * t.row;
+                        let p = match transposed {
+                            true => (token * 4 + layer as usize) * row,
+                            false => (layer as usize * 16 + token) * row,
+                        };
                         assert_eq!(
-                            raw[p..p + t.row],
-                            want[token * t.row..(token + 1) * t.row],
+                            raw[p..p + row],
+                            want[token * row..(token + 1) * row],
                             "page {s} {part:?} layer {layer} token {token}"
                         );
                     }

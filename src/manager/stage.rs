@@ -57,7 +57,8 @@ struct StageBatch {
 
 impl StageBatch {
     /// Copies piece `k` straight from the pool's objects into its fresh arena slots
-    /// (page-first objects transposed back to layer-first in the same copy), as one pool
+    /// (under SGLang's keys, page-first objects transposed back to layer-first in the same
+    /// copy), as one pool
     /// batch.
     fn copy_piece(&self, k: usize) {
         let Some(range) = self.pieces.get(k).cloned() else {
@@ -73,7 +74,7 @@ impl StageBatch {
                 items.push((
                     &self.keys[m.key.clone()],
                     s,
-                    pool_layout::transpose_rows(&self.layout, m.obj),
+                    pool_layout::transpose_rows(self.m.config().pool_key_format, &self.layout, m.obj),
                 ));
                 at.push(i);
             }

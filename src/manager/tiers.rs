@@ -263,9 +263,11 @@ impl Mover<'_> {
             (layout, keys)
         };
         let mut key_buf = String::new();
+        let format = self.cfg.pool_key_format;
         render_keys(&mut moves, &keys, &layout, &mut key_buf);
-        // Copy, straight from the arena slots into the pool's objects; layer-first host
-        // objects are transposed to page-first (SGLang's bytes) in the same copy. `None`:
+        // Copy, straight from the arena slots into the pool's objects; under SGLang's keys
+        // layer-first host objects are transposed to page-first (SGLang's bytes) in the
+        // same copy (`pool_layout`). `None`:
         // the arena slot could not be reached, nothing was written.
         let mut results: Vec<Option<Result<(), PoolError>>> = Vec::new();
         if let Some(pool) = pool.as_ref().filter(|_| !moves.is_empty()) {
@@ -276,7 +278,11 @@ impl Mover<'_> {
                 // SAFETY: the page is leased: its host slots are neither freed nor
                 // rewritten until we unlease it below.
                 if let Ok(s) = unsafe { arena.slot(m.slot, m.len) } {
-                    items.push((&key_buf[m.key.clone()], s, pool_layout::transpose_rows(&layout, m.obj)));
+                    items.push((
+                        &key_buf[m.key.clone()],
+                        s,
+                        pool_layout::transpose_rows(format, &layout, m.obj),
+                    ));
                     at.push(i);
                 }
             }

@@ -32,7 +32,8 @@ use crate::page::{KeyScheme, Namespace};
 
 /// What changes in the encoding of a page's bytes that the [`Layout`] does not show; part
 /// of every fingerprint. Bump it with any such change, so old objects are never read as new.
-pub const LAYOUT_KEY_VERSION: u32 = 1;
+/// 2: objects keep the host's byte order (1 stored layer-first layouts page-first).
+pub const LAYOUT_KEY_VERSION: u32 = 2;
 
 /// How pool keys are rendered (`mooncake.key_format`; see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
