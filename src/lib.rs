@@ -7,6 +7,7 @@
 
 #[cfg(feature = "daemon")]
 pub mod admin;
+pub mod affinity;
 #[cfg(feature = "daemon")]
 pub mod bench;
 #[cfg(feature = "daemon")]

@@ -75,21 +75,30 @@ impl std::fmt::Debug for TransferEngine {
 impl TransferEngine {
     /// `threads` workers and a queue of `capacity` jobs.
     pub fn new(threads: usize, capacity: usize) -> Self {
-        Self::with_nice(threads, capacity, 0)
+        Self::configured(threads, capacity, 0, &[])
     }
 
     /// [`TransferEngine::new`], with workers that lower their CPU priority by `nice`
     /// steps when they start ([`crate::priority`]): copies and pool I/O then yield the
-    /// core to the daemon's control thread.
-    pub fn with_nice(threads: usize, capacity: usize, nice: u8) -> Self {
+    /// core to the daemon's control thread. With `cores`, worker `i` pins itself to
+    /// `cores[i % cores.len()]` ([`crate::affinity`]): workers woken together then never
+    /// wait in one core's queue while another core idles.
+    pub fn configured(threads: usize, capacity: usize, nice: u8, cores: &[usize]) -> Self {
         let (tx, rx) = bounded::<Job>(capacity.max(1));
         let workers = (0..threads.max(1))
             .map(|i| {
                 let rx = rx.clone();
+                let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
                 std::thread::Builder::new()
                     .name(format!("kvtier-xfer-{i}"))
                     .spawn(move || {
                         ON_WORKER.with(|w| w.set(true));
+                        if let Some(core) = core
+                            && let Err(e) = crate::affinity::pin(0, &[core])
+                        {
+                            // Still a worker, placed by the scheduler.
+                            tracing::warn!(error = %e, core, "a transfer worker could not pin itself to its core");
+                        }
                         if let Err(e) = crate::priority::lower_this_thread(nice) {
                             // Still a worker, at the control thread's priority.
                             tracing::warn!(error = %e, nice, "a transfer worker could not lower its priority");

@@ -1,7 +1,9 @@
 //! The daemon's threads' CPU priorities, read from `/proc/<pid>/task/*/stat`: the threads
 //! that move bytes and do pool I/O (transfer workers, the blocking pool) run
 //! `control.worker_nice` steps below the control thread, which keeps the daemon's own
-//! priority, and nothing is raised above it.
+//! priority, and nothing is raised above it. And their placement, read from
+//! `/proc/<pid>/task/*/status`: with `control.worker_cores`, each transfer worker is pinned
+//! to its core and no other thread is.
 
 mod common;
 
@@ -117,4 +119,63 @@ fn worker_nice_zero_leaves_every_thread_at_the_daemons_priority() {
     let (_, ts) = threads_after_work(0);
     assert!(ts.iter().any(|t| t.comm.starts_with("kvtier-xfer-")), "{ts:?}");
     assert!(ts.iter().all(|t| t.nice == base), "{ts:?}");
+}
+
+/// The cores thread `tid` of `pid` may run on, as `Cpus_allowed_list` says (`0-1`, `3`).
+fn cpus_allowed(pid: u32, tid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("Cpus_allowed_list:"))
+        .expect("a status file lists the allowed cores");
+    line["Cpus_allowed_list:".len()..].trim().to_owned()
+}
+
+#[test]
+fn transfer_workers_pin_themselves_to_control_worker_cores_and_nothing_else_is_pinned() {
+    let allowed = kvtier::affinity::allowed_cores().unwrap();
+    let last = *allowed.last().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // One core named for the daemon's two workers: the list is reused from its start.
+    let set = format!("control.worker_cores=[{last}]");
+    let d = Daemon::start_with(dir.path(), 4 << 20, &[set.as_str()]);
+    let pid = d.pid().unwrap();
+    let mut xfer: Vec<(String, String)> = threads(pid)
+        .iter()
+        .filter(|t| t.comm.starts_with("kvtier-xfer-"))
+        .map(|t| (t.comm.clone(), cpus_allowed(pid, t.tid)))
+        .collect();
+    xfer.sort();
+    let want: Vec<(String, String)> = [last, last]
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (format!("kvtier-xfer-{i}"), c.to_string()))
+        .collect();
+    assert_eq!(xfer, want);
+    // The control thread keeps every core the daemon started with.
+    let all = cpus_allowed(pid, pid);
+    assert_eq!(all, cpus_allowed(std::process::id(), std::process::id()));
+}
+
+#[test]
+fn a_worker_core_the_daemon_may_not_run_on_stops_the_start_and_names_it() {
+    let allowed = kvtier::affinity::allowed_cores().unwrap();
+    let outside = (0..4096).find(|c| !allowed.contains(c)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("k.sock");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--set", &format!("control.worker_cores=[{outside}]")])
+        .env("KVTIER_ARENA_PATH", dir.path().join("arena"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with worker core {outside}: {err}");
+    assert!(
+        err.contains("control.worker_cores") && err.contains(&format!("core {outside}")),
+        "{err}"
+    );
+    assert!(!socket.exists(), "refused before binding");
 }

@@ -77,6 +77,7 @@ fn config(dir: &std::path::Path, arena_bytes: u64, slot_bytes: u64, pages: usize
         policy: None,
         request_traces: None,
         worker_nice: 0,
+        worker_cores: Vec::new(),
     }
 }
 

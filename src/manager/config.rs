@@ -180,6 +180,10 @@ pub struct ManagerConfig {
     /// Nice steps the transfer workers lower their CPU priority by when they start (the
     /// daemon's `control.worker_nice`). Default: 0 (the creating thread's priority).
     pub worker_nice: u8,
+    /// Cores the transfer workers pin themselves to, worker `i` on `worker_cores[i % len]`
+    /// (the daemon's `control.worker_cores`); each must be one this process may run on.
+    /// Default: empty (the scheduler places them).
+    pub worker_cores: Vec<usize>,
     /// Most pages the directory tracks. Default: 16 Mi.
     pub max_pages: usize,
     /// Makes the directory's lookup index (8 bytes × the power of two above 4/3 ×
@@ -212,6 +216,7 @@ impl Default for ManagerConfig {
             transfer_threads: 2,
             transfer_queue: 256,
             worker_nice: 0,
+            worker_cores: Vec::new(),
             max_pages: 16 << 20,
             resident_index: false,
             event_ring: 1 << 20,
@@ -272,6 +277,15 @@ impl ManagerConfig {
         }
         if self.host_bytes == 0 {
             return Err(ManagerError::Config("host_bytes must be positive".into()));
+        }
+        if !self.worker_cores.is_empty() {
+            let allowed = crate::affinity::allowed_cores()
+                .map_err(|e| ManagerError::Config(format!("reading the cores this process may run on: {e}")))?;
+            if let Some(c) = self.worker_cores.iter().find(|c| !allowed.contains(c)) {
+                return Err(ManagerError::Config(format!(
+                    "worker core {c} is not one this process may run on ({allowed:?})"
+                )));
+            }
         }
         Ok(())
     }

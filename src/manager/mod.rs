@@ -218,10 +218,11 @@ impl Manager {
         if cfg.resident_index {
             dir.view().make_index_resident();
         }
-        let xfer = Arc::new(TransferEngine::with_nice(
+        let xfer = Arc::new(TransferEngine::configured(
             cfg.transfer_threads,
             cfg.transfer_queue,
             cfg.worker_nice,
+            &cfg.worker_cores,
         ));
         let sessions = SessionRegistry::default();
         sessions.set_limits(cfg.tunables.max_sessions, cfg.tunables.max_session_id_bytes);

@@ -71,6 +71,8 @@ pub struct TiersConfig {
     pub shared_pool: Option<SharedPool>,
     /// Nice steps the transfer workers lower their priority by (`control.worker_nice`).
     pub worker_nice: u8,
+    /// Cores the transfer workers pin themselves to (`control.worker_cores`).
+    pub worker_cores: Vec<usize>,
 }
 
 /// A shared pool as the daemon configured it.
@@ -152,6 +154,7 @@ impl ManagedTiers {
             event_ring: cfg.event_ring,
             policy: cfg.policy,
             worker_nice: cfg.worker_nice,
+            worker_cores: cfg.worker_cores.clone(),
             ..ManagerConfig::default()
         };
         let mcfg = match &cfg.shared_pool {

@@ -34,6 +34,7 @@ pub(in crate::daemon::backend) fn config(dir: &std::path::Path, recover: bool) -
         policy: Some(crate::policy::SessionPolicyConfig::default()),
         request_traces: None,
         worker_nice: 0,
+        worker_cores: Vec::new(),
     }
 }
 

@@ -156,6 +156,12 @@ pub struct ControlSection {
     /// loaded far past its cores, lowered blocking threads made an engine's first
     /// connect (which creates the local pool) miss its client's deadline. Default: 0.
     pub worker_nice: u8,
+    /// Cores the transfer workers pin themselves to, one worker per listed core in turn
+    /// (a list shorter than the workers is reused from its start). Each must be a core
+    /// the daemon may run on. On a machine with few cores,
+    /// workers woken together by one request can otherwise wait in one core's queue while
+    /// another idles, for up to a millisecond or two. Default: empty (unpinned).
+    pub worker_cores: Vec<usize>,
 }
 
 impl Default for ControlSection {
@@ -169,6 +175,7 @@ impl Default for ControlSection {
             idle_timeout_ms: 600_000,
             connect_timeout_ms: 10_000,
             worker_nice: 0,
+            worker_cores: Vec::new(),
         }
     }
 }
