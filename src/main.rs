@@ -29,7 +29,7 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum Bench {
-    /// Page-move throughput between tiers against single-thread memcpy.
+    /// Page-move throughput between tiers against memcpy of the same bytes on the same cores.
     Transfer(kvtier::bench::transfer::TransferArgs),
     /// Prefix-lookup throughput and directory bytes per page.
     Index(kvtier::bench::index::IndexArgs),

@@ -4,6 +4,7 @@
 
 mod admin_load;
 pub mod arena;
+mod caches;
 pub mod control;
 mod control_slow;
 pub mod daemon;

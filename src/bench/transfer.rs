@@ -93,6 +93,13 @@ pub struct TransferArgs {
     /// Directory for the arena and pool files. Default: a temporary directory in /dev/shm.
     #[arg(long)]
     pub dir: Option<std::path::PathBuf>,
+    /// Cores the transfer workers and the reference's copiers are pinned to, worker `i`
+    /// and copier `i` on the same one (the list reused from its start when shorter than
+    /// the workers). Default: the first cores this process may run on, one per worker.
+    /// Unpinned, two threads woken together were at times queued on one core while the
+    /// other idled, on either side, which moved ratios by up to 2x from run to run.
+    #[arg(long, value_delimiter = ',')]
+    pub cores: Vec<usize>,
     /// `--device cuda`: also move each batch's pages in a shuffled order, as an engine's
     /// block table looks after churn, so that no run of a batch steps evenly and nothing
     /// coalesces (rows `... scattered`).
@@ -150,6 +157,14 @@ pub struct Figure {
     /// page size where the host allows them (see `tier::mapping`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mapping_page_bytes: Option<u64>,
+    /// Whether every byte both sides copy was evicted from the CPU caches before each
+    /// path's pass (x86-64), so that the path and its references start equally cold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caches_evicted: Option<bool>,
+    /// Cores the transfer workers and the reference's copiers were pinned to, worker `i`
+    /// and copier `i` on the same one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cores: Option<Vec<usize>>,
 }
 
 impl From<Row> for Figure {
@@ -163,6 +178,8 @@ impl From<Row> for Figure {
             memcpy_same_runs_gbps: None,
             ratio_same_runs: None,
             mapping_page_bytes: None,
+            caches_evicted: None,
+            cores: None,
         }
     }
 }
@@ -249,13 +266,23 @@ const PART_WAIT: Duration = Duration::from_secs(60);
 
 impl Copiers {
     /// `threads` copiers in `scope`; they exit when `self` is dropped.
-    fn spawn<'s>(scope: &'s std::thread::Scope<'s, '_>, threads: usize) -> Self {
+    /// Copier `i` pins itself to `cores[i % cores.len()]` (none when `cores` is empty), as
+    /// transfer worker `i` does.
+    fn spawn<'s>(scope: &'s std::thread::Scope<'s, '_>, threads: usize, cores: &[usize]) -> Self {
         let (done_tx, done) = crossbeam_channel::bounded(threads.max(1));
         let parts = (0..threads.max(1))
-            .map(|_| {
+            .map(|i| {
                 let (tx, rx) = crossbeam_channel::bounded::<Part>(1);
                 let done_tx = done_tx.clone();
+                let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
                 scope.spawn(move || {
+                    // A copier that cannot pin itself reports a failed bench: its
+                    // placement would no longer match the worker's.
+                    if let Some(core) = core
+                        && crate::affinity::pin(0, &[core]).is_err()
+                    {
+                        return;
+                    }
                     while let Ok(p) = rx.recv() {
                         p.copy();
                         if done_tx.send(()).is_err() {
@@ -447,7 +474,16 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     // on never-touched memory of the lookup view's index (one first-touch page fault per
     // page, under the directory lock, until the whole index is resident): a start-up
     // cost charged to the subject alone, which at 64 KiB was a third of device->host.
-    cfg.max_pages = 16 * (pages + 8);
+    // Every round's pages stay booked until their pool objects are evicted and forgotten
+    // (by upkeep, which the bench does not run), so there is room for each round's.
+    cfg.max_pages = (args.runs + 2).max(16) * (pages + 8);
+    let cores = if args.cores.is_empty() {
+        let allowed = crate::affinity::allowed_cores().context("reading the cores this process may run on")?;
+        allowed.into_iter().take(cfg.transfer_threads).collect()
+    } else {
+        args.cores.clone()
+    };
+    cfg.worker_cores = cores.clone();
     let workers = cfg.transfer_threads;
     let arena_opts = cfg.arena.clone();
     let m = Manager::new(cfg, SystemClock::new())?;
@@ -530,11 +566,39 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     for &(h, d, n) in &to_dev {
         dev_ref[d..d + n].copy_from_slice(&pattern[h..h + n]);
     }
+    // Every byte the paths and their references copy, evicted from the CPU caches before
+    // each path's pass of a round (see `super::caches`): the path's device region, arena
+    // and pool (the pool's file mapped again here: a cache line is evicted through any
+    // mapping of it), and the references' buffers. Each copy then starts from memory, as
+    // offloaded KV does in use, whatever the size of this machine's caches.
+    let arena = m.stores().arena().context("the bench's manager has no arena")?;
+    let pool_file = std::fs::File::open(dir.join("pool.arena")).context("the bench's pool file")?;
+    // SAFETY: a read-only view of the pool's file, used only as addresses to evict; the
+    // pool keeps the file at its size while the manager lives, which outlives this map.
+    let pool_map = unsafe { memmap2::Mmap::map(&pool_file) }.context("mapping the pool file")?;
+    let cold: Vec<(*const u8, usize)> = vec![
+        dev.span(),
+        (arena.base_ptr().cast_const(), arena.len_bytes() as usize),
+        (pool_map.as_ptr(), pool_map.len()),
+        (heap_src.as_ptr(), heap_src.len()),
+        (heap_dst.as_ptr(), heap_dst.len()),
+        (shm_src.as_ptr(), shm_src.len()),
+        (shm_dst.as_ptr(), shm_dst.len()),
+        (dev_ref.as_ptr(), dev_ref.len()),
+    ];
+    let evict_all = || {
+        for &(at, len) in &cold {
+            // SAFETY: each span is memory this function keeps mapped until it returns
+            // (the device, the arena and pool the manager holds, the pool view, the
+            // references' buffers); no copy runs while the caller evicts.
+            unsafe { super::caches::evict(at, len) };
+        }
+    };
     let wait = Duration::from_secs(120);
     let mut hashes = Vec::new();
     let mut t: [Timings; 4] = Default::default();
     std::thread::scope(|scope| -> anyhow::Result<()> {
-        let copiers = Copiers::spawn(scope, workers);
+        let copiers = Copiers::spawn(scope, workers, &cores);
         // Runs one slice of a path, then its two references on the same bytes and threads.
         let mut measured = |p: usize, at: usize, n: usize, op: &mut dyn FnMut() -> anyhow::Result<()>| {
             let (t, threads) = (&mut t[p], threads[p]);
@@ -574,6 +638,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
                     .enumerate()
                     .map(|(k, (h, s))| (k * slice, h, s))
             };
+            evict_all();
             for (at, hs, ss) in slices() {
                 // Device → host.
                 measured(0, at, hs.len(), &mut || {
@@ -591,6 +656,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
                     Ok(())
                 })?;
             }
+            evict_all();
             for (at, hs, ss) in slices() {
                 // Host → device.
                 measured(1, at, hs.len(), &mut || {
@@ -606,6 +672,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
                     Ok(())
                 })?;
             }
+            evict_all();
             for (at, hs, _) in slices() {
                 // Host → pool.
                 measured(2, at, hs.len(), &mut || {
@@ -622,6 +689,7 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             m.removed(ns, 0, 0, &hashes)?;
             m.mover().make_host_room(usize::MAX);
             anyhow::ensure!(m.lookup(ns, &hashes)?.pool == pages, "pages not in pool after share");
+            evict_all();
             for (at, hs, _) in slices() {
                 measured(3, at, hs.len(), &mut || {
                     let target = HintTarget::Pages(hs.to_vec());
@@ -688,6 +756,8 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
             memcpy_same_runs_gbps: (!t.runs.is_empty()).then(|| gbps(bytes, total(&t.runs))),
             ratio_same_runs: (!t.runs.is_empty()).then(|| ratio(&t.subject, &t.runs)),
             mapping_page_bytes,
+            caches_evicted: Some(super::caches::can_evict()),
+            cores: Some(cores.clone()),
         })
         .collect())
 }

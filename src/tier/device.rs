@@ -242,6 +242,12 @@ impl EmulatedDevice {
         self.buf.ptr.as_ptr()
     }
 
+    /// Where the buffer lies and its length, for a bench that evicts it from the CPU caches
+    /// between copies (nothing may read or write through the pointer).
+    pub(crate) fn span(&self) -> (*const u8, usize) {
+        (self.base(), self.buf.len())
+    }
+
     /// Raw bytes of the buffer (what a kernel sees at those offsets), or `None` out of range.
     pub fn read_raw(&self, offset: usize, len: usize) -> Option<Vec<u8>> {
         if offset.checked_add(len)? > self.buf.len() {
