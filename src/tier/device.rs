@@ -244,6 +244,7 @@ impl EmulatedDevice {
 
     /// Where the buffer lies and its length, for a bench that evicts it from the CPU caches
     /// between copies (nothing may read or write through the pointer).
+    #[cfg(feature = "daemon")]
     pub(crate) fn span(&self) -> (*const u8, usize) {
         (self.base(), self.buf.len())
     }
