@@ -23,6 +23,22 @@ pub fn allowed_cores() -> std::io::Result<Vec<usize>> {
     Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| isset(c)).collect())
 }
 
+/// `Ok` when this process may run on every one of `cores` (or none is named); else the
+/// first it may not, as `core {c}, which this process may not run on (allowed: [...])`.
+pub fn check_allowed(cores: &[usize]) -> Result<(), String> {
+    if cores.is_empty() {
+        return Ok(());
+    }
+    let allowed =
+        allowed_cores().map_err(|e| format!("cores, but reading the cores this process may run on failed: {e}"))?;
+    match cores.iter().find(|c| !allowed.contains(c)) {
+        Some(c) => Err(format!(
+            "core {c}, which this process may not run on (allowed: {allowed:?})"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Pins thread `tid` (0: the calling thread) to `cores`.
 pub fn pin(tid: libc::pid_t, cores: &[usize]) -> std::io::Result<()> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set.

@@ -278,15 +278,8 @@ impl ManagerConfig {
         if self.host_bytes == 0 {
             return Err(ManagerError::Config("host_bytes must be positive".into()));
         }
-        if !self.worker_cores.is_empty() {
-            let allowed = crate::affinity::allowed_cores()
-                .map_err(|e| ManagerError::Config(format!("reading the cores this process may run on: {e}")))?;
-            if let Some(c) = self.worker_cores.iter().find(|c| !allowed.contains(c)) {
-                return Err(ManagerError::Config(format!(
-                    "worker core {c} is not one this process may run on ({allowed:?})"
-                )));
-            }
-        }
+        crate::affinity::check_allowed(&self.worker_cores)
+            .map_err(|e| ManagerError::Config(format!("worker_cores names {e}")))?;
         Ok(())
     }
 }

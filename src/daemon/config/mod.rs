@@ -389,15 +389,8 @@ impl DaemonConfig {
         if i32::from(control.worker_nice) > crate::priority::MAX_NICE {
             return bad("control.worker_nice must be between 0 and 19");
         }
-        if !control.worker_cores.is_empty() {
-            let allowed = crate::affinity::allowed_cores()
-                .map_err(|e| ConfigError::Invalid(format!("reading the cores kvtier may run on: {e}")))?;
-            if let Some(c) = control.worker_cores.iter().find(|c| !allowed.contains(c)) {
-                return Err(ConfigError::Invalid(format!(
-                    "control.worker_cores names core {c}, which kvtier may not run on (allowed: {allowed:?})"
-                )));
-            }
-        }
+        crate::affinity::check_allowed(&control.worker_cores)
+            .map_err(|e| ConfigError::Invalid(format!("control.worker_cores names {e}")))?;
         if control.frame_body_timeout_ms == 0 || control.connect_timeout_ms == 0 || self.events.ring == 0 {
             return bad("control.frame_body_timeout_ms, control.connect_timeout_ms and events.ring must be at least 1");
         }
