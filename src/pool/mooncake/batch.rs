@@ -169,6 +169,18 @@ impl MooncakePool {
         let mut guard = None;
         let mut down: Option<PoolError> = None;
         let cap = self.staging.len_bytes();
+        // Every put passes the staging buffer's gate, whether it stages or names arena
+        // memory: a put from the arena sent while a transfer is stuck on the pool waits in
+        // the helper behind it, past its deadline, until the helper is replaced as hung
+        // (15 s), and a store that demotes pages to make room would wait that long. At
+        // the gate it waits at most the op timeout, and not at all once that has passed
+        // (see `lock_staging`), so such a put fails at once and the store goes on.
+        if op == Op::Put && keys.iter().zip(at).any(|(_, a)| a.is_some()) {
+            guard = self.lock_staging();
+            if guard.is_none() {
+                return vec![Err(staging_busy()); keys.len()];
+            }
+        }
         let mut flush = |chunk: &mut Vec<Item>, out: &mut Vec<Result<i64, PoolError>>, down: &mut Option<PoolError>| {
             if chunk.is_empty() {
                 return;
@@ -217,9 +229,7 @@ impl MooncakePool {
                     if guard.is_none() {
                         guard = self.lock_staging();
                         if guard.is_none() {
-                            out[i] = Err(PoolError::Unavailable(
-                                "the staging buffer stayed busy past the op timeout: a transfer in it waits on the pool".into(),
-                            ));
+                            out[i] = Err(staging_busy());
                             continue;
                         }
                     }
@@ -297,4 +307,11 @@ impl MooncakePool {
         }
         out
     }
+}
+
+/// What a transfer that found the staging buffer's gate shut answers.
+fn staging_busy() -> PoolError {
+    PoolError::Unavailable(
+        "the staging buffer stayed busy past the op timeout: a transfer in it waits on the pool".into(),
+    )
 }
