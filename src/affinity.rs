@@ -39,6 +39,12 @@ pub fn check_allowed(cores: &[usize]) -> Result<(), String> {
     }
 }
 
+/// The core thread `i` of a set pins itself to: `cores[i % cores.len()]` (the list reused
+/// from its start), or `None` when no core is named.
+pub fn nth_core(cores: &[usize], i: usize) -> Option<usize> {
+    (!cores.is_empty()).then(|| cores[i % cores.len()])
+}
+
 /// Pins thread `tid` (0: the calling thread) to `cores`.
 pub fn pin(tid: libc::pid_t, cores: &[usize]) -> std::io::Result<()> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set.

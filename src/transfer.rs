@@ -88,7 +88,7 @@ impl TransferEngine {
         let workers = (0..threads.max(1))
             .map(|i| {
                 let rx = rx.clone();
-                let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
+                let core = crate::affinity::nth_core(cores, i);
                 std::thread::Builder::new()
                     .name(format!("kvtier-xfer-{i}"))
                     .spawn(move || {

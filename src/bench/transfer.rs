@@ -274,7 +274,7 @@ impl Copiers {
             .map(|i| {
                 let (tx, rx) = crossbeam_channel::bounded::<Part>(1);
                 let done_tx = done_tx.clone();
-                let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
+                let core = crate::affinity::nth_core(cores, i);
                 scope.spawn(move || {
                     // A copier that cannot pin itself reports a failed bench: its
                     // placement would no longer match the worker's.
@@ -578,7 +578,10 @@ fn rows_for(object_kib: u64, args: &TransferArgs, dir: &std::path::Path) -> anyh
     // mapping of it), and the references' buffers. Each copy then starts from memory, as
     // offloaded KV does in use, whatever the size of this machine's caches.
     let arena = m.stores().arena().context("the bench's manager has no arena")?;
-    let pool_file = std::fs::File::open(dir.join("pool.arena")).context("the bench's pool file")?;
+    let crate::manager::PoolConfig::Local { path: pool_path, .. } = &m.config().pool else {
+        anyhow::bail!("the bench's manager has no local pool");
+    };
+    let pool_file = std::fs::File::open(pool_path).context("the bench's pool file")?;
     // SAFETY: a read-only view of the pool's file, used only as addresses to evict; the
     // pool keeps the file at its size while the manager lives, which outlives this map.
     let pool_map = unsafe { memmap2::Mmap::map(&pool_file) }.context("mapping the pool file")?;

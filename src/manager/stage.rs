@@ -58,8 +58,7 @@ struct StageBatch {
 impl StageBatch {
     /// Copies piece `k` straight from the pool's objects into its fresh arena slots
     /// (under SGLang's keys, page-first objects transposed back to layer-first in the same
-    /// copy), as one pool
-    /// batch.
+    /// copy), as one pool batch.
     fn copy_piece(&self, k: usize) {
         let Some(range) = self.pieces.get(k).cloned() else {
             return;

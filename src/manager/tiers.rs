@@ -267,8 +267,8 @@ impl Mover<'_> {
         render_keys(&mut moves, &keys, &layout, &mut key_buf);
         // Copy, straight from the arena slots into the pool's objects; under SGLang's keys
         // layer-first host objects are transposed to page-first (SGLang's bytes) in the
-        // same copy (`pool_layout`). `None`:
-        // the arena slot could not be reached, nothing was written.
+        // same copy (`pool_layout`). `None`: the arena slot could not be reached, nothing
+        // was written.
         let mut results: Vec<Option<Result<(), PoolError>>> = Vec::new();
         if let Some(pool) = pool.as_ref().filter(|_| !moves.is_empty()) {
             let mut items = Vec::with_capacity(moves.len());

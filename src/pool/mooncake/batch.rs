@@ -175,7 +175,7 @@ impl MooncakePool {
         // (15 s), and a store that demotes pages to make room would wait that long. At
         // the gate it waits at most the op timeout, and not at all once that has passed
         // (see `lock_staging`), so such a put fails at once and the store goes on.
-        if op == Op::Put && keys.iter().zip(at).any(|(_, a)| a.is_some()) {
+        if op == Op::Put && at.iter().any(Option::is_some) {
             guard = self.lock_staging();
             if guard.is_none() {
                 return vec![Err(staging_busy()); keys.len()];
