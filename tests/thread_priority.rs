@@ -140,18 +140,24 @@ fn transfer_workers_pin_themselves_to_control_worker_cores_and_nothing_else_is_p
     let set = format!("control.worker_cores=[{last}]");
     let d = Daemon::start_with(dir.path(), 4 << 20, &[set.as_str()]);
     let pid = d.pid().unwrap();
-    let mut xfer: Vec<(String, String)> = threads(pid)
-        .iter()
-        .filter(|t| t.comm.starts_with("kvtier-xfer-"))
-        .map(|t| (t.comm.clone(), cpus_allowed(pid, t.tid)))
-        .collect();
-    xfer.sort();
+    let xfer = || {
+        let mut v: Vec<(String, String)> = threads(pid)
+            .iter()
+            .filter(|t| t.comm.starts_with("kvtier-xfer-"))
+            .map(|t| (t.comm.clone(), cpus_allowed(pid, t.tid)))
+            .collect();
+        v.sort();
+        v
+    };
     let want: Vec<(String, String)> = [last, last]
         .iter()
         .enumerate()
         .map(|(i, c)| (format!("kvtier-xfer-{i}"), c.to_string()))
         .collect();
-    assert_eq!(xfer, want);
+    // A worker pins itself as its first step, which on a loaded machine may come after
+    // the daemon already answers: wait for it, within a deadline.
+    until("both workers are pinned", Duration::from_secs(10), || xfer() == want);
+    assert_eq!(xfer(), want);
     // The control thread keeps every core the daemon started with.
     let all = cpus_allowed(pid, pid);
     assert_eq!(all, cpus_allowed(std::process::id(), std::process::id()));
