@@ -222,6 +222,7 @@ impl Mover<'_> {
         // Given back in the settle below, or when dropped (a panic in the pool's put).
         let mut leases = Leases::new(self.grants);
         let mut objs: Vec<usize> = Vec::new();
+        let mut want: Vec<usize> = Vec::new();
         let (layout, keys) = {
             let mut st = self.write();
             let Ok(layout) = st.dir.layout(ns).cloned() else {
@@ -229,15 +230,29 @@ impl Mover<'_> {
             };
             let mut gt = self.grants();
             for &page in pages {
-                if !st.dir.is_complete(page, TierKind::Host) || st.dir.info(page).ns != ns {
+                if !st.dir.is_complete(page, TierKind::Host) {
+                    continue;
+                }
+                let info = st.dir.info(page);
+                if info.ns != ns {
                     continue;
                 }
                 if pool.is_some() {
-                    let hash = st.dir.info(page).hash;
+                    let hash = info.hash;
                     let first = moves.len();
                     let slots = st.host_slots(page).unwrap_or(&[]);
-                    for obj in st.dir.objects().missing_objects(page, TierKind::Pool) {
-                        if st.dir.objects().is_inflight_object(page, TierKind::Pool, obj) {
+                    // The common case, a page with nothing in the pool and nothing on its
+                    // way there, is answered from its record alone: every object, in a
+                    // list reused from page to page rather than one built per page.
+                    let untouched = st.dir.objects().untouched(page, TierKind::Pool);
+                    want.clear();
+                    if untouched {
+                        want.extend(0..layout.object_count());
+                    } else {
+                        want.extend(st.dir.objects().missing_objects(page, TierKind::Pool));
+                    }
+                    for &obj in &want {
+                        if !untouched && st.dir.objects().is_inflight_object(page, TierKind::Pool, obj) {
                             continue;
                         }
                         let Some(&slot) = slots.get(obj).filter(|&&s| s != NO_SLOT) else {
