@@ -132,6 +132,24 @@ impl Objects<'_> {
         }
     }
 
+    /// Objects of the page neither present in `tier` nor being written into it, in
+    /// canonical order, into `out` (cleared first): what a move into `tier` still has to
+    /// write. A page with nothing there and nothing on its way (the common case of a
+    /// staging or a share) is answered from its record alone, with no side-table read and
+    /// no list built, so a caller reusing `out` allocates nothing per page.
+    pub fn unwritten_into(&self, id: PageId, tier: TierKind, out: &mut Vec<usize>) {
+        out.clear();
+        if self.untouched(id, tier) {
+            out.extend(0..object_count(self.layouts, &self.records[id.0 as usize]));
+            return;
+        }
+        out.extend(
+            self.missing_objects(id, tier)
+                .into_iter()
+                .filter(|&o| !self.is_inflight_object(id, tier, o)),
+        );
+    }
+
     /// Pages with at least one object being written into `tier`.
     pub fn inflight_pages(&self, tier: TierKind) -> usize {
         self.marks.inflight_count[tier.index()]

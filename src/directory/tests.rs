@@ -305,6 +305,11 @@ proptest! {
                         for o in 0..4 {
                             prop_assert_eq!(d.objects().is_inflight_object(id, t, o), flying.contains(&o));
                         }
+                        let unwritten: Vec<usize> =
+                            (0..4).filter(|&o| !model[p][t.index()][o] && !inflight[p][t.index()][o]).collect();
+                        let mut got = vec![99];
+                        d.objects().unwritten_into(id, t, &mut got);
+                        prop_assert_eq!(got, unwritten);
                     }
                 }
             }

@@ -332,19 +332,8 @@ impl Mover<'_> {
             if st.dir.is_complete(id, TierKind::Host) {
                 continue;
             }
-            // A page with nothing on host and nothing in flight there (the common case)
-            // needs every object, with no side-table read; one list serves the batch.
-            missing.clear();
-            if st.dir.objects().untouched(id, TierKind::Host) {
-                missing.extend(0..count);
-            } else {
-                let seen = st.dir.objects();
-                missing.extend(
-                    seen.missing_objects(id, TierKind::Host)
-                        .into_iter()
-                        .filter(|&o| !seen.is_inflight_object(id, TierKind::Host, o)),
-                );
-            }
+            // One list serves the batch.
+            st.dir.objects().unwritten_into(id, TierKind::Host, &mut missing);
             let Some(slots) = arena.alloc_n(missing.len()) else {
                 stop = true;
                 break;

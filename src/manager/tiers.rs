@@ -241,20 +241,9 @@ impl Mover<'_> {
                     let hash = info.hash;
                     let first = moves.len();
                     let slots = st.host_slots(page).unwrap_or(&[]);
-                    // The common case, a page with nothing in the pool and nothing on its
-                    // way there, is answered from its record alone: every object, in a
-                    // list reused from page to page rather than one built per page.
-                    let untouched = st.dir.objects().untouched(page, TierKind::Pool);
-                    want.clear();
-                    if untouched {
-                        want.extend(0..layout.object_count());
-                    } else {
-                        want.extend(st.dir.objects().missing_objects(page, TierKind::Pool));
-                    }
+                    // One list reused from page to page.
+                    st.dir.objects().unwritten_into(page, TierKind::Pool, &mut want);
                     for &obj in &want {
-                        if !untouched && st.dir.objects().is_inflight_object(page, TierKind::Pool, obj) {
-                            continue;
-                        }
                         let Some(&slot) = slots.get(obj).filter(|&&s| s != NO_SLOT) else {
                             continue;
                         };
