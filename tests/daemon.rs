@@ -662,12 +662,17 @@ fn answered_lookups_are_timed_once_each_in_status_and_metrics() {
     c.register_device(Arc::new(EmulatedDevice::new(&layout, 0, 8))).unwrap();
     let receipt = c.store(&hashes(500, 4), &[0, 1, 2, 3], "s").unwrap();
     assert_eq!(receipt.written, 4);
-    // Three lookups: the stored prefix, a miss, and a prefix that stops after 4 pages.
+    // Three lookups asked of the daemon: the stored prefix, a miss, and a prefix that
+    // stops after 4 pages. The same three answered in the engine from the lookup file
+    // give the same answers and reach neither the daemon's counter nor its histogram.
     let mut looked = Vec::new();
     for (base, n) in [(500, 4), (9000, 8), (500, 16)] {
-        looked.push(c.lookup(&hashes(base, n)).unwrap().total());
+        let asked = c.lookup_remote(&hashes(base, n)).unwrap();
+        assert_eq!(c.lookup(&hashes(base, n)).unwrap(), asked, "{base} {n}");
+        looked.push(asked.total());
     }
     assert_eq!(looked, [4, 0, 4]);
+    assert_eq!(c.local_lookups(), 3, "the engine answered its own lookups");
     // One the daemon refuses: more pages than a request may name.
     let mut s = UnixStream::connect(&d.socket).unwrap();
     let mut body = Vec::new();

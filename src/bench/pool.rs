@@ -117,15 +117,20 @@ pub struct Row {
     /// Latency rows: the reference's median in µs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub raw_p50_us: Option<f64>,
+    /// `remote_lookup`: the same lookup asked of the subject daemon through its socket
+    /// (answered from its pool index), median in µs, timed in the same rounds after the
+    /// engine's own answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_lookup_p50_us: Option<f64>,
     /// `remote_lookup`: a raw Unix-socket echo of the same request frame, median in µs,
     /// timed in the same rounds, placed as the subject (client on the client core, the
     /// echo's thread on the subject's core) and after the same quiet: what any socket
-    /// round trip costs here, so `kvtier_p50_us` minus it is kvtier's own share.
+    /// round trip costs here, so `socket_lookup_p50_us` minus it is the daemon's share.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub socket_echo_p50_us: Option<f64>,
-    /// `remote_lookup`: the subject daemon's own time for the lookup, as its lookup
+    /// `remote_lookup`: the subject daemon's own time for the socket lookup, as its lookup
     /// latency histogram took it (request read to answer built), median in µs: the rest of
-    /// `kvtier_p50_us` is the socket round trip, the engine's side and the daemon's
+    /// `socket_lookup_p50_us` is the socket round trip, the engine's side and the daemon's
     /// wake-up and read path.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_lookup_p50_us: Option<f64>,
@@ -252,6 +257,7 @@ impl Shape {
             corrupt: 0,
             kvtier_p50_us: None,
             raw_p50_us: None,
+            socket_lookup_p50_us: None,
             socket_echo_p50_us: None,
             daemon_lookup_p50_us: None,
             daemon_exists_p50_us: None,

@@ -289,11 +289,14 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
     let scheme = crate::pool::keys::scheme_for(TAG, crate::pool::keys::KeyFormat::Kvtier, &ns, &layout);
     let zeros = vec![0u8; obj];
     let base = (std::process::id() as u64) << 32;
-    // Per placement: the subject's, the reference's, the socket echo's and the subject
-    // daemon's own times.
-    let mut times: Vec<[Vec<f64>; 4]> = vec![Default::default(); places.len()];
+    // Per placement: the subject's, the reference's, the socket echo's, the subject
+    // daemon's own and the socket lookup's times.
+    let mut times: Vec<[Vec<f64>; 5]> = vec![Default::default(); places.len()];
     // The pool starts with the subject's first namespace; its index then lists the store.
     let mut seen = wait_for(&admin, WARM_WAIT, "index in sync", |c| c.in_sync)?.events;
+    // One lookup the daemon answers: it checks the pool's health, and says so in the
+    // lookup file the engine answers from.
+    client.lookup_remote(&[PageHash::from_u64(base)])?;
     // A round takes milliseconds, and one lookup crosses the engine, the daemon and the
     // master, whose wake-ups a shared machine delays at random: five times the put/get
     // rounds, so one slow wake-up moves the median little.
@@ -302,7 +305,7 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
     // and are not counted.
     for round in 0..=rounds + WARM_ROUNDS {
         let hs: Vec<PageHash> = (0..PAGES as u64)
-            .map(|i| PageHash::from_u64(base + (round * PAGES) as u64 + i))
+            .map(|i| PageHash::from_u64(base + ((round + 1) * PAGES) as u64 + i))
             .collect();
         let keys: Vec<String> = hs.iter().flat_map(|h| scheme.page_keys(&layout, h)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -327,9 +330,14 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
         // two HTTP exchanges here; timed right after it, the lookup also measured the
         // render's wind-down on a shared core. Both sides start from a quiet subject.
         std::thread::sleep(QUIET);
-        let subject = || -> anyhow::Result<f64> {
+        let local = client.local_lookups();
+        let timed = |remote: bool| -> anyhow::Result<f64> {
             let t = Instant::now();
-            let hit = client.lookup(&hs)?;
+            let hit = if remote {
+                client.lookup_remote(&hs)?
+            } else {
+                client.lookup(&hs)?
+            };
             let s = t.elapsed().as_secs_f64();
             if hit.pool != PAGES {
                 bail!("the lookup credited {} of {PAGES} pages to the pool", hit.pool);
@@ -343,26 +351,30 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
             }
             Ok(raw.seconds)
         };
-        // The subject enters the credited pages in its directory after its reply.
-        let want = before.found + PAGES as u64;
-        let entered = |c: &Counters| c.found >= want;
         let (ks, rs) = if round % 2 == 0 {
             let rs = reference()?;
-            (subject()?, rs)
+            (timed(false)?, rs)
         } else {
-            let ks = subject()?;
-            wait_for(&admin, EVENT_WAIT, "the lookup's pages entered", entered)?;
+            let ks = timed(false)?;
             std::thread::sleep(QUIET);
             (ks, reference()?)
         };
-        let after = wait_for(&admin, EVENT_WAIT, "the lookup's pages entered", entered)?;
+        if client.local_lookups() != local + 1 {
+            bail!("the engine did not answer the lookup from the subject's lookup file");
+        }
+        // The same lookup asked of the subject through its socket, answered from its
+        // index; it enters the credited pages in its directory after its reply.
+        std::thread::sleep(QUIET);
+        let ss = timed(true)?;
+        let want = before.found + PAGES as u64;
+        let after = wait_for(&admin, EVENT_WAIT, "the lookup's pages entered", |c| c.found >= want)?;
         if after.queries != before.queries
             || after.index_lookups != before.index_lookups + 1
             || after.found != want
             || after.served != before.served + 1
         {
             bail!(
-                "the lookup was not answered from the index alone, or its pages not entered once: before {before:?}, after {after:?}"
+                "the socket lookup was not answered from the index alone, or the engine's reached the daemon: before {before:?}, after {after:?}"
             );
         }
         // The echo of the lookup's own frame, after that poll and the same quiet.
@@ -380,6 +392,7 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
             times[at][1].push(rs);
             times[at][2].push(es);
             times[at][3].push(after.served_ns.saturating_sub(before.served_ns) as f64 / 1e9);
+            times[at][4].push(ss);
         }
         writer.remove_batch(&refs, true);
         announce.send(false, &refs)?;
@@ -390,13 +403,13 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
     let mut rows: Vec<Row> = places
         .iter()
         .zip(times)
-        .map(|(p, [k, r, e, d])| {
+        .map(|(p, t)| {
             let op = if p.name == "same_core" {
                 "remote_lookup_same_core"
             } else {
                 "remote_lookup_cross_core"
             };
-            lookup_row(op, obj, PAGES * layout.object_count(), [k, r, e, d])
+            lookup_row(op, obj, PAGES * layout.object_count(), t)
         })
         .collect();
     let worst = rows
@@ -409,6 +422,7 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
         row.kvtier_p50_us,
         row.raw_p50_us,
         row.socket_echo_p50_us,
+        row.socket_lookup_p50_us,
         row.daemon_lookup_p50_us,
         row.ratio,
     ) = (
@@ -416,6 +430,7 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
         worst.kvtier_p50_us,
         worst.raw_p50_us,
         worst.socket_echo_p50_us,
+        worst.socket_lookup_p50_us,
         worst.daemon_lookup_p50_us,
         worst.ratio,
     );
@@ -423,15 +438,11 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// A `remote_lookup` row from the subject's, the reference's, the socket echo's and the
-/// subject daemon's own times (s) of its rounds.
-fn lookup_row(op: &'static str, obj: usize, objects: usize, [k, r, e, d]: [Vec<f64>; 4]) -> Row {
-    let rounds = k.len();
-    let (kp, rp, ep, dp) = if rounds == 0 {
-        (0.0, 0.0, 0.0, 0.0)
-    } else {
-        (median(k) * 1e6, median(r) * 1e6, median(e) * 1e6, median(d) * 1e6)
-    };
+/// A `remote_lookup` row from the subject's, the reference's, the socket echo's, the
+/// subject daemon's own and the socket lookup's times (s) of its rounds.
+fn lookup_row(op: &'static str, obj: usize, objects: usize, times: [Vec<f64>; 5]) -> Row {
+    let rounds = times[0].len();
+    let [kp, rp, ep, dp, sp] = times.map(|t| if rounds == 0 { 0.0 } else { median(t) * 1e6 });
     Row {
         backend: "mooncake",
         op,
@@ -443,15 +454,17 @@ fn lookup_row(op: &'static str, obj: usize, objects: usize, [k, r, e, d]: [Vec<f
         raw_gbps: 0.0,
         ratio: kp / rp.max(1e-9),
         reference: "wheel python client batch_is_exist, same keys, timed in the writer's helper; \
-                    subject: a second kvtier serve answering from its pool index, through its \
-                    socket; client and subject pinned as the op's suffix says, remote_lookup the \
-                    worse placement (goal: ratio <= 0.1)",
+                    subject: an engine of a second kvtier serve answering from that daemon's \
+                    lookup file, kept by its pool index (socket_lookup: the daemon asked); client \
+                    and subject pinned as the op's suffix says, remote_lookup the worse \
+                    placement (goal: ratio <= 0.1)",
         // The subject daemon runs with `mooncake.integrity` at its default, on.
         integrity: true,
         failed: 0,
         corrupt: 0,
         kvtier_p50_us: Some(kp),
         raw_p50_us: Some(rp),
+        socket_lookup_p50_us: Some(sp),
         socket_echo_p50_us: Some(ep),
         daemon_lookup_p50_us: Some(dp),
         daemon_exists_p50_us: None,
@@ -531,6 +544,7 @@ pub(super) fn index_resync(args: &PoolBenchArgs) -> anyhow::Result<Row> {
             corrupt: 0,
             kvtier_p50_us: Some(kp),
             raw_p50_us: Some(rp),
+            socket_lookup_p50_us: None,
             socket_echo_p50_us: None,
             daemon_lookup_p50_us: None,
             daemon_exists_p50_us: None,

@@ -13,9 +13,12 @@ use std::io::BufReader;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
+use crate::directory::shared::lookup_path;
 use crate::protocol::{ArenaInfo, ErrorCode, FrameError, Request, Response, frame, read_frame};
 use crate::tier::host::{ArenaOptions, HostArena};
 use crate::tier::slot_gen::{SlotStamps, stamps_path};
+
+use super::local::LocalLookup;
 
 use super::{ClientConfig, ClientError};
 use crate::paths::{self, ArenaRefusal};
@@ -58,6 +61,8 @@ pub(super) struct Conn {
     pub arena_info: ArenaInfo,
     pub objects: Vec<u16>,
     pub connection: u64,
+    /// The daemon's lookup file, mapped; `None` when it keeps none.
+    pub lookup: Option<Arc<LocalLookup>>,
 }
 
 /// How soon an open that met a recovering daemon is tried again.
@@ -109,12 +114,13 @@ impl Conn {
             body: Vec::new(),
             next_id: 1,
         };
-        let (connection, arena_info, objects) = match raw.call(&hello, max_frame)? {
+        let (connection, arena_info, objects, ns) = match raw.call(&hello, max_frame)? {
             Response::Connected {
                 connection,
                 arena,
                 objects,
-            } => (connection, arena, objects),
+                namespace,
+            } => (connection, arena, objects, namespace),
             Response::Error(e) => return Err(ClientError::Remote(e)),
             other => {
                 return Err(ClientError::Protocol(format!(
@@ -146,9 +152,15 @@ impl Conn {
             )));
         }
         let stamps = Self::stamps(arena_path, arena.slots(), expected)?;
+        let lookup = if cfg.local_lookup {
+            Self::lookup_file(arena_path, ns, expected)?
+        } else {
+            None
+        };
         Ok(Self {
             raw,
             stamps,
+            lookup,
             plans: Arc::default(),
             arena: Arc::new(arena),
             arena_info,
@@ -174,6 +186,40 @@ impl Conn {
             )));
         }
         Ok(stamps.map(Arc::new))
+    }
+
+    /// The lookup file beside the arena at `arena`, held to the arena's rules; `None`
+    /// when there is none.
+    fn lookup_file(arena: &std::path::Path, ns: u16, expected: u32) -> Result<Option<Arc<LocalLookup>>, ClientError> {
+        let path = lookup_path(arena);
+        let before = match arena_identity(&path, expected) {
+            Err(ClientError::Unavailable(_)) if !path.exists() => return Ok(None),
+            other => other?,
+        };
+        let lookup = LocalLookup::open(&path, ns)
+            .map_err(|e| ClientError::Unavailable(format!("lookup file {}: {e}", path.display())))?;
+        if arena_identity(&path, expected)? != before {
+            return Err(ClientError::Protocol(format!(
+                "lookup file {} changed while it was being mapped",
+                path.display()
+            )));
+        }
+        Ok(lookup.map(Arc::new))
+    }
+
+    /// Whether the socket has nothing to read and no hang-up pending: the daemon that
+    /// wrote the lookup file is still this connection's (a dead or restarted daemon
+    /// hangs up; a notice it sent is read by the next call).
+    pub fn quiet(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut p = libc::pollfd {
+            fd: self.raw.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid `pollfd` for a socket this value owns; zero timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n == 0
     }
 
     /// One request, one response. Any error here leaves the connection unusable.

@@ -10,6 +10,7 @@
 mod conn;
 mod copy;
 mod fence;
+mod local;
 mod routing;
 
 pub use crate::paths::{default_socket, runtime_dir};
@@ -82,6 +83,9 @@ pub struct ClientConfig {
     /// arena file's owner must be it, or the connection is refused
     /// ([`ClientError::Untrusted`]). Default: `None`, this process's effective uid.
     pub daemon_uid: Option<u32>,
+    /// Answers lookups in this process from the daemon's lookup file where it can
+    /// (see `local`); off, every lookup asks the daemon. Default: on.
+    pub local_lookup: bool,
 }
 
 impl ClientConfig {
@@ -93,7 +97,14 @@ impl ClientConfig {
             timeout: Duration::from_secs(5),
             max_frame_bytes: crate::protocol::DEFAULT_MAX_BODY,
             daemon_uid: None,
+            local_lookup: true,
         }
+    }
+
+    /// [`Self::local_lookup`].
+    pub fn with_local_lookup(mut self, on: bool) -> Self {
+        self.local_lookup = on;
+        self
     }
 
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
@@ -153,6 +164,8 @@ pub struct Client {
     stale: Mutex<Vec<Arc<std::sync::atomic::AtomicUsize>>>,
     /// A `Fence` with `done` is still to be sent.
     owes_done: std::sync::atomic::AtomicBool,
+    /// Lookups answered from the lookup file.
+    local_lookups: std::sync::atomic::AtomicU64,
 }
 
 impl Client {
@@ -168,6 +181,7 @@ impl Client {
             token: fence::new_token(),
             stale: Mutex::new(Vec::new()),
             owes_done: Default::default(),
+            local_lookups: Default::default(),
         };
         c.call(Request::Ping { payload: Vec::new() })?;
         Ok(c)
@@ -302,7 +316,42 @@ impl Client {
             })
     }
 
+    /// The contiguous prefix of `hashes` complete across every rank, credited per tier.
+    /// Answered here from the daemon's lookup file where it can be (see `local`), else by
+    /// the daemon.
     pub fn lookup(&self, hashes: &[PageHash]) -> Result<PrefixHit, ClientError> {
+        if let Some(hit) = self.lookup_here(hashes)? {
+            self.local_lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(hit);
+        }
+        self.lookup_remote(hashes)
+    }
+
+    /// Lookups answered in this process from the daemon's lookup file (the daemon's
+    /// lookup counters do not see them).
+    pub fn local_lookups(&self) -> u64 {
+        self.local_lookups.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The answer from the lookup file, when the connection is up and quiet and the file
+    /// can answer; `None`: ask the daemon.
+    fn lookup_here(&self, hashes: &[PageHash]) -> Result<Option<PrefixHit>, ClientError> {
+        if !self.cfg.local_lookup {
+            return Ok(None);
+        }
+        let local = {
+            let mut guard = self.conn.lock();
+            let c = self.ensure(&mut guard)?;
+            if !c.quiet() {
+                return Ok(None);
+            }
+            c.lookup.clone()
+        };
+        Ok(local.and_then(|l| l.lookup(hashes)))
+    }
+
+    /// [`Self::lookup`], always asked of the daemon.
+    pub fn lookup_remote(&self, hashes: &[PageHash]) -> Result<PrefixHit, ClientError> {
         match self.call(Request::Lookup {
             hashes: hashes.to_vec(),
         })? {

@@ -29,6 +29,8 @@ pub use classes::{Order, OrderMut};
 pub use objects::Objects;
 pub use view::DirView;
 
+pub mod shared;
+
 use crate::events::{PageEvent, PageEventKind};
 use crate::layout::Layout;
 use crate::page::{Namespace, NamespaceId, PageHash};
@@ -39,7 +41,7 @@ use objects::ObjectMarks;
 
 const ABSENT: u8 = 0;
 const PARTIAL: u8 = 1;
-const COMPLETE: u8 = 2;
+pub(crate) const COMPLETE: u8 = 2;
 
 /// `PageRecord::class` bits.
 const CLASS_IDLE: u8 = 1;
@@ -209,10 +211,22 @@ impl Directory {
     /// becomes resident once pages are spread over it) and 40 bytes × `max_pages` of
     /// cells (resident as records are first used).
     pub fn try_new(max_pages: usize) -> Result<Self, DirectoryError> {
-        let max_pages = max_pages.min(view::MAX_RECORDS);
-        Ok(Self {
+        let max_pages = Self::records_for(max_pages);
+        Ok(Self::with_view(max_pages, DirView::new(max_pages)?))
+    }
+
+    /// Records a directory for `max_pages` pages has (clipped to 2^32 - 2).
+    pub fn records_for(max_pages: usize) -> usize {
+        max_pages.min(view::MAX_RECORDS)
+    }
+
+    /// A directory over `view`, made for [`Self::records_for`] `max_pages` records (the
+    /// lookup file's, see [`shared`]).
+    pub fn with_view(max_pages: usize, view: DirView) -> Self {
+        let max_pages = Self::records_for(max_pages);
+        Self {
             layouts: Vec::new(),
-            view: Arc::new(DirView::new(max_pages)?),
+            view: Arc::new(view),
             records: Vec::new(),
             live: Vec::new(),
             free: Vec::new(),
@@ -223,7 +237,7 @@ impl Directory {
             max_pages,
             order: EvictOrder::default(),
             marks: ObjectMarks::default(),
-        })
+        }
     }
 
     /// The lock-free read side: prefix lookups through it need no lock and see every

@@ -31,7 +31,7 @@
 
 use std::alloc::Layout as AllocLayout;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU32, AtomicU64, fence};
+use std::sync::atomic::{AtomicU64, fence};
 
 use super::{COMPLETE, DirectoryError};
 use crate::page::{MAX_HASH_BYTES, NamespaceId, PageHash};
@@ -50,6 +50,8 @@ const WORDS: usize = MAX_HASH_BYTES / 8;
 const CELL: usize = 1 + WORDS;
 /// Bytes of one cell.
 pub(super) const CELL_BYTES: usize = CELL * 8;
+/// Control words of a view: the deletion counter and the namespace count.
+pub(crate) const CTL_WORDS: usize = 2;
 /// Attempts at one consistent read before a reader gives up on a page.
 const RETRIES: usize = 64;
 /// Record indices the index can hold (stored plus one in 32 bits).
@@ -78,23 +80,98 @@ fn hash_words(hash: &PageHash) -> [u64; WORDS] {
     std::array::from_fn(|w| u64::from_le_bytes(bytes[w * 8..w * 8 + 8].try_into().unwrap_or_default()))
 }
 
-/// A zeroed array of `n` atomics, from the allocator's zeroed path: large arrays come
-/// straight from fresh mappings, so pages nobody writes are never made resident.
-fn zeroed(n: usize) -> Result<Box<[AtomicU64]>, DirectoryError> {
-    if n == 0 {
-        return Ok(Box::new([]));
+/// Where a view's atomic words live: a zeroed heap allocation (from the allocator's
+/// zeroed path: large arrays come straight from fresh mappings, so pages nobody writes
+/// are never made resident), or a range of a shared file mapping (see
+/// [`super::shared`]), which engines map too and read with the same code.
+pub(crate) struct Words {
+    ptr: *const AtomicU64,
+    len: usize,
+    _owner: Owner,
+}
+
+/// What keeps a view's words alive: held, never read.
+#[allow(dead_code)]
+enum Owner {
+    Heap(Box<[AtomicU64]>),
+    Map(std::sync::Arc<memmap2::MmapRaw>),
+}
+
+// SAFETY: the words are only ever accessed through `AtomicU64`, and the owner keeps the
+// memory alive for as long as the value lives.
+unsafe impl Send for Words {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Words {}
+
+impl std::fmt::Debug for Words {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Words({})", self.len)
     }
-    let bytes = n.saturating_mul(8);
-    let layout = AllocLayout::array::<AtomicU64>(n).map_err(|_| DirectoryError::Alloc(bytes))?;
-    // SAFETY: `layout` has a non-zero size (n > 0).
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
-    if ptr.is_null() {
-        return Err(DirectoryError::Alloc(bytes));
+}
+
+impl std::ops::Deref for Words {
+    type Target = [AtomicU64];
+    fn deref(&self) -> &[AtomicU64] {
+        // SAFETY: `ptr` and `len` describe memory `_owner` keeps alive, 8-byte aligned,
+        // accessed only as atomics.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
-    // SAFETY: `ptr` is a live allocation of the global allocator with the layout of
-    // `[AtomicU64; n]`, which is what `Box<[AtomicU64]>` frees it with; all-zero bytes
-    // are a valid `AtomicU64` (0), and nothing else owns the memory.
-    Ok(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) })
+}
+
+impl Words {
+    /// `n` zeroed words on the heap.
+    pub(crate) fn zeroed(n: usize) -> Result<Self, DirectoryError> {
+        let b: Box<[AtomicU64]> = if n == 0 {
+            Box::new([])
+        } else {
+            let bytes = n.saturating_mul(8);
+            let layout = AllocLayout::array::<AtomicU64>(n).map_err(|_| DirectoryError::Alloc(bytes))?;
+            // SAFETY: `layout` has a non-zero size (n > 0).
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
+            if ptr.is_null() {
+                return Err(DirectoryError::Alloc(bytes));
+            }
+            // SAFETY: `ptr` is a live allocation of the global allocator with the layout of
+            // `[AtomicU64; n]`, which is what `Box<[AtomicU64]>` frees it with; all-zero
+            // bytes are a valid `AtomicU64` (0), and nothing else owns the memory.
+            unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) }
+        };
+        Ok(Self {
+            ptr: b.as_ptr(),
+            len: b.len(),
+            _owner: Owner::Heap(b),
+        })
+    }
+
+    /// Maps every page of these words that the file already holds into this process's
+    /// page tables now, readable, where the kernel can (5.14 and later), so that reads
+    /// take no page fault: a lookup probes slots at random, and an engine that had not
+    /// touched them paid a fault for nearly every page of a window. For words the writer
+    /// made resident (see [`DirView::make_index_resident`]).
+    pub(crate) fn populate_read(&self) {
+        let (at, bytes) = (self.ptr as usize, self.len * 8);
+        let start = at.next_multiple_of(INDEX_PAGE);
+        let end = (at + bytes) / INDEX_PAGE * INDEX_PAGE;
+        if end > start {
+            // SAFETY: a page-aligned range inside the mapping `_owner` keeps alive;
+            // populating changes no data.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_READ) };
+        }
+    }
+
+    /// Words `at..at + n` (in words) of `map`, or `None` past its end.
+    pub(crate) fn mapped(map: &std::sync::Arc<memmap2::MmapRaw>, at: usize, n: usize) -> Option<Self> {
+        let end = at.checked_add(n)?.checked_mul(8)?;
+        if end > map.len() || !(map.as_ptr() as usize).is_multiple_of(8) {
+            return None;
+        }
+        Some(Self {
+            // SAFETY: inside the mapping (checked just above).
+            ptr: unsafe { map.as_ptr().add(at * 8) }.cast::<AtomicU64>(),
+            len: n,
+            _owner: Owner::Map(map.clone()),
+        })
+    }
 }
 
 /// What a reader found in one cell.
@@ -126,29 +203,53 @@ impl Key {
 /// writes it under its owner's write lock, and lookups, which read it with no lock.
 #[derive(Debug)]
 pub struct DirView {
-    slots: Box<[AtomicU64]>,
+    slots: Words,
     mask: usize,
-    /// Bumped before every slot store of a deletion (each move and the final empty), so
-    /// a probe that saw it unchanged saw no entry move.
-    moves: AtomicU64,
-    cells: Box<[AtomicU64]>,
-    /// Namespaces registered (they are never removed).
-    namespaces: AtomicU32,
+    /// Two words: `[0]` is bumped before every slot store of a deletion (each move and
+    /// the final empty), so a probe that saw it unchanged saw no entry move; `[1]` counts
+    /// the namespaces registered (they are never removed).
+    ctl: Words,
+    cells: Words,
 }
 
 impl DirView {
     /// A view for up to `max_records` records (at most [`MAX_RECORDS`]).
     pub(super) fn new(max_records: usize) -> Result<Self, DirectoryError> {
         let max_records = max_records.min(MAX_RECORDS);
-        let slots = (max_records.saturating_mul(4) / 3 + 1)
-            .max(MIN_SLOTS)
-            .next_power_of_two();
+        let slots = Self::slots_for(max_records);
         Ok(Self {
-            slots: zeroed(slots)?,
+            slots: Words::zeroed(slots)?,
             mask: slots - 1,
-            moves: AtomicU64::new(0),
-            cells: zeroed(max_records.saturating_mul(CELL))?,
-            namespaces: AtomicU32::new(0),
+            ctl: Words::zeroed(CTL_WORDS)?,
+            cells: Words::zeroed(max_records.saturating_mul(CELL))?,
+        })
+    }
+
+    /// Index slots for up to `max_records` records: a power of two, the table at most
+    /// 3/4 full.
+    pub(crate) fn slots_for(max_records: usize) -> usize {
+        (max_records.min(MAX_RECORDS).saturating_mul(4) / 3 + 1)
+            .max(MIN_SLOTS)
+            .next_power_of_two()
+    }
+
+    /// Cell words for up to `max_records` records.
+    pub(crate) fn cell_words(max_records: usize) -> usize {
+        max_records.min(MAX_RECORDS).saturating_mul(CELL)
+    }
+
+    /// A view over words that live elsewhere (a shared file, see [`super::shared`]):
+    /// `slots` of [`Self::slots_for`] words (a power of two), `ctl` of [`CTL_WORDS`] and
+    /// `cells` of [`Self::cell_words`]. `None` when the sizes are not a view's.
+    pub(crate) fn from_words(slots: Words, ctl: Words, cells: Words) -> Option<Self> {
+        if !slots.len().is_power_of_two() || ctl.len() != CTL_WORDS || !cells.len().is_multiple_of(CELL) {
+            return None;
+        }
+        Some(Self {
+            mask: slots.len() - 1,
+            slots,
+            ctl,
+            cells,
         })
     }
 
@@ -190,6 +291,12 @@ impl DirView {
         (start, end.saturating_sub(start))
     }
 
+    /// [`Words::populate_read`] of the index (a reader's mapping of a view the writer made
+    /// resident).
+    pub(crate) fn populate_index(&self) {
+        self.slots.populate_read();
+    }
+
     /// Pages of the index in memory, and its whole pages in all (`mincore`).
     #[cfg(test)]
     pub(super) fn index_residency(&self) -> (usize, usize) {
@@ -210,11 +317,17 @@ impl DirView {
 
     /// Whether namespace `ns` is registered.
     pub fn knows(&self, ns: NamespaceId) -> bool {
-        (ns.0 as u32) < self.namespaces.load(Acquire)
+        (ns.0 as u64) < self.ctl[1].load(Acquire)
     }
 
-    pub(super) fn set_namespaces(&self, n: usize) {
-        self.namespaces.store(n as u32, Release);
+    pub(crate) fn set_namespaces(&self, n: usize) {
+        self.ctl[1].store(n as u64, Release);
+    }
+
+    /// The view's moves counter (see `ctl`).
+    #[inline]
+    fn moves(&self) -> &AtomicU64 {
+        &self.ctl[0]
     }
 
     fn cell(&self, i: u32) -> &[AtomicU64] {
@@ -261,7 +374,7 @@ impl DirView {
     fn find_key(&self, h: u64, key: &Key) -> Option<(u32, u8)> {
         let t = tag(h);
         for _ in 0..RETRIES {
-            let before = self.moves.load(Acquire);
+            let before = self.moves().load(Acquire);
             let mut i = self.home(t);
             // The table is at most 3/4 full, so a probe meets an empty slot well before
             // this bound; the bound keeps a reader finite whatever the writer does.
@@ -285,7 +398,7 @@ impl DirView {
             // as it was at one instant (every state between two stores is a valid table).
             // A writer stalled mid-deletion leaves the table still: the miss is believed.
             fence(Acquire);
-            if self.moves.load(Relaxed) == before {
+            if self.moves().load(Relaxed) == before {
                 return None;
             }
             std::hint::spin_loop();
@@ -295,7 +408,7 @@ impl DirView {
 
     /// The record of page `hash` in `ns` and its tier states (writer or reader).
     #[inline]
-    pub(super) fn find(&self, ns: NamespaceId, hash: &PageHash, h: u64) -> Option<(u32, u8)> {
+    pub(crate) fn find(&self, ns: NamespaceId, hash: &PageHash, h: u64) -> Option<(u32, u8)> {
         self.find_key(h, &Key::new(ns, hash))
     }
 
@@ -305,6 +418,33 @@ impl DirView {
     pub fn prefetch_pages(&self, ns: NamespaceId, hashes: &[PageHash]) {
         for h in hashes {
             self.prefetch(h.table_hash(ns));
+        }
+    }
+
+    /// Starts loading, for each table hash of `hs`, its home slot and then the cell that
+    /// slot names (when its tag matches), so that finds of these pages that follow find
+    /// both in cache: each pass's loads are independent, so their misses overlap, where a
+    /// find per page waits on two misses in a row. The slot words read here only steer
+    /// the hints; finds read everything again.
+    pub fn prefetch_cells(&self, hs: &[u64]) {
+        for &h in hs {
+            self.prefetch(h);
+        }
+        #[cfg(target_arch = "x86_64")]
+        for &h in hs {
+            let s = self.slots[self.home(tag(h))].load(Relaxed);
+            if s != EMPTY && tag(s) == tag(h) {
+                let at = ((s as u32).wrapping_sub(1) as usize).saturating_mul(CELL);
+                if let Some(c) = self.cells.get(at) {
+                    // SAFETY: prefetch never faults, and `c` is inside the cell array.
+                    unsafe {
+                        std::arch::x86_64::_mm_prefetch(
+                            (c as *const AtomicU64).cast::<i8>(),
+                            std::arch::x86_64::_MM_HINT_T0,
+                        )
+                    };
+                }
+            }
         }
     }
 
@@ -368,7 +508,7 @@ impl DirView {
     // there is one writer at a time.
 
     /// Makes cell `i` hold page `hash` of `ns` with no state, before the index names it.
-    pub(super) fn publish(&self, i: u32, ns: NamespaceId, hash: &PageHash) {
+    pub(crate) fn publish(&self, i: u32, ns: NamespaceId, hash: &PageHash) {
         let [meta, words @ ..] = self.cell(i) else { return };
         let m = meta.load(Relaxed);
         let seq = m & SEQ_MASK;
@@ -382,14 +522,14 @@ impl DirView {
     }
 
     /// Sets cell `i`'s tier states: one store, since they share the meta word.
-    pub(super) fn set_state(&self, i: u32, state: u8) {
+    pub(crate) fn set_state(&self, i: u32, state: u8) {
         let [meta, ..] = self.cell(i) else { return };
         let m = meta.load(Relaxed);
         meta.store((m & !STATE_MASK) | ((state as u64) << STATE_SHIFT), Release);
     }
 
     /// The hash cell `i` holds (writer side: nothing changes it meanwhile).
-    pub(super) fn hash(&self, i: u32) -> PageHash {
+    pub(crate) fn hash(&self, i: u32) -> PageHash {
         let [meta, words @ ..] = self.cell(i) else {
             return PageHash::from_u64(0);
         };
@@ -404,7 +544,7 @@ impl DirView {
     /// Adds record `idx` under table hash `h`. The caller has published its cell and
     /// checked the page is not present; the table is never full (capacity from
     /// `max_records`).
-    pub(super) fn insert(&self, h: u64, idx: u32) {
+    pub(crate) fn insert(&self, h: u64, idx: u32) {
         let s = ((tag(h) as u64) << 32) | (idx as u64 + 1);
         let mut i = self.home(tag(h));
         for _ in 0..=self.mask {
@@ -418,7 +558,7 @@ impl DirView {
     }
 
     /// Removes record `idx` stored under `h`. Returns whether it was there.
-    pub(super) fn remove(&self, h: u64, idx: u32) -> bool {
+    pub(crate) fn remove(&self, h: u64, idx: u32) -> bool {
         let t = tag(h);
         let want = ((t as u64) << 32) | (idx as u64 + 1);
         let mut i = self.home(t);
@@ -436,10 +576,10 @@ impl DirView {
         // that sees the store sees the bump (the seqlock's write side, per store). Each
         // state between two stores is a valid table: an entry moves to a hole nearer its
         // home while still at its old slot, and the one new empty slot comes last.
-        let mut moves = self.moves.load(Relaxed);
+        let mut moves = self.moves().load(Relaxed);
         let put = |slot: &AtomicU64, v: u64, moves: &mut u64| {
             *moves += 1;
-            self.moves.store(*moves, Relaxed);
+            self.moves().store(*moves, Relaxed);
             fence(Release);
             slot.store(v, Release);
         };

@@ -190,6 +190,13 @@ pub struct ManagerConfig {
     /// `max_pages`) resident at start instead of page by page as lookups first probe it
     /// (the daemon does: no lookup then takes a page fault on it). Default: off.
     pub resident_index: bool,
+    /// Puts the directory's lookup view, and the pool index's page table, in a file beside
+    /// the arena (`<host_path>.lookup`) that engines map read-only and answer lookups
+    /// from (see `directory::shared`). The daemon does. Default: off (the view on the heap).
+    pub lookup_file: bool,
+    /// Pages the lookup file's pool page table holds (the daemon: `mooncake.index_max_keys`);
+    /// 0 without a shared pool. Default: 0.
+    pub lookup_pool_pages: usize,
     /// Page events kept for replay. Default: 1 Mi.
     pub event_ring: usize,
     /// Operations that may be outstanding (issued, not yet collected). Default: 65 536.
@@ -219,6 +226,8 @@ impl Default for ManagerConfig {
             worker_cores: Vec::new(),
             max_pages: 16 << 20,
             resident_index: false,
+            lookup_file: false,
+            lookup_pool_pages: 0,
             event_ring: 1 << 20,
             max_outstanding: 65_536,
             tunables: Tunables::default(),

@@ -83,6 +83,7 @@ pub use stats::{
 pub use stores::Stores;
 
 use crate::clock::Clock;
+use crate::directory::shared::{self, LookupFile};
 use crate::directory::{Directory, DirectoryError};
 
 use crate::hints::HintError;
@@ -197,12 +198,36 @@ pub(crate) struct Inner {
     stats: Stats,
     /// [Remote] Discovery of pages other nodes wrote, on a shared pool.
     remote: Option<remote::Remote>,
+    /// The lookup file engines answer lookups from, when configured.
+    lookup: Option<Arc<LookupFile>>,
 }
 
 impl std::fmt::Debug for Manager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Manager").field("config", &self.inner.cfg).finish()
     }
+}
+
+/// The lookup file ([`ManagerConfig::lookup_file`]): a directory over its view, the file
+/// (live, with the discovery flags set), and the pool page table when the pool is shared.
+fn open_lookup_file(
+    cfg: &ManagerConfig,
+) -> Result<(Directory, Arc<LookupFile>, Option<crate::pool::index::table::PoolTable>), ManagerError> {
+    let path = crate::directory::shared::lookup_path(&cfg.host_path);
+    let records = Directory::records_for(cfg.max_pages);
+    let pool_pages = if cfg.remote.is_some() { cfg.lookup_pool_pages } else { 0 };
+    let (file, dir_view, pool_view) = LookupFile::create(&path, cfg.arena.group, records, pool_pages)
+        .map_err(|e| ManagerError::Config(format!("lookup file: {e}")))?;
+    let dir = Directory::with_view(records, dir_view);
+    let (flags, budget) = match &cfg.remote {
+        Some(r) => (shared::LIVE | shared::REMOTE, r.budget_pages),
+        None => (shared::LIVE, 0),
+    };
+    file.set_flags(flags, budget, cfg.max_batch);
+    let file = Arc::new(file);
+    let table =
+        (pool_pages > 0).then(|| crate::pool::index::table::PoolTable::new(file.clone(), pool_view, pool_pages));
+    Ok((dir, file, table))
 }
 
 impl Manager {
@@ -214,8 +239,13 @@ impl Manager {
             ),
             None => None,
         };
-        let dir = Directory::try_new(cfg.max_pages)?;
-        if cfg.resident_index {
+        let (dir, lookup, table) = if cfg.lookup_file {
+            let (dir, file, table) = open_lookup_file(&cfg)?;
+            (dir, Some(file), table)
+        } else {
+            (Directory::try_new(cfg.max_pages)?, None, None)
+        };
+        if cfg.resident_index && lookup.as_ref().is_none_or(|f| f.on_tmpfs()) {
             dir.view().make_index_resident();
         }
         let xfer = Arc::new(TransferEngine::configured(
@@ -232,7 +262,8 @@ impl Manager {
                 xfer,
                 jobs: inproc::InProcJobs::new(cfg.max_outstanding),
                 stats: Stats::default(),
-                remote: cfg.remote.map(remote::Remote::new),
+                remote: cfg.remote.map(|r| remote::Remote::new(r, table, lookup.clone())),
+                lookup,
                 stores: Stores::new(&cfg),
                 pages: Pages::new(dir, cfg.event_ring, clock.clone()),
                 grants: Grants::default(),
@@ -267,10 +298,12 @@ impl Manager {
         self.inner.stores.ensure_pool(&arena)?;
         let scheme = pool_key_scheme(&self.inner.cfg, &ns, &layout);
         let mut st = self.write();
-        let id = st.dir.register(ns, layout)?;
+        let id = st.dir.register(ns, layout.clone())?;
         if st.keys.len() <= id.0 as usize {
-            st.keys.push(scheme);
+            st.keys.push(scheme.clone());
         }
+        drop(st);
+        self.discovery().publish_namespace(id, &scheme, &layout);
         Ok(id)
     }
 

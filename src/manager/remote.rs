@@ -41,9 +41,13 @@ use super::pages::Pages;
 use super::state::DirState;
 use super::{Manager, ManagerConfig, Stores};
 use crate::clock::Clock;
+use crate::directory::shared::LookupFile;
+use crate::layout::Layout;
+use crate::page::KeyScheme;
 use crate::page::{NamespaceId, PageHash};
 #[cfg(feature = "daemon")]
 use crate::pool::PoolError;
+use crate::pool::index::table::PoolTable;
 use crate::pool::index::{IndexMode, PoolIndex};
 use crate::pool::{KeyBatch, PoolHealth};
 use crate::tier::TierKind;
@@ -177,11 +181,17 @@ pub(crate) struct Remote {
     index: std::sync::OnceLock<Arc<PoolIndex>>,
     /// Whether `Cache::pending` holds work (read without the cache's lock).
     pending: AtomicBool,
+    /// The lookup file's pool page table, handed to the index when one is set.
+    table: Mutex<Option<PoolTable>>,
+    /// The lookup file, whose pool health word lookups here keep current.
+    lookup: Option<Arc<LookupFile>>,
 }
 
 impl Remote {
-    pub(crate) fn new(cfg: RemoteConfig) -> Self {
+    pub(crate) fn new(cfg: RemoteConfig, table: Option<PoolTable>, lookup: Option<Arc<LookupFile>>) -> Self {
         Self {
+            table: Mutex::new(table),
+            lookup,
             cfg,
             cache: Mutex::new(Cache::new(cfg.cache_entries)),
             n: Counters::default(),
@@ -301,7 +311,27 @@ impl<'a> PoolDiscovery<'a> {
     /// master query on the lookup path). Set once; `false` when the pool is not shared
     /// or an index is set already.
     pub fn set_index(&self, index: Arc<PoolIndex>) -> bool {
-        self.remote.is_some_and(|r| r.index.set(index).is_ok())
+        let Some(r) = self.remote else { return false };
+        if r.index.set(index.clone()).is_err() {
+            return false;
+        }
+        // Engines credit pool pages from the lookup file's table from now on, kept by the
+        // index for every namespace registered, now or later.
+        if let Some(table) = r.table.lock().take() {
+            index.publish_to(table);
+            let st = self.pages.read();
+            for (id, _, layout) in st.dir.namespaces() {
+                index.publish_namespace(id.0, &st.keys[id.0 as usize], layout);
+            }
+        }
+        true
+    }
+
+    /// Namespace `ns` was registered: the pool index keeps its pages in the lookup file.
+    pub(super) fn publish_namespace(&self, ns: NamespaceId, scheme: &KeyScheme, layout: &Layout) {
+        if let Some(index) = self.index() {
+            index.publish_namespace(ns.0, scheme, layout);
+        }
     }
 
     fn index(&self) -> Option<&'a Arc<PoolIndex>> {
@@ -382,7 +412,11 @@ impl<'a> PoolDiscovery<'a> {
         let (Some(remote), Some(pool)) = (self.remote, self.stores.pool()) else {
             return Err(hit);
         };
-        if pool.health() != PoolHealth::Ok {
+        let healthy = pool.health() == PoolHealth::Ok;
+        if let Some(f) = &remote.lookup {
+            f.set_pool_healthy(healthy);
+        }
+        if !healthy {
             if hit.pool > 0 {
                 remote.n.unhealthy_lookups.fetch_add(1, Relaxed);
             }

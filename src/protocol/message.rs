@@ -112,6 +112,9 @@ pub enum Response {
         connection: u64,
         arena: ArenaInfo,
         objects: Vec<u16>,
+        /// The daemon's id for the rank's namespace: what the lookup file's views are
+        /// keyed by (see `directory::shared`).
+        namespace: u16,
     },
     Ok,
     Lookup(PrefixHit),

@@ -46,6 +46,7 @@ impl Response {
                 connection,
                 arena,
                 objects,
+                namespace,
             } => {
                 w.u64(*connection);
                 w.str(&arena.path);
@@ -53,6 +54,7 @@ impl Response {
                 w.u32(arena.slots);
                 w.count(objects.len());
                 objects.iter().for_each(|&o| w.u16(o));
+                w.u16(*namespace);
             }
             Response::Ok => {}
             Response::Lookup(h) => {
@@ -111,6 +113,7 @@ impl Response {
                     connection,
                     arena,
                     objects,
+                    namespace: r.u16()?,
                 }
             }
             kind::R_OK => Response::Ok,

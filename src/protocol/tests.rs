@@ -186,17 +186,21 @@ fn response() -> impl Strategy<Value = Response> {
             text(),
             any::<u64>(),
             any::<u32>(),
-            prop::collection::vec(any::<u16>(), 0..4)
+            prop::collection::vec(any::<u16>(), 0..4),
+            any::<u16>()
         )
-            .prop_map(|(connection, path, slot_bytes, slots, objects)| Response::Connected {
-                connection,
-                arena: ArenaInfo {
-                    path,
-                    slot_bytes,
-                    slots
-                },
-                objects
-            }),
+            .prop_map(
+                |(connection, path, slot_bytes, slots, objects, namespace)| Response::Connected {
+                    connection,
+                    arena: ArenaInfo {
+                        path,
+                        slot_bytes,
+                        slots
+                    },
+                    objects,
+                    namespace
+                }
+            ),
         Just(Response::Ok),
         any::<[u32; 3]>().prop_map(|v| Response::Lookup(PrefixHit {
             device: v[0] as usize,

@@ -262,12 +262,23 @@ pub fn open_append(path: &Path) -> Result<File, PrivateError> {
 /// Gives an open file of the daemon's to `group` (`0660` with that group), or makes it
 /// private again (`0600`) without one. The group is set before the mode opens to it.
 pub fn share_file(path: &Path, file: &File, group: Option<u32>) -> Result<(), PrivateError> {
+    share_as(path, file, group, 0o660)
+}
+
+/// Gives `file` to `group` with `group_mode` where one is set; `0600` otherwise.
+fn share_as(path: &Path, file: &File, group: Option<u32>, group_mode: u32) -> Result<(), PrivateError> {
     if let Some(g) = group {
         std::os::unix::fs::fchown(file, None, Some(g)).map_err(io(path))?;
     }
-    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    let mode = if group.is_some() { group_mode } else { 0o600 };
     file.set_permissions(std::fs::Permissions::from_mode(mode))
         .map_err(io(path))
+}
+
+/// Makes `file` (at `path`) readable by `group` where one is set, writable by its owner
+/// alone: `0640`, or `0600` without a group.
+pub fn share_read_only(path: &Path, file: &File, group: Option<u32>) -> Result<(), PrivateError> {
+    share_as(path, file, group, 0o640)
 }
 
 /// Replaces whatever is at `path` with a new, empty private file. A symlink is removed,

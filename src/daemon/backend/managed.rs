@@ -88,6 +88,9 @@ pub struct SharedPool {
     /// Objects carry the 32-byte integrity trailer (`mooncake.integrity`), sealed in place
     /// where their slot has room for it: fitted slots keep that room.
     pub sealed: bool,
+    /// Pages the lookup file's pool page table holds (`mooncake.index_max_keys`: the pool
+    /// index holds no more keys, so no more pages).
+    pub index_pages: usize,
 }
 
 struct StoreInfo {
@@ -150,6 +153,8 @@ impl ManagedTiers {
             max_pages: cfg.max_pages,
             // A daemon's lookups should never wait on a page fault of the index.
             resident_index: true,
+            // Engines answer their lookups from it (see `directory::shared`).
+            lookup_file: true,
             tunables: cfg.tunables,
             event_ring: cfg.event_ring,
             policy: cfg.policy,
@@ -172,6 +177,7 @@ impl ManagedTiers {
                     s.key_format
                 },
                 remote: Some(s.remote),
+                lookup_pool_pages: s.index_pages,
                 ..mcfg
             },
             None => mcfg,

@@ -105,6 +105,7 @@ pub(super) fn connect(shared: &Shared, conn: &mut Conn, identity: Identity, spec
         connection: conn.id,
         arena: reg.arena,
         objects,
+        namespace: reg.ns.0,
     }
 }
 

@@ -527,6 +527,7 @@ impl DaemonConfig {
                 key_format: self.mooncake.key_format,
                 remote: self.mooncake.remote(),
                 sealed: self.mooncake.integrity_key.is_some(),
+                index_pages: self.mooncake.index_max_keys,
             }),
             worker_nice: self.control.worker_nice,
             worker_cores: self.control.worker_cores.clone(),

@@ -34,6 +34,7 @@ pub mod events;
 mod pages;
 #[cfg(feature = "daemon")]
 pub mod sync;
+pub mod table;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
@@ -42,6 +43,7 @@ use parking_lot::RwLock;
 use serde::Serialize;
 
 use self::pages::{Objects, PageSet};
+use self::table::PoolTable;
 use crate::layout::Layout;
 use crate::page::{KeyScheme, PageHash};
 
@@ -89,6 +91,76 @@ struct State {
     /// Events that arrived during a resync, replayed over its listing (`None`: no resync
     /// under way).
     journal: Option<Journal>,
+    /// The lookup file's pool page table, kept with `keys` (see [`table`]).
+    published: Option<Published>,
+}
+
+/// The pool page table and the namespaces it is kept for.
+struct Published {
+    table: PoolTable,
+    namespaces: Vec<Publishing>,
+}
+
+/// A namespace whose complete pages go in the table: its key scheme and layout, and
+/// their resolution in the current key set once it has one ([`PageSet::query`]).
+struct Publishing {
+    ns: u16,
+    scheme: KeyScheme,
+    layout: Layout,
+    want: Option<(u32, Objects)>,
+}
+
+impl Published {
+    /// Resolves `n` in `keys` if it is not yet, entering every complete page of it when
+    /// it now resolves.
+    fn resolve(table: &mut PoolTable, n: &mut Publishing, keys: &PageSet) {
+        if n.want.is_some() {
+            return;
+        }
+        let Some((prefix, want)) = keys.query(&n.scheme, &n.layout) else {
+            return;
+        };
+        for (hash, objects) in keys.pages_of(prefix) {
+            if objects.covers(&want) {
+                table.set(n.ns, hash, true);
+            }
+        }
+        n.want = Some((prefix, want));
+    }
+
+    /// Object `key` changed in `keys`: its page's entry for every namespace of its prefix.
+    fn changed(&mut self, keys: &PageSet, key: &str) {
+        let Some((prefix, hash, _)) = pages::split(key) else {
+            return;
+        };
+        for n in &mut self.namespaces {
+            if n.scheme.prefix != prefix {
+                continue;
+            }
+            match &n.want {
+                Some((p, want)) => self.table.set(n.ns, &hash, keys.covers(*p, &hash, want)),
+                None => Self::resolve(&mut self.table, n, keys),
+            }
+        }
+    }
+
+    /// `keys` replaced the set: the table is rebuilt from it.
+    fn rebuild(&mut self, keys: &PageSet) {
+        self.table.clear();
+        for n in &mut self.namespaces {
+            n.want = None;
+            Self::resolve(&mut self.table, n, keys);
+        }
+    }
+}
+
+impl State {
+    /// The index may not match the store: engines stop trusting the pool page table.
+    fn unpublish(&mut self) {
+        if let Some(p) = &self.published {
+            p.table.publish_mode(false);
+        }
+    }
 }
 
 /// The most bytes of keys a resync's journal holds; past it (or past `max_keys` entries)
@@ -140,6 +212,7 @@ impl PoolIndex {
                 mode: IndexMode::Syncing,
                 last_loss: String::new(),
                 journal: None,
+                published: None,
             }),
             max_keys: max_keys.max(1),
             resync_wanted: AtomicBool::new(true),
@@ -183,10 +256,53 @@ impl PoolIndex {
             if full || st.keys.insert(key).is_err() {
                 drop(st);
                 self.lose_sync("index full (mooncake.index_max_keys)");
+                return;
             }
         } else {
             st.keys.remove(key);
         }
+        let State { keys, published, .. } = &mut *st;
+        if let Some(p) = published {
+            p.changed(keys, key);
+        }
+    }
+
+    /// Keeps `table` (the lookup file's pool page table) from now on, for the namespaces
+    /// [`Self::publish_namespace`] names.
+    pub fn publish_to(&self, table: PoolTable) {
+        let mut st = self.state.write();
+        let mut p = Published {
+            table,
+            namespaces: Vec::new(),
+        };
+        p.rebuild(&st.keys);
+        p.table
+            .publish_mode(st.mode == IndexMode::InSync && st.journal.is_none());
+        st.published = Some(p);
+    }
+
+    /// Namespace `ns` (its key scheme and layout fixed) has its complete pages in the
+    /// table from now on. Naming one twice changes nothing.
+    pub fn publish_namespace(&self, ns: u16, scheme: &KeyScheme, layout: &Layout) {
+        let mut st = self.state.write();
+        let State { keys, published, .. } = &mut *st;
+        let Some(p) = published else { return };
+        if p.namespaces.iter().any(|n| n.ns == ns) {
+            return;
+        }
+        let mut n = Publishing {
+            ns,
+            scheme: scheme.clone(),
+            layout: layout.clone(),
+            want: None,
+        };
+        Published::resolve(&mut p.table, &mut n, keys);
+        p.namespaces.push(n);
+    }
+
+    /// Entries of the pool page table (0 without one).
+    pub fn published_pages(&self) -> usize {
+        self.state.read().published.as_ref().map_or(0, |p| p.table.len())
     }
 
     /// The index may no longer match the store: stop answering until a resync completes.
@@ -202,6 +318,7 @@ impl PoolIndex {
         st.mode = IndexMode::Syncing;
         st.journal = None;
         st.last_loss = why.to_owned();
+        st.unpublish();
         self.resync_wanted.store(true, Relaxed);
     }
 
@@ -215,6 +332,7 @@ impl PoolIndex {
         let mut st = self.state.write();
         st.mode = IndexMode::Syncing;
         st.journal = Some(Journal::default());
+        st.unpublish();
     }
 
     /// The store's listing, taken after [`Self::begin_resync`]: it replaces the index, the
@@ -246,6 +364,11 @@ impl PoolIndex {
         let n = keys.len() as u64;
         st.keys = keys;
         st.mode = IndexMode::InSync;
+        let State { keys, published, .. } = &mut *st;
+        if let Some(p) = published {
+            p.rebuild(keys);
+            p.table.publish_mode(true);
+        }
         drop(st);
         self.resyncs.fetch_add(1, Relaxed);
         self.last_resync_keys.store(n, Relaxed);
@@ -262,6 +385,7 @@ impl PoolIndex {
         st.journal = None;
         st.mode = IndexMode::Syncing;
         st.last_loss = why.to_owned();
+        st.unpublish();
         self.resync_wanted.store(true, Relaxed);
     }
 
@@ -326,6 +450,10 @@ impl PoolIndex {
         let mut any = false;
         for k in keys {
             any |= st.keys.remove(k.as_str());
+            let State { keys, published, .. } = &mut *st;
+            if let Some(p) = published {
+                p.changed(keys, k);
+            }
         }
         if any {
             self.forgotten_pages.fetch_add(1, Relaxed);

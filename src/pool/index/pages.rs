@@ -117,7 +117,7 @@ impl Objects {
     }
 
     /// Whether every object of `want` is set here.
-    fn covers(&self, want: &Objects) -> bool {
+    pub(super) fn covers(&self, want: &Objects) -> bool {
         self.low & want.low == want.low && want.more.iter().all(|&id| self.has(id))
     }
 }
@@ -230,6 +230,14 @@ impl PageSet {
         let q = self.query(scheme, layout)?;
         self.queries.lock().insert(name, q.clone());
         Some(q)
+    }
+
+    /// The pages under `prefix` and their objects (a namespace newly resolved).
+    pub(super) fn pages_of(&self, prefix: u32) -> impl Iterator<Item = (&PageHash, &Objects)> {
+        self.pages
+            .iter()
+            .filter(move |((p, _), _)| *p == prefix)
+            .map(|((_, h), o)| (h, o))
     }
 
     /// Whether page `hash` under `prefix` has every object of `want` ([`Self::query`]).
