@@ -723,3 +723,40 @@ fn answered_lookups_are_timed_once_each_in_status_and_metrics() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(line.starts_with("lookups  3 answered, mean "), "{line}");
 }
+
+/// An engine answers its lookups from the daemon's lookup file only while that daemon
+/// is its connection's: after the daemon died and another started on the same arena
+/// path (with nothing to recover), the engine's lookups give the new daemon's answer,
+/// never the pages of the old daemon's file it still has mapped.
+#[test]
+fn an_engines_own_lookups_follow_a_restarted_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path(), 16 << 20);
+    let c = d.client(identity("restarted", 0, 0, 1, 1), spec(1, 1));
+    let layout = spec(1, 1).build().unwrap();
+    c.register_device(Arc::new(EmulatedDevice::new(&layout, 0, 8))).unwrap();
+    let hs = hashes(7100, 4);
+    assert_eq!(c.store(&hs, &[0, 1, 2, 3], "s").unwrap().written, 4);
+    assert_eq!(c.lookup(&hs).unwrap().total(), 4);
+    assert_eq!(c.local_lookups(), 1, "answered from the lookup file");
+    let lookup_file = dir.path().join("arena.lookup");
+    assert!(lookup_file.is_file());
+
+    d.signal(libc::SIGKILL);
+    assert!(!d.wait());
+    std::fs::remove_file(dir.path().join("arena.manifest")).unwrap();
+    d.restart(16 << 20);
+    // The first lookup sees the hang-up and asks the new daemon; the next ones are the
+    // engine's again, from the new daemon's file.
+    for _ in 0..3 {
+        assert_eq!(c.lookup(&hs).unwrap().total(), 0, "the new daemon holds nothing");
+    }
+    assert_eq!(
+        c.local_lookups(),
+        3,
+        "two more answered in the engine, from the new file"
+    );
+    assert_eq!(c.lookup_remote(&hs).unwrap().total(), 0);
+    assert_eq!(c.store(&hs[..2], &[4, 5], "s").unwrap().written, 2);
+    assert_eq!(c.lookup(&hs).unwrap().total(), 2);
+}

@@ -168,7 +168,7 @@ fn files_and_directories_are_private_and_a_planted_symlink_is_never_followed() {
     assert_eq!(std::fs::read(&victim_tmp).unwrap(), b"precious too");
     assert_eq!(mode(&dir.path().join("run")), 0o700);
     assert_eq!(mode(&run), 0o600, "control socket");
-    for f in ["arena", "arena.manifest", "arena.pool", "arena.lock"] {
+    for f in ["arena", "arena.manifest", "arena.pool", "arena.lock", "arena.lookup"] {
         let p = state.join(f);
         let md = std::fs::symlink_metadata(&p).unwrap();
         assert!(md.file_type().is_file(), "{f} is a regular file");
@@ -416,7 +416,15 @@ fn engine_helper_process() {
             let n = load_verified(&c, &small_spec(), &hs, salt);
             // SAFETY: geteuid has no preconditions and cannot fail.
             let uid = unsafe { libc::geteuid() };
-            println!("PEER-ANSWER: stored 16, loaded {n} intact as uid {uid}");
+            // Its lookups are answered in this process from the daemon's lookup file, which
+            // it may read and never write.
+            let found = c.lookup(&hs).map(|h| h.total()).unwrap_or(0);
+            let local = c.local_lookups();
+            let lookup_file = format!("{}.lookup", c.arena().unwrap().path);
+            let writable = std::fs::OpenOptions::new().write(true).open(&lookup_file).is_ok();
+            println!(
+                "PEER-ANSWER: stored 16, loaded {n} intact as uid {uid}; looked up {found} in the engine ({local}), lookup file writable: {writable}"
+            );
         }
     }
 }
@@ -465,7 +473,13 @@ fn an_engine_of_another_uid_maps_the_arena_only_with_engine_group() {
         d.banner()
     );
     let answer = engine_as_nobody(&d.socket, 11);
-    assert_eq!(answer, "stored 16, loaded 16 intact as uid 65534");
+    assert_eq!(
+        answer,
+        "stored 16, loaded 16 intact as uid 65534; looked up 16 in the engine (1), lookup file writable: false"
+    );
+    // The lookup file: the group reads it, only the daemon writes it.
+    let lookup = dir.path().join("shared/arena.lookup");
+    assert_eq!((mode(&lookup), md(&lookup).gid()), (0o640, NOBODY), "lookup file");
     for f in ["arena.manifest", "arena.lock"] {
         assert_eq!(mode(&shared.join(f)), 0o600, "{f}");
     }

@@ -152,6 +152,10 @@ pub struct StoreReceipt {
 /// connection ([`fence::Live`]).
 type Mapped = (Arc<HostArena>, Option<Arc<SlotStamps>>, fence::Live);
 
+fn unexpected(r: Response) -> ClientError {
+    ClientError::Protocol(format!("unexpected response {r:?}"))
+}
+
 /// The rank of a connected client.
 pub struct Client {
     cfg: ClientConfig,
@@ -254,10 +258,6 @@ impl Client {
         }
     }
 
-    fn unexpected(r: Response) -> ClientError {
-        ClientError::Protocol(format!("unexpected response {r:?}"))
-    }
-
     /// Where the daemon's arena is (connects if needed).
     pub fn arena(&self) -> Result<ArenaInfo, ClientError> {
         let mut guard = self.conn.lock();
@@ -289,7 +289,7 @@ impl Client {
         *self.device.write() = Some(dev.clone());
         match self.call(req)? {
             Response::Ok => Self::pin_arena(self.arena_map()?.as_ref(), dev.as_ref()),
-            r => Err(Self::unexpected(r)),
+            r => Err(unexpected(r)),
         }
     }
 
@@ -320,9 +320,18 @@ impl Client {
     /// Answered here from the daemon's lookup file where it can be (see `local`), else by
     /// the daemon.
     pub fn lookup(&self, hashes: &[PageHash]) -> Result<PrefixHit, ClientError> {
-        if let Some(hit) = self.lookup_here(hashes)? {
-            self.local_lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return Ok(hit);
+        if self.cfg.local_lookup {
+            // The connection must be up and quiet: no hang-up of a daemon that died, and no
+            // notice waiting to be read, before its file is believed.
+            let local = {
+                let mut guard = self.conn.lock();
+                let c = self.ensure(&mut guard)?;
+                c.quiet().then(|| c.lookup.clone()).flatten()
+            };
+            if let Some(hit) = local.and_then(|l| l.lookup(hashes)) {
+                self.local_lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Ok(hit);
+            }
         }
         self.lookup_remote(hashes)
     }
@@ -333,30 +342,13 @@ impl Client {
         self.local_lookups.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The answer from the lookup file, when the connection is up and quiet and the file
-    /// can answer; `None`: ask the daemon.
-    fn lookup_here(&self, hashes: &[PageHash]) -> Result<Option<PrefixHit>, ClientError> {
-        if !self.cfg.local_lookup {
-            return Ok(None);
-        }
-        let local = {
-            let mut guard = self.conn.lock();
-            let c = self.ensure(&mut guard)?;
-            if !c.quiet() {
-                return Ok(None);
-            }
-            c.lookup.clone()
-        };
-        Ok(local.and_then(|l| l.lookup(hashes)))
-    }
-
     /// [`Self::lookup`], always asked of the daemon.
     pub fn lookup_remote(&self, hashes: &[PageHash]) -> Result<PrefixHit, ClientError> {
         match self.call(Request::Lookup {
             hashes: hashes.to_vec(),
         })? {
             Response::Lookup(h) => Ok(h),
-            r => Err(Self::unexpected(r)),
+            r => Err(unexpected(r)),
         }
     }
 
@@ -374,7 +366,7 @@ impl Client {
                 stamps,
                 _live: live,
             }),
-            r => Err(Self::unexpected(r)),
+            r => Err(unexpected(r)),
         }
     }
 
@@ -389,14 +381,14 @@ impl Client {
                 written: written.iter().filter(|&&w| w).count(),
                 complete,
             }),
-            r => Err(Self::unexpected(r)),
+            r => Err(unexpected(r)),
         }
     }
 
     pub fn abort(&self, plan: &StorePlan) -> Result<(), ClientError> {
         match self.call(Request::Abort { grant: plan.grant })? {
             Response::Ok => Ok(()),
-            r => Err(Self::unexpected(r)),
+            r => Err(unexpected(r)),
         }
     }
 
@@ -436,7 +428,7 @@ impl Client {
             wait,
         })? {
             Response::LoadGrant { grant, pages } => (grant, pages),
-            r => return Err(Self::unexpected(r)),
+            r => return Err(unexpected(r)),
         };
         let copied = self.read_pages(&arena, &pages, device_slots);
         // Only pages whose slots still hold the generations granted count as loaded (a
@@ -465,7 +457,7 @@ impl Client {
     pub fn poll(&self, ticket: u64) -> Result<TicketStatus, ClientError> {
         match self.call(Request::Poll { ticket })? {
             Response::Ticket(t) => Ok(t),
-            r => Err(Self::unexpected(r)),
+            r => Err(unexpected(r)),
         }
     }
 
@@ -478,7 +470,7 @@ impl Client {
             timeout_ms: ms.as_millis() as u32,
         })? {
             Response::Ticket(t) => Ok(t),
-            r => Err(Self::unexpected(r)),
+            r => Err(unexpected(r)),
         }
     }
 
@@ -519,7 +511,7 @@ impl Client {
     pub fn hint(&self, hint: Hint) -> Result<HintOutcome, ClientError> {
         match self.call(Request::Hint(hint))? {
             Response::Hint(o) => Ok(o),
-            r => Err(Self::unexpected(r)),
+            r => Err(unexpected(r)),
         }
     }
 
@@ -547,21 +539,21 @@ impl Client {
             max_pages: budget as u32,
         })? {
             Response::Advice(a) => Ok(a),
-            r => Err(Self::unexpected(r)),
+            r => Err(unexpected(r)),
         }
     }
 
     pub fn stats(&self) -> Result<DaemonStats, ClientError> {
         match self.call(Request::Stats)? {
             Response::Stats(s) => Ok(s),
-            r => Err(Self::unexpected(r)),
+            r => Err(unexpected(r)),
         }
     }
 
     fn expect_ok(&self, req: Request) -> Result<(), ClientError> {
         match self.call(req)? {
             Response::Ok => Ok(()),
-            r => Err(Self::unexpected(r)),
+            r => Err(unexpected(r)),
         }
     }
 }

@@ -83,7 +83,7 @@ impl Client {
             Response::KvHints { report } => {
                 serde_json::from_str(&report).map_err(|e| ClientError::Protocol(format!("KvHint report: {e}")))
             }
-            r => Err(Self::unexpected(r)),
+            r => Err(super::unexpected(r)),
         }
     }
 }

@@ -20,10 +20,11 @@ use crate::tier::private::{self, OwnerLock, PrivateError};
 /// The marker file naming the runtime directory an arena belongs to.
 pub const MARKER: &str = "runtime";
 /// What a daemon keeps in its arena directory besides the marker (the lock goes last).
-const FILES: [&str; 8] = [
+const FILES: [&str; 9] = [
     "arena",
     "arena.fence",
     "arena.stamps",
+    "arena.lookup",
     "arena.manifest",
     "arena.manifest.tmp",
     "arena.pool",

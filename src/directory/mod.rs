@@ -194,6 +194,33 @@ pub struct Directory {
     marks: ObjectMarks,
 }
 
+/// Records a directory for `max_pages` pages has (clipped to 2^32 - 2).
+pub fn max_records(max_pages: usize) -> usize {
+    max_pages.min(view::MAX_RECORDS)
+}
+
+/// A directory over `view`, for as many pages as it has records (the lookup file's view,
+/// see [`shared`]; [`Directory::try_new`] makes one on the heap).
+impl From<DirView> for Directory {
+    fn from(view: DirView) -> Self {
+        let max_pages = view.records();
+        Self {
+            layouts: Vec::new(),
+            view: Arc::new(view),
+            records: Vec::new(),
+            live: Vec::new(),
+            free: Vec::new(),
+            pending: Vec::new(),
+            next_seq: 1,
+            complete: [0; 3],
+            now_ms: 0,
+            max_pages,
+            order: EvictOrder::default(),
+            marks: ObjectMarks::default(),
+        }
+    }
+}
+
 impl Directory {
     /// A directory that refuses to track more than `max_pages` pages at once. Panics when
     /// its lookup view cannot be reserved; callers with `max_pages` from outside use
@@ -211,33 +238,7 @@ impl Directory {
     /// becomes resident once pages are spread over it) and 40 bytes × `max_pages` of
     /// cells (resident as records are first used).
     pub fn try_new(max_pages: usize) -> Result<Self, DirectoryError> {
-        let max_pages = Self::records_for(max_pages);
-        Ok(Self::with_view(max_pages, DirView::new(max_pages)?))
-    }
-
-    /// Records a directory for `max_pages` pages has (clipped to 2^32 - 2).
-    pub fn records_for(max_pages: usize) -> usize {
-        max_pages.min(view::MAX_RECORDS)
-    }
-
-    /// A directory over `view`, made for [`Self::records_for`] `max_pages` records (the
-    /// lookup file's, see [`shared`]).
-    pub fn with_view(max_pages: usize, view: DirView) -> Self {
-        let max_pages = Self::records_for(max_pages);
-        Self {
-            layouts: Vec::new(),
-            view: Arc::new(view),
-            records: Vec::new(),
-            live: Vec::new(),
-            free: Vec::new(),
-            pending: Vec::new(),
-            next_seq: 1,
-            complete: [0; 3],
-            now_ms: 0,
-            max_pages,
-            order: EvictOrder::default(),
-            marks: ObjectMarks::default(),
-        }
+        Ok(Self::from(DirView::new(max_records(max_pages))?))
     }
 
     /// The lock-free read side: prefix lookups through it need no lock and see every

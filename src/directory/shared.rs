@@ -280,3 +280,93 @@ impl LookupFile {
         self.head[W_POOL_HEALTHY].load(Acquire) == POOL_HEALTHY
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+    use crate::page::{NamespaceId, PageHash};
+
+    /// What the daemon writes, an engine's read-only mapping of the same file reads:
+    /// pages and their states as they change, pages removed, and the header's words.
+    #[test]
+    fn an_engines_mapping_reads_what_the_daemon_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = lookup_path(&dir.path().join("arena"));
+        let (file, dir_w, pool_w) = LookupFile::create(&path, None, 1000, 500).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777, 0o600);
+        let (engine, dir_r, pool_r) = LookupFile::open(&path).unwrap().expect("a lookup file");
+        assert_eq!((engine.flags(), engine.budget_pages()), (0, 0), "not live yet");
+        file.set_flags(LIVE | REMOTE, 256, 4096);
+        assert_eq!(
+            (engine.flags(), engine.budget_pages(), engine.max_batch()),
+            (LIVE | REMOTE, 256, 4096)
+        );
+        assert!(!engine.pool_indexed() && !engine.pool_healthy());
+        file.set_pool_indexed(true);
+        file.set_pool_healthy(true);
+        assert!(engine.pool_indexed() && engine.pool_healthy());
+
+        let ns = NamespaceId(0);
+        let hs: Vec<PageHash> = (0..300u64).map(PageHash::from_u64).collect();
+        dir_w.set_namespaces(1);
+        for (i, h) in hs.iter().enumerate() {
+            dir_w.publish(i as u32, ns, h);
+            // Device complete for the first 10, host for the next 20, nothing after.
+            let state = match i {
+                0..10 => 2,
+                10..30 => 2 << 2,
+                _ => 0,
+            };
+            dir_w.set_state(i as u32, state);
+            dir_w.insert(h.table_hash(ns), i as u32);
+        }
+        let hit = dir_r.lookup_prefix(ns, &hs);
+        assert_eq!((hit.device, hit.host, hit.pool), (10, 20, 0));
+        dir_w.set_state(5, 0);
+        assert_eq!(dir_r.lookup_prefix(ns, &hs).device, 5, "a state change is seen at once");
+        assert!(dir_w.remove(hs[2].table_hash(ns), 2));
+        assert_eq!(dir_r.lookup_prefix(ns, &hs).device, 2);
+        assert_eq!(dir_r.find(ns, &hs[40], hs[40].table_hash(ns)).map(|(i, _)| i), Some(40));
+        assert!(!dir_r.knows(NamespaceId(1)));
+
+        // The pool table: every namespace is known to it; an entry is there or not.
+        assert!(pool_r.knows(NamespaceId(7)));
+        pool_w.publish(0, NamespaceId(7), &hs[9]);
+        pool_w.insert(hs[9].table_hash(NamespaceId(7)), 0);
+        assert!(
+            pool_r
+                .find(NamespaceId(7), &hs[9], hs[9].table_hash(NamespaceId(7)))
+                .is_some()
+        );
+        assert!(
+            pool_r.find(ns, &hs[9], hs[9].table_hash(ns)).is_none(),
+            "another namespace's"
+        );
+    }
+
+    /// A file that is not a lookup file of this format, or whose parts do not match its
+    /// header, is not mapped as one.
+    #[test]
+    fn a_file_that_is_not_a_lookup_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.lookup");
+        std::fs::write(&path, vec![7u8; HEADER_WORDS * 8 * 2]).unwrap();
+        assert!(LookupFile::open(&path).unwrap().is_none());
+        std::fs::write(&path, b"short").unwrap();
+        assert!(LookupFile::open(&path).unwrap().is_none());
+        let (_file, ..) = LookupFile::create(&path, None, 100, 0).unwrap();
+        assert!(LookupFile::open(&path).unwrap().is_some());
+        // A header whose record count says a larger file than there is.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[W_DIR_RECORDS * 8..W_DIR_RECORDS * 8 + 8].copy_from_slice(&1_000_000u64.to_le_bytes());
+        let other = dir.path().join("y.lookup");
+        std::fs::write(&other, &bytes).unwrap();
+        assert!(LookupFile::open(&other).unwrap().is_none());
+        // A symbolic link is never followed.
+        let link = dir.path().join("z.lookup");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(LookupFile::open(&link).is_err());
+    }
+}

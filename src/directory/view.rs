@@ -225,6 +225,11 @@ impl DirView {
         })
     }
 
+    /// Records this view has cells for.
+    pub fn records(&self) -> usize {
+        self.cells.len() / CELL
+    }
+
     /// Index slots for up to `max_records` records: a power of two, the table at most
     /// 3/4 full.
     pub(crate) fn slots_for(max_records: usize) -> usize {

@@ -214,11 +214,11 @@ fn open_lookup_file(
     cfg: &ManagerConfig,
 ) -> Result<(Directory, Arc<LookupFile>, Option<crate::pool::index::table::PoolTable>), ManagerError> {
     let path = crate::directory::shared::lookup_path(&cfg.host_path);
-    let records = Directory::records_for(cfg.max_pages);
+    let records = crate::directory::max_records(cfg.max_pages);
     let pool_pages = if cfg.remote.is_some() { cfg.lookup_pool_pages } else { 0 };
     let (file, dir_view, pool_view) = LookupFile::create(&path, cfg.arena.group, records, pool_pages)
         .map_err(|e| ManagerError::Config(format!("lookup file: {e}")))?;
-    let dir = Directory::with_view(records, dir_view);
+    let dir = Directory::from(dir_view);
     let (flags, budget) = match &cfg.remote {
         Some(r) => (shared::LIVE | shared::REMOTE, r.budget_pages),
         None => (shared::LIVE, 0),

@@ -198,3 +198,106 @@ fn a_remembered_resolution_answers_as_the_keys_do_and_a_resync_forgets_it() {
     }
     assert_eq!(present(&idx, 1, &a, &pa), vec![true, false]);
 }
+
+/// The lookup file's pool page table always says what the index's key set says, for every
+/// namespace published and every page, through stores, removes, forgotten pages, lost
+/// sync and resyncs (with events journalled meanwhile); an engine's mapping of the file
+/// reads the same, and trusts the table exactly while the index is in sync.
+#[test]
+fn the_pool_page_table_follows_the_key_set_through_events_and_resyncs() {
+    use std::collections::HashSet;
+
+    use crate::directory::shared::{LookupFile, lookup_path};
+    use crate::page::NamespaceId;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = lookup_path(&dir.path().join("arena"));
+    let (file, _dir_view, pool_view) = LookupFile::create(&path, None, 16, 64).unwrap();
+    let (engine, _, pool_r) = LookupFile::open(&path).unwrap().unwrap();
+    let tp1 = LayoutSpec::mha(2, 2, 8, 2, 16).build().unwrap();
+    let a = KeyScheme::with_prefix("kvtier", "m");
+    let b = KeyScheme::with_prefix("kvtier", "other");
+    // Two namespaces share a prefix with different layouts; a third has its own prefix.
+    let spaces = [(0u16, a.clone(), tp2()), (1, a.clone(), tp1), (2, b, tp2())];
+    let pages: Vec<PageHash> = (1..=6).map(PageHash::from_u64).collect();
+    let all: Vec<String> = spaces
+        .iter()
+        .flat_map(|(_, s, l)| pages.iter().flat_map(|p| s.page_keys(l, p)))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+
+    let idx = PoolIndex::new(10_000);
+    // Namespace 0 before the table exists, the others after: both ways get published.
+    idx.publish_namespace(0, &spaces[0].1, &spaces[0].2);
+    idx.publish_to(table::PoolTable::new(std::sync::Arc::new(file), pool_view, 64));
+    idx.publish_namespace(0, &spaces[0].1, &spaces[0].2);
+    for (ns, s, l) in &spaces[1..] {
+        idx.publish_namespace(*ns, s, l);
+    }
+    idx.begin_resync();
+    assert!(idx.finish_resync(Vec::new(), Instant::now()));
+
+    let mut model: HashSet<String> = HashSet::new();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: usize| {
+        rng = rng
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((rng >> 33) as usize) % n
+    };
+    let mut resyncing = false;
+    let mut checked = 0;
+    for step in 0..4000 {
+        match next(100) {
+            0..55 => {
+                let k = &all[next(all.len())];
+                idx.apply(true, k);
+                model.insert(k.clone());
+            }
+            55..90 => {
+                let k = &all[next(all.len())];
+                idx.apply(false, k);
+                model.remove(k);
+            }
+            90..94 if !resyncing => {
+                let (_, s, l) = &spaces[next(spaces.len())];
+                let keys = s.page_keys(l, &pages[next(pages.len())]);
+                idx.forget(&keys);
+                for k in &keys {
+                    model.remove(k);
+                }
+            }
+            94..97 if !resyncing => {
+                idx.lose_sync("test");
+                idx.begin_resync();
+                resyncing = true;
+            }
+            97..100 if resyncing => {
+                // The listing is the store as it is now; events since were journalled.
+                assert!(idx.finish_resync(model.iter().cloned(), Instant::now()));
+                resyncing = false;
+            }
+            _ => {}
+        }
+        assert_eq!(
+            engine.pool_indexed(),
+            !resyncing,
+            "step {step}: trusted exactly while in sync"
+        );
+        if resyncing {
+            continue;
+        }
+        for (ns, s, l) in &spaces {
+            for p in &pages {
+                let want = s.page_keys(l, p).iter().all(|k| model.contains(k));
+                let id = NamespaceId(*ns);
+                let got = pool_r.find(id, p, p.table_hash(id)).is_some();
+                assert_eq!(got, want, "step {step}: namespace {ns}, page {p:?}");
+                checked += usize::from(want);
+            }
+        }
+    }
+    assert!(checked > 1000, "complete pages were seen often enough: {checked}");
+    assert!(idx.published_pages() <= pages.len() * spaces.len());
+}
