@@ -381,6 +381,10 @@ fn pool_index_answers_lookups_from_peer_events() {
         "no master query on B's lookup path in sync: {ix}"
     );
     assert!(ix["index_lookups"].as_u64().unwrap() >= 1, "{ix}");
+    assert!(
+        ix["engine_pages"].as_u64().unwrap() >= 12,
+        "A's pages in B's lookup file: {ix}"
+    );
     assert!(ix["keys"].as_u64().unwrap() >= 48, "12 pages x 4 objects: {ix}");
     assert_eq!(b0.load(&hs[..4]), (4, 4), "rank 0 loads A's rank-0 bytes");
     assert_eq!(b1.load(&hs[..4]), (4, 4), "rank 1 loads A's rank-1 bytes");

@@ -554,6 +554,13 @@ fn pool_index(o: &mut String, ix: &crate::pool::index::IndexSnapshot) {
     }
     family(
         o,
+        "kvtier_pool_index_engine_pages",
+        "gauge",
+        "Pages of the lookup file's pool page table: pool pages engines credit in their own lookups.",
+    );
+    sample(o, "kvtier_pool_index_engine_pages", &[], ix.engine_pages as f64);
+    family(
+        o,
         "kvtier_pool_index_last_resync_seconds",
         "gauge",
         "How long the last resync took.",

@@ -1,26 +1,28 @@
 //! The `remote_lookup` row of `kvtier bench pool --backend mooncake`: a 64-page prefix
 //! lookup that misses in a node's directory and hits in the store, where another node
-//! wrote every object of every page, answered from the subject's pool index.
+//! wrote every object of every page, answered by an engine of that node from the node's
+//! lookup file, which its pool index keeps.
 //!
 //! Two nodes on one master. The writer (node A) is this process's own Mooncake pool
 //! backend, which announces its puts and removes as a kvtier node does, in Mooncake's
 //! object event format on a ZMQ PUB socket of its own; the subject (node B) is a real
 //! `kvtier serve --pool-kind mooncake` child with `mooncake.index_sources` on that socket,
-//! asked through its control socket by an engine rank (the client library), as an engine
-//! asks. Each round the writer stores 64 fresh TP=2 pages (256 objects) and announces
-//! them; once the subject's index has applied the events, the subject's lookup and the
-//! reference, the wheel's own `batch_is_exist` over the same 256 keys timed inside the
-//! writer's helper (the Python client as HiCache calls it), run one after the other,
-//! alternating which goes first. Medians over rounds; the goal is a ratio of at most 0.1.
+//! and an engine rank of it (the client library, in this process). Each round the writer
+//! stores 64 fresh TP=2 pages (256 objects) and announces them; once the subject's index
+//! has applied the events, the engine's lookup and the reference, the wheel's own
+//! `batch_is_exist` over the same 256 keys timed inside the writer's helper (the Python
+//! client as HiCache calls it), run one after the other, alternating which goes first.
+//! Then the same lookup is asked of the subject daemon through its socket
+//! (`socket_lookup_p50_us`). Medians over rounds; the goal is a ratio of at most 0.1.
 //!
-//! A round fails unless the subject's own counters show no existence query to the master
-//! and one more lookup answered from its index. The subject enters the pages it credited
-//! in its directory after its reply; a round also waits for that (and fails unless each
-//! page was entered once), and when the subject went first the reference runs only then,
-//! so neither side is timed beside the other's work. Every round's pages are new (hashes no
-//! round used before), so the lookup finds them through the index, not the directory.
-//! A few uncounted warm-up rounds let the subject's directory and lookup view become
-//! resident, as in a daemon that has served for a while.
+//! A round fails unless the engine answered the lookup itself (`Client::local_lookups`
+//! grew by one and the daemon served no lookup for it), and the socket lookup was
+//! answered from the daemon's index with no existence query to the master. The daemon
+//! enters the pages the socket lookup credited in its directory after its reply; a round
+//! waits for that (and fails unless each page was entered once). Every round's pages are
+//! new (hashes no round used before), so the lookups find them through the index, not the
+//! directory. A few uncounted warm-up rounds let both sides' memory become resident, as in
+//! a daemon that has served for a while.
 //!
 //! Placed, as `kvtier bench control` places its round trips (see [`super::placement`]):
 //! the rounds alternate, two at a time, between client and subject on one core
@@ -31,7 +33,7 @@
 //!
 //! The reference is timed inside the writer's helper, around the wheel's call (its round
 //! trip to the master included, no IPC to the helper), as HiCache calls it in its own
-//! process; the subject's time includes the engine's socket round trip to the daemon.
+//! process; the subject's time is the engine's call, in the engine.
 //! Neither the helper nor the master is pinned: pinned to one core of a busy machine, the
 //! helper's many client threads slowed the reference several-fold, which would flatter
 //! the ratio; left to the scheduler, the reference is as fast as it gets.
@@ -44,9 +46,9 @@
 //! On a machine whose idle cores wake slowly, the echo alone can exceed a tenth of the
 //! reference, and then no socket round trip meets the goal there.
 //!
-//! Each round also reads the subject's own time for its lookup from the daemon's lookup
+//! Each round also reads the daemon's own time for the socket lookup from its lookup
 //! latency histogram (`daemon_lookup_p50_us`; the round fails unless exactly one lookup
-//! was timed between its two polls), so a row says how much of the subject's time is the
+//! was timed between its two polls), so a row says how much of the socket lookup is the
 //! daemon's work and how much the round trip around it.
 //!
 //! The `index_resync` row starts a second subject against a store that holds

@@ -155,11 +155,12 @@ pool {}  {}",
             };
             let _ = write!(
                 out,
-                "\npool index {mode}; {} keys, {} events, {} resyncs, {} index lookups",
+                "\npool index {mode}; {} keys, {} events, {} resyncs, {} index lookups, {} pages engines credit themselves",
                 g("keys"),
                 g("events"),
                 g("resyncs"),
-                g("index_lookups")
+                g("index_lookups"),
+                g("engine_pages")
             );
         }
         out.push('\n');

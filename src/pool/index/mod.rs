@@ -82,6 +82,9 @@ pub struct IndexSnapshot {
     pub index_pages: u64,
     /// Pages whose keys were dropped because a get found an object gone.
     pub forgotten_pages: u64,
+    /// (Namespace, page) entries of the lookup file's pool page table: the pool pages
+    /// engines credit in their own lookups, with no request to the daemon.
+    pub engine_pages: u64,
 }
 
 struct State {
@@ -300,11 +303,6 @@ impl PoolIndex {
         p.namespaces.push(n);
     }
 
-    /// Entries of the pool page table (0 without one).
-    pub fn published_pages(&self) -> usize {
-        self.state.read().published.as_ref().map_or(0, |p| p.table.len())
-    }
-
     /// The index may no longer match the store: stop answering until a resync completes.
     pub fn lose_sync(&self, why: &str) {
         let mut st = self.state.write();
@@ -484,6 +482,7 @@ impl PoolIndex {
             index_lookups: self.index_lookups.load(Relaxed),
             index_pages: self.index_pages.load(Relaxed),
             forgotten_pages: self.forgotten_pages.load(Relaxed),
+            engine_pages: st.published.as_ref().map_or(0, |p| p.table.len() as u64),
         }
     }
 }
