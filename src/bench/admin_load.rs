@@ -64,7 +64,9 @@ pub(crate) fn measure(
         let under_load = (phase % 4 == 1) || (phase % 4 == 2);
         if !under_load {
             for _ in 0..args.admin_lookups {
-                idle.push(time_us(&mut || client.lookup(lookup).map(drop).map_err(Into::into))?);
+                idle.push(time_us(&mut || {
+                    client.lookup_remote(lookup).map(drop).map_err(Into::into)
+                })?);
             }
             continue;
         }
@@ -87,7 +89,9 @@ pub(crate) fn measure(
                 }
             });
             let r = (0..args.admin_lookups).try_for_each(|_| {
-                loaded.push(time_us(&mut || client.lookup(lookup).map(drop).map_err(Into::into))?);
+                loaded.push(time_us(&mut || {
+                    client.lookup_remote(lookup).map(drop).map_err(Into::into)
+                })?);
                 Ok(())
             });
             stop.store(true, Ordering::Relaxed);

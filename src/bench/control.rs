@@ -3,8 +3,9 @@
 //! A real daemon (`kvtier serve`, a child process on a scratch directory) and an echo
 //! server that returns each frame as it came (thread per connection, reading through the
 //! same frame reader) take turns request by request: a lookup to the echo, the same
-//! lookup to the daemon through the client library, a hint to each, and so on, with the
-//! order flipped every round. Each round gives a ratio of medians; the figure is the
+//! lookup to the daemon through the client library (`Client::lookup_remote`: this bench
+//! times the control socket, so its lookups never take the engine's own answer from the
+//! lookup file), a hint to each, and so on, with the order flipped every round. Each round gives a ratio of medians; the figure is the
 //! median of those per-round ratios and its spread (p10, p90), so a burst of machine
 //! noise moves a few rounds, not the result.
 //!
@@ -355,7 +356,7 @@ fn measure(args: &ControlArgs, exe: &Path) -> anyhow::Result<Measured> {
         let slots: Vec<u32> = (0..chunk.len() as u32).collect();
         client.store(chunk, &slots, "")?;
     }
-    if client.lookup(&hashes)?.total() != hashes.len() {
+    if client.lookup_remote(&hashes)?.total() != hashes.len() {
         bail!("bench pages did not become host hits");
     }
     let admin_hashes = populate(&client, args)?;
@@ -454,7 +455,7 @@ fn rounds(args: &ControlArgs, req: &Requests<'_>, echo: &mut Raw, per: usize) ->
                 let is_lookup = std::ptr::eq(frame_bytes, lookup_frame);
                 let daemon_once = || {
                     if is_lookup {
-                        time_us(&mut || client.lookup(hashes).map(drop).map_err(Into::into))
+                        time_us(&mut || client.lookup_remote(hashes).map(drop).map_err(Into::into))
                     } else {
                         time_us(&mut || client.hint(hint.clone()).map(drop).map_err(Into::into))
                     }
@@ -497,7 +498,7 @@ fn populate(client: &Client, args: &ControlArgs) -> anyhow::Result<Vec<PageHash>
         client.store(chunk, &slots, &name(i % sessions))?;
     }
     let last = &hashes[hashes.len().saturating_sub(64)..];
-    let hit = client.lookup(last)?.total();
+    let hit = client.lookup_remote(last)?.total();
     anyhow::ensure!(hit == last.len(), "admin-row pages did not become host hits ({hit})");
     Ok(hashes)
 }

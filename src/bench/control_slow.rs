@@ -164,7 +164,7 @@ pub(crate) fn measure(args: &ControlArgs, exe: &Path) -> anyhow::Result<SlowPool
     mover.session("slow", None, SessionPhase::Reasoning)?;
     store_all(&mover, &slow, "slow")?;
     mover.request_end("slow", None, SLOW_PAGES as u64 * 16, 1, &slow)?;
-    if lookuper.lookup(&lookup)?.total() != lookup.len() {
+    if lookuper.lookup_remote(&lookup)?.total() != lookup.len() {
         bail!("the lookup pages did not become host hits");
     }
     let done_before = moves_done(&daemon.admin_socket())?;
@@ -192,7 +192,9 @@ pub(crate) fn measure(args: &ControlArgs, exe: &Path) -> anyhow::Result<SlowPool
             if !under_load {
                 let mut n = 0usize;
                 while n < args.admin_lookups || t.elapsed() < longest {
-                    idle.push(time_us(&mut || lookuper.lookup(&lookup).map(drop).map_err(Into::into))?);
+                    idle.push(time_us(&mut || {
+                        lookuper.lookup_remote(&lookup).map(drop).map_err(Into::into)
+                    })?);
                     n += 1;
                 }
                 idle_t += t.elapsed();
@@ -226,7 +228,7 @@ pub(crate) fn measure(args: &ControlArgs, exe: &Path) -> anyhow::Result<SlowPool
                     if failures.load(Ordering::Relaxed) > 0 {
                         break Ok(());
                     }
-                    match time_us(&mut || lookuper.lookup(&lookup).map(drop).map_err(Into::into)) {
+                    match time_us(&mut || lookuper.lookup_remote(&lookup).map(drop).map_err(Into::into)) {
                         Ok(t) => loaded.push(t),
                         Err(e) => break Err(e),
                     }
