@@ -50,6 +50,29 @@ fn arena_identity(path: &std::path::Path, expected: u32) -> Result<(u64, u64), C
     })
 }
 
+/// The daemon's file `what` at `path` beside its arena, held to the arena's rules (owner,
+/// mode, not a link; the same file before and after `open` maps it); `None` when there is
+/// none, or `open` finds it is not one.
+fn beside_arena<T>(
+    path: &std::path::Path,
+    what: &str,
+    expected: u32,
+    open: impl FnOnce(&std::path::Path) -> std::io::Result<Option<T>>,
+) -> Result<Option<Arc<T>>, ClientError> {
+    let before = match arena_identity(path, expected) {
+        Err(ClientError::Unavailable(_)) if !path.exists() => return Ok(None),
+        other => other?,
+    };
+    let mapped = open(path).map_err(|e| ClientError::Unavailable(format!("{what} {}: {e}", path.display())))?;
+    if arena_identity(path, expected)? != before {
+        return Err(ClientError::Protocol(format!(
+            "{what} {} changed while it was being mapped",
+            path.display()
+        )));
+    }
+    Ok(mapped.map(Arc::new))
+}
+
 pub(super) struct Conn {
     raw: RawConn,
     pub arena: Arc<HostArena>,
@@ -172,39 +195,17 @@ impl Conn {
     /// The stamps beside the arena at `arena`, held to the arena's rules; `None` when
     /// there are none.
     fn stamps(arena: &std::path::Path, slots: u32, expected: u32) -> Result<Option<Arc<SlotStamps>>, ClientError> {
-        let path = stamps_path(arena);
-        let before = match arena_identity(&path, expected) {
-            Err(ClientError::Unavailable(_)) if !path.exists() => return Ok(None),
-            other => other?,
-        };
-        let stamps = SlotStamps::open(&path, slots)
-            .map_err(|e| ClientError::Unavailable(format!("slot stamps {}: {e}", path.display())))?;
-        if arena_identity(&path, expected)? != before {
-            return Err(ClientError::Protocol(format!(
-                "slot stamps {} changed while they were being mapped",
-                path.display()
-            )));
-        }
-        Ok(stamps.map(Arc::new))
+        beside_arena(&stamps_path(arena), "slot stamps", expected, |p| {
+            SlotStamps::open(p, slots)
+        })
     }
 
     /// The lookup file beside the arena at `arena`, held to the arena's rules; `None`
     /// when there is none.
     fn lookup_file(arena: &std::path::Path, ns: u16, expected: u32) -> Result<Option<Arc<LocalLookup>>, ClientError> {
-        let path = lookup_path(arena);
-        let before = match arena_identity(&path, expected) {
-            Err(ClientError::Unavailable(_)) if !path.exists() => return Ok(None),
-            other => other?,
-        };
-        let lookup = LocalLookup::open(&path, ns)
-            .map_err(|e| ClientError::Unavailable(format!("lookup file {}: {e}", path.display())))?;
-        if arena_identity(&path, expected)? != before {
-            return Err(ClientError::Protocol(format!(
-                "lookup file {} changed while it was being mapped",
-                path.display()
-            )));
-        }
-        Ok(lookup.map(Arc::new))
+        beside_arena(&lookup_path(arena), "lookup file", expected, |p| {
+            LocalLookup::open(p, ns)
+        })
     }
 
     /// Whether the socket has nothing to read and no hang-up pending: the daemon that
