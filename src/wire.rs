@@ -21,6 +21,39 @@ pub struct PrefixHit {
     pub pool: usize,
 }
 
+/// Lookups an engine answered itself from the daemon's lookup file, summed: reported to
+/// the daemon so that its lookup and hit counters include them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LookupTally {
+    pub lookups: u64,
+    /// Pages asked about.
+    pub pages: u64,
+    /// Pages credited per tier.
+    pub device: u64,
+    pub host: u64,
+    pub pool: u64,
+}
+
+impl LookupTally {
+    /// Adds one lookup of `pages` pages that `hit` answered.
+    pub fn add(&mut self, pages: usize, hit: &PrefixHit) {
+        self.lookups += 1;
+        self.pages += pages as u64;
+        self.device += hit.device as u64;
+        self.host += hit.host as u64;
+        self.pool += hit.pool as u64;
+    }
+
+    /// Adds `other`, saturating (a report comes from an engine: any numbers).
+    pub fn merge(&mut self, other: &LookupTally) {
+        self.lookups = self.lookups.saturating_add(other.lookups);
+        self.pages = self.pages.saturating_add(other.pages);
+        self.device = self.device.saturating_add(other.device);
+        self.host = self.host.saturating_add(other.host);
+        self.pool = self.pool.saturating_add(other.pool);
+    }
+}
+
 impl PrefixHit {
     pub fn total(&self) -> usize {
         self.device + self.host + self.pool

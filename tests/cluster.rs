@@ -369,11 +369,15 @@ fn pool_index_answers_lookups_from_peer_events() {
     );
     // B's engine answers its lookups itself, from the lookup file's pool page table that
     // B's index keeps; B's daemon, asked, answers the same from its index.
-    let local = b0.client.local_lookups();
+    let local = b0.client.engine_lookups().answered();
     for _ in 0..20 {
         assert_eq!(b0.client.lookup(&hs).unwrap().pool, 12);
     }
-    assert_eq!(b0.client.local_lookups(), local + 20, "answered in B's engine");
+    assert_eq!(
+        b0.client.engine_lookups().answered(),
+        local + 20,
+        "answered in B's engine"
+    );
     assert_eq!(b0.client.lookup_remote(&hs).unwrap().pool, 12);
     let (ix, queries_after) = index_of(&b);
     assert_eq!(

@@ -672,7 +672,10 @@ fn answered_lookups_are_timed_once_each_in_status_and_metrics() {
         looked.push(asked.total());
     }
     assert_eq!(looked, [4, 0, 4]);
-    assert_eq!(c.local_lookups(), 3, "the engine answered its own lookups");
+    assert_eq!(c.engine_lookups().answered(), 3, "the engine answered its own lookups");
+    // Reported (here at once; otherwise at most a second later, by a lookup), they count
+    // as lookups and hits, and are not timed.
+    c.report_lookups().unwrap();
     // One the daemon refuses: more pages than a request may name.
     let mut s = UnixStream::connect(&d.socket).unwrap();
     let mut body = Vec::new();
@@ -687,7 +690,7 @@ fn answered_lookups_are_timed_once_each_in_status_and_metrics() {
     let (status, st) = admin_json(&admin, "GET", "/v1/status", None);
     assert_eq!(status, 200, "{st}");
     let latency = &st["lookups"]["latency"];
-    assert_eq!(st["lookups"]["count"], 3, "{st}");
+    assert_eq!(st["lookups"]["count"], 6, "three asked, three reported: {st}");
     assert_eq!(latency["count"], 3, "{latency}");
     let buckets: Vec<u64> = serde_json::from_value(latency["buckets"].clone()).expect("buckets are counts");
     assert_eq!(buckets.len(), kvtier::manager::LOOKUP_BUCKETS_S.len() + 1);
@@ -704,7 +707,13 @@ fn answered_lookups_are_timed_once_each_in_status_and_metrics() {
             .parse()
             .unwrap()
     };
-    assert_eq!(value("kvtier_lookups_total"), 3.0);
+    assert_eq!(value("kvtier_lookups_total"), 6.0);
+    // Hits: 4 + 0 + 4 pages asked of the daemon, and the same reported.
+    let hits: f64 = ["device", "host", "pool"]
+        .iter()
+        .map(|t| value(&format!("kvtier_hit_pages_total{{tier=\"{t}\"}}")))
+        .sum();
+    assert_eq!(hits, 16.0);
     assert_eq!(value("kvtier_lookup_duration_seconds_count"), 3.0);
     assert_eq!(value("kvtier_lookup_duration_seconds_bucket{le=\"+Inf\"}"), 3.0);
     assert_eq!(value("kvtier_lookup_duration_seconds_sum"), sum_ns as f64 / 1e9);
@@ -738,7 +747,7 @@ fn an_engines_own_lookups_follow_a_restarted_daemon() {
     let hs = hashes(7100, 4);
     assert_eq!(c.store(&hs, &[0, 1, 2, 3], "s").unwrap().written, 4);
     assert_eq!(c.lookup(&hs).unwrap().total(), 4);
-    assert_eq!(c.local_lookups(), 1, "answered from the lookup file");
+    assert_eq!(c.engine_lookups().answered(), 1, "answered from the lookup file");
     let lookup_file = dir.path().join("arena.lookup");
     assert!(lookup_file.is_file());
 
@@ -752,7 +761,7 @@ fn an_engines_own_lookups_follow_a_restarted_daemon() {
         assert_eq!(c.lookup(&hs).unwrap().total(), 0, "the new daemon holds nothing");
     }
     assert_eq!(
-        c.local_lookups(),
+        c.engine_lookups().answered(),
         3,
         "two more answered in the engine, from the new file"
     );

@@ -419,7 +419,7 @@ fn engine_helper_process() {
             // Its lookups are answered in this process from the daemon's lookup file, which
             // it may read and never write.
             let found = c.lookup(&hs).map(|h| h.total()).unwrap_or(0);
-            let local = c.local_lookups();
+            let local = c.engine_lookups().answered();
             let lookup_file = format!("{}.lookup", c.arena().unwrap().path);
             let writable = std::fs::OpenOptions::new().write(true).open(&lookup_file).is_ok();
             println!(

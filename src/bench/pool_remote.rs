@@ -15,7 +15,7 @@
 //! Then the same lookup is asked of the subject daemon through its socket
 //! (`socket_lookup_p50_us`). Medians over rounds; the goal is a ratio of at most 0.1.
 //!
-//! A round fails unless the engine answered the lookup itself (`Client::local_lookups`
+//! A round fails unless the engine answered the lookup itself (`Client::engine_lookups`
 //! grew by one and the daemon served no lookup for it), and the socket lookup was
 //! answered from the daemon's index with no existence query to the master. The daemon
 //! enters the pages the socket lookup credited in its directory after its reply; a round
@@ -332,7 +332,7 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
         // two HTTP exchanges here; timed right after it, the lookup also measured the
         // render's wind-down on a shared core. Both sides start from a quiet subject.
         std::thread::sleep(QUIET);
-        let local = client.local_lookups();
+        let local = client.engine_lookups().answered();
         let timed = |remote: bool| -> anyhow::Result<f64> {
             let t = Instant::now();
             let hit = if remote {
@@ -361,7 +361,7 @@ pub(super) fn remote_lookup(args: &PoolBenchArgs) -> anyhow::Result<Vec<Row>> {
             std::thread::sleep(QUIET);
             (ks, reference()?)
         };
-        if client.local_lookups() != local + 1 {
+        if client.engine_lookups().answered() != local + 1 {
             bail!("the engine did not answer the lookup from the subject's lookup file");
         }
         // The same lookup asked of the subject through its socket, answered from its

@@ -13,15 +13,65 @@
 //! - Otherwise (no lookup file, a daemon not done setting it up, an index out of sync)
 //!   [`LocalLookup::lookup`] answers `None` and the caller asks the daemon.
 //!
-//! The daemon's lookup counters and latency histogram do not see lookups answered here;
-//! the client counts them ([`crate::client::Client::local_lookups`]).
+//! The daemon's latency histogram does not see lookups answered here; its lookup and hit
+//! counters do, from the client's reports ([`EngineLookups`]).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::directory::DirView;
 use crate::directory::shared::{self, LookupFile};
 use crate::page::{NamespaceId, PageHash};
-use crate::wire::PrefixHit;
+use crate::wire::{LookupTally, PrefixHit};
+
+/// How often the lookups answered here are reported to the daemon, at most.
+const REPORT_EVERY: Duration = Duration::from_secs(1);
+
+/// The lookups a client answered itself: counted, and reported to the daemon at most
+/// every [`REPORT_EVERY`] (by the lookup that finds a report due, or at once with
+/// [`super::Client::report_lookups`]), so that the daemon's lookup and hit counters
+/// include them. A report that fails is kept for the next one.
+#[derive(Default)]
+pub struct EngineLookups {
+    answered: AtomicU64,
+    unsent: Mutex<(LookupTally, Option<Instant>)>,
+}
+
+impl EngineLookups {
+    /// Lookups this client answered itself since it connected.
+    pub fn answered(&self) -> u64 {
+        self.answered.load(Relaxed)
+    }
+
+    /// Counts a lookup of `pages` pages answered here with `hit`; the tally to report now,
+    /// when one is due.
+    pub(super) fn add(&self, pages: usize, hit: &PrefixHit) -> Option<LookupTally> {
+        self.answered.fetch_add(1, Relaxed);
+        let mut u = self.unsent.lock();
+        u.0.add(pages, hit);
+        let since = *u.1.get_or_insert_with(Instant::now);
+        (since.elapsed() >= REPORT_EVERY).then(|| Self::take_locked(&mut u))
+    }
+
+    /// Everything not reported yet (`None`: nothing).
+    pub(super) fn take(&self) -> Option<LookupTally> {
+        let mut u = self.unsent.lock();
+        (u.0.lookups > 0).then(|| Self::take_locked(&mut u))
+    }
+
+    fn take_locked(u: &mut (LookupTally, Option<Instant>)) -> LookupTally {
+        u.1 = Some(Instant::now());
+        std::mem::take(&mut u.0)
+    }
+
+    /// A report of `t` failed: it goes with the next one.
+    pub(super) fn keep(&self, t: &LookupTally) {
+        self.unsent.lock().0.merge(t);
+    }
+}
 
 /// Pages of the first part of a window walked together, and the most of any part.
 const PART_MIN: usize = 8;

@@ -11,6 +11,8 @@ mod conn;
 mod copy;
 mod fence;
 mod local;
+
+pub use local::EngineLookups;
 mod routing;
 
 pub use crate::paths::{default_socket, runtime_dir};
@@ -168,8 +170,8 @@ pub struct Client {
     stale: Mutex<Vec<Arc<std::sync::atomic::AtomicUsize>>>,
     /// A `Fence` with `done` is still to be sent.
     owes_done: std::sync::atomic::AtomicBool,
-    /// Lookups answered from the lookup file.
-    local_lookups: std::sync::atomic::AtomicU64,
+    /// Lookups answered from the lookup file, and their report to the daemon.
+    engine_lookups: EngineLookups,
 }
 
 impl Client {
@@ -185,7 +187,7 @@ impl Client {
             token: fence::new_token(),
             stale: Mutex::new(Vec::new()),
             owes_done: Default::default(),
-            local_lookups: Default::default(),
+            engine_lookups: Default::default(),
         };
         c.call(Request::Ping { payload: Vec::new() })?;
         Ok(c)
@@ -271,11 +273,6 @@ impl Client {
         Ok((c.connection, c.objects.clone()))
     }
 
-    fn arena_map(&self) -> Result<Arc<HostArena>, ClientError> {
-        let mut guard = self.conn.lock();
-        Ok(self.ensure(&mut guard)?.arena.clone())
-    }
-
     /// The arena, its stamps, and a store plan counted on the connection.
     fn mapped(&self) -> Result<Mapped, ClientError> {
         let mut guard = self.conn.lock();
@@ -288,7 +285,13 @@ impl Client {
         let req = Self::device_request(dev.as_ref());
         *self.device.write() = Some(dev.clone());
         match self.call(req)? {
-            Response::Ok => Self::pin_arena(self.arena_map()?.as_ref(), dev.as_ref()),
+            Response::Ok => {
+                let arena = {
+                    let mut guard = self.conn.lock();
+                    self.ensure(&mut guard)?.arena.clone()
+                };
+                Self::pin_arena(&arena, dev.as_ref())
+            }
             r => Err(unexpected(r)),
         }
     }
@@ -329,17 +332,32 @@ impl Client {
                 c.quiet().then(|| c.lookup.clone()).flatten()
             };
             if let Some(hit) = local.and_then(|l| l.lookup(hashes)) {
-                self.local_lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // A report due goes now; one that fails is kept for the next.
+                if let Some(t) = self.engine_lookups.add(hashes.len(), &hit)
+                    && self.expect_ok(Request::LookupTally(t)).is_err()
+                {
+                    self.engine_lookups.keep(&t);
+                }
                 return Ok(hit);
             }
         }
         self.lookup_remote(hashes)
     }
 
-    /// Lookups answered in this process from the daemon's lookup file (the daemon's
-    /// lookup counters do not see them).
-    pub fn local_lookups(&self) -> u64 {
-        self.local_lookups.load(std::sync::atomic::Ordering::Relaxed)
+    /// The lookups this client answered itself from the daemon's lookup file.
+    pub fn engine_lookups(&self) -> &EngineLookups {
+        &self.engine_lookups
+    }
+
+    /// Reports the lookups answered here that the daemon has not been told of yet, now
+    /// (it is told at most every second otherwise, by a lookup).
+    pub fn report_lookups(&self) -> Result<(), ClientError> {
+        match self.engine_lookups.take() {
+            Some(t) => self
+                .expect_ok(Request::LookupTally(t))
+                .inspect_err(|_| self.engine_lookups.keep(&t)),
+            None => Ok(()),
+        }
     }
 
     /// [`Self::lookup`], always asked of the daemon.

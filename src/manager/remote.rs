@@ -698,6 +698,12 @@ impl PoolDiscovery<'_> {
         self.stats.lookup_served(d);
     }
 
+    /// Lookups an engine answered itself from the lookup file, as it reported them: in
+    /// the lookup and hit counters, not the latency histogram.
+    pub fn lookups_tallied(&self, t: &crate::wire::LookupTally) {
+        self.stats.record_tally(t);
+    }
+
     /// Completes a lookup that [`PoolDiscovery::lookup_begin`] handed back, with the same
     /// `hashes` and the pool's answers.
     pub fn lookup_finish(

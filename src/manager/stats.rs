@@ -93,6 +93,21 @@ impl Stats {
         self.miss_pages.fetch_add((pages - hit.total()) as u64, Relaxed);
     }
 
+    /// Lookups an engine answered itself, as it reported them.
+    pub(crate) fn record_tally(&self, t: &crate::wire::LookupTally) {
+        self.lookups.fetch_add(t.lookups, Relaxed);
+        self.looked_up_pages.fetch_add(t.pages, Relaxed);
+        for (tier, n) in [
+            (TierKind::Device, t.device),
+            (TierKind::Host, t.host),
+            (TierKind::Pool, t.pool),
+        ] {
+            self.hit_pages[tier.index()].fetch_add(n, Relaxed);
+        }
+        let hit = t.device.saturating_add(t.host).saturating_add(t.pool);
+        self.miss_pages.fetch_add(t.pages.saturating_sub(hit), Relaxed);
+    }
+
     pub(crate) fn moved(&self, from: TierKind, to: TierKind, bytes: u64) {
         if bytes > 0 {
             self.moved[from.index()][to.index()].fetch_add(bytes, Relaxed);

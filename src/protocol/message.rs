@@ -7,7 +7,7 @@
 use crate::hints::{Hint, HintOutcome};
 use crate::layout::LayoutSpec;
 use crate::page::PageHash;
-use crate::wire::PrefixHit;
+use crate::wire::{LookupTally, PrefixHit};
 
 use super::codec::{DecodeError, Reader, Writer};
 use super::error::RemoteError;
@@ -103,6 +103,9 @@ pub enum Request {
         token: u64,
         done: bool,
     },
+    /// Lookups the library answered itself from the lookup file since its last report, for
+    /// the daemon's counters (answered `Ok`).
+    LookupTally(LookupTally),
 }
 
 /// The daemon's answer to one request.
@@ -157,7 +160,7 @@ kinds! {
     ABORT = 0x06, LOAD = 0x07, LOAD_DONE = 0x08, POLL = 0x09, WAIT = 0x0a, REMOVED = 0x0b,
     SESSION = 0x0c, HINT = 0x0d, STATS = 0x0e, PING = 0x0f, TAKE_ADVICE = 0x10, TOKENS = 0x11,
     KV_HINTS = 0x12,
-    REQUEST_END = 0x1c, FENCE = 0x1d,
+    REQUEST_END = 0x1c, FENCE = 0x1d, LOOKUP_TALLY = 0x1e,
     R_CONNECTED = 0x81, R_OK = 0x82, R_LOOKUP = 0x83, R_STORE_GRANT = 0x84, R_COMMITTED = 0x85,
     R_LOAD_GRANT = 0x86, R_TICKET = 0x87, R_HINT = 0x88, R_STATS = 0x89, R_PONG = 0x8a,
     R_ADVICE = 0x8b, R_KV_HINTS = 0x8c, R_ERROR = 0xff,
@@ -218,6 +221,7 @@ impl Request {
             Request::KvHints { .. } => KV_HINTS,
             Request::RequestEnd { .. } => REQUEST_END,
             Request::Fence { .. } => FENCE,
+            Request::LookupTally(_) => LOOKUP_TALLY,
         }
     }
 
@@ -305,6 +309,11 @@ impl Request {
                 w.u64(*token);
                 w.bool(*done);
             }
+            Request::LookupTally(t) => {
+                for v in [t.lookups, t.pages, t.device, t.host, t.pool] {
+                    w.u64(v);
+                }
+            }
         }
     }
 
@@ -343,6 +352,13 @@ impl Request {
                 token: r.u64()?,
                 done: r.bool()?,
             },
+            kind::LOOKUP_TALLY => Request::LookupTally(LookupTally {
+                lookups: r.u64()?,
+                pages: r.u64()?,
+                device: r.u64()?,
+                host: r.u64()?,
+                pool: r.u64()?,
+            }),
             kind::LOAD_DONE => Request::LoadDone {
                 grant: r.u64()?,
                 loaded: r.u32()?,

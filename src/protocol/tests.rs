@@ -162,6 +162,15 @@ fn request() -> impl Strategy<Value = Request> {
         prop::collection::vec(any::<u8>(), 0..64).prop_map(|payload| Request::Ping { payload }),
         (1..=MAX_PAGES as u32).prop_map(|max_pages| Request::TakeAdvice { max_pages }),
         (any::<u64>(), any::<bool>()).prop_map(|(token, done)| Request::Fence { token, done }),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+            |(lookups, pages, device, host, pool)| Request::LookupTally(crate::wire::LookupTally {
+                lookups,
+                pages,
+                device,
+                host,
+                pool
+            })
+        ),
     ]
 }
 

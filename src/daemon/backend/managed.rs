@@ -668,6 +668,10 @@ impl Backend for ManagedTiers {
         self.mgr.discovery().lookup_served(d);
     }
 
+    fn lookups_tallied(&self, t: &crate::wire::LookupTally) {
+        self.mgr.discovery().lookups_tallied(t);
+    }
+
     fn stats(&self) -> DaemonStats {
         let s = self.mgr.stats();
         let arena = self.mgr.stores().arena();

@@ -131,6 +131,9 @@ pub trait Backend: Send + Sync + 'static {
     fn fence_engine(&self, _conn: u64, _token: u64, _done: bool) -> usize {
         0
     }
+    /// An engine's report of the lookups it answered itself (see
+    /// [`crate::wire::LookupTally`]): counted as lookups, not timed.
+    fn lookups_tallied(&self, _t: &crate::wire::LookupTally) {}
     /// Connection `conn` closed (after its grants were given back).
     fn forget_conn(&self, _conn: u64) {}
     /// Ends a load: the first `loaded` pages are now on the rank's device.

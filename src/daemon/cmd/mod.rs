@@ -58,6 +58,7 @@ pub(crate) fn blocks(req: &Request, remote: bool) -> bool {
         | Request::Stats
         | Request::Tokens { .. }
         | Request::Fence { .. }
+        | Request::LookupTally(_)
         | Request::Ping { .. } => false,
     }
 }
@@ -131,6 +132,11 @@ fn run(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Response, Backe
         Request::KvHints { envelope } => hint::kv_hints(shared, rank(conn)?, &envelope),
         Request::Fence { token, done } => {
             shared.backend.fence_engine(conn.id, token, done);
+            Ok(Response::Ok)
+        }
+        Request::LookupTally(t) => {
+            rank(conn)?;
+            shared.backend.lookups_tallied(&t);
             Ok(Response::Ok)
         }
         Request::Connect { .. } | Request::Ping { .. } | Request::Stats => unreachable_request(),
