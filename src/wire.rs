@@ -44,6 +44,23 @@ impl LookupTally {
         self.pool += hit.pool as u64;
     }
 
+    /// Why this cannot be a sum of lookups of at most `max_pages` pages each, if it
+    /// cannot: more pages credited than asked about, or more pages than the lookups
+    /// could ask.
+    pub fn check(&self, max_pages: u64) -> Result<(), String> {
+        let hit = self.device.saturating_add(self.host).saturating_add(self.pool);
+        if hit > self.pages {
+            return Err(format!("lookup tally credits {hit} pages of {} asked", self.pages));
+        }
+        if self.pages > self.lookups.saturating_mul(max_pages) {
+            return Err(format!(
+                "lookup tally of {} lookups asks about {} pages, more than {max_pages} each",
+                self.lookups, self.pages
+            ));
+        }
+        Ok(())
+    }
+
     /// Adds `other`, saturating (a report comes from an engine: any numbers).
     pub fn merge(&mut self, other: &LookupTally) {
         self.lookups = self.lookups.saturating_add(other.lookups);
@@ -65,5 +82,42 @@ impl PrefixHit {
             TierKind::Host => self.host,
             TierKind::Pool => self.pool,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report an engine sends is a sum of real lookups or refused: no more pages
+    /// credited than asked, no more asked than its lookups could; sums saturate.
+    #[test]
+    fn a_lookup_tally_adds_up_or_is_refused() {
+        let mut t = LookupTally::default();
+        t.add(
+            64,
+            &PrefixHit {
+                device: 10,
+                host: 5,
+                pool: 40,
+            },
+        );
+        t.add(8, &PrefixHit::default());
+        assert_eq!((t.lookups, t.pages, t.device, t.host, t.pool), (2, 72, 10, 5, 40));
+        assert_eq!(t.check(4096), Ok(()));
+        assert!(t.check(35).is_err(), "72 pages in 2 lookups of at most 35");
+        let over = LookupTally { pool: 58, ..t };
+        assert!(over.check(4096).unwrap_err().contains("credits 73 pages of 72"));
+        let huge = LookupTally {
+            lookups: u64::MAX,
+            pages: u64::MAX - 1,
+            device: u64::MAX,
+            host: 1,
+            pool: 0,
+        };
+        assert!(huge.check(4096).is_err(), "the credit saturates, past the pages");
+        let mut sum = huge;
+        sum.merge(&huge);
+        assert_eq!(sum.lookups, u64::MAX);
     }
 }

@@ -136,6 +136,9 @@ fn run(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Response, Backe
         }
         Request::LookupTally(t) => {
             rank(conn)?;
+            if let Err(why) = t.check(crate::protocol::MAX_PAGES as u64) {
+                return Ok(Response::error(ErrorCode::BadRequest, why));
+            }
             shared.backend.lookups_tallied(&t);
             Ok(Response::Ok)
         }
