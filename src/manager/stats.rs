@@ -94,6 +94,7 @@ impl Stats {
     }
 
     /// Lookups an engine answered itself, as it reported them.
+    #[cfg(any(feature = "daemon", test))]
     pub(crate) fn record_tally(&self, t: &crate::wire::LookupTally) {
         self.lookups.fetch_add(t.lookups, Relaxed);
         self.looked_up_pages.fetch_add(t.pages, Relaxed);
