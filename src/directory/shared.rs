@@ -39,6 +39,7 @@ use std::sync::atomic::Ordering::{Acquire, Release};
 use memmap2::{MmapOptions, MmapRaw};
 
 use super::view::{CTL_WORDS, DirView, Words};
+use crate::tier::mapping::fs_type;
 use crate::tier::private::{self, PrivateError};
 
 /// Words of the header.
@@ -136,7 +137,8 @@ impl Parts {
 #[derive(Debug)]
 pub struct LookupFile {
     head: Words,
-    path: PathBuf,
+    /// The file lies on a tmpfs: memory, so making its indexes resident writes no disk.
+    on_tmpfs: bool,
 }
 
 /// A lookup file's header and its two views: the directory's and the pool table's.
@@ -179,7 +181,7 @@ impl LookupFile {
         Ok((
             Self {
                 head,
-                path: path.to_owned(),
+                on_tmpfs: fs_type(&file) == Some(libc::TMPFS_MAGIC),
             },
             dir,
             pool,
@@ -219,27 +221,17 @@ impl LookupFile {
         Ok(Some((
             Self {
                 head,
-                path: path.to_owned(),
+                on_tmpfs: fs_type(&file) == Some(libc::TMPFS_MAGIC),
             },
             dir,
             pool,
         )))
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Whether the file lies on a tmpfs: memory, so making its index resident writes no
-    /// disk (elsewhere the index is left to fill as lookups first probe it).
+    /// Whether the file lies on a tmpfs: memory, so making its indexes resident writes no
+    /// disk (elsewhere they are left to fill as lookups first probe them).
     pub fn on_tmpfs(&self) -> bool {
-        let Ok(c) = std::ffi::CString::new(self.path.as_os_str().as_encoded_bytes()) else {
-            return false;
-        };
-        // SAFETY: all-zero is a valid `statfs`, which the call fills.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        // SAFETY: `c` is a NUL-terminated path and `st` a writable `statfs`.
-        unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type == libc::TMPFS_MAGIC }
+        self.on_tmpfs
     }
 
     /// Sets the flags ([`LIVE`], [`REMOTE`]), the discovery budget and the batch limit

@@ -198,8 +198,6 @@ pub(crate) struct Inner {
     stats: Stats,
     /// [Remote] Discovery of pages other nodes wrote, on a shared pool.
     remote: Option<remote::Remote>,
-    /// The lookup file engines answer lookups from, when configured.
-    lookup: Option<Arc<LookupFile>>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -262,8 +260,7 @@ impl Manager {
                 xfer,
                 jobs: inproc::InProcJobs::new(cfg.max_outstanding),
                 stats: Stats::default(),
-                remote: cfg.remote.map(|r| remote::Remote::new(r, table, lookup.clone())),
-                lookup,
+                remote: cfg.remote.map(|r| remote::Remote::new(r, table, lookup)),
                 stores: Stores::new(&cfg),
                 pages: Pages::new(dir, cfg.event_ring, clock.clone()),
                 grants: Grants::default(),

@@ -327,6 +327,23 @@ impl<'a> PoolDiscovery<'a> {
         true
     }
 
+    /// Whether `pool` is healthy, said also in the lookup file, where engines read it.
+    fn pool_healthy(&self, remote: &Remote, pool: &dyn crate::pool::PoolBackend) -> bool {
+        let healthy = pool.health() == PoolHealth::Ok;
+        if let Some(f) = &remote.lookup {
+            f.set_pool_healthy(healthy);
+        }
+        healthy
+    }
+
+    /// Checks the shared pool's health, for engines that read it in the lookup file
+    /// (upkeep: the daemon's lookups check it too).
+    pub(super) fn refresh_pool_health(&self) {
+        if let (Some(remote), Some(pool)) = (self.remote, self.stores.pool()) {
+            self.pool_healthy(remote, pool.as_ref());
+        }
+    }
+
     /// Namespace `ns` was registered: the pool index keeps its pages in the lookup file.
     pub(super) fn publish_namespace(&self, ns: NamespaceId, scheme: &KeyScheme, layout: &Layout) {
         if let Some(index) = self.index() {
@@ -412,11 +429,7 @@ impl<'a> PoolDiscovery<'a> {
         let (Some(remote), Some(pool)) = (self.remote, self.stores.pool()) else {
             return Err(hit);
         };
-        let healthy = pool.health() == PoolHealth::Ok;
-        if let Some(f) = &remote.lookup {
-            f.set_pool_healthy(healthy);
-        }
-        if !healthy {
+        if !self.pool_healthy(remote, pool.as_ref()) {
             if hit.pool > 0 {
                 remote.n.unhealthy_lookups.fetch_add(1, Relaxed);
             }

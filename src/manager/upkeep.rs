@@ -8,7 +8,6 @@
 //! at most once after each upkeep run while usage stays above. The daemon's upkeep sleeps
 //! until one of the two instead of polling.
 
-use crate::pool::PoolHealth;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -272,9 +271,7 @@ impl Manager {
             self.inner.pages.forget_pool_objects(pool.take_evicted());
         }
         // Engines credit the pool from the lookup file only while the pool is healthy.
-        if let Some(f) = &self.inner.lookup {
-            f.set_pool_healthy(self.stores().pool().is_some_and(|p| p.health() == PoolHealth::Ok));
-        }
+        self.discovery().refresh_pool_health();
         // The session policy first: at the high watermark its pressure controller pauses
         // acting sessions and demotes their private pages, which is what frees host
         // before plain eviction would take the least recently used pages of anyone.

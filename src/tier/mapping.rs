@@ -32,19 +32,22 @@ const DEFAULT_HUGE_PAGE: u64 = 2 << 20;
 /// driver 580 for an arena on ext4). `None` on tmpfs and hugetlbfs, or when the file
 /// system cannot be read.
 pub fn gpu_pin_refusal(file: &File) -> Option<String> {
-    // SAFETY: `statfs` is plain data; `fstatfs` only writes into it.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid descriptor and a valid out-pointer.
-    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
-        return None;
-    }
-    let kind = st.f_type;
+    let kind = fs_type(file)?;
     (kind != libc::TMPFS_MAGIC && kind != libc::HUGETLBFS_MAGIC).then(|| {
         format!(
             "the file is on a file system of type {kind:#x}, not tmpfs or hugetlbfs, and Linux does not let \
              a GPU driver pin such file pages; put the arena on tmpfs (`/dev/shm`, the default) or hugetlbfs"
         )
     })
+}
+
+/// The type of the file system `file` is on (`statfs`'s `f_type`: `libc::TMPFS_MAGIC`, …);
+/// `None` when it cannot be read.
+pub fn fs_type(file: &File) -> Option<libc::__fsword_t> {
+    // SAFETY: `statfs` is plain data; `fstatfs` only writes into it.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a valid out-pointer.
+    (unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } == 0).then_some(st.f_type)
 }
 
 /// The kernel's PMD-sized transparent huge page, in bytes.
