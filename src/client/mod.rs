@@ -11,9 +11,9 @@ mod conn;
 mod copy;
 mod fence;
 mod local;
+mod routing;
 
 pub use local::EngineLookups;
-mod routing;
 
 pub use crate::paths::{default_socket, runtime_dir};
 pub use routing::MAX_PAGE_TOKENS;
@@ -34,7 +34,7 @@ use crate::protocol::{
 use crate::tier::device::{DeviceError, DeviceRegion};
 use crate::tier::host::{ArenaError, HostArena};
 use crate::tier::slot_gen::SlotStamps;
-use crate::wire::PrefixHit;
+use crate::wire::{LookupTally, PrefixHit};
 
 use conn::Conn;
 
@@ -333,10 +333,8 @@ impl Client {
             };
             if let Some(hit) = local.and_then(|l| l.lookup(hashes)) {
                 // A report due goes now; one that fails is kept for the next.
-                if let Some(t) = self.engine_lookups.add(hashes.len(), &hit)
-                    && self.expect_ok(Request::LookupTally(t)).is_err()
-                {
-                    self.engine_lookups.keep(&t);
+                if let Some(t) = self.engine_lookups.add(hashes.len(), &hit) {
+                    let _ = send_tally(self, t);
                 }
                 return Ok(hit);
             }
@@ -352,12 +350,7 @@ impl Client {
     /// Reports the lookups answered here that the daemon has not been told of yet, now
     /// (it is told at most every second otherwise, by a lookup).
     pub fn report_lookups(&self) -> Result<(), ClientError> {
-        match self.engine_lookups.take() {
-            Some(t) => self
-                .expect_ok(Request::LookupTally(t))
-                .inspect_err(|_| self.engine_lookups.keep(&t)),
-            None => Ok(()),
-        }
+        self.engine_lookups.take().map_or(Ok(()), |t| send_tally(self, t))
     }
 
     /// [`Self::lookup`], always asked of the daemon.
@@ -574,4 +567,11 @@ impl Client {
             r => Err(unexpected(r)),
         }
     }
+}
+
+/// Sends the tally `t` of lookups `c` answered itself; kept for the next report if the
+/// daemon does not take it.
+fn send_tally(c: &Client, t: LookupTally) -> Result<(), ClientError> {
+    c.expect_ok(Request::LookupTally(t))
+        .inspect_err(|_| c.engine_lookups.keep(&t))
 }

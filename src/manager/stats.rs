@@ -85,16 +85,13 @@ impl Histogram {
 
 impl Stats {
     pub(crate) fn record_lookup(&self, pages: usize, hit: &PrefixHit) {
-        self.lookups.fetch_add(1, Relaxed);
-        self.looked_up_pages.fetch_add(pages as u64, Relaxed);
-        for t in TierKind::ALL {
-            self.hit_pages[t.index()].fetch_add(hit.get(t) as u64, Relaxed);
-        }
-        self.miss_pages.fetch_add((pages - hit.total()) as u64, Relaxed);
+        let mut t = crate::wire::LookupTally::default();
+        t.add(pages, hit);
+        self.record_tally(&t);
     }
 
-    /// Lookups an engine answered itself, as it reported them.
-    #[cfg(any(feature = "daemon", test))]
+    /// Lookups summed: one answered here, or those an engine answered itself, as it
+    /// reported them.
     pub(crate) fn record_tally(&self, t: &crate::wire::LookupTally) {
         self.lookups.fetch_add(t.lookups, Relaxed);
         self.looked_up_pages.fetch_add(t.pages, Relaxed);
